@@ -1,0 +1,103 @@
+"""`python -m mpi_train`: flags built from TrainConfig, and one guard that turns failures into clean exits.
+
+Launch line: mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_scatter
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import textwrap
+import traceback
+import typing
+from typing import Callable, Optional, Sequence
+
+from .cluster import Cluster
+from .config import TrainConfig
+from .errors import UserError
+from .models import MODELS
+from .sync import SYNC_METHODS
+
+REGISTRIES = {"sync": tuple(SYNC_METHODS), "model": tuple(MODELS)}
+
+
+class RankAwareParser(argparse.ArgumentParser):
+    """An ArgumentParser that stays silent on ranks other than 0, so errors and --help print once."""
+
+    def __init__(self, *args, quiet: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.quiet = quiet
+
+    def _print_message(self, message, file=None):  # the single choke point for argparse output
+        if not self.quiet:
+            super()._print_message(message, file)
+
+
+def _field_type(field: dataclasses.Field) -> type:
+    hint = typing.get_type_hints(TrainConfig)[field.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
+    parser = RankAwareParser(
+        prog="python -m mpi_train", quiet=quiet,
+        description="Data-parallel training under mpirun, comparing gradient-sync methods.",
+        epilog="Launch with: mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_scatter",
+    )
+    for field in dataclasses.fields(TrainConfig):
+        meta = dict(field.metadata)
+        choices = meta.pop("choices", None)
+        if isinstance(choices, str):
+            choices = REGISTRIES[choices]
+        if field.default is not None and "default" not in meta["help"]:
+            meta["help"] += f" (default: {field.default})"
+        parser.add_argument(
+            "--" + field.name.replace("_", "-"), type=_field_type(field), default=field.default,
+            choices=choices, **meta,
+        )
+    return parser
+
+
+def parse_config(argv: Optional[Sequence[str]], quiet: bool = False) -> TrainConfig:
+    return TrainConfig(**vars(build_parser(quiet).parse_args(argv)))
+
+
+def format_error(message: str) -> str:
+    return textwrap.fill(f"mpi_train: error: {message}", width=100, break_long_words=False, break_on_hyphens=False)
+
+
+def guarded(cluster: Cluster, body: Callable[[], None]) -> int:
+    """Run `body`; a failure on any rank ends the whole job instead of leaving peers blocked.
+
+    Errors every rank raised together exit normally (rank 0 prints them once); anything
+    else prints on the rank that failed and aborts the MPI job, which stops every rank.
+    """
+    info = cluster.info
+    try:
+        body()
+        return 0
+    except UserError as error:
+        if error.collective:
+            if info.is_main:
+                print(format_error(str(error)), file=sys.stderr)
+            return error.exit_code
+        print(format_error(f"rank {info.rank} on {info.host}: {error}"), file=sys.stderr)
+        cluster.abort(error.exit_code)
+    except KeyboardInterrupt:
+        print(f"mpi_train: rank {info.rank} on {info.host} interrupted; stopping every rank.", file=sys.stderr)
+        cluster.abort(130)
+    except BaseException:
+        print(f"mpi_train: rank {info.rank} on {info.host} failed; stopping every rank.\n"
+              f"{traceback.format_exc()}", file=sys.stderr, end="")
+        cluster.abort(1)
+    return 1  # not reached: abort ends the process
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from .train import run
+
+    cluster = Cluster.from_mpi()
+    config = parse_config(argv, quiet=not cluster.info.is_main)
+    return guarded(cluster, lambda: run(config, cluster))

@@ -1,0 +1,204 @@
+"""Who we are in the MPI job, and the torch.distributed process group built on top of it.
+
+Everything comes from mpi4py's COMM_WORLD, so any MPI launcher works (mpirun, srun,
+mpiexec) and no launcher-specific variable is read. Without a launcher, MPI starts
+as a singleton and the job is one rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from .errors import UserError
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """This process's place in the job, built once at start-up."""
+
+    rank: int
+    local_rank: int  # index among the ranks on this host
+    world_size: int
+    local_world_size: int  # ranks on this host
+    host: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+class Cluster:
+    """The MPI communicator plus the few collective helpers the job needs outside torch."""
+
+    def __init__(self, comm: Any, info: RankInfo, hosts: tuple[str, ...]):
+        self.comm = comm
+        self.info = info
+        self.hosts = hosts  # host of each rank, indexed by rank
+
+    @classmethod
+    def from_mpi(cls) -> "Cluster":
+        from mpi4py import MPI  # initialises MPI: done here, never at import time
+
+        comm = MPI.COMM_WORLD
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        host = socket.gethostname()
+        info = RankInfo(
+            rank=comm.Get_rank(), local_rank=local.Get_rank(), world_size=comm.Get_size(),
+            local_world_size=local.Get_size(), host=host,
+        )
+        local.Free()
+        return cls(comm, info, tuple(comm.allgather(host)))
+
+    @property
+    def spans_hosts(self) -> bool:
+        return self.info.local_world_size != self.info.world_size
+
+    def allgather(self, value: Any) -> list:
+        return self.comm.allgather(value)
+
+    def bcast(self, value: Any) -> Any:
+        return self.comm.bcast(value, root=0)
+
+    def gather(self, value: Any) -> Optional[list]:
+        """Every rank's value on rank 0; None elsewhere."""
+        return self.comm.gather(value, root=0)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def abort(self, code: int) -> None:
+        """End every rank of the job now (a peer may be blocked in a collective)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.info.world_size > 1:
+            self.comm.Abort(code)
+        os._exit(code)
+
+    def agree(self, outcome: Optional[str], what: str) -> None:
+        """Share each rank's error message (None if fine); if any failed, all raise the same error."""
+        failures = [(r, msg) for r, msg in enumerate(self.allgather(outcome)) if msg]
+        if failures:
+            rank, message = failures[0]
+            where = f" (on rank {rank}, host {self.hosts[rank]})" if self.info.world_size > 1 else ""
+            raise UserError(f"{what}{where}: {message}")
+
+    def run_per_host(self, action: Callable[[], None], what: str) -> None:
+        """Run `action` on one rank per host while the host's other ranks wait; failures reach every rank.
+
+        Used for downloads: two ranks writing the same files would corrupt them.
+        """
+        outcome = None
+        if self.info.local_rank == 0:
+            try:
+                action()
+            except UserError as error:
+                outcome = str(error)
+        self.agree(outcome, what)
+
+
+def configure_threads(info: RankInfo, threads: Optional[int]) -> int:
+    """Give each rank its share of the host's cores: oversubscribed ranks fighting over threads crawl."""
+    import torch
+
+    if threads is None:
+        usable = len(os.sched_getaffinity(0))
+        if usable >= (os.cpu_count() or usable):  # not bound by the launcher: share the host
+            usable //= info.local_world_size
+        threads = max(1, usable)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def resolve_backend(cluster: Cluster, requested: str) -> tuple[str, str]:
+    """Pick the process-group backend and this rank's device: NCCL only if every rank has a GPU."""
+    import torch
+
+    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > cluster.info.local_rank
+    gpu_flags = cluster.allgather(has_gpu)
+    gpu_on_all = all(gpu_flags)
+    if requested == "nccl" and not gpu_on_all:
+        missing = [r for r, ok in enumerate(gpu_flags) if not ok]
+        raise UserError(
+            f"--backend nccl needs a CUDA device for every rank, but rank(s) {missing} "
+            f"(host {cluster.hosts[missing[0]]}) have none (torch.cuda.is_available() is "
+            f"{torch.cuda.is_available()}). Use --backend gloo (or auto) to train on CPUs."
+        )
+    backend = "nccl" if requested == "nccl" or (requested == "auto" and gpu_on_all) else "gloo"
+    device = f"cuda:{cluster.info.local_rank}" if backend == "nccl" else "cpu"
+    return backend, device
+
+
+def _route_address(destination: str) -> str:
+    """This host's address on the interface that routes to `destination` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((destination, 9))
+        return probe.getsockname()[0]
+
+
+def _interface_of(address: str) -> Optional[str]:
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addresses):
+            return name
+    return None
+
+
+def _external_addresses() -> list[str]:
+    """This host's non-loopback IPv4 addresses, for rank 0 to find a route to."""
+    import psutil
+
+    return [
+        a.address for addresses in psutil.net_if_addrs().values() for a in addresses
+        if a.family == socket.AF_INET and not a.address.startswith("127.")
+    ]
+
+
+def rendezvous_address(cluster: Cluster, master_addr: Optional[str]) -> Optional[str]:
+    """The address rank 0 listens on: --master-addr, $MASTER_ADDR, loopback on one host,
+    else rank 0's address on the interface that routes to the other hosts. Collective."""
+    addresses = cluster.allgather(_external_addresses() if cluster.spans_hosts else [])
+    if cluster.info.rank != 0:
+        return None
+    chosen = master_addr or os.environ.get("MASTER_ADDR")
+    if chosen:
+        return chosen
+    if not cluster.spans_hosts:
+        return LOOPBACK
+    other = next(r for r, h in enumerate(cluster.hosts) if h != cluster.info.host and addresses[r])
+    return _route_address(addresses[other][0])
+
+
+def init_process_group(cluster: Cluster, backend: str, master_addr: Optional[str], timeout_s: float) -> str:
+    """Open the torch.distributed process group; returns the rendezvous address used.
+
+    Rank 0 opens the store itself on a free port and sends address:port to the others
+    over MPI: a port chosen by one process and bound later by another can be stolen.
+    """
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+
+    info = cluster.info
+    timeout = datetime.timedelta(seconds=timeout_s)
+    address = rendezvous_address(cluster, master_addr)
+    store = None
+    if info.rank == 0:
+        store = TCPStore("0.0.0.0", 0, info.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        address = f"{address}:{store.port}"
+    address = cluster.bcast(address)
+    host, port = address.rsplit(":", 1)
+    if info.rank != 0:
+        store = TCPStore(host, int(port), info.world_size, is_master=False, timeout=timeout)
+    if cluster.spans_hosts and "GLOO_SOCKET_IFNAME" not in os.environ:
+        interface = _interface_of(_route_address(host))
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface  # Gloo must listen where peers can reach
+    dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+    return address

@@ -1,0 +1,92 @@
+"""The one training configuration: a frozen dataclass whose field docs are the CLI help.
+
+Precedence is simple and written down once: command-line flags override the
+defaults below (and `MASTER_ADDR` / `MLFLOW_TRACKING_URI` fill their flags when
+those are not given). `cli.py` builds the argument parser from these fields, so
+a new option is one new field here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import UserError
+
+DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def _opt(default, help, **extra):
+    """A field with its CLI help attached (`choices`, `metavar` may be added)."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # What to train.
+    sync: str = _opt("allreduce", "gradient synchronisation method", choices="sync")
+    dataset: str = _opt("cifar10", "data set", choices=tuple(DATASET_DEFAULT_MODEL))
+    model: Optional[str] = _opt(None, "model (default: vgg11 for cifar10, mnist_cnn otherwise)", choices="model")
+    data_dir: str = _opt("data", "where data sets are read from (and downloaded to)")
+    synthetic_size: int = _opt(4096, "training samples of --dataset synthetic (its test set is a quarter of that)")
+    dropout: Optional[float] = _opt(None, "dropout probability for models that have dropout (default: the model's own)")
+
+    # Optimisation.
+    batch_size: int = _opt(256, "global batch size, split evenly across ranks")
+    epochs: int = _opt(1, "passes over the training set")
+    max_steps: Optional[int] = _opt(None, "stop after this many optimizer steps (default: run all epochs)")
+    lr: float = _opt(0.05, "SGD learning rate")
+    momentum: float = _opt(0.9, "SGD momentum")
+    weight_decay: float = _opt(5e-4, "SGD weight decay")
+    seed: int = _opt(42, "seed for torch, numpy and random, the same on every rank")
+
+    # Distributed runtime.
+    backend: str = _opt("auto", "process-group backend: auto picks nccl when every rank has a GPU", choices=BACKENDS)
+    master_addr: Optional[str] = _opt(None, "address rank 0 listens on for the rendezvous (default: $MASTER_ADDR, else this host's address)")
+    timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before the job fails")
+    threads: Optional[int] = _opt(None, "CPU threads per rank (default: this host's cores divided by its ranks)")
+
+    # Output.
+    log_every: int = _opt(20, "print the loss averaged over all ranks every N steps")
+    summary_json: Optional[str] = _opt(None, "rank 0 writes the config, losses, timings and test results here")
+
+    @property
+    def model_name(self) -> str:
+        """The model actually trained: --model, or the data set's default."""
+        return self.model or DATASET_DEFAULT_MODEL[self.dataset]
+
+    def as_dict(self) -> dict:
+        """The resolved config, as saved in summaries."""
+        return {**dataclasses.asdict(self), "model": self.model_name}
+
+    def validate(self, world_size: int) -> None:
+        """Reject values no run can use, before any work starts."""
+        positive = {
+            "--batch-size": self.batch_size, "--epochs": self.epochs, "--log-every": self.log_every,
+            "--synthetic-size": self.synthetic_size, "--timeout": self.timeout, "--lr": self.lr,
+        }
+        if self.max_steps is not None:
+            positive["--max-steps"] = self.max_steps
+        if self.threads is not None:
+            positive["--threads"] = self.threads
+        for flag, value in positive.items():
+            if value <= 0:
+                raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
+        for flag, value in {"--momentum": self.momentum, "--weight-decay": self.weight_decay}.items():
+            if value < 0:
+                raise UserError(f"{flag} must not be negative, got {value}.")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise UserError(f"--dropout must be in [0, 1), got {self.dropout}.")
+        if self.batch_size % world_size:
+            lower = self.batch_size - self.batch_size % world_size
+            raise UserError(
+                f"--batch-size {self.batch_size} is the global batch and must split evenly across "
+                f"the {world_size} ranks of this job. Use a multiple of {world_size} "
+                f"(e.g. {lower or world_size} or {lower + world_size}), or change the number of ranks."
+            )
+
+    def per_rank(self, world_size: int) -> int:
+        """Each rank's share of the global batch (validate() guarantees it divides)."""
+        return self.batch_size // world_size

@@ -1,0 +1,152 @@
+"""Data sets and their per-rank shards: CIFAR-10, MNIST (torchvision's readers) and synthetic images."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import socket
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from .cluster import Cluster
+from .config import TrainConfig
+from .errors import UserError
+from .models import INPUT_SHAPES
+
+NUM_CLASSES = 10
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
+DOWNLOAD_TIMEOUT_S = 30
+SYNTHETIC_DATA_SEED = 1234  # fixed, so the synthetic data set is the same whatever --seed says
+
+
+class SyntheticImages(Dataset):
+    """Deterministic, learnable images: a fixed pattern per class plus noise, so loss really falls."""
+
+    def __init__(self, size: int, shape: tuple[int, int, int], train: bool):
+        patterns = torch.randn(NUM_CLASSES, *shape, generator=torch.Generator().manual_seed(SYNTHETIC_DATA_SEED))
+        draw = torch.Generator().manual_seed(SYNTHETIC_DATA_SEED + (1 if train else 2))
+        self.labels = torch.randint(0, NUM_CLASSES, (size,), generator=draw)
+        self.images = 0.5 * patterns[self.labels] + torch.randn(size, *shape, generator=draw)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return self.images[index], int(self.labels[index])
+
+
+def _cifar10_transforms(train: bool):
+    from torchvision import transforms as T
+
+    augment = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if train else []
+    return T.Compose(augment + [T.ToTensor(), T.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+
+
+def _image_folder_root(root: Path) -> bool:
+    return (root / "train").is_dir() and (root / "test").is_dir()
+
+
+def _open_cifar10(root: Path, train: bool, download: bool = False) -> Dataset:
+    """CIFAR-10 from an image-folder tree (train/<class>/*) or the official python archive."""
+    from torchvision import datasets
+
+    if _image_folder_root(root):
+        split = datasets.ImageFolder(str(root / ("train" if train else "test")), transform=_cifar10_transforms(train))
+        if len(split.classes) != NUM_CLASSES:
+            raise UserError(
+                f"the image folder {root / ('train' if train else 'test')} has {len(split.classes)} class "
+                f"folders ({', '.join(split.classes[:12])}), but CIFAR-10 needs {NUM_CLASSES}, one per class "
+                f"(airplane … truck). Point --data-dir at a complete copy."
+            )
+        return split
+    return datasets.CIFAR10(str(root), train=train, transform=_cifar10_transforms(train), download=download)
+
+
+def _open_mnist(root: Path, train: bool, download: bool = False) -> Dataset:
+    from torchvision import datasets, transforms as T
+
+    transform = T.Compose([T.ToTensor(), T.Normalize(MNIST_MEAN, MNIST_STD)])
+    return datasets.MNIST(str(root), train=train, transform=transform, download=download)
+
+
+OPENERS: dict[str, Callable[..., Dataset]] = {"cifar10": _open_cifar10, "mnist": _open_mnist}
+EXPECTED_LAYOUT = {
+    "cifar10": "cifar-10-batches-py/ (the official python archive) or train/<class>/*.png|jpg and test/<class>/*",
+    "mnist": "MNIST/raw/ with the four IDX files",
+}
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _download(name: str, root: Path) -> None:
+    """Fetch the data set into root unless it is there (runs on one rank per host)."""
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            for train in (True, False):
+                OPENERS[name](root, train, download=True)
+    except UserError:
+        raise
+    except Exception as error:  # network, permissions, a corrupt archive: all reported the same way
+        raise UserError(
+            f"the {name} data set is not in {root.resolve()} (expected {EXPECTED_LAYOUT[name]}) and could "
+            f"not be downloaded ({_describe(error)}). Download it on a machine with internet access and "
+            f"copy it there, point --data-dir at an existing copy, or use --dataset synthetic for a run "
+            f"that needs no files."
+        ) from None
+    finally:
+        socket.setdefaulttimeout(previous)
+
+
+def _present(name: str, root: Path) -> bool:
+    if name == "cifar10":
+        return _image_folder_root(root) or (root / "cifar-10-batches-py").is_dir()
+    return (root / "MNIST" / "raw").is_dir()
+
+
+def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]:
+    """(train, test) for config.dataset; downloads once per host if absent. Collective."""
+    if config.dataset == "synthetic":
+        shape = INPUT_SHAPES[config.model_name]
+        test_size = max(1, config.synthetic_size // 4)
+        return SyntheticImages(config.synthetic_size, shape, True), SyntheticImages(test_size, shape, False)
+
+    root = Path(config.data_dir)
+    if not _present(config.dataset, root):
+        cluster.run_per_host(lambda: _download(config.dataset, root), f"cannot load {config.dataset}")
+    outcome = None
+    try:
+        splits = OPENERS[config.dataset](root, True), OPENERS[config.dataset](root, False)
+    except UserError as error:
+        outcome = str(error)
+    except Exception as error:
+        outcome = (
+            f"the copy in {root.resolve()} could not be read ({_describe(error)}); it is incomplete, "
+            f"unreadable or corrupt. Expected {EXPECTED_LAYOUT[config.dataset]}. Delete it to download "
+            f"it again, or point --data-dir at a good copy."
+        )
+    cluster.agree(outcome, f"cannot load {config.dataset}")
+    return splits
+
+
+def make_loaders(train: Dataset, test: Dataset, cluster: Cluster, batch_per_rank: int, seed: int):
+    """Non-overlapping shards: a seeded DistributedSampler for training, a strided slice for testing.
+
+    The test shard is not padded (DistributedSampler pads by repeating samples), so the
+    accuracy reduced over ranks counts each test image exactly once.
+    """
+    info = cluster.info
+    sampler = DistributedSampler(train, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=seed)
+    train_loader = DataLoader(train, batch_size=batch_per_rank, sampler=sampler)
+    test_shard = Subset(test, range(info.rank, len(test), info.world_size))
+    test_loader = DataLoader(test_shard, batch_size=max(batch_per_rank, 256))
+    return train_loader, sampler, test_loader

@@ -1,0 +1,19 @@
+"""Errors a user can act on, kept apart from bugs so they print without a traceback."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input or environment: printed as one paragraph (what, where, how to fix), exit 2.
+
+    `collective=True` means every rank raises the same error at the same point (config
+    checks, outcomes already shared over MPI), so ranks may simply exit together. Any
+    other error might be raised by some ranks only, and then the whole MPI job is aborted
+    so that no rank waits forever for a peer that has gone.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, collective: bool = True):
+        super().__init__(message)
+        self.collective = collective

@@ -1,0 +1,47 @@
+"""The models, looked up by name: VGG-11 for CIFAR-10 and the classic MNIST CNN."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from torch import nn
+
+VGG11_LAYERS = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
+
+
+def vgg11(num_classes: int = 10, in_channels: int = 3, dropout: Optional[float] = None) -> nn.Module:
+    """VGG-11 with BatchNorm for 32x32 inputs: 9,231,114 parameters. It has no dropout."""
+    layers: list[nn.Module] = []
+    channels = in_channels
+    for spec in VGG11_LAYERS:
+        if spec == "M":
+            layers.append(nn.MaxPool2d(2))
+        else:
+            layers += [nn.Conv2d(channels, spec, 3, padding=1), nn.BatchNorm2d(spec), nn.ReLU(inplace=True)]
+            channels = spec
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512, num_classes))
+
+
+class MnistCNN(nn.Module):
+    """The classic PyTorch MNIST example net (two convs, two dropouts, two linears): 1,199,882 parameters."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, dropout: Optional[float] = None):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Dropout(0.25 if dropout is None else dropout), nn.Flatten(),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(9216, 128), nn.ReLU(), nn.Dropout(0.5 if dropout is None else dropout), nn.Linear(128, num_classes),
+        )
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {"vgg11": vgg11, "mnist_cnn": MnistCNN}
+INPUT_SHAPES = {"vgg11": (3, 32, 32), "mnist_cnn": (1, 28, 28)}  # (channels, height, width) each model expects
+
+
+def build_model(name: str, dropout: Optional[float] = None) -> nn.Module:
+    return MODELS[name](num_classes=10, in_channels=INPUT_SHAPES[name][0], dropout=dropout)

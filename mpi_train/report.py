@@ -1,0 +1,95 @@
+"""Every rank-0 side effect of a training job in one place: console lines and the summary file.
+
+Collectives happen on every rank in the training loop; the gathered values are then
+handed to the reporter. On rank 0 it is a real `Reporter`; on the other ranks it is a
+`SilentReporter` whose methods do nothing, so the loop never asks "am I rank 0?".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Optional
+
+PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")
+
+
+def mean_over_ranks(per_rank: list[dict], key: str) -> float:
+    return statistics.fmean(record[key] for record in per_rank)
+
+
+def write_json_atomically(path: str, payload: dict) -> None:
+    """Write then rename, so a reader never sees half a file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(partial, target)
+
+
+class SilentReporter:
+    """What ranks other than 0 report: nothing."""
+
+    def start(self, job: dict) -> None: ...
+    def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict]) -> None: ...
+    def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
+    def finish(self, per_rank_means: list[dict], wall_time_s: float) -> None: ...
+
+
+class Reporter(SilentReporter):
+    """Rank 0: prints progress and collects the summary written at the end."""
+
+    def __init__(self, config_dict: dict, global_batch: int, summary_path: Optional[str], print_fn=print):
+        self.config = config_dict
+        self.global_batch = global_batch
+        self.summary_path = summary_path
+        self.print = print_fn
+        self.job: dict = {}
+        self.steps: list[dict] = []
+        self.epochs: list[dict] = []
+
+    def start(self, job: dict) -> None:
+        self.job = job
+        hosts = sorted(set(job["hosts"]))
+        self.print(
+            f"mpi_train: {job['world_size']} rank(s) on {len(hosts)} host(s) ({', '.join(hosts)}), "
+            f"backend {job['backend']}, sync {self.config['sync']}, {self.config['model']} on "
+            f"{self.config['dataset']}, batch {self.global_batch} ({job['batch_size_per_rank']} per rank), "
+            f"{job['threads']} thread(s) per rank, {job['total_steps']} steps"
+        )
+
+    def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict]) -> None:
+        loss = mean_over_ranks(per_rank, "loss")
+        times = {key: mean_over_ranks(per_rank, key) for key in PHASES}
+        self.steps.append({"step": step, "epoch": epoch, "loss": loss, **times})
+        self.print(
+            f"epoch {epoch} step {step:>5}/{total_steps}  loss {loss:.4f}  step {times['step_time_s']:.3f}s "
+            f"(compute {times['compute_time_s']:.3f}s, sync {times['sync_time_s']:.3f}s)  "
+            f"{self.global_batch / times['step_time_s']:.0f} samples/s"
+        )
+
+    def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None:
+        self.epochs.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_accuracy, "epoch_time_s": epoch_time_s})
+        self.print(f"epoch {epoch} test loss {test_loss:.4f}  accuracy {100 * test_accuracy:.2f}%  ({epoch_time_s:.1f}s)")
+
+    def finish(self, per_rank_means: list[dict], wall_time_s: float) -> None:
+        overall = {key: mean_over_ranks(per_rank_means, key) for key in PHASES}
+        self.print(
+            f"done in {wall_time_s:.1f}s: mean step {overall['step_time_s']:.3f}s, sync "
+            f"{overall['sync_time_s']:.3f}s ({100 * overall['sync_time_s'] / overall['step_time_s']:.1f}% of step)"
+        )
+        if self.summary_path:
+            write_json_atomically(self.summary_path, {
+                "config": self.config,
+                **self.job,
+                "steps": self.steps,
+                "epochs": self.epochs,
+                "per_rank_mean_times": per_rank_means,
+                "mean_times": overall,
+                "final_loss": self.steps[-1]["loss"] if self.steps else None,
+                "wall_time_s": wall_time_s,
+                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            })

@@ -1,0 +1,19 @@
+"""The registry of gradient-sync methods, keyed by their --sync names.
+
+Adding a method: one file in this folder with a SyncMethod subclass, one entry below.
+"""
+
+from __future__ import annotations
+
+from .allreduce import AllReduce
+from .base import SyncMethod
+from .ddp import DDP
+from .gather_scatter import GatherScatter
+
+SYNC_METHODS: dict[str, type[SyncMethod]] = {
+    "gather_scatter": GatherScatter,
+    "allreduce": AllReduce,
+    "ddp": DDP,
+}
+
+__all__ = ["SYNC_METHODS", "SyncMethod"]

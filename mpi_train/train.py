@@ -1,0 +1,167 @@
+"""The training job: set up, then forward, backward, sync, step, with each phase timed on every rank."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from . import cluster as clusters
+from .cluster import Cluster
+from .config import TrainConfig
+from .data import load_datasets, make_loaders
+from .errors import UserError
+from .models import build_model
+from .report import PHASES, Reporter, SilentReporter
+from .sync import SYNC_METHODS
+
+
+def seed_everything(seed: int) -> None:
+    """The same seed on every rank, before the model is built, so replicas start identical."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def parameter_digest(model: nn.Module) -> str:
+    """A hash of every parameter's exact bytes: equal digests mean identical replicas."""
+    digest = hashlib.sha256()
+    for tensor in model.parameters():
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_replicas_agree(cluster: Cluster, model: nn.Module, when: str) -> None:
+    """Compare every rank's parameter digest with rank 0's; collective."""
+    digests = cluster.allgather(parameter_digest(model))
+    differing = [rank for rank, d in enumerate(digests) if d != digests[0]]
+    if differing:
+        raise UserError(
+            f"{when}, rank(s) {differing} hold different weights from rank 0. Every rank must run "
+            f"the same code, torch version and --seed; a sync method that does not average every "
+            f"gradient also causes this."
+        )
+
+
+class Clock:
+    """perf_counter that first waits for queued GPU work, so phases are charged correctly."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+@dataclass
+class PhaseTotals:
+    """Sums of per-step phase times on this rank, for window and whole-run means."""
+
+    steps: int = 0
+    sums: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def add(self, times: dict) -> None:
+        self.steps += 1
+        for key in PHASES:
+            self.sums[key] += times[key]
+
+    def means(self) -> dict:
+        return {key: total / max(1, self.steps) for key, total in self.sums.items()}
+
+
+def evaluate(model: nn.Module, loader, device: torch.device, cluster: Cluster) -> tuple[float, float]:
+    """Test loss and accuracy over the whole test set: each rank scores its shard, then the sums are reduced."""
+    model.eval()
+    totals = np.zeros(3)  # loss sum, correct, count
+    with torch.no_grad():
+        for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
+            logits = model(images)
+            totals += (F.cross_entropy(logits, labels, reduction="sum").item(), (logits.argmax(1) == labels).sum().item(), len(labels))
+    model.train()
+    loss_sum, correct, count = cluster.comm.allreduce(totals)
+    return loss_sum / count, correct / count
+
+
+def run(config: TrainConfig, cluster: Cluster) -> None:
+    """One training job on every rank of `cluster`."""
+    info = cluster.info
+    config.validate(info.world_size)
+    threads = clusters.configure_threads(info, config.threads)
+    backend, device_name = clusters.resolve_backend(cluster, config.backend)
+    device = torch.device(device_name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+    train_set, test_set = load_datasets(config, cluster)
+    batch_per_rank = config.per_rank(info.world_size)
+    train_loader, sampler, test_loader = make_loaders(train_set, test_set, cluster, batch_per_rank, config.seed)
+    clusters.init_process_group(cluster, backend, config.master_addr, config.timeout)
+
+    seed_everything(config.seed)
+    model = build_model(config.model_name, config.dropout).to(device)
+    check_replicas_agree(cluster, model, "at start")
+    method = SYNC_METHODS[config.sync]()
+    net = method.wrap(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+
+    steps_per_epoch = len(train_loader)
+    total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
+    reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json) if info.is_main else SilentReporter()
+    reporter.start({
+        "world_size": info.world_size, "backend": backend, "hosts": list(cluster.hosts), "threads": threads,
+        "batch_size_per_rank": batch_per_rank, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
+    })
+
+    clock = Clock(device)
+    run_totals, window = PhaseTotals(), PhaseTotals()
+    started = time.perf_counter()
+    step = 0
+    for epoch in range(1, config.epochs + 1):
+        if step >= total_steps:
+            break
+        sampler.set_epoch(epoch - 1)
+        epoch_started = time.perf_counter()
+        batches = iter(train_loader)
+        while step < total_steps:
+            t0 = clock()
+            batch = next(batches, None)
+            if batch is None:
+                break
+            images, labels = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
+            t1 = clock()
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(net(images), labels)
+            loss.backward()
+            t2 = clock()
+            method.sync(model)
+            t3 = clock()
+            optimizer.step()
+            t4 = clock()
+            step += 1
+
+            times = {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": t3 - t2,
+                     "optimizer_time_s": t4 - t3, "step_time_s": t4 - t0}
+            run_totals.add(times)
+            window.add(times)
+            if step % config.log_every == 0 or step == total_steps or step % steps_per_epoch == 0:
+                per_rank = cluster.gather({"loss": loss.item(), **window.means()})
+                reporter.log_step(epoch, step, total_steps, per_rank)
+                window = PhaseTotals()
+
+        method.sync_buffers(model)
+        test_loss, test_accuracy = evaluate(model, test_loader, device, cluster)
+        reporter.log_epoch(epoch, test_loss, test_accuracy, time.perf_counter() - epoch_started)
+
+    check_replicas_agree(cluster, model, f"after step {step}")
+    reporter.finish(cluster.gather(run_totals.means()), time.perf_counter() - started)
+    dist.destroy_process_group()
