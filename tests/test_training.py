@@ -1,0 +1,91 @@
+"""End-to-end: real `mpirun` jobs training on small data; results checked against each other."""
+
+import pytest
+
+from conftest import losses, mpirun, train
+from disk_formats import write_cifar10_folders, write_mnist
+from mpi_train.sync import SYNC_METHODS
+
+pytestmark = pytest.mark.e2e
+
+
+def relative_gap(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def test_every_sync_method_leaves_the_hand_computed_mean_on_every_rank():
+    result = mpirun(4, [], module="tests.mpi_sync_check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in SYNC_METHODS:
+        assert f"{name}: mean gradient on every rank" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def np4_runs(tmp_path_factory):
+    """The same job (seed, global batch 64, 12 steps) with each sync method at np 4."""
+    tmp = tmp_path_factory.mktemp("np4")
+    args = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--max-steps", "12", "--log-every", "2"]
+    return {name: train(4, tmp, *args, "--sync", name, name=name) for name in ("gather_scatter", "allreduce", "ddp")}
+
+
+def test_gather_scatter_matches_allreduce_at_every_logged_step(np4_runs):
+    assert [s["step"] for s in np4_runs["allreduce"]["steps"]] == [2, 4, 6, 8, 10, 12]
+    assert relative_gap(losses(np4_runs["gather_scatter"]), losses(np4_runs["allreduce"])) <= 1e-5
+
+
+def test_ddp_matches_allreduce_within_1e_4(np4_runs):
+    assert relative_gap(losses(np4_runs["ddp"]), losses(np4_runs["allreduce"])) <= 1e-4
+
+
+def test_training_learns_and_the_summary_is_complete(np4_runs):
+    summary = np4_runs["allreduce"]
+    assert losses(summary)[-1] < 0.9 * losses(summary)[0]
+    assert summary["world_size"] == 4 and summary["batch_size_per_rank"] == 16 and summary["backend"] == "gloo"
+    assert summary["config"]["sync"] == "allreduce" and summary["config"]["seed"] == 42
+    assert len(summary["per_rank_mean_times"]) == 4
+    for rank_times in summary["per_rank_mean_times"]:
+        assert rank_times["step_time_s"] >= rank_times["compute_time_s"] > 0 and rank_times["sync_time_s"] > 0
+    (epoch,) = summary["epochs"]
+    assert 0.3 < epoch["test_accuracy"] <= 1 and epoch["test_loss"] > 0  # chance is 0.1
+    assert summary["wall_time_s"] > 0
+
+
+def test_one_process_at_batch_64_follows_four_at_16_each(tmp_path, quick_args):
+    # Without dropout nothing random depends on how the batch is split, so the curves coincide.
+    args = [*quick_args, "--max-steps", "10", "--dropout", "0"]
+    single = train(1, tmp_path, *args, name="np1")
+    four = train(4, tmp_path, *args, "--sync", "gather_scatter", name="np4")
+    assert relative_gap(losses(four), losses(single)) <= 1e-4
+
+
+def test_identical_runs_give_identical_losses(tmp_path, quick_args):
+    args = [*quick_args, "--max-steps", "6"]
+    first, second = (train(2, tmp_path, *args, name=f"run{i}") for i in range(2))
+    assert losses(first) == losses(second)
+
+
+def test_a_different_seed_gives_different_losses(tmp_path, quick_args):
+    args = [*quick_args, "--max-steps", "4"]
+    assert losses(train(2, tmp_path, *args, "--seed", "1", name="a")) != losses(train(2, tmp_path, *args, "--seed", "2", name="b"))
+
+
+def test_mnist_idx_files_train_a_full_epoch(tmp_path):
+    write_mnist(tmp_path / "data", train=256, test=64)
+    summary = train(2, tmp_path, "--dataset", "mnist", "--data-dir", str(tmp_path / "data"), "--batch-size", "64", "--log-every", "1")
+    assert [s["step"] for s in summary["steps"]] == [1, 2, 3, 4]
+    assert summary["config"]["model"] == "mnist_cnn" and len(summary["epochs"]) == 1
+
+
+def test_cifar10_image_folders_train_vgg11_on_four_ranks(tmp_path):
+    write_cifar10_folders(tmp_path / "data", train=128, test=40)
+    summary = train(4, tmp_path, "--data-dir", str(tmp_path / "data"), "--batch-size", "32", "--log-every", "2", "--sync", "gather_scatter")
+    assert summary["config"]["model"] == "vgg11" and summary["config"]["dataset"] == "cifar10"
+    assert [s["step"] for s in summary["steps"]] == [2, 4]
+    assert summary["epochs"][0]["test_accuracy"] >= 0
+
+
+def test_max_steps_and_epochs_bound_the_run(tmp_path, quick_args):
+    summary = train(2, tmp_path, *quick_args, "--synthetic-size", "256", "--epochs", "3", "--log-every", "100")
+    assert summary["total_steps"] == 12 and [s["step"] for s in summary["steps"]] == [4, 8, 12]
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]
