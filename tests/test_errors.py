@@ -1,0 +1,40 @@
+"""Bad input under real mpirun: one clear paragraph, printed once, a non-zero exit, nothing written."""
+
+import pytest
+
+from conftest import mpirun
+
+pytestmark = pytest.mark.e2e
+
+
+def assert_clean_failure(result, *needles):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.count("mpi_train: error:") == 1, result.stderr  # rank 0 alone speaks
+    text = " ".join(result.stderr.split())
+    for needle in needles:
+        assert needle in text, text
+
+
+def test_indivisible_batch_fails_before_any_work(tmp_path, quick_args):
+    summary = tmp_path / "s.json"
+    result = mpirun(4, [*quick_args, "--batch-size", "50", "--summary-json", str(summary)])
+    assert_clean_failure(result, "--batch-size 50", "4 ranks", "48", "52")
+    assert not summary.exists()
+
+
+def test_missing_data_explains_where_and_what_to_do(tmp_path):
+    result = mpirun(2, ["--dataset", "mnist", "--data-dir", str(tmp_path / "none"), "--max-steps", "1"])
+    assert_clean_failure(result, str(tmp_path / "none"), "could not be downloaded", "--dataset synthetic")
+
+
+def test_nccl_without_gpus_is_refused(quick_args):
+    result = mpirun(2, [*quick_args, "--backend", "nccl"])
+    assert_clean_failure(result, "--backend nccl", "CUDA", "--backend gloo")
+
+
+def test_unknown_sync_method_lists_the_choices(quick_args):
+    result = mpirun(2, [*quick_args, "--sync", "telepathy"])
+    assert result.returncode != 0
+    assert result.stderr.count("invalid choice: 'telepathy'") == 1
+    assert "gather_scatter" in result.stderr and "Traceback" not in result.stderr
