@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import textwrap
 import traceback
@@ -14,7 +15,7 @@ import typing
 from typing import Callable, Optional, Sequence
 
 from .cluster import Cluster
-from .config import TrainConfig
+from .config import ENV_DEFAULTS, TrainConfig
 from .errors import UserError
 from .models import MODELS
 from .sync import SYNC_METHODS
@@ -51,17 +52,25 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
         choices = meta.pop("choices", None)
         if isinstance(choices, str):
             choices = REGISTRIES[choices]
+        flag = "--" + field.name.replace("_", "-")
+        if _field_type(field) is bool:  # on/off switches: present means on
+            parser.add_argument(flag, action="store_true", **meta)
+            continue
         if field.default is not None and "default" not in meta["help"]:
             meta["help"] += f" (default: {field.default})"
         parser.add_argument(
-            "--" + field.name.replace("_", "-"), type=_field_type(field), default=field.default,
+            flag, type=_field_type(field), default=field.default,
             choices=choices, **meta,
         )
     return parser
 
 
 def parse_config(argv: Optional[Sequence[str]], quiet: bool = False) -> TrainConfig:
-    return TrainConfig(**vars(build_parser(quiet).parse_args(argv)))
+    values = vars(build_parser(quiet).parse_args(argv))
+    for name, variable in ENV_DEFAULTS.items():
+        if values[name] is None and os.environ.get(variable):
+            values[name] = os.environ[variable]
+    return TrainConfig(**values)
 
 
 def format_error(message: str) -> str:

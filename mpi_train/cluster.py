@@ -41,6 +41,7 @@ class Cluster:
         self.comm = comm
         self.info = info
         self.hosts = hosts  # host of each rank, indexed by rank
+        self.store = None  # the TCPStore once init_process_group has run; its server lives in rank 0's process
 
     @classmethod
     def from_mpi(cls) -> "Cluster":
@@ -196,6 +197,7 @@ def init_process_group(cluster: Cluster, backend: str, master_addr: Optional[str
     host, port = address.rsplit(":", 1)
     if info.rank != 0:
         store = TCPStore(host, int(port), info.world_size, is_master=False, timeout=timeout)
+    cluster.store = store  # also the channel a failing rank uses to reach rank 0 (see tracking.py)
     if cluster.spans_hosts and "GLOO_SOCKET_IFNAME" not in os.environ:
         interface = _interface_of(_route_address(host))
         if interface:

@@ -14,6 +14,7 @@ from typing import Optional
 
 from .errors import UserError
 
+ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
 DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -52,14 +53,22 @@ class TrainConfig:
     log_every: int = _opt(20, "print the loss averaged over all ranks every N steps")
     summary_json: Optional[str] = _opt(None, "rank 0 writes the config, losses, timings and test results here")
 
+    # Experiment tracking (MLflow; only rank 0 talks to it).
+    tracking_uri: Optional[str] = _opt(None, "MLflow tracking server (http://HOST:PORT) or database URI (default: $MLFLOW_TRACKING_URI, else the SQLite store mlruns/mlflow.db)")
+    experiment: str = _opt("mpi_train", "MLflow experiment the job's runs are filed under")
+    run_name: Optional[str] = _opt(None, "name of the job's parent run (default: SYNC-npN-seedSEED)")
+    no_tracking: bool = _opt(False, "do not record the job in MLflow")
+    save_model: bool = _opt(False, "store the final weights as an artifact of the job's run")
+    system_metrics_every: float = _opt(10.0, "seconds between CPU, memory and network samples per host; 0 turns them off")
+
     @property
     def model_name(self) -> str:
         """The model actually trained: --model, or the data set's default."""
         return self.model or DATASET_DEFAULT_MODEL[self.dataset]
 
     def as_dict(self) -> dict:
-        """The resolved config, as saved in summaries."""
-        return {**dataclasses.asdict(self), "model": self.model_name}
+        """The resolved config, as saved in summaries and run artifacts (passwords in URIs masked)."""
+        return {**dataclasses.asdict(self), "model": self.model_name, "tracking_uri": redact_uri(self.tracking_uri)}
 
     def validate(self, world_size: int) -> None:
         """Reject values no run can use, before any work starts."""
@@ -77,6 +86,10 @@ class TrainConfig:
         for flag, value in {"--momentum": self.momentum, "--weight-decay": self.weight_decay}.items():
             if value < 0:
                 raise UserError(f"{flag} must not be negative, got {value}.")
+        if self.system_metrics_every < 0:
+            raise UserError(f"--system-metrics-every must not be negative, got {self.system_metrics_every}; 0 turns system metrics off.")
+        if self.save_model and self.no_tracking:
+            raise UserError("--save-model stores the weights in the job's MLflow run, which --no-tracking turns off. Drop one of the two flags.")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}.")
         if self.batch_size % world_size:
@@ -87,6 +100,25 @@ class TrainConfig:
                 f"(e.g. {lower or world_size} or {lower + world_size}), or change the number of ranks."
             )
 
+    def default_run_name(self, world_size: int) -> str:
+        return self.run_name or f"{self.sync}-np{world_size}-seed{self.seed}"
+
     def per_rank(self, world_size: int) -> int:
         """Each rank's share of the global batch (validate() guarantees it divides)."""
         return self.batch_size // world_size
+
+
+def redact_uri(uri: Optional[str]) -> Optional[str]:
+    """`uri` with any password replaced by ***, so it can be printed and logged."""
+    if not uri:
+        return uri
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+        if parts.password is None:
+            return uri
+        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    except ValueError:  # a malformed URI: keep only its scheme, it is rejected later anyway
+        return uri.split("://", 1)[0] + "://***" if "@" in uri else uri
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,4 +1,4 @@
-"""Every rank-0 side effect of a training job in one place: console lines and the summary file.
+"""Every rank-0 side effect of a training job in one place: console lines, the summary file, the tracker.
 
 Collectives happen on every rank in the training loop; the gathered values are then
 handed to the reporter. On rank 0 it is a real `Reporter`; on the other ranks it is a
@@ -13,6 +13,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Optional
+
+from .tracking import NullTracker
 
 PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")
 
@@ -33,23 +35,36 @@ def write_json_atomically(path: str, payload: dict) -> None:
 class SilentReporter:
     """What ranks other than 0 report: nothing."""
 
+    def print(self, line: str) -> None:
+        """Console output, also kept by the tracker as the run's console log."""
+        self._print(line)
+        self.tracker.console(line)
+
     def start(self, job: dict) -> None: ...
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict]) -> None: ...
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
     def finish(self, per_rank_means: list[dict], wall_time_s: float) -> None: ...
+    def save_weights(self, model) -> None: ...
 
 
 class Reporter(SilentReporter):
-    """Rank 0: prints progress and collects the summary written at the end."""
+    """Rank 0: prints progress, collects the summary written at the end, and forwards both to the tracker."""
 
-    def __init__(self, config_dict: dict, global_batch: int, summary_path: Optional[str], print_fn=print):
+    def __init__(self, config_dict: dict, global_batch: int, summary_path: Optional[str], print_fn=print,
+                 tracker: Optional[NullTracker] = None):
         self.config = config_dict
         self.global_batch = global_batch
         self.summary_path = summary_path
-        self.print = print_fn
+        self.tracker = tracker or NullTracker()
+        self._print = print_fn
         self.job: dict = {}
         self.steps: list[dict] = []
         self.epochs: list[dict] = []
+
+    def print(self, line: str) -> None:
+        """Console output, also kept by the tracker as the run's console log."""
+        self._print(line)
+        self.tracker.console(line)
 
     def start(self, job: dict) -> None:
         self.job = job
@@ -65,6 +80,7 @@ class Reporter(SilentReporter):
         loss = mean_over_ranks(per_rank, "loss")
         times = {key: mean_over_ranks(per_rank, key) for key in PHASES}
         self.steps.append({"step": step, "epoch": epoch, "loss": loss, **times})
+        self.tracker.log_step(epoch, step, loss, times, self.global_batch / times["step_time_s"], per_rank)
         self.print(
             f"epoch {epoch} step {step:>5}/{total_steps}  loss {loss:.4f}  step {times['step_time_s']:.3f}s "
             f"(compute {times['compute_time_s']:.3f}s, sync {times['sync_time_s']:.3f}s)  "
@@ -73,6 +89,7 @@ class Reporter(SilentReporter):
 
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None:
         self.epochs.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_accuracy, "epoch_time_s": epoch_time_s})
+        self.tracker.log_epoch(epoch, test_loss, test_accuracy, epoch_time_s)
         self.print(f"epoch {epoch} test loss {test_loss:.4f}  accuracy {100 * test_accuracy:.2f}%  ({epoch_time_s:.1f}s)")
 
     def finish(self, per_rank_means: list[dict], wall_time_s: float) -> None:
@@ -81,15 +98,20 @@ class Reporter(SilentReporter):
             f"done in {wall_time_s:.1f}s: mean step {overall['step_time_s']:.3f}s, sync "
             f"{overall['sync_time_s']:.3f}s ({100 * overall['sync_time_s'] / overall['step_time_s']:.1f}% of step)"
         )
+        summary = {
+            "config": self.config,
+            **self.job,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "per_rank_mean_times": per_rank_means,
+            "mean_times": overall,
+            "final_loss": self.steps[-1]["loss"] if self.steps else None,
+            "wall_time_s": wall_time_s,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         if self.summary_path:
-            write_json_atomically(self.summary_path, {
-                "config": self.config,
-                **self.job,
-                "steps": self.steps,
-                "epochs": self.epochs,
-                "per_rank_mean_times": per_rank_means,
-                "mean_times": overall,
-                "final_loss": self.steps[-1]["loss"] if self.steps else None,
-                "wall_time_s": wall_time_s,
-                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            })
+            write_json_atomically(self.summary_path, summary)
+        self.tracker.finish(summary)
+
+    def save_weights(self, model) -> None:
+        self.tracker.save_weights(model)

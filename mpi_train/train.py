@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import cluster as clusters
+from . import tracking
 from .cluster import Cluster
 from .config import TrainConfig
 from .data import load_datasets, make_loaders
@@ -21,6 +23,8 @@ from .errors import UserError
 from .models import build_model
 from .report import PHASES, Reporter, SilentReporter
 from .sync import SYNC_METHODS
+
+FAIL_AT_ENV = "MPI_TRAIN_FAIL_AT"  # test hook: "RANK:STEP" makes that rank raise after that step
 
 
 def seed_everything(seed: int) -> None:
@@ -92,10 +96,21 @@ def evaluate(model: nn.Module, loader, device: torch.device, cluster: Cluster) -
     return loss_sum / count, correct / count
 
 
+def injected_failure() -> tuple[int, int] | None:
+    """The (rank, step) named by $MPI_TRAIN_FAIL_AT, used by tests of failure tracking."""
+    value = os.environ.get(FAIL_AT_ENV)
+    if not value:
+        return None
+    rank, step = value.split(":")
+    return int(rank), int(step)
+
+
 def run(config: TrainConfig, cluster: Cluster) -> None:
     """One training job on every rank of `cluster`."""
     info = cluster.info
     config.validate(info.world_size)
+    connection = tracking.connect(config, cluster)  # rank 0 checks the tracking store now, before any work
+    fail_at = injected_failure()
     threads = clusters.configure_threads(info, config.threads)
     backend, device_name = clusters.resolve_backend(cluster, config.backend)
     device = torch.device(device_name)
@@ -116,52 +131,58 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
 
     steps_per_epoch = len(train_loader)
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
-    reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json) if info.is_main else SilentReporter()
-    reporter.start({
+    job = {
         "world_size": info.world_size, "backend": backend, "hosts": list(cluster.hosts), "threads": threads,
         "batch_size_per_rank": batch_per_rank, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
-    })
-
-    clock = Clock(device)
-    run_totals, window = PhaseTotals(), PhaseTotals()
-    started = time.perf_counter()
-    step = 0
-    for epoch in range(1, config.epochs + 1):
-        if step >= total_steps:
-            break
-        sampler.set_epoch(epoch - 1)
-        epoch_started = time.perf_counter()
-        batches = iter(train_loader)
-        while step < total_steps:
-            t0 = clock()
-            batch = next(batches, None)
-            if batch is None:
+    }
+    tracker = tracking.start(connection, config, cluster, job)
+    reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker) if info.is_main else SilentReporter()
+    with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
+        reporter.start(job)
+        clock = Clock(device)
+        run_totals, window = PhaseTotals(), PhaseTotals()
+        started = time.perf_counter()
+        step = 0
+        for epoch in range(1, config.epochs + 1):
+            if step >= total_steps:
                 break
-            images, labels = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
-            t1 = clock()
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(net(images), labels)
-            loss.backward()
-            t2 = clock()
-            method.sync(model)
-            t3 = clock()
-            optimizer.step()
-            t4 = clock()
-            step += 1
+            sampler.set_epoch(epoch - 1)
+            epoch_started = time.perf_counter()
+            batches = iter(train_loader)
+            while step < total_steps:
+                t0 = clock()
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                images, labels = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
+                t1 = clock()
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(net(images), labels)
+                loss.backward()
+                t2 = clock()
+                method.sync(model)
+                t3 = clock()
+                optimizer.step()
+                t4 = clock()
+                step += 1
+                if fail_at == (info.rank, step):
+                    raise RuntimeError(f"injected failure on rank {info.rank} after step {step} (${FAIL_AT_ENV})")
 
-            times = {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": t3 - t2,
-                     "optimizer_time_s": t4 - t3, "step_time_s": t4 - t0}
-            run_totals.add(times)
-            window.add(times)
-            if step % config.log_every == 0 or step == total_steps or step % steps_per_epoch == 0:
-                per_rank = cluster.gather({"loss": loss.item(), **window.means()})
-                reporter.log_step(epoch, step, total_steps, per_rank)
-                window = PhaseTotals()
+                times = {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": t3 - t2,
+                         "optimizer_time_s": t4 - t3, "step_time_s": t4 - t0}
+                run_totals.add(times)
+                window.add(times)
+                if step % config.log_every == 0 or step == total_steps or step % steps_per_epoch == 0:
+                    per_rank = cluster.gather({"loss": loss.item(), **window.means(), **tracker.host_sample()})
+                    reporter.log_step(epoch, step, total_steps, per_rank)
+                    window = PhaseTotals()
 
-        method.sync_buffers(model)
-        test_loss, test_accuracy = evaluate(model, test_loader, device, cluster)
-        reporter.log_epoch(epoch, test_loss, test_accuracy, time.perf_counter() - epoch_started)
+            method.sync_buffers(model)
+            test_loss, test_accuracy = evaluate(model, test_loader, device, cluster)
+            reporter.log_epoch(epoch, test_loss, test_accuracy, time.perf_counter() - epoch_started)
 
-    check_replicas_agree(cluster, model, f"after step {step}")
-    reporter.finish(cluster.gather(run_totals.means()), time.perf_counter() - started)
+        check_replicas_agree(cluster, model, f"after step {step}")
+        reporter.finish(cluster.gather(run_totals.means()), time.perf_counter() - started)
+        if config.save_model:
+            reporter.save_weights(model)
     dist.destroy_process_group()

@@ -47,3 +47,64 @@ def losses(summary: dict) -> list[float]:
 def quick_args() -> list[str]:
     """A run of a few seconds: small synthetic MNIST-shaped data."""
     return ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2"]
+
+
+# --- Experiment tracking: a real MLflow server and tracked jobs, shared by the whole session. ---
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """`python -m mpi_train.server` on a free loopback port (it takes ~15 s to start); stopped with SIGINT at the end."""
+    import signal
+    import time
+    import urllib.request
+
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = free_port()
+    log = open(root / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mpi_train.server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        cwd=root, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert server.poll() is None, (root / "server.log").read_text()
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                break
+        except OSError:
+            assert time.monotonic() < deadline, "mlflow server did not start:\n" + (root / "server.log").read_text()
+            time.sleep(0.5)
+    yield uri
+    server.send_signal(signal.SIGINT)  # what Ctrl-C does: the command stops mlflow and its workers
+    try:
+        server.wait(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def tracked_jobs(mlflow_server, tmp_path_factory):
+    """Two finished np 2 jobs (allreduce with --save-model, gather_scatter) in the experiment `tests-compare`."""
+    tmp = tmp_path_factory.mktemp("tracked")
+    args = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2",
+            "--max-steps", "8", "--experiment", "tests-compare", "--system-metrics-every", "1"]
+    host_port = mlflow_server.removeprefix("http://")
+    return {
+        # a password in the URI and a token in the environment: neither may reach the run
+        "allreduce": train(2, tmp, *args, "--sync", "allreduce", "--save-model", "--tracking-uri",
+                           f"http://alice:s3cret-pw@{host_port}", name="allreduce",
+                           env={"MLFLOW_TRACKING_TOKEN": "s3cret-token", "MLFLOW_TRACKING_URI": ""}),
+        "gather_scatter": train(2, tmp, *args, "--sync", "gather_scatter", name="gather_scatter",
+                                env={"MLFLOW_TRACKING_URI": mlflow_server}),
+    }

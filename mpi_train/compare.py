@@ -1,0 +1,198 @@
+"""`python -m mpi_train.compare`: the finished jobs of an experiment side by side, as a table and as plots.
+
+Reads parent and child runs through the MLflow client (the same keys in every job make
+this, and the UI's compare view, work), prints one row per job and writes PNGs:
+loss against step per job, the mean step split into its phases, and each rank's
+step-time spread. With --log-artifacts the plots and table become a comparison run.
+
+    python -m mpi_train.compare --experiment mpi_train --tracking-uri http://127.0.0.1:5000 --out plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .cli import format_error
+from .config import ENV_DEFAULTS, redact_uri
+from .errors import UserError
+
+PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
+COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "samples/s", "final_loss", "test_acc", "speed-up")
+
+
+@dataclass
+class Job:
+    """One finished job as the comparison sees it."""
+
+    run_id: str
+    name: str
+    sync: str
+    world_size: int
+    metrics: dict
+    loss_curve: list[tuple[int, float]] = field(default_factory=list)
+    rank_step_times: list[list[float]] = field(default_factory=list)  # per rank, every logged window
+
+    @property
+    def label(self) -> str:
+        return f"{self.sync} np{self.world_size}"
+
+
+def load_jobs(client, experiment_id: str) -> list[Job]:
+    """Every FINISHED job (parent run) of the experiment with its loss curve and its ranks' step times."""
+    parents = client.search_runs(
+        [experiment_id], filter_string="tags.`mpi_train.role` = 'job' and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time ASC"], max_results=1000)
+    jobs = []
+    for run in parents:
+        params, metrics = run.data.params, run.data.metrics
+        job = Job(run.info.run_id, run.info.run_name, params.get("sync", "?"), int(params.get("world_size", 0)), metrics)
+        job.loss_curve = [(m.step, m.value) for m in sorted(client.get_metric_history(job.run_id, "loss"), key=lambda m: m.step)]
+        children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{job.run_id}'", max_results=1000)
+        for child in sorted(children, key=lambda c: int(c.data.tags.get("rank", 0))):
+            job.rank_step_times.append([m.value for m in client.get_metric_history(child.info.run_id, "step_time_s")])
+        jobs.append(job)
+    return sorted(jobs, key=lambda j: (j.sync, j.world_size, j.name))
+
+
+def table_rows(jobs: list[Job]) -> list[dict]:
+    """One row per job; speed-up is throughput against the slowest job's."""
+    slowest = min((j.metrics.get("mean_throughput_samples_per_s", 0) for j in jobs), default=0) or 1.0
+    rows = []
+    for job in jobs:
+        m = job.metrics
+        rows.append({
+            "run": job.name, "sync": job.sync, "np": job.world_size,
+            "step_s": m.get("mean_step_time_s"), "sync_s": m.get("mean_sync_time_s"),
+            "sync_%": 100 * m["sync_share"] if "sync_share" in m else None,
+            "samples/s": m.get("mean_throughput_samples_per_s"), "final_loss": m.get("final_loss", m.get("loss")),
+            "test_acc": m.get("test_accuracy"),
+            "speed-up": m.get("mean_throughput_samples_per_s", 0) / slowest if "mean_throughput_samples_per_s" in m else None,
+        })
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    def cell(value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+        return str(value)
+
+    cells = [list(COLUMNS)] + [[cell(row[c]) for c in COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def plot(jobs: list[Job], out: Path) -> list[Path]:
+    """Three PNGs a person would rather look at than the table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for job in jobs:
+        steps, values = zip(*job.loss_curve) if job.loss_curve else ((), ())
+        ax.plot(steps, values, marker="o", markersize=3, label=job.label)
+    ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="Loss against step")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    written.append(_save(fig, out / "loss_vs_step.png"))
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
+    bottom = [0.0] * len(jobs)
+    for phase in PHASES:
+        heights = [1000 * j.metrics.get(f"mean_{phase}", 0.0) for j in jobs]
+        ax.bar([j.label for j in jobs], heights, bottom=bottom, label=phase.removesuffix("_time_s"))
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set(ylabel="mean time per step (ms)", title="Where a step's time goes")
+    ax.legend()
+    ax.tick_params(axis="x", rotation=20)
+    written.append(_save(fig, out / "time_breakdown.png"))
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
+    data, labels, positions, position = [], [], [], 0
+    for job in jobs:
+        for rank, times in enumerate(job.rank_step_times):
+            data.append([1000 * t for t in times] or [0.0])
+            labels.append(f"{job.label}\nrank {rank}")
+            positions.append(position)
+            position += 1
+        position += 1  # a gap between jobs
+    if data:
+        ax.boxplot(data, positions=positions)
+        ax.set_xticks(positions, labels, fontsize=7, rotation=90)
+    ax.set(ylabel="step time (ms), every logged window", title="Per-rank step-time spread")
+    written.append(_save(fig, out / "rank_step_time_spread.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mpi_train.compare", description=__doc__.split("\n")[0])
+    parser.add_argument("--experiment", default="mpi_train", help="experiment whose finished jobs are compared (default: mpi_train)")
+    parser.add_argument("--tracking-uri", help="MLflow server or database (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)")
+    parser.add_argument("--out", default="comparison", help="folder the PNG plots are written to (default: comparison)")
+    parser.add_argument("--log-artifacts", action="store_true", help="also store the table and plots as a comparison run in the experiment")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import os
+
+    from .tracking import check_uri, default_store_uri, probe_server
+
+    args = build_parser().parse_args(argv)
+    uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or default_store_uri()
+    try:
+        if check_uri(uri) in ("http", "https"):
+            probe_server(uri)
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name(args.experiment)
+        if experiment is None:
+            raise UserError(f"Experiment {args.experiment!r} does not exist at {redact_uri(uri)}. Name one that "
+                            f"training wrote to (--experiment of python -m mpi_train), or check --tracking-uri.")
+        jobs = load_jobs(client, experiment.experiment_id)
+        if not jobs:
+            raise UserError(f"Experiment {args.experiment!r} at {redact_uri(uri)} has no FINISHED jobs to compare. "
+                            f"Run some first: python -m mpi_train --experiment {args.experiment} ...")
+    except UserError as error:
+        print(format_error(str(error)), file=sys.stderr)
+        return error.exit_code
+    table = format_table(table_rows(jobs))
+    print(table)
+    paths = plot(jobs, Path(args.out))
+    print("plots: " + ", ".join(str(p) for p in paths))
+    if args.log_artifacts:
+        run = client.create_run(experiment.experiment_id, run_name=f"comparison-{len(jobs)}-jobs",
+                                tags={"mpi_train.role": "comparison", "compared_runs": ",".join(j.run_id for j in jobs)})
+        client.log_text(run.info.run_id, table + "\n", "comparison/table.txt")
+        for path in paths:
+            client.log_artifact(run.info.run_id, str(path), "comparison")
+        client.set_terminated(run.info.run_id, "FINISHED")
+        print(f"logged as run {run.info.run_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,644 @@
+"""Experiment tracking in MLflow: one parent run per job, one child run per rank, and only rank 0 talks to MLflow.
+
+The other ranks' numbers reach rank 0 through the training loop's gather; rank 0
+queues them and a background thread sends them in batches (`MlflowClient.log_batch`),
+so the loop never waits on the network. Every run ends in a terminal status:
+FINISHED; FAILED when any rank raises (a non-zero rank posts its traceback to rank 0
+through the torch.distributed TCPStore, whose server lives in rank 0's process, because
+rank 0 may be blocked in a collective that will never complete); KILLED on SIGTERM/SIGINT.
+
+System metrics, one sampler per host: rank 0's host through MLflow's own monitor
+(`SystemMetricsMonitor`, node id = host name); the local rank 0 of every other host
+samples psutil and sends the numbers with the logged-step gather, and rank 0 logs them
+under the same `system/<host>/...` keys.
+
+mlflow is imported only on rank 0 and only when tracking is on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+from .config import TrainConfig, redact_uri
+from .errors import UserError
+
+DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
+SERVER_SCHEMES = ("http", "https")
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+PROBE_TIMEOUT_S = 5.0  # an unreachable server is reported well within 30 s, before training
+FLUSH_EVERY_S = 2.0  # the background sender's batching period
+END_TIMEOUT_S = 20.0  # how long the final flush may take before it is given up
+FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
+ACK_WAIT_S = 10.0  # a failing rank waits this long for rank 0 to record its failure before aborting
+SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
+PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
+          "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts", "threads")
+
+
+# ---------------------------------------------------------------------------------------------
+# Where runs go: checked on rank 0 before any work, the outcome shared with every rank.
+
+@dataclass(frozen=True)
+class Connection:
+    """A checked tracking destination on rank 0."""
+
+    client: Any  # mlflow.MlflowClient
+    uri: str
+    experiment_id: str
+
+
+def default_store_uri() -> str:
+    """The embedded store: SQLite under ./mlruns (MLflow 3 no longer accepts a folder of files)."""
+    return f"sqlite:///{DEFAULT_STORE_DIR}/mlflow.db"
+
+
+def check_store_dir(directory: Path, flag_hint: str) -> None:
+    """`directory` must be a writable folder (created if missing): the SQLite file and artifacts live there."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise UserError(
+            f"The MLflow store folder {directory.resolve()} is not a writable folder ({error.strerror or error}). "
+            f"The job's runs and artifacts are kept there. Make it a writable folder, run from another working "
+            f"directory, {flag_hint}, or pass --no-tracking."
+        ) from None
+
+
+def check_uri(uri: str) -> str:
+    """Reject URIs MLflow 3 cannot use, with the fix; returns the scheme."""
+    try:
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError as error:
+        raise UserError(f"--tracking-uri {redact_uri(uri)!r} is malformed ({error}). {_URI_FORMS}") from None
+    scheme = parts.scheme.lower()
+    if scheme in ("", "file"):
+        raise UserError(
+            f"--tracking-uri {redact_uri(uri)!r} names a folder of files, which MLflow 3 no longer accepts as a "
+            f"tracking store. Use a SQLite file instead, e.g. --tracking-uri sqlite:///mlruns/mlflow.db, "
+            f"or a tracking server."
+        )
+    if scheme in SERVER_SCHEMES and not parts.hostname:
+        raise UserError(f"--tracking-uri {redact_uri(uri)!r} has no host. {_URI_FORMS}")
+    if scheme not in SERVER_SCHEMES + DATABASE_SCHEMES + ("databricks",):
+        raise UserError(f"--tracking-uri {redact_uri(uri)!r} has an unknown scheme {scheme!r}. {_URI_FORMS}")
+    return scheme
+
+
+_URI_FORMS = ("Give a tracking server as http://HOST:PORT (start one with `python -m mpi_train.server`), "
+              "or a database such as sqlite:///mlruns/mlflow.db; the flag overrides $MLFLOW_TRACKING_URI.")
+
+
+def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Ask the server's /health endpoint, retrying briefly: a clear error now beats MLflow's minutes of retries."""
+    parts = urlsplit(uri)
+    netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+    url = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=max(1.0, deadline - time.monotonic())) as response:
+                if response.status == 200:
+                    return
+                problem = f"HTTP {response.status}"
+        except urllib.error.HTTPError as error:
+            problem = f"HTTP {error.code}"
+        except (OSError, ValueError) as error:
+            problem = str(getattr(error, "reason", None) or error)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    raise UserError(
+        f"No MLflow tracking server answers at {redact_uri(uri)} (asked {url} for {timeout_s:.0f} s: {problem}). "
+        f"Start one with `python -m mpi_train.server --host {parts.hostname} --port {parts.port or 5000}`, "
+        f"correct --tracking-uri or $MLFLOW_TRACKING_URI, or pass --no-tracking to train without tracking."
+    )
+
+
+def _open(config: TrainConfig) -> Connection:
+    uri = config.tracking_uri or default_store_uri()
+    scheme = check_uri(uri)
+    if scheme == "sqlite":
+        database = urlsplit(uri).path[1:]  # sqlite:///relative/path or sqlite:////absolute/path
+        if database and database != ":memory:":
+            check_store_dir(Path(database).parent, "point --tracking-uri at another sqlite:/// file")
+        check_store_dir(Path(DEFAULT_STORE_DIR), "point --tracking-uri at a server")  # where artifacts land
+    if scheme in SERVER_SCHEMES:
+        probe_server(uri)
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        experiment = client.get_experiment_by_name(config.experiment)
+        if experiment is not None:
+            return Connection(client, uri, experiment.experiment_id)
+        try:
+            return Connection(client, uri, client.create_experiment(config.experiment))
+        except MlflowException:  # another job created it a moment ago
+            return Connection(client, uri, client.get_experiment_by_name(config.experiment).experiment_id)
+    except Exception as error:  # noqa: BLE001 - any store failure here is the user's setup
+        raise UserError(
+            f"The MLflow store at {redact_uri(uri)} could not open experiment {config.experiment!r}: "
+            f"{str(error).splitlines()[0] if str(error) else type(error).__name__}. Check --tracking-uri, "
+            f"the server's log and its permissions, or pass --no-tracking."
+        ) from None
+
+
+def connect(config: TrainConfig, cluster) -> Optional[Connection]:
+    """Check the tracking destination on rank 0 before any work; collective (every rank fails together)."""
+    if config.no_tracking:
+        return None
+    connection, outcome = None, None
+    if cluster.info.is_main:
+        try:
+            connection = _open(config)
+        except UserError as error:
+            outcome = str(error)
+    cluster.agree(outcome, "Experiment tracking is not available")
+    return connection
+
+
+# ---------------------------------------------------------------------------------------------
+# What every rank holds: a no-op tracker, the failure poster (ranks > 0), the MLflow tracker (rank 0).
+
+class NullTracker:
+    """Tracking off, or nothing for this rank to do; also the interface the others implement."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace) -> bool:
+        return False
+
+    def host_sample(self) -> dict:
+        """What this rank adds to the logged-step gather (system metrics of its host, if it samples them)."""
+        return {}
+
+    def console(self, line: str) -> None: ...
+    def log_step(self, epoch: int, step: int, loss: float, times: dict, throughput: float, per_rank: list[dict]) -> None: ...
+    def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
+    def finish(self, summary: dict) -> None: ...
+    def save_weights(self, model) -> None: ...
+
+
+class HostSampler:
+    """psutil numbers for one host, named like MLflow's system metrics; sampled at most every `every_s`."""
+
+    def __init__(self, every_s: float):
+        import psutil
+
+        self.psutil, self.every_s, self.last = psutil, every_s, 0.0
+        self.net0 = psutil.net_io_counters()
+        psutil.cpu_percent(interval=None)  # starts the CPU-time window
+
+    def sample(self) -> dict:
+        now = time.monotonic()
+        if not self.every_s or now - self.last < self.every_s:
+            return {}
+        self.last = now
+        memory, net = self.psutil.virtual_memory(), self.psutil.net_io_counters()
+        return {"system": {
+            "cpu_utilization_percentage": self.psutil.cpu_percent(interval=None),
+            "system_memory_usage_megabytes": (memory.total - memory.available) / 1e6,
+            "system_memory_usage_percentage": memory.percent,
+            "network_receive_megabytes": (net.bytes_recv - self.net0.bytes_recv) / 1e6,
+            "network_transmit_megabytes": (net.bytes_sent - self.net0.bytes_sent) / 1e6,
+        }}
+
+
+class RankTracker(NullTracker):
+    """A rank other than 0: samples its host if it is that host's first rank, and reports its own failure."""
+
+    def __init__(self, store, info, sampler: Optional[HostSampler]):
+        self.store, self.info, self.sampler = store, info, sampler
+
+    def host_sample(self) -> dict:
+        return self.sampler.sample() if self.sampler else {}
+
+    def __exit__(self, kind, error, trace) -> bool:
+        if error is None or isinstance(error, KeyboardInterrupt) or (isinstance(error, UserError) and error.collective):
+            return False  # a clean end, a signal (rank 0 records those), or an error rank 0 raised too
+        failure = {"rank": self.info.rank, "host": self.info.host,
+                   "traceback": "".join(traceback.format_exception(kind, error, trace))}
+        try:  # rank 0's watcher ends the run FAILED and acknowledges; then cli.guarded aborts the job
+            self.store.set(FAILURE_KEY, json.dumps(failure))
+            self.store.wait([ACK_KEY], timedelta(seconds=ACK_WAIT_S))
+        except Exception:  # noqa: BLE001 - rank 0 unreachable or slow: aborting matters more
+            pass
+        return False
+
+
+class BatchSender:
+    """A thread that sends queued metrics every few seconds with one log_batch per run (≤1000 per call)."""
+
+    def __init__(self, client, every_s: float = FLUSH_EVERY_S):
+        self.client, self.every_s = client, every_s
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.stopping = threading.Event()
+        self.error: Optional[str] = None
+        self.thread = threading.Thread(target=self._run, name="mlflow-batch-sender", daemon=True)
+        self.thread.start()
+
+    def put(self, run_id: str, metrics: list) -> None:
+        self.queue.put((run_id, metrics))  # never blocks
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.every_s):
+            self.flush()
+        self.flush()
+
+    def flush(self) -> None:
+        by_run: dict[str, list] = {}
+        while True:
+            try:
+                run_id, metrics = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            by_run.setdefault(run_id, []).extend(metrics)
+        for run_id, metrics in by_run.items():
+            for start in range(0, len(metrics), 1000):
+                try:
+                    self.client.log_batch(run_id, metrics=metrics[start:start + 1000], synchronous=True)
+                except Exception as error:  # noqa: BLE001 - tracking must never stop training
+                    if self.error is None:
+                        self.error = f"{type(error).__name__}: {error}"
+                        print(f"mpi_train: warning: MLflow did not accept metrics ({self.error}); "
+                              f"training continues.", file=sys.stderr)
+
+    def stop(self, timeout_s: float = END_TIMEOUT_S) -> None:
+        self.stopping.set()
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout_s)
+
+
+class MlflowTracker(NullTracker):
+    """Rank 0: the job's parent run and one child run per rank; ends them in exactly one terminal status."""
+
+    def __init__(self, connection: Connection, config: TrainConfig, cluster, job: dict, ranks: list[dict]):
+        from mlflow.entities import Param
+
+        self.client, self.cluster, self.config = connection.client, cluster, config
+        self.info, self.hosts = cluster.info, list(cluster.hosts)
+        self.lock = threading.Lock()
+        self.status: Optional[str] = None
+        self.lines: list[str] = []
+        self.loop_time_s = 0.0  # time the training loop spent in this tracker: the overhead it pays
+        self.threads: list[threading.Thread] = []
+        self.stop = threading.Event()
+        self.wakeup: Optional[tuple[int, int]] = None
+
+        environment = describe_environment(cluster)
+        params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS}, **{k: v for k, v in job.items() if k in PARAMS}}
+        params["hosts"] = ",".join(sorted(set(self.hosts)))
+        tags = {"mpi_train.role": "job", "torch_version": environment["torch"], "mpi4py_version": environment["mpi4py"],
+                "mpi_library_version": environment["mpi_library"].splitlines()[0] if environment["mpi_library"] else "unknown",
+                "mlflow_version": environment["mlflow"], "hosts": params["hosts"]}
+        if environment["git_commit"]:
+            tags["mlflow.source.git.commit"] = environment["git_commit"]
+        parent = self.client.create_run(connection.experiment_id, run_name=config.default_run_name(self.info.world_size), tags=tags)
+        self.parent_id = parent.info.run_id
+        self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in sorted(params.items())], synchronous=True)
+        self.child_ids = []
+        for who in ranks:
+            child = self.client.create_run(connection.experiment_id, run_name=f"rank{who['rank']}", tags={
+                "mlflow.parentRunId": self.parent_id, "mpi_train.role": "rank",
+                **{key: str(who[key]) for key in ("rank", "local_rank", "host", "pid")}})
+            self.child_ids.append(child.info.run_id)
+            self.client.log_batch(child.info.run_id, params=[Param("seed", str(config.seed))], synchronous=True)
+        self.client.log_dict(self.parent_id, config.as_dict(), "config.json")
+        self.client.log_dict(self.parent_id, environment, "environment.json")
+        self.sender = BatchSender(self.client)
+        self.monitor = None
+        if config.system_metrics_every:
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self.monitor = SystemMetricsMonitor(self.parent_id, sampling_interval=config.system_metrics_every,
+                                                node_id=self.info.host, tracking_uri=connection.uri)
+        self.uri = connection.uri
+        self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids)
+
+    # -- the training loop's calls: queue only, never the network --------------------------------------
+
+    def _metrics(self, values: dict, step: int) -> list:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        return [Metric(key, float(value), now, step) for key, value in values.items() if isinstance(value, (int, float))]
+
+    def console(self, line: str) -> None:
+        self.lines.append(line)
+
+    def log_step(self, epoch, step, loss, times, throughput, per_rank) -> None:
+        started = time.perf_counter()
+        self.sender.put(self.parent_id, self._metrics({
+            "loss": loss, "step_time_s": times["step_time_s"], "compute_time_s": times["compute_time_s"],
+            "sync_time_s": times["sync_time_s"], "throughput_samples_per_s": throughput}, step))
+        for rank, record in enumerate(per_rank):
+            self.sender.put(self.child_ids[rank], self._metrics({k: v for k, v in record.items() if k != "system"}, step))
+            if record.get("system"):
+                host = self.hosts[rank]
+                self.sender.put(self.parent_id, self._metrics({f"system/{host}/{k}": v for k, v in record["system"].items()}, step))
+        self.loop_time_s += time.perf_counter() - started
+
+    def log_epoch(self, epoch, test_loss, test_accuracy, epoch_time_s) -> None:
+        self.sender.put(self.parent_id, self._metrics(
+            {"test_loss": test_loss, "test_accuracy": test_accuracy, "epoch_time_s": epoch_time_s}, epoch))
+
+    def finish(self, summary: dict) -> None:
+        means, steps = summary["mean_times"], summary["total_steps"]
+        step_time_total = means["step_time_s"] * steps
+        self.sender.put(self.parent_id, self._metrics({
+            **{f"mean_{key}": value for key, value in means.items()},
+            **{f"total_{key}": value * steps for key, value in means.items()},
+            "sync_share": means["sync_time_s"] / means["step_time_s"] if means["step_time_s"] else 0.0,
+            "total_steps": steps, "wall_time_s": summary["wall_time_s"],
+            "mean_throughput_samples_per_s": self.config.batch_size / means["step_time_s"] if means["step_time_s"] else 0.0,
+            **({"final_loss": summary["final_loss"]} if summary["final_loss"] is not None else {}),
+            "tracking_loop_time_s": self.loop_time_s,
+            "tracking_share": self.loop_time_s / step_time_total if step_time_total else 0.0,
+        }, steps))
+        for rank, rank_means in enumerate(summary["per_rank_mean_times"]):
+            self.sender.put(self.child_ids[rank], self._metrics({f"mean_{k}": v for k, v in rank_means.items()}, steps))
+        self.client.log_dict(self.parent_id, summary, "summary.json")
+
+    def save_weights(self, model) -> None:
+        import torch
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "state_dict.pt"
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+            self.client.log_artifact(self.parent_id, str(path), "model")
+
+    # -- lifetime: started by `with`, ended once -------------------------------------------------------
+
+    def __enter__(self):
+        if self.monitor:
+            self.monitor.start()
+        if self.info.world_size > 1 and self.cluster.store is not None:
+            self._thread(self._watch_failures, "mpi_train-failure-watch")
+        if threading.current_thread() is threading.main_thread():
+            self._catch_signals()
+        return self
+
+    def __exit__(self, kind, error, trace) -> bool:
+        if error is None:
+            self.end("FINISHED")
+        elif isinstance(error, KeyboardInterrupt):
+            self.end("KILLED", tags={"mpi_train.killed_by": "KeyboardInterrupt"})
+        else:
+            self.end("FAILED", failure={"rank": self.info.rank, "host": self.info.host,
+                                        "traceback": "".join(traceback.format_exception(kind, error, trace))})
+        self._release_signals()
+        return False
+
+    def end(self, status: str, tags: Optional[dict] = None, failure: Optional[dict] = None) -> bool:
+        """End the parent and child runs in `status` (the first call wins); True if this call ended them.
+
+        The outcome goes to the guard process first, so it is recorded even if mpirun kills
+        this process midway (it follows SIGTERM with SIGKILL within a fraction of a second).
+        """
+        with self.lock:
+            if self.status is not None:
+                return False
+            self.status = status
+        tags = dict(tags or {})
+        failed_rank = failure["rank"] if failure else None
+        if failure:
+            last_line = failure["traceback"].strip().splitlines()[-1] if failure["traceback"].strip() else ""
+            tags.update({"mpi_train.failed_rank": str(failed_rank), "mpi_train.failed_host": failure["host"],
+                         "mpi_train.error": last_line[:5000]})
+            self.lines.append(f"rank {failed_rank} on {failure['host']} failed:\n{failure['traceback']}")
+        child_statuses = [status if status != "FAILED" or rank == failed_rank else "KILLED" for rank in range(len(self.child_ids))]
+        self.guard.announce(status, tags, child_statuses)
+        self.stop.set()
+        try:
+            if status == "FINISHED":  # nothing is pressing: the last metrics first, then the status
+                self._stop_senders()
+            from mlflow.entities import RunTag
+
+            if tags:
+                self.client.log_batch(self.parent_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
+            for child_id, child_status in zip(self.child_ids, child_statuses):
+                self.client.set_terminated(child_id, child_status)
+            self.client.set_terminated(self.parent_id, status)
+            if failure:
+                self.client.log_text(self.parent_id, failure["traceback"], f"failure/traceback_rank{failed_rank}.txt")
+            self.client.log_text(self.parent_id, "\n".join(self.lines) + "\n", "console.log")
+            self._stop_senders()
+        except Exception as error:  # noqa: BLE001 - say so; the job's own outcome matters more
+            print(f"mpi_train: warning: could not record the MLflow run as {status}: {error}", file=sys.stderr)
+        self.guard.done()
+        return True
+
+    def _stop_senders(self) -> None:
+        if self.monitor:
+            self.monitor.finish()
+            self.monitor = None
+        self.sender.stop()
+
+    def _thread(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _watch_failures(self) -> None:
+        """Poll the store for a failure posted by another rank (rank 0 itself may be stuck in a collective)."""
+        store = self.cluster.store
+        while not self.stop.wait(0.25):
+            try:
+                if not store.check([FAILURE_KEY]):
+                    continue
+                failure = json.loads(store.get(FAILURE_KEY))
+            except Exception:  # noqa: BLE001 - the store is gone: the job is ending anyway
+                return
+            self.end("FAILED", failure=failure)
+            store.set(ACK_KEY, "1")
+            return
+
+    def _catch_signals(self) -> None:
+        """SIGTERM/SIGINT end the runs KILLED from a helper thread: the main thread may sit in C code for minutes.
+
+        Python's C-level handler writes the signal number to a wakeup pipe from whatever thread
+        receives it; the helper reads it, ends the runs and aborts the MPI job.
+        """
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self.wakeup = (read_fd, write_fd, signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False))
+        self.old_handlers = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+        self._thread(self._wait_for_signal, "mpi_train-signal-watch")
+
+    def _wait_for_signal(self) -> None:
+        read_fd = self.wakeup[0]
+        while True:
+            try:
+                received = os.read(read_fd, 1)
+            except OSError:
+                return
+            if not received or received[0] == 0:  # closed, or the stop byte from _release_signals
+                return
+            number = received[0]
+            if number not in (signal.SIGTERM, signal.SIGINT):
+                continue
+            name = signal.Signals(number).name
+            if self.end("KILLED", tags={"mpi_train.killed_by": name}):
+                print(f"mpi_train: {name} received; run recorded as KILLED, stopping every rank.", file=sys.stderr)
+            self.cluster.abort(128 + number)
+
+    def _release_signals(self) -> None:
+        if not self.wakeup:
+            return
+        read_fd, write_fd, old_fd = self.wakeup
+        signal.set_wakeup_fd(old_fd)
+        for sig, handler in self.old_handlers.items():
+            signal.signal(sig, handler)
+        os.write(write_fd, b"\0")
+        self.wakeup = None
+
+
+class RunGuard:
+    """A tiny process outside the MPI job that ends the runs if rank 0 dies before it could.
+
+    mpirun follows SIGTERM with SIGKILL about 0.2 s later, too soon for the HTTP calls that
+    end the runs; and SIGKILL or an out-of-memory kill gives no warning at all. Rank 0 sends
+    the guard the outcome first, then records it itself and says "done". If the guard's pipe
+    closes without "done", it ends every run still RUNNING with the announced outcome
+    (KILLED if none was announced). It imports mlflow only then, so it costs nothing meanwhile.
+    """
+
+    def __init__(self, uri: str, parent_id: str, child_ids: list[str]):
+        package_root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mpi_train.tracking"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, env=env, start_new_session=True,  # out of reach of mpirun's kill
+        )
+        self._send({"uri": uri, "parent": parent_id, "children": child_ids})
+
+    def _send(self, message: dict) -> None:
+        try:
+            self.process.stdin.write((json.dumps(message) + "\n").encode())
+            self.process.stdin.flush()
+        except (OSError, ValueError):  # the guard is gone: nothing more it can do
+            pass
+
+    def announce(self, status: str, tags: dict, child_statuses: list[str]) -> None:
+        self._send({"status": status, "tags": tags, "child_statuses": child_statuses})
+
+    def done(self) -> None:
+        self._send({"done": True})
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+
+
+def _guard_main() -> int:
+    """The guard process (see RunGuard): wait for rank 0's pipe to close, then finish what it left."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup, outcome = None, None
+    for line in sys.stdin:
+        message = json.loads(line)
+        if setup is None:
+            setup = message
+        elif message.get("done"):
+            return 0
+        else:
+            outcome = message
+    if setup is None:
+        return 0
+    if outcome is None:
+        outcome = {"status": "KILLED", "tags": {"mpi_train.killed_by": "rank 0 ended without recording the run"},
+                   "child_statuses": ["KILLED"] * len(setup["children"])}
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=setup["uri"])
+    for run_id, status in [*zip(setup["children"], outcome["child_statuses"]), (setup["parent"], outcome["status"])]:
+        try:
+            if client.get_run(run_id).info.status == "RUNNING":
+                if run_id == setup["parent"]:
+                    for key, value in outcome["tags"].items():
+                        client.set_tag(run_id, key, str(value))
+                client.set_terminated(run_id, status)
+        except Exception:  # noqa: BLE001 - nobody is left to tell
+            pass
+    return 0
+
+
+def start(connection: Optional[Connection], config: TrainConfig, cluster, job: dict) -> NullTracker:
+    """The tracker for this rank; collective (rank 0 learns each rank's identity for its child run)."""
+    if connection is None and config.no_tracking:
+        return NullTracker()
+    info = cluster.info
+    ranks = cluster.gather({"rank": info.rank, "local_rank": info.local_rank, "host": info.host, "pid": os.getpid()})
+    if info.is_main:
+        return MlflowTracker(connection, config, cluster, job, ranks)
+    samples_host = info.local_rank == 0 and info.host != cluster.hosts[0] and config.system_metrics_every > 0
+    return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def git_commit() -> Optional[str]:
+    """The project's commit (with `-dirty` if tracked files changed), or None outside a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if commit.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return commit.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def describe_environment(cluster) -> dict:
+    """Versions, the job's hosts as a hostfile, the MPI library and launcher settings (no secrets)."""
+    import mlflow
+    import mpi4py
+    import torch
+
+    try:
+        from mpi4py import MPI
+
+        library = MPI.Get_library_version().replace("\0", "").strip()
+    except Exception:  # noqa: BLE001
+        library = ""
+    slots: dict[str, int] = {}
+    for host in cluster.hosts:
+        slots[host] = slots.get(host, 0) + 1
+    launcher = {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_COMM_WORLD_SIZE", "MASTER_ADDR", "GLOO_SOCKET_IFNAME"))
+                and not any(word in k.upper() for word in SECRET_WORDS)}
+    return {
+        "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+        "mpi4py": mpi4py.__version__, "mlflow": mlflow.__version__, "mpi_library": library,
+        "git_commit": git_commit(), "world_size": cluster.info.world_size, "hosts_by_rank": list(cluster.hosts),
+        "hostfile": "".join(f"{host} slots={n}\n" for host, n in slots.items()), "launcher_env": launcher,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(_guard_main())
