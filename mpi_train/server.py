@@ -88,6 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even if started where SIGINT was ignored
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:
         wait_until_healthy(url, process)

@@ -6,6 +6,7 @@ so the loop never waits on the network. Every run ends in a terminal status:
 FINISHED; FAILED when any rank raises (a non-zero rank posts its traceback to rank 0
 through the torch.distributed TCPStore, whose server lives in rank 0's process, because
 rank 0 may be blocked in a collective that will never complete); KILLED on SIGTERM/SIGINT.
+A small guard process outside the MPI job records the outcome if rank 0 is killed first.
 
 System metrics, one sampler per host: rank 0's host through MLflow's own monitor
 (`SystemMetricsMonitor`, node id = host name); the local rank 0 of every other host
@@ -44,6 +45,7 @@ DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts
 SERVER_SCHEMES = ("http", "https")
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 PROBE_TIMEOUT_S = 5.0  # an unreachable server is reported well within 30 s, before training
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}  # unless the user set them
 FLUSH_EVERY_S = 2.0  # the background sender's batching period
 END_TIMEOUT_S = 20.0  # how long the final flush may take before it is given up
 FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
@@ -145,6 +147,8 @@ def _open(config: TrainConfig) -> Connection:
         check_store_dir(Path(DEFAULT_STORE_DIR), "point --tracking-uri at a server")  # where artifacts land
     if scheme in SERVER_SCHEMES:
         probe_server(uri)
+        for variable, value in HTTP_LIMITS.items():  # a server that dies mid-job must not hold the job's end for minutes
+            os.environ.setdefault(variable, value)
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -208,13 +212,13 @@ class HostSampler:
     def __init__(self, every_s: float):
         import psutil
 
-        self.psutil, self.every_s, self.last = psutil, every_s, 0.0
+        self.psutil, self.every_s, self.last = psutil, every_s, None
         self.net0 = psutil.net_io_counters()
         psutil.cpu_percent(interval=None)  # starts the CPU-time window
 
     def sample(self) -> dict:
         now = time.monotonic()
-        if not self.every_s or now - self.last < self.every_s:
+        if not self.every_s or (self.last is not None and now - self.last < self.every_s):
             return {}
         self.last = now
         memory, net = self.psutil.virtual_memory(), self.psutil.net_io_counters()
@@ -317,17 +321,24 @@ class MlflowTracker(NullTracker):
         if environment["git_commit"]:
             tags["mlflow.source.git.commit"] = environment["git_commit"]
         parent = self.client.create_run(connection.experiment_id, run_name=config.default_run_name(self.info.world_size), tags=tags)
-        self.parent_id = parent.info.run_id
-        self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in sorted(params.items())], synchronous=True)
-        self.child_ids = []
-        for who in ranks:
-            child = self.client.create_run(connection.experiment_id, run_name=f"rank{who['rank']}", tags={
-                "mlflow.parentRunId": self.parent_id, "mpi_train.role": "rank",
-                **{key: str(who[key]) for key in ("rank", "local_rank", "host", "pid")}})
-            self.child_ids.append(child.info.run_id)
-            self.client.log_batch(child.info.run_id, params=[Param("seed", str(config.seed))], synchronous=True)
-        self.client.log_dict(self.parent_id, config.as_dict(), "config.json")
-        self.client.log_dict(self.parent_id, environment, "environment.json")
+        self.parent_id, self.child_ids = parent.info.run_id, []
+        try:
+            self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in sorted(params.items())], synchronous=True)
+            for who in ranks:
+                child = self.client.create_run(connection.experiment_id, run_name=f"rank{who['rank']}", tags={
+                    "mlflow.parentRunId": self.parent_id, "mpi_train.role": "rank",
+                    **{key: str(who[key]) for key in ("rank", "local_rank", "host", "pid")}})
+                self.child_ids.append(child.info.run_id)
+                self.client.log_batch(child.info.run_id, params=[Param("seed", str(config.seed))], synchronous=True)
+            self.client.log_dict(self.parent_id, config.as_dict(), "config.json")
+            self.client.log_dict(self.parent_id, environment, "environment.json")
+        except BaseException:  # never leave a half-made job RUNNING
+            for run_id in [*self.child_ids, self.parent_id]:
+                try:
+                    self.client.set_terminated(run_id, "FAILED")
+                except Exception:  # noqa: BLE001 - the original error matters more
+                    pass
+            raise
         self.sender = BatchSender(self.client)
         self.monitor = None
         if config.system_metrics_every:
@@ -455,6 +466,12 @@ class MlflowTracker(NullTracker):
     def _stop_senders(self) -> None:
         if self.monitor:
             self.monitor.finish()
+            try:  # one last sample, so that even a job shorter than the sampling interval has one per host
+                self.monitor.collect_metrics()
+                self.monitor.publish_metrics(self.monitor.aggregate_metrics())
+                self.monitor.mlflow_logger.flush()
+            except Exception:  # noqa: BLE001 - system metrics are a nicety
+                pass
             self.monitor = None
         self.sender.stop()
 
@@ -588,7 +605,7 @@ def _guard_main() -> int:
 
 def start(connection: Optional[Connection], config: TrainConfig, cluster, job: dict) -> NullTracker:
     """The tracker for this rank; collective (rank 0 learns each rank's identity for its child run)."""
-    if connection is None and config.no_tracking:
+    if config.no_tracking:
         return NullTracker()
     info = cluster.info
     ranks = cluster.gather({"rank": info.rank, "local_rank": info.local_rank, "host": info.host, "pid": os.getpid()})

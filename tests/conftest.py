@@ -98,7 +98,7 @@ def tracked_jobs(mlflow_server, tmp_path_factory):
     """Two finished np 2 jobs (allreduce with --save-model, gather_scatter) in the experiment `tests-compare`."""
     tmp = tmp_path_factory.mktemp("tracked")
     args = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2",
-            "--max-steps", "8", "--experiment", "tests-compare", "--system-metrics-every", "1"]
+            "--max-steps", "8", "--experiment", "tests-compare"]
     host_port = mlflow_server.removeprefix("http://")
     return {
         # a password in the URI and a token in the environment: neither may reach the run

@@ -13,7 +13,7 @@ import pytest
 from conftest import MPI_ENV, REPO, mpirun, train
 from mpi_train.config import TrainConfig, redact_uri
 from mpi_train.errors import UserError
-from mpi_train.tracking import _open
+from mpi_train.tracking import BatchSender, HostSampler, _open
 
 pytestmark = pytest.mark.e2e
 
@@ -128,10 +128,12 @@ def test_a_failing_rank_marks_the_run_failed_with_its_traceback(mlflow_server, t
     assert "Traceback" in traceback and "injected failure on rank 1 after step 3" in traceback
 
 
-def test_sigterm_to_mpirun_marks_the_run_killed(mlflow_server):
+@pytest.mark.parametrize("target", ["mpirun", "rank0"])
+def test_sigterm_marks_the_run_killed(mlflow_server, target):
     client = client_for(mlflow_server)
+    run_name = f"sigterm-to-{target}"
     command = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-m", "mpi_train", *QUICK, "--epochs", "50",
-               "--tracking-uri", mlflow_server, "--experiment", "tests-kill", "--run-name", "to-be-killed"]
+               "--tracking-uri", mlflow_server, "--experiment", "tests-kill", "--run-name", run_name]
     job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)})
     try:
@@ -139,20 +141,25 @@ def test_sigterm_to_mpirun_marks_the_run_killed(mlflow_server):
         while True:  # wait until training has logged metrics to the server
             assert job.poll() is None and time.monotonic() < deadline, "the job ended or never started training"
             experiment = client.get_experiment_by_name("tests-kill")
-            runs = client.search_runs([experiment.experiment_id], "attributes.run_name = 'to-be-killed'") if experiment else []
+            runs = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{run_name}'") if experiment else []
             if runs and "loss" in runs[0].data.metrics:
                 break
             time.sleep(0.5)
-        job.send_signal(signal.SIGTERM)
+        if target == "mpirun":
+            job.send_signal(signal.SIGTERM)
+        else:  # rank 0's pid is a tag of its child run
+            _, children = job_runs(client, "tests-kill", run_name)
+            os.kill(int(children[0].data.tags["pid"]), signal.SIGTERM)
         job.wait(timeout=60)
     finally:
         if job.poll() is None:
             job.kill()
-    parent, children = job_runs(client, "tests-kill", "to-be-killed")
+    assert job.returncode != 0
+    parent, children = job_runs(client, "tests-kill", run_name)
     deadline = time.monotonic() + 30  # mpirun SIGKILLs ranks ~0.2 s after SIGTERM; the guard process may finish the job
     while parent.info.status == "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.5)
-        parent, children = job_runs(client, "tests-kill", "to-be-killed")
+        parent, children = job_runs(client, "tests-kill", run_name)
     assert parent.info.status == "KILLED" and [c.info.status for c in children] == ["KILLED"] * 2
     assert parent.data.tags["mpi_train.killed_by"] == "SIGTERM"
 
@@ -201,3 +208,30 @@ def test_an_unwritable_mlruns_is_refused(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="not a writable folder") as caught:
         _open(TrainConfig())
     assert str(tmp_path / "mlruns") in str(caught.value) and "--no-tracking" in str(caught.value)
+
+
+def test_host_sampler_names_metrics_like_mlflow_and_respects_its_interval():
+    sampler = HostSampler(every_s=1e-9)
+    sample = sampler.sample()["system"]
+    assert set(sample) == {"cpu_utilization_percentage", "system_memory_usage_megabytes", "system_memory_usage_percentage",
+                           "network_receive_megabytes", "network_transmit_megabytes"}
+    slow = HostSampler(every_s=3600)
+    assert "system" in slow.sample()  # the first sample is always taken
+    assert slow.sample() == {}  # not again within the interval
+    assert HostSampler(every_s=0).sample() == {}  # 0 turns sampling off
+
+
+def test_batch_sender_groups_per_run_and_caps_batches_at_1000():
+    calls = []
+
+    class FakeClient:
+        def log_batch(self, run_id, metrics=(), synchronous=None):
+            calls.append((run_id, len(metrics)))
+
+    sender = BatchSender(FakeClient(), every_s=3600)
+    for _ in range(3):
+        sender.put("parent", list(range(500)))
+        sender.put("child", [1, 2])
+    assert calls == []  # putting never calls the client
+    sender.stop()
+    assert sorted(calls) == [("child", 6), ("parent", 500), ("parent", 1000)]
