@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 
 from .cluster import Cluster
 from .config import ENV_DEFAULTS, TrainConfig
-from .errors import UserError
+from .errors import UserError, raised_in_collective
 from .models import MODELS
 from .sync import SYNC_METHODS
 
@@ -77,7 +77,19 @@ def format_error(message: str) -> str:
     return textwrap.fill(f"mpi_train: error: {message}", width=100, break_long_words=False, break_on_hyphens=False)
 
 
-def guarded(cluster: Cluster, body: Callable[[], None]) -> int:
+def collective_failure(cluster: Cluster, error: BaseException, timeout_s: Optional[float]) -> str:
+    info = cluster.info
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    behind = ", ".join(f"rank {rank} on {cluster.hosts[rank]}" for rank in cluster.laggards())
+    cause = (f"Behind the others: {behind}; it failed, is stuck, or is too slow there." if behind else
+             "Another rank most likely failed first; its own message is above or below.")
+    limit = f" (now {timeout_s:g} s)" if timeout_s else ""
+    return (f"rank {info.rank} on {info.host}: a collective operation failed ({first_line}). {cause} "
+            f"Stopping every rank. If a rank is only slow (first-time data loading, a busy host), "
+            f"raise --timeout{limit}.")
+
+
+def guarded(cluster: Cluster, body: Callable[[], None], timeout_s: Optional[float] = None) -> int:
     """Run `body`; a failure on any rank ends the whole job instead of leaving peers blocked.
 
     Errors every rank raised together exit normally (rank 0 prints them once); anything
@@ -97,9 +109,12 @@ def guarded(cluster: Cluster, body: Callable[[], None]) -> int:
     except KeyboardInterrupt:
         print(f"mpi_train: rank {info.rank} on {info.host} interrupted; stopping every rank.", file=sys.stderr)
         cluster.abort(130)
-    except BaseException:
-        print(f"mpi_train: rank {info.rank} on {info.host} failed; stopping every rank.\n"
-              f"{traceback.format_exc()}", file=sys.stderr, end="")
+    except BaseException as error:
+        if raised_in_collective(error):  # a symptom of another rank's failure: say who, not where in torch
+            print(format_error(collective_failure(cluster, error, timeout_s)), file=sys.stderr)
+        else:
+            print(f"mpi_train: rank {info.rank} on {info.host} failed; stopping every rank.\n"
+                  f"{traceback.format_exc()}", file=sys.stderr, end="")
         cluster.abort(1)
     return 1  # not reached: abort ends the process
 
@@ -109,4 +124,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     cluster = Cluster.from_mpi()
     config = parse_config(argv, quiet=not cluster.info.is_main)
-    return guarded(cluster, lambda: run(config, cluster))
+    return guarded(cluster, lambda: run(config, cluster), config.timeout)

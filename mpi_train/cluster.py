@@ -17,6 +17,13 @@ from typing import Any, Callable, Optional
 from .errors import UserError
 
 LOOPBACK = "127.0.0.1"
+PROGRESS_KEY = "mpi_train/progress"  # store key prefix: the step each rank has reached
+
+
+def _group_ready() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,16 @@ class Cluster:
     def spans_hosts(self) -> bool:
         return self.info.local_world_size != self.info.world_size
 
+    # Once the process group exists, object collectives go through it: its --timeout ends a wait
+    # for a stuck peer, and unlike MPI's pickled collectives it lets rank 0's tracking threads run.
+
     def allgather(self, value: Any) -> list:
+        if _group_ready():
+            import torch.distributed as dist
+
+            values = [None] * self.info.world_size
+            dist.all_gather_object(values, value)
+            return values
         return self.comm.allgather(value)
 
     def bcast(self, value: Any) -> Any:
@@ -69,6 +85,12 @@ class Cluster:
 
     def gather(self, value: Any) -> Optional[list]:
         """Every rank's value on rank 0; None elsewhere."""
+        if _group_ready():
+            import torch.distributed as dist
+
+            values = [None] * self.info.world_size if self.info.is_main else None
+            dist.gather_object(value, values, dst=0)
+            return values
         return self.comm.gather(value, root=0)
 
     def barrier(self) -> None:
@@ -89,6 +111,26 @@ class Cluster:
             rank, message = failures[0]
             where = f" (on rank {rank}, host {self.hosts[rank]})" if self.info.world_size > 1 else ""
             raise UserError(f"{what}{where}: {message}")
+
+    def note_progress(self, step: float) -> None:
+        """Record how far this rank has got (the step whose sync it is at; +0.5 in evaluation), so a failed
+        collective can name who is behind."""
+        if self.store is not None:
+            self.store.set(f"{PROGRESS_KEY}/{self.info.rank}", str(step))
+
+    def laggards(self) -> list[int]:
+        """After a collective failed: the ranks that had not reached the step the others had.
+
+        Empty when the store cannot tell (rank 0, which serves it, is gone) or nobody is behind.
+        """
+        if self.store is None:
+            return []
+        try:
+            self.store.set_timeout(datetime.timedelta(seconds=5))
+            steps = [float(v) for v in self.store.multi_get([f"{PROGRESS_KEY}/{r}" for r in range(self.info.world_size)])]
+        except Exception:  # noqa: BLE001 - the store's server lives in rank 0, which may be the one that died
+            return []
+        return [rank for rank, step in enumerate(steps) if step < max(steps)]
 
     def run_per_host(self, action: Callable[[], None], what: str) -> None:
         """Run `action` on one rank per host while the host's other ranks wait; failures reach every rank.
@@ -203,4 +245,5 @@ def init_process_group(cluster: Cluster, backend: str, master_addr: Optional[str
         if interface:
             os.environ["GLOO_SOCKET_IFNAME"] = interface  # Gloo must listen where peers can reach
     dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+    cluster.note_progress(0)
     return address

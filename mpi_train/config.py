@@ -48,6 +48,7 @@ class TrainConfig:
     master_addr: Optional[str] = _opt(None, "address rank 0 listens on for the rendezvous (default: $MASTER_ADDR, else this host's address)")
     timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before the job fails")
     threads: Optional[int] = _opt(None, "CPU threads per rank (default: this host's cores divided by its ranks)")
+    check_every: int = _opt(100, "every N steps (and at the end) ranks compare a checksum of their weights; 0: only at start and end")
 
     # Output.
     log_every: int = _opt(20, "print the loss averaged over all ranks every N steps")
@@ -83,7 +84,7 @@ class TrainConfig:
         for flag, value in positive.items():
             if value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
-        for flag, value in {"--momentum": self.momentum, "--weight-decay": self.weight_decay}.items():
+        for flag, value in {"--momentum": self.momentum, "--weight-decay": self.weight_decay, "--check-every": self.check_every}.items():
             if value < 0:
                 raise UserError(f"{flag} must not be negative, got {value}.")
         if self.system_metrics_every < 0:

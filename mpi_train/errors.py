@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import traceback
+
 
 class UserError(Exception):
     """Bad input or environment: printed as one paragraph (what, where, how to fix), exit 2.
@@ -17,3 +20,10 @@ class UserError(Exception):
     def __init__(self, message: str, *, collective: bool = True):
         super().__init__(message)
         self.collective = collective
+
+
+def raised_in_collective(error: BaseException) -> bool:
+    """True if the error came out of torch.distributed (a collective or its store): most often the
+    symptom of another rank having failed, so the rank that caught it is not the one to blame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and f"torch{os.sep}distributed{os.sep}" in frames[-1].filename

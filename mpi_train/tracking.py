@@ -18,6 +18,7 @@ mlflow is imported only on rank 0 and only when tracking is on.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from .config import TrainConfig, redact_uri
-from .errors import UserError
+from .errors import UserError, raised_in_collective
 
 DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
 SERVER_SCHEMES = ("http", "https")
@@ -254,11 +255,16 @@ class RankTracker(NullTracker):
 
 
 class BatchSender:
-    """A thread that sends queued metrics every few seconds with one log_batch per run (≤1000 per call)."""
+    """A thread that sends queued metrics every few seconds with one log_batch per run (≤1000 per call).
 
-    def __init__(self, client, every_s: float = FLUSH_EVERY_S):
-        self.client, self.every_s = client, every_s
+    After each flush it calls `on_handled(n)` with the number of `put` calls handled so far, so
+    the run guard can forget what no longer needs its copy.
+    """
+
+    def __init__(self, client, every_s: float = FLUSH_EVERY_S, on_handled=lambda handled: None):
+        self.client, self.every_s, self.on_handled = client, every_s, on_handled
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.handled = 0
         self.stopping = threading.Event()
         self.error: Optional[str] = None
         self.thread = threading.Thread(target=self._run, name="mlflow-batch-sender", daemon=True)
@@ -274,12 +280,14 @@ class BatchSender:
 
     def flush(self) -> None:
         by_run: dict[str, list] = {}
+        taken = 0
         while True:
             try:
                 run_id, metrics = self.queue.get_nowait()
             except queue.Empty:
                 break
             by_run.setdefault(run_id, []).extend(metrics)
+            taken += 1
         for run_id, metrics in by_run.items():
             for start in range(0, len(metrics), 1000):
                 try:
@@ -289,6 +297,9 @@ class BatchSender:
                         self.error = f"{type(error).__name__}: {error}"
                         print(f"mpi_train: warning: MLflow did not accept metrics ({self.error}); "
                               f"training continues.", file=sys.stderr)
+        if taken:
+            self.handled += taken
+            self.on_handled(self.handled)
 
     def stop(self, timeout_s: float = END_TIMEOUT_S) -> None:
         self.stopping.set()
@@ -339,7 +350,9 @@ class MlflowTracker(NullTracker):
                 except Exception:  # noqa: BLE001 - the original error matters more
                     pass
             raise
-        self.sender = BatchSender(self.client)
+        self.uri = connection.uri
+        self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids)
+        self.sender = BatchSender(self.client, on_handled=self.guard.handled)
         self.monitor = None
         if config.system_metrics_every:
             logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
@@ -347,8 +360,6 @@ class MlflowTracker(NullTracker):
 
             self.monitor = SystemMetricsMonitor(self.parent_id, sampling_interval=config.system_metrics_every,
                                                 node_id=self.info.host, tracking_uri=connection.uri)
-        self.uri = connection.uri
-        self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids)
 
     # -- the training loop's calls: queue only, never the network --------------------------------------
 
@@ -358,29 +369,34 @@ class MlflowTracker(NullTracker):
         now = int(time.time() * 1000)
         return [Metric(key, float(value), now, step) for key, value in values.items() if isinstance(value, (int, float))]
 
+    def _put(self, run_id: str, metrics: list) -> None:
+        """Queue metrics for the sender, and give the guard a copy in case this process dies first."""
+        self.guard.keep(run_id, metrics)
+        self.sender.put(run_id, metrics)
+
     def console(self, line: str) -> None:
         self.lines.append(line)
 
     def log_step(self, epoch, step, loss, times, throughput, per_rank) -> None:
         started = time.perf_counter()
-        self.sender.put(self.parent_id, self._metrics({
+        self._put(self.parent_id, self._metrics({
             "loss": loss, "step_time_s": times["step_time_s"], "compute_time_s": times["compute_time_s"],
             "sync_time_s": times["sync_time_s"], "throughput_samples_per_s": throughput}, step))
         for rank, record in enumerate(per_rank):
-            self.sender.put(self.child_ids[rank], self._metrics({k: v for k, v in record.items() if k != "system"}, step))
+            self._put(self.child_ids[rank], self._metrics({k: v for k, v in record.items() if k != "system"}, step))
             if record.get("system"):
                 host = self.hosts[rank]
-                self.sender.put(self.parent_id, self._metrics({f"system/{host}/{k}": v for k, v in record["system"].items()}, step))
+                self._put(self.parent_id, self._metrics({f"system/{host}/{k}": v for k, v in record["system"].items()}, step))
         self.loop_time_s += time.perf_counter() - started
 
     def log_epoch(self, epoch, test_loss, test_accuracy, epoch_time_s) -> None:
-        self.sender.put(self.parent_id, self._metrics(
+        self._put(self.parent_id, self._metrics(
             {"test_loss": test_loss, "test_accuracy": test_accuracy, "epoch_time_s": epoch_time_s}, epoch))
 
     def finish(self, summary: dict) -> None:
         means, steps = summary["mean_times"], summary["total_steps"]
         step_time_total = means["step_time_s"] * steps
-        self.sender.put(self.parent_id, self._metrics({
+        self._put(self.parent_id, self._metrics({
             **{f"mean_{key}": value for key, value in means.items()},
             **{f"total_{key}": value * steps for key, value in means.items()},
             "sync_share": means["sync_time_s"] / means["step_time_s"] if means["step_time_s"] else 0.0,
@@ -391,7 +407,7 @@ class MlflowTracker(NullTracker):
             "tracking_share": self.loop_time_s / step_time_total if step_time_total else 0.0,
         }, steps))
         for rank, rank_means in enumerate(summary["per_rank_mean_times"]):
-            self.sender.put(self.child_ids[rank], self._metrics({f"mean_{k}": v for k, v in rank_means.items()}, steps))
+            self._put(self.child_ids[rank], self._metrics({f"mean_{k}": v for k, v in rank_means.items()}, steps))
         self.client.log_dict(self.parent_id, summary, "summary.json")
 
     def save_weights(self, model) -> None:
@@ -419,8 +435,13 @@ class MlflowTracker(NullTracker):
         elif isinstance(error, KeyboardInterrupt):
             self.end("KILLED", tags={"mpi_train.killed_by": "KeyboardInterrupt"})
         else:
-            self.end("FAILED", failure={"rank": self.info.rank, "host": self.info.host,
-                                        "traceback": "".join(traceback.format_exception(kind, error, trace))})
+            rank, host = self.info.rank, self.info.host
+            text = "".join(traceback.format_exception(kind, error, trace))
+            if raised_in_collective(error):  # rank 0 only saw a peer's failure: blame the rank that was behind
+                behind = self.cluster.laggards()
+                rank, host = (behind[0], self.cluster.hosts[behind[0]]) if behind else ("unknown", "unknown")
+                text = f"A collective failed on rank {self.info.rank} ({self.info.host}); rank {rank} was behind.\n{text}"
+            self.end("FAILED", failure={"rank": rank, "host": host, "traceback": text})
         self._release_signals()
         return False
 
@@ -538,10 +559,11 @@ class RunGuard:
     """A tiny process outside the MPI job that ends the runs if rank 0 dies before it could.
 
     mpirun follows SIGTERM with SIGKILL about 0.2 s later, too soon for the HTTP calls that
-    end the runs; and SIGKILL or an out-of-memory kill gives no warning at all. Rank 0 sends
-    the guard the outcome first, then records it itself and says "done". If the guard's pipe
-    closes without "done", it ends every run still RUNNING with the announced outcome
-    (KILLED if none was announced). It imports mlflow only then, so it costs nothing meanwhile.
+    end the runs; and SIGKILL or an out-of-memory kill gives no warning at all. So the guard
+    holds a copy of every metric not yet handled by the sender, and rank 0 sends it the
+    outcome before recording it itself, then says "done". If the pipe closes without "done",
+    the guard sends the metrics the server lacks and ends every run still RUNNING with the
+    announced outcome (KILLED if none was announced). It imports mlflow only then.
     """
 
     def __init__(self, uri: str, parent_id: str, child_ids: list[str]):
@@ -551,14 +573,24 @@ class RunGuard:
             [sys.executable, "-m", "mpi_train.tracking"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env=env, start_new_session=True,  # out of reach of mpirun's kill
         )
+        self.lock = threading.Lock()  # the training loop and the sender thread both write
         self._send({"uri": uri, "parent": parent_id, "children": child_ids})
 
     def _send(self, message: dict) -> None:
-        try:
-            self.process.stdin.write((json.dumps(message) + "\n").encode())
-            self.process.stdin.flush()
-        except (OSError, ValueError):  # the guard is gone: nothing more it can do
-            pass
+        line = (json.dumps(message) + "\n").encode()
+        with self.lock:
+            try:
+                self.process.stdin.write(line)
+                self.process.stdin.flush()
+            except (OSError, ValueError):  # the guard is gone: nothing more it can do
+                pass
+
+    def keep(self, run_id: str, metrics: list) -> None:
+        self._send({"run": run_id, "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics]})
+
+    def handled(self, count: int) -> None:
+        """The first `count` kept batches were sent (or spooled): the guard may drop them."""
+        self._send({"handled": count})
 
     def announce(self, status: str, tags: dict, child_statuses: list[str]) -> None:
         self._send({"status": status, "tags": tags, "child_statuses": child_statuses})
@@ -575,12 +607,20 @@ def _guard_main() -> int:
     """The guard process (see RunGuard): wait for rank 0's pipe to close, then finish what it left."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup, outcome = None, None
+    kept: collections.deque = collections.deque()  # (number, run id, rows) not yet handled by the sender
+    number = 0
     for line in sys.stdin:
         message = json.loads(line)
         if setup is None:
             setup = message
         elif message.get("done"):
             return 0
+        elif "run" in message:
+            number += 1
+            kept.append((number, message["run"], message["metrics"]))
+        elif "handled" in message:
+            while kept and kept[0][0] <= message["handled"]:
+                kept.popleft()
         else:
             outcome = message
     if setup is None:
@@ -591,6 +631,11 @@ def _guard_main() -> int:
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=setup["uri"])
+    unsent: dict[str, list] = {}
+    for _, run_id, rows in kept:
+        unsent.setdefault(run_id, []).extend(rows)
+    for run_id, rows in unsent.items():
+        _send_missing(client, run_id, rows)
     for run_id, status in [*zip(setup["children"], outcome["child_statuses"]), (setup["parent"], outcome["status"])]:
         try:
             if client.get_run(run_id).info.status == "RUNNING":
@@ -601,6 +646,19 @@ def _guard_main() -> int:
         except Exception:  # noqa: BLE001 - nobody is left to tell
             pass
     return 0
+
+
+def _send_missing(client, run_id: str, rows: list) -> None:
+    """Log the metrics rank 0 left unsent, skipping any (key, step) the server already holds."""
+    from mlflow.entities import Metric
+
+    try:
+        held = {(key, m.step) for key in {row[0] for row in rows} for m in client.get_metric_history(run_id, key)}
+        missing = [Metric(key, value, timestamp, step) for key, value, timestamp, step in rows if (key, step) not in held]
+        for start in range(0, len(missing), 1000):
+            client.log_batch(run_id, metrics=missing[start:start + 1000], synchronous=True)
+    except Exception:  # noqa: BLE001 - nobody is left to tell
+        pass
 
 
 def start(connection: Optional[Connection], config: TrainConfig, cluster, job: dict) -> NullTracker:

@@ -20,11 +20,11 @@ from .cluster import Cluster
 from .config import TrainConfig
 from .data import load_datasets, make_loaders
 from .errors import UserError
+from .faults import injected
 from .models import build_model
 from .report import PHASES, Reporter, SilentReporter
 from .sync import SYNC_METHODS
 
-FAIL_AT_ENV = "MPI_TRAIN_FAIL_AT"  # test hook: "RANK:STEP" makes that rank raise after that step
 
 
 def seed_everything(seed: int) -> None:
@@ -92,17 +92,11 @@ def evaluate(model: nn.Module, loader, device: torch.device, cluster: Cluster) -
             logits = model(images)
             totals += (F.cross_entropy(logits, labels, reduction="sum").item(), (logits.argmax(1) == labels).sum().item(), len(labels))
     model.train()
-    loss_sum, correct, count = cluster.comm.allreduce(totals)
+    reduced = torch.tensor(totals, dtype=torch.float64, device=device)
+    if cluster.info.world_size > 1:
+        dist.all_reduce(reduced)  # the process group's timeout covers a peer stuck in its own evaluation
+    loss_sum, correct, count = reduced.tolist()
     return loss_sum / count, correct / count
-
-
-def injected_failure() -> tuple[int, int] | None:
-    """The (rank, step) named by $MPI_TRAIN_FAIL_AT, used by tests of failure tracking."""
-    value = os.environ.get(FAIL_AT_ENV)
-    if not value:
-        return None
-    rank, step = value.split(":")
-    return int(rank), int(step)
 
 
 def run(config: TrainConfig, cluster: Cluster) -> None:
@@ -110,7 +104,8 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     info = cluster.info
     config.validate(info.world_size)
     connection = tracking.connect(config, cluster)  # rank 0 checks the tracking store now, before any work
-    fail_at = injected_failure()
+    fault = injected()  # a no-op unless a test names a failure to inject
+    fault.at(info.rank, "start")
     threads = clusters.configure_threads(info, config.threads)
     backend, device_name = clusters.resolve_backend(cluster, config.backend)
     device = torch.device(device_name)
@@ -120,6 +115,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     train_set, test_set = load_datasets(config, cluster)
     batch_per_rank = config.per_rank(info.world_size)
     train_loader, sampler, test_loader = make_loaders(train_set, test_set, cluster, batch_per_rank, config.seed)
+    fault.at(info.rank, "rendezvous")
     clusters.init_process_group(cluster, backend, config.master_addr, config.timeout)
 
     seed_everything(config.seed)
@@ -160,16 +156,18 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
                 loss = F.cross_entropy(net(images), labels)
                 loss.backward()
                 t2 = clock()
+                fault.at(info.rank, step + 1)
+                cluster.note_progress(step + 1)  # lets a rank whose collective times out name who is behind
                 method.sync(model)
                 t3 = clock()
                 optimizer.step()
                 t4 = clock()
                 step += 1
-                if fail_at == (info.rank, step):
-                    raise RuntimeError(f"injected failure on rank {info.rank} after step {step} (${FAIL_AT_ENV})")
 
                 times = {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": t3 - t2,
                          "optimizer_time_s": t4 - t3, "step_time_s": t4 - t0}
+                if config.check_every and step % config.check_every == 0:
+                    check_replicas_agree(cluster, model, f"at step {step}")
                 run_totals.add(times)
                 window.add(times)
                 if step % config.log_every == 0 or step == total_steps or step % steps_per_epoch == 0:
@@ -177,6 +175,8 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
                     reporter.log_step(epoch, step, total_steps, per_rank)
                     window = PhaseTotals()
 
+            fault.at(info.rank, "eval")
+            cluster.note_progress(step + 0.5)  # past step `step`'s sync, not yet at the next one's
             method.sync_buffers(model)
             test_loss, test_accuracy = evaluate(model, test_loader, device, cluster)
             reporter.log_epoch(epoch, test_loss, test_accuracy, time.perf_counter() - epoch_started)

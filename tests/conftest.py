@@ -45,11 +45,27 @@ def losses(summary: dict) -> list[float]:
 
 @pytest.fixture
 def quick_args() -> list[str]:
-    """A run of a few seconds: small synthetic MNIST-shaped data."""
-    return ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2"]
+    """A run of a few seconds: small synthetic MNIST-shaped data, not recorded in MLflow."""
+    return ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2", "--no-tracking"]
 
 
 # --- Experiment tracking: a real MLflow server and tracked jobs, shared by the whole session. ---
+
+def client_for(uri):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def job_runs(client, experiment: str, run_name: str):
+    """The newest parent run called `run_name` in `experiment`, and its children ordered by rank."""
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    parents = client.search_runs([experiment_id], f"tags.`mpi_train.role` = 'job' and attributes.run_name = '{run_name}'",
+                                 order_by=["attributes.start_time DESC"])
+    parent = parents[0]
+    children = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    return parent, sorted(children, key=lambda c: int(c.data.tags["rank"]))
+
 
 def free_port() -> int:
     import socket

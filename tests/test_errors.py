@@ -24,7 +24,7 @@ def test_indivisible_batch_fails_before_any_work(tmp_path, quick_args):
 
 
 def test_missing_data_explains_where_and_what_to_do(tmp_path):
-    result = mpirun(2, ["--dataset", "mnist", "--data-dir", str(tmp_path / "none"), "--max-steps", "1"])
+    result = mpirun(2, ["--dataset", "mnist", "--data-dir", str(tmp_path / "none"), "--max-steps", "1", "--no-tracking"])
     assert_clean_failure(result, str(tmp_path / "none"), "could not be downloaded", "--dataset synthetic")
 
 
@@ -38,3 +38,24 @@ def test_unknown_sync_method_lists_the_choices(quick_args):
     assert result.returncode != 0
     assert result.stderr.count("invalid choice: 'telepathy'") == 1
     assert "gather_scatter" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--backend", "mpi"), ("--dataset", "imagenet"), ("--model", "resnet9000")])
+def test_unknown_names_list_the_choices(flag, value):
+    result = mpirun(2, ["--dataset", "synthetic", "--no-tracking", flag, value])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count(f"argument {flag}: invalid choice: '{value}' (choose from") == 1
+
+
+@pytest.mark.parametrize("flag, value", [("--max-steps", "0"), ("--lr", "-0.1"), ("--epochs", "-1")])
+def test_zero_or_negative_numbers_are_refused(quick_args, flag, value):
+    result = mpirun(2, [*quick_args, flag, value])
+    assert_clean_failure(result, f"{flag} must be positive, got {value}")
+
+
+def test_replicas_that_drift_apart_stop_the_job_naming_the_step_and_ranks(quick_args):
+    """A sync method that leaves the last rank's gradient unaveraged: the weight check must catch it."""
+    result = mpirun(2, [*quick_args, "--sync", "skip_last_rank", "--check-every", "3"], module="tests.mpi_diverging_run")
+    assert_clean_failure(result, "at step 3, rank(s) [1] hold different weights from rank 0")
+    result = mpirun(2, [*quick_args, "--sync", "allreduce", "--check-every", "3", "--max-steps", "6"], module="tests.mpi_diverging_run")
+    assert result.returncode == 0, result.stderr  # the same check passes a correct method

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MPI_ENV, REPO, mpirun, train
+from conftest import MPI_ENV, REPO, client_for, job_runs, mpirun, train
 from mpi_train.config import TrainConfig, redact_uri
 from mpi_train.errors import UserError
 from mpi_train.tracking import BatchSender, HostSampler, _open
@@ -22,22 +22,6 @@ CHILD_STEP_METRICS = ("loss", "data_time_s", "compute_time_s", "sync_time_s", "o
 PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
           "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts")
 QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2"]
-
-
-def client_for(uri):
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
-def job_runs(client, experiment: str, run_name: str):
-    """The newest parent run called `run_name` in `experiment`, and its children ordered by rank."""
-    experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    parents = client.search_runs([experiment_id], f"tags.`mpi_train.role` = 'job' and attributes.run_name = '{run_name}'",
-                                 order_by=["attributes.start_time DESC"])
-    parent = parents[0]
-    children = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    return parent, sorted(children, key=lambda c: int(c.data.tags["rank"]))
 
 
 def artifact_paths(client, run_id: str, path=None) -> set[str]:
@@ -125,7 +109,7 @@ def test_a_failing_rank_marks_the_run_failed_with_its_traceback(mlflow_server, t
     assert parent.data.tags["mpi_train.failed_rank"] == "1" and parent.data.tags["mpi_train.failed_host"]
     assert "injected failure on rank 1" in parent.data.tags["mpi_train.error"]
     traceback = read_artifact(client, parent.info.run_id, "failure/traceback_rank1.txt", tmp_path)
-    assert "Traceback" in traceback and "injected failure on rank 1 after step 3" in traceback
+    assert "Traceback" in traceback and "injected failure on rank 1 at 3" in traceback
 
 
 @pytest.mark.parametrize("target", ["mpirun", "rank0"])

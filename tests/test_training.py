@@ -25,7 +25,7 @@ def test_every_sync_method_leaves_the_hand_computed_mean_on_every_rank():
 def np4_runs(tmp_path_factory):
     """The same job (seed, global batch 64, 12 steps) with each sync method at np 4."""
     tmp = tmp_path_factory.mktemp("np4")
-    args = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--max-steps", "12", "--log-every", "2"]
+    args = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--max-steps", "12", "--log-every", "2", "--no-tracking"]
     return {name: train(4, tmp, *args, "--sync", name, name=name) for name in ("gather_scatter", "allreduce", "ddp")}
 
 
@@ -72,14 +72,14 @@ def test_a_different_seed_gives_different_losses(tmp_path, quick_args):
 
 def test_mnist_idx_files_train_a_full_epoch(tmp_path):
     write_mnist(tmp_path / "data", train=256, test=64)
-    summary = train(2, tmp_path, "--dataset", "mnist", "--data-dir", str(tmp_path / "data"), "--batch-size", "64", "--log-every", "1")
+    summary = train(2, tmp_path, "--dataset", "mnist", "--data-dir", str(tmp_path / "data"), "--batch-size", "64", "--log-every", "1", "--no-tracking")
     assert [s["step"] for s in summary["steps"]] == [1, 2, 3, 4]
     assert summary["config"]["model"] == "mnist_cnn" and len(summary["epochs"]) == 1
 
 
 def test_cifar10_image_folders_train_vgg11_on_four_ranks(tmp_path):
     write_cifar10_folders(tmp_path / "data", train=128, test=40)
-    summary = train(4, tmp_path, "--data-dir", str(tmp_path / "data"), "--batch-size", "32", "--log-every", "2", "--sync", "gather_scatter")
+    summary = train(4, tmp_path, "--data-dir", str(tmp_path / "data"), "--batch-size", "32", "--log-every", "2", "--sync", "gather_scatter", "--no-tracking")
     assert summary["config"]["model"] == "vgg11" and summary["config"]["dataset"] == "cifar10"
     assert [s["step"] for s in summary["steps"]] == [2, 4]
     assert summary["epochs"][0]["test_accuracy"] >= 0
