@@ -28,6 +28,7 @@ def _opt(default, help, **extra):
 class TrainConfig:
     # What to train.
     sync: str = _opt("allreduce", "gradient synchronisation method", choices="sync")
+    bucket_mb: float = _opt(25.0, "bucket size in megabytes for --sync bucketed: smaller buckets start communicating earlier in backward, larger ones make fewer calls")
     dataset: str = _opt("cifar10", "data set", choices=tuple(DATASET_DEFAULT_MODEL))
     model: Optional[str] = _opt(None, "model (default: vgg11 for cifar10, mnist_cnn otherwise)", choices="model")
     data_dir: str = _opt("data", "where data sets are read from (and downloaded to)")
@@ -76,6 +77,7 @@ class TrainConfig:
         positive = {
             "--batch-size": self.batch_size, "--epochs": self.epochs, "--log-every": self.log_every,
             "--synthetic-size": self.synthetic_size, "--timeout": self.timeout, "--lr": self.lr,
+            "--bucket-mb": self.bucket_mb,
         }
         if self.max_steps is not None:
             positive["--max-steps"] = self.max_steps

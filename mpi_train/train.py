@@ -121,7 +121,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     seed_everything(config.seed)
     model = build_model(config.model_name, config.dropout).to(device)
     check_replicas_agree(cluster, model, "at start")
-    method = SYNC_METHODS[config.sync]()
+    method = SYNC_METHODS[config.sync].from_config(config)
     net = method.wrap(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 

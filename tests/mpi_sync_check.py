@@ -1,19 +1,44 @@
 """Run under mpirun: every registered sync method must leave each rank holding the mean gradient.
 
 The expected mean is computed by hand in each process: it replays every rank's
-backward pass locally (rank r feeds inputs filled with r + 1) and averages them.
-Prints one line per method on rank 0; exits non-zero if any rank saw a wrong gradient.
+backward pass locally (rank r feeds inputs filled with r + 1 + step) and averages
+them. Each method runs three steps on one instance, so buffers and hooks reused
+from step to step are checked too. Besides every registered method, a few cases
+stress the methods that pack gradients into buffers: buckets of a few bytes (one
+per tensor, filled out of order), a layer used twice in forward (its gradient
+accumulates from two places before it is ready) and a layer never used (its
+gradient must stay None, as `allreduce` leaves it). The model's 53 parameters do not
+divide into 2, 3 or 4 equal chunks, which `ring` must handle.
+Prints one line per case on rank 0; exits non-zero if any rank saw a wrong gradient.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import torch
 from torch import nn
 
 from mpi_train.cluster import Cluster, init_process_group
-from mpi_train.sync import SYNC_METHODS
+from mpi_train.sync import SYNC_METHODS, SyncMethod
+from mpi_train.sync.bucketed import Bucketed
+from mpi_train.sync.flat import Flat
+from mpi_train.sync.ring import Ring
+
+STEPS = 3
+
+
+class SharedAndUnused(nn.Module):
+    """`hidden` runs twice per forward; `unused` never runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused = nn.Linear(5, 2)  # registered first, so it is the last bucket in backward order
+        self.inp, self.hidden, self.out = nn.Linear(6, 5), nn.Linear(5, 5), nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.hidden(torch.tanh(self.hidden(torch.tanh(self.inp(x)))))))
 
 
 def make_model() -> nn.Module:
@@ -21,36 +46,72 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
 
 
-def local_gradients(model: nn.Module, rank: int) -> list[torch.Tensor]:
+def make_shared_and_unused() -> nn.Module:
+    torch.manual_seed(0)
+    return SharedAndUnused()
+
+
+def backward(net: nn.Module, rank: int, step: int) -> None:
+    inputs = torch.full((4, 6), float(rank + 1 + step)) + torch.arange(6.0)
+    net(inputs).pow(2).sum().backward()
+
+
+def local_gradients(model: nn.Module, rank: int, step: int) -> list[torch.Tensor | None]:
     model.zero_grad()
-    inputs = torch.full((4, 6), float(rank + 1)) + torch.arange(6.0)
-    model(inputs).pow(2).sum().backward()
-    return [p.grad.clone() for p in model.parameters()]
+    backward(model, rank, step)
+    return [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+
+def every_ranks_gradients(make: Callable[[], nn.Module], world: int, step: int) -> list[list[torch.Tensor | None]]:
+    reference = make()
+    return [local_gradients(reference, r, step) for r in range(world)]
+
+
+def mean(per_rank: list[list[torch.Tensor | None]]) -> list[torch.Tensor | None]:
+    return [None if grads[0] is None else torch.stack(grads).mean(0) for grads in zip(*per_rank)]
+
+
+def gradients_are(model: nn.Module, expected: list[torch.Tensor | None]) -> bool:
+    for p, e in zip(model.parameters(), expected):
+        if (p.grad is None) != (e is None) or (e is not None and not torch.allclose(p.grad, e, rtol=1e-6, atol=1e-7)):
+            return False
+    return True
+
+
+def cases() -> dict[str, tuple[Callable[[], SyncMethod], Callable[[], nn.Module]]]:
+    """Name -> (method factory, model factory)."""
+    tiny_buckets = 64 / 2**20  # 64 bytes: every tensor of these models gets its own bucket
+    return {
+        **{name: (method_class, make_model) for name, method_class in SYNC_METHODS.items()},
+        "bucketed, 64-byte buckets": (lambda: Bucketed(tiny_buckets), make_model),
+        "bucketed, 64-byte buckets, shared + unused layers": (lambda: Bucketed(tiny_buckets), make_shared_and_unused),
+        "bucketed, one bucket, shared + unused layers": (Bucketed, make_shared_and_unused),
+        "flat, shared + unused layers": (Flat, make_shared_and_unused),
+        "ring, shared + unused layers": (Ring, make_shared_and_unused),
+    }
 
 
 def main() -> int:
     cluster = Cluster.from_mpi()
     rank, world = cluster.info.rank, cluster.info.world_size
     init_process_group(cluster, "gloo", None, 60)
-    reference = make_model()
-    per_rank = [local_gradients(reference, r) for r in range(world)]
-    expected = [torch.stack(grads).mean(0) for grads in zip(*per_rank)]
     failures = []
-    for name, method_class in SYNC_METHODS.items():
-        model = make_model()
-        method = method_class()
+    for name, (make_method, make) in cases().items():
+        model = make()
+        method = make_method()
         net = method.wrap(model)
-        model.zero_grad()
-        inputs = torch.full((4, 6), float(rank + 1)) + torch.arange(6.0)
-        net(inputs).pow(2).sum().backward()
-        method.sync(model)
-        ok = all(torch.allclose(p.grad, e, rtol=1e-6, atol=1e-7) for p, e in zip(model.parameters(), expected))
-        differs_from_local = any(not torch.equal(p.grad, g) for p, g in zip(model.parameters(), per_rank[rank]))
-        if not (ok and (differs_from_local or world == 1)):
-            failures.append(name)
+        for step in range(STEPS):
+            model.zero_grad()
+            backward(net, rank, step)
+            method.sync(model)
+            per_rank = every_ranks_gradients(make, world, step)
+            differs_from_local = any(g is not None and not torch.equal(p.grad, g) for p, g in zip(model.parameters(), per_rank[rank]))
+            if not (gradients_are(model, mean(per_rank)) and (differs_from_local or world == 1)):
+                failures.append(name)
+                break
     everyone = cluster.gather(failures)
     if rank == 0:
-        for name in SYNC_METHODS:
+        for name in cases():
             bad = [r for r, names in enumerate(everyone) if name in names]
             print(f"{name}: {'mean gradient on every rank' if not bad else f'WRONG on ranks {bad}'}")
     return 1 if any(cluster.allgather(bool(failures))) else 0

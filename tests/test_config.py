@@ -59,11 +59,18 @@ def test_indivisible_batch_names_values_and_fix():
 
 
 @pytest.mark.parametrize("field,value", [("batch_size", 0), ("epochs", -1), ("lr", 0.0), ("max_steps", 0),
-                                         ("log_every", 0), ("threads", 0), ("timeout", -5.0), ("momentum", -0.1)])
+                                         ("log_every", 0), ("threads", 0), ("timeout", -5.0), ("momentum", -0.1),
+                                         ("bucket_mb", 0.0)])
 def test_zero_or_negative_numbers_are_rejected(field, value):
     with pytest.raises(UserError) as error:
         TrainConfig(**{field: value}).validate(world_size=1)
     assert str(value) in str(error.value)
+
+
+def test_bucket_size_reaches_the_bucketed_method():
+    config = parse_config(["--sync", "bucketed", "--bucket-mb", "0.5"])
+    assert SYNC_METHODS[config.sync].from_config(config).bucket_bytes == 2**19
+    assert SYNC_METHODS["bucketed"].from_config(TrainConfig()).bucket_bytes == 25 * 2**20  # DDP's default
 
 
 def test_valid_config_passes_and_splits_the_batch():

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 from .allreduce import AllReduce
 from .base import SyncMethod
+from .bucketed import Bucketed
 from .ddp import DDP
+from .flat import Flat
 from .gather_scatter import GatherScatter
+from .ring import Ring
 
 SYNC_METHODS: dict[str, type[SyncMethod]] = {
     "gather_scatter": GatherScatter,
     "allreduce": AllReduce,
     "ddp": DDP,
+    "flat": Flat,
+    "bucketed": Bucketed,
+    "ring": Ring,
 }
 
 __all__ = ["SYNC_METHODS", "SyncMethod"]

@@ -15,6 +15,11 @@ def gradients(model: nn.Module) -> list[torch.Tensor]:
 class SyncMethod:
     """Makes every rank's gradients equal to their mean across ranks, once per step."""
 
+    @classmethod
+    def from_config(cls, config) -> "SyncMethod":
+        """The method as the training job configures it (methods with options read their flags here)."""
+        return cls()
+
     def wrap(self, model: nn.Module) -> nn.Module:
         """The module to run forward/backward on (a wrapper may hook into backward)."""
         return model

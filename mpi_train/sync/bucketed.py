@@ -1,0 +1,114 @@
+"""bucketed: gradients grouped into buckets in backward order, each allreduced as soon as it is full."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .base import SyncMethod
+from .flat import FlatBuffer
+
+DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's default bucket_cap_mb
+
+
+class Bucket:
+    """A few consecutive parameters (in backward order) sharing one flat buffer and one allreduce."""
+
+    def __init__(self, index: int, params: list[nn.Parameter]):
+        self.index = index
+        self.buffer = FlatBuffer(params)
+        self.waiting = len(params)  # gradients not yet arrived this step
+        self.work: dist.Work | None = None  # the in-flight allreduce once launched
+
+
+class Bucketed(SyncMethod):
+    """Our own DistributedDataParallel in one file: communication overlaps the rest of backward.
+
+    wrap() cuts the parameters, in reverse registration order (roughly the order
+    backward produces their gradients: last layer first), into buckets of about
+    `bucket_mb` megabytes. A post-accumulate-grad hook on each parameter copies its
+    finished gradient into its bucket's buffer; when a bucket's last gradient arrives
+    its all_reduce(SUM) is started asynchronously and backward carries on with the
+    earlier layers while the bytes travel. Buckets are launched strictly in index
+    order (a bucket that fills early waits for the ones before it), because every
+    rank must issue its collectives in the same order.
+
+    sync() then only waits for the last buckets and divides by the world size, so the
+    sync phase the training loop times is the communication backward could not hide;
+    the rest of the communication shows up inside compute time (as with `ddp`).
+
+    The gradients handed to the optimizer are views of the bucket buffers. A parameter
+    that received no gradient this step (unused in forward) contributes zeros and keeps
+    .grad None, like `allreduce` leaves it; as there, every rank must use the same
+    parameters. One backward per sync: accumulating over several backward passes
+    before syncing is refused, since a launched bucket would miss the later gradients.
+    """
+
+    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB):
+        if bucket_mb <= 0:
+            raise ValueError(f"bucket size must be positive, got {bucket_mb} MB")
+        self.bucket_bytes = bucket_mb * 2**20
+        self.buckets: list[Bucket] = []
+        self.next_to_launch = 0  # buckets before this index are in flight (or done) this step
+        self.hooks: list = []
+
+    @classmethod
+    def from_config(cls, config) -> "Bucketed":
+        return cls(config.bucket_mb)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        params = [p for p in model.parameters() if p.requires_grad][::-1]
+        self.buckets = [Bucket(i, group) for i, group in enumerate(self.split(params))]
+        for bucket in self.buckets:
+            for p, view in zip(bucket.buffer.params, bucket.buffer.views):
+                self.hooks.append(p.register_post_accumulate_grad_hook(self.make_hook(bucket, view)))
+        return model
+
+    def split(self, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+        """Consecutive groups of at most bucket_bytes (a larger tensor gets a bucket of its own)."""
+        groups: list[list[nn.Parameter]] = [[]]
+        size = 0
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            starts_new = groups[-1] and (size + nbytes > self.bucket_bytes or (p.dtype, p.device) != (groups[-1][0].dtype, groups[-1][0].device))
+            if starts_new:
+                groups.append([])
+                size = 0
+            groups[-1].append(p)
+            size += nbytes
+        return [g for g in groups if g]
+
+    def make_hook(self, bucket: Bucket, view: torch.Tensor):
+        def gradient_ready(param: nn.Parameter) -> None:
+            if bucket.work is not None:
+                raise RuntimeError(
+                    "bucketed sync: a gradient arrived for a bucket already being reduced. Call sync() "
+                    "after every backward (gradient accumulation over several backward passes is not supported)."
+                )
+            view.copy_(param.grad)
+            bucket.waiting -= 1
+            if bucket.waiting == 0:
+                self.launch_ready()
+        return gradient_ready
+
+    def launch_ready(self) -> None:
+        """Start the allreduce of every full bucket whose predecessors have all started."""
+        while self.next_to_launch < len(self.buckets) and self.buckets[self.next_to_launch].waiting == 0:
+            self.launch(self.buckets[self.next_to_launch])
+
+    def launch(self, bucket: Bucket) -> None:
+        bucket.work = dist.all_reduce(bucket.buffer.data, op=dist.ReduceOp.SUM, async_op=True)
+        self.next_to_launch = bucket.index + 1
+
+    def sync(self, model: nn.Module) -> None:
+        world = dist.get_world_size()
+        for bucket in self.buckets[self.next_to_launch:]:  # some gradient never came: unused parameters
+            bucket.buffer.pack()  # zeros for the missing ones (the arrived ones are copied again, unchanged)
+            self.launch(bucket)
+        for bucket in self.buckets:
+            bucket.work.wait()
+            bucket.buffer.data.div_(world)
+            bucket.buffer.unpack()
+            bucket.work, bucket.waiting = None, len(bucket.buffer.params)
+        self.next_to_launch = 0

@@ -1,0 +1,50 @@
+"""ring: the ring allreduce written out with point-to-point send/recv, over the flat gradient buffer."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .flat import Flat
+
+
+class Ring(Flat):
+    """The bandwidth-optimal allreduce that library collectives use, spelled out step by step.
+
+    The N ranks form a ring (rank r sends to r+1 and receives from r-1) and the
+    buffer is cut into N chunks (sizes differ by at most one element when N does not
+    divide it). Two phases of N-1 steps each:
+
+    1. reduce-scatter: at step s, rank r sends its running sum of chunk (r-s) mod N
+       and adds what it receives into chunk (r-s-1) mod N. After N-1 steps rank r
+       holds the complete sum of chunk (r+1) mod N.
+    2. all-gather: at step s, rank r sends the finished chunk (r+1-s) mod N and
+       overwrites chunk (r-s) mod N with the one it receives.
+
+    Each rank sends 2(N-1) chunks of S/N bytes, i.e. 2(N-1)/N·S, whatever N is;
+    every step is one message each way, so latency grows as 2(N-1). Each chunk's sum
+    is computed once, by one rank, and copied to the others, so all ranks end with
+    bit-identical gradients (though summed in a different order than Gloo's allreduce).
+    """
+
+    def allreduce_sum(self, data: torch.Tensor) -> None:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world == 1:
+            return
+        right, left = (rank + 1) % world, (rank - 1) % world
+        chunks = torch.tensor_split(data, world)
+        incoming = torch.empty_like(chunks[0])  # chunk 0 is the largest
+        for step in range(world - 1):  # reduce-scatter
+            send, receive = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
+            self.exchange(send, incoming[:receive.numel()], right, left)
+            receive.add_(incoming[:receive.numel()])
+        for step in range(world - 1):  # all-gather
+            send, receive = chunks[(rank + 1 - step) % world], chunks[(rank - step) % world]
+            self.exchange(send, receive, right, left)
+
+    @staticmethod
+    def exchange(send: torch.Tensor, receive: torch.Tensor, right: int, left: int) -> None:
+        """Send to the right neighbour while receiving from the left one (posting both first cannot deadlock)."""
+        outgoing = dist.isend(send, dst=right)
+        dist.recv(receive, src=left)
+        outgoing.wait()
