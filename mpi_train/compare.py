@@ -41,13 +41,19 @@ class Job:
         return f"{self.sync} np{self.world_size}"
 
 
-def load_jobs(client, experiment_id: str) -> list[Job]:
-    """Every FINISHED job (parent run) of the experiment with its loss curve and its ranks' step times."""
-    parents = client.search_runs(
-        [experiment_id], filter_string="tags.`mpi_train.role` = 'job' and attributes.status = 'FINISHED'",
-        order_by=["attributes.start_time ASC"], max_results=1000)
+def load_jobs(client, experiment_id: str, since_ms: Optional[int] = None, names: Optional[set] = None) -> list[Job]:
+    """Every FINISHED job (parent run) of the experiment with its loss curve and its ranks' step times.
+
+    `since_ms` and `names` narrow it to the jobs of one sweep (started after it began, with its run names).
+    """
+    where = "tags.`mpi_train.role` = 'job' and attributes.status = 'FINISHED'"
+    if since_ms is not None:
+        where += f" and attributes.start_time >= {int(since_ms)}"
+    parents = client.search_runs([experiment_id], filter_string=where, order_by=["attributes.start_time ASC"], max_results=1000)
     jobs = []
     for run in parents:
+        if names is not None and run.info.run_name not in names:
+            continue
         params, metrics = run.data.params, run.data.metrics
         job = Job(run.info.run_id, run.info.run_name, params.get("sync", "?"), int(params.get("world_size", 0)), metrics)
         job.loss_curve = [(m.step, m.value) for m in sorted(client.get_metric_history(job.run_id, "loss"), key=lambda m: m.step)]
@@ -56,6 +62,18 @@ def load_jobs(client, experiment_id: str) -> list[Job]:
             job.rank_step_times.append([m.value for m in client.get_metric_history(child.info.run_id, "step_time_s")])
         jobs.append(job)
     return sorted(jobs, key=lambda j: (j.sync, j.world_size, j.name))
+
+
+def job_from_summary(name: str, summary: dict) -> Job:
+    """A job read from its --summary-json file instead of MLflow (runs made with --no-tracking)."""
+    from .tracking import job_metrics
+
+    metrics = job_metrics(summary, summary["config"]["batch_size"])
+    if summary.get("epochs"):
+        metrics["test_accuracy"] = summary["epochs"][-1]["test_accuracy"]
+    return Job(run_id="", name=name, sync=summary["config"]["sync"], world_size=summary["world_size"], metrics=metrics,
+               loss_curve=[(step["step"], step["loss"]) for step in summary["steps"]],
+               rank_step_times=[[rank["step_time_s"]] for rank in summary["per_rank_mean_times"]])
 
 
 def table_rows(jobs: list[Job]) -> list[dict]:
@@ -137,6 +155,41 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
     return written
 
 
+def plot_sync_costs(bench: dict, out: Path) -> Path:
+    """Each method's measured communication time beside the floor its cost model allows (from mpi_train.bench)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [row for row in bench["methods"] if row.get("cost_model")]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows) + 2), 5))
+    positions = range(len(rows))
+    ax.bar([p - 0.2 for p in positions], [1000 * row["sync_s"] for row in rows], width=0.4, label="sync (between barriers)")
+    ax.bar([p + 0.2 for p in positions], [1000 * max(0.0, row["exposed_s"]) for row in rows], width=0.4,
+           label="exposed (step minus no-sync step)")
+    ax.scatter(list(positions), [1000 * row["floor_s"] for row in rows], marker="_", s=900, color="black", zorder=3,
+               label="cost-model floor")
+    ax.set_xticks(list(positions), [f"{row['method']}\n({row['cost_model']})" for row in rows])
+    ax.set(ylabel="ms per step", title=f"Sync cost against theory: {bench['model']}, np {bench['world_size']}, "
+                                       f"{bench['gradient_bytes'] / 1e6:.0f} MB of gradients")
+    ax.legend()
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, out / "sync_cost_vs_floor.png")
+
+
+def log_comparison(client, experiment_id: str, jobs: list[Job], text: str, paths: list[Path], run_name: Optional[str] = None) -> str:
+    """Store the report's text and plots as a comparison run of the experiment; returns its id."""
+    run = client.create_run(experiment_id, run_name=run_name or f"comparison-{len(jobs)}-jobs",
+                            tags={"mpi_train.role": "comparison", "compared_runs": ",".join(j.run_id for j in jobs)})
+    client.log_text(run.info.run_id, text + "\n", "comparison/table.txt")
+    for path in paths:
+        client.log_artifact(run.info.run_id, str(path), "comparison")
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -184,13 +237,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     paths = plot(jobs, Path(args.out))
     print("plots: " + ", ".join(str(p) for p in paths))
     if args.log_artifacts:
-        run = client.create_run(experiment.experiment_id, run_name=f"comparison-{len(jobs)}-jobs",
-                                tags={"mpi_train.role": "comparison", "compared_runs": ",".join(j.run_id for j in jobs)})
-        client.log_text(run.info.run_id, table + "\n", "comparison/table.txt")
-        for path in paths:
-            client.log_artifact(run.info.run_id, str(path), "comparison")
-        client.set_terminated(run.info.run_id, "FINISHED")
-        print(f"logged as run {run.info.run_id}")
+        print(f"logged as run {log_comparison(client, experiment.experiment_id, jobs, table, paths)}")
     return 0
 
 

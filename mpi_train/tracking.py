@@ -184,6 +184,19 @@ def connect(config: TrainConfig, cluster) -> Optional[Connection]:
     return connection
 
 
+def job_metrics(summary: dict, global_batch: int) -> dict:
+    """The whole-job figures of a finished job's summary, under the parent run's metric names."""
+    means, steps = summary["mean_times"], summary["total_steps"]
+    return {
+        **{f"mean_{key}": value for key, value in means.items()},
+        **{f"total_{key}": value * steps for key, value in means.items()},
+        "sync_share": means["sync_time_s"] / means["step_time_s"] if means["step_time_s"] else 0.0,
+        "total_steps": steps, "wall_time_s": summary["wall_time_s"],
+        "mean_throughput_samples_per_s": global_batch / means["step_time_s"] if means["step_time_s"] else 0.0,
+        **({"final_loss": summary["final_loss"]} if summary["final_loss"] is not None else {}),
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # What every rank holds: a no-op tracker, the failure poster (ranks > 0), the MLflow tracker (rank 0).
 
@@ -397,12 +410,7 @@ class MlflowTracker(NullTracker):
         means, steps = summary["mean_times"], summary["total_steps"]
         step_time_total = means["step_time_s"] * steps
         self._put(self.parent_id, self._metrics({
-            **{f"mean_{key}": value for key, value in means.items()},
-            **{f"total_{key}": value * steps for key, value in means.items()},
-            "sync_share": means["sync_time_s"] / means["step_time_s"] if means["step_time_s"] else 0.0,
-            "total_steps": steps, "wall_time_s": summary["wall_time_s"],
-            "mean_throughput_samples_per_s": self.config.batch_size / means["step_time_s"] if means["step_time_s"] else 0.0,
-            **({"final_loss": summary["final_loss"]} if summary["final_loss"] is not None else {}),
+            **job_metrics(summary, self.config.batch_size),
             "tracking_loop_time_s": self.loop_time_s,
             "tracking_share": self.loop_time_s / step_time_total if step_time_total else 0.0,
         }, steps))

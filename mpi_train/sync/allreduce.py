@@ -11,6 +11,8 @@ from .base import SyncMethod, gradients
 class AllReduce(SyncMethod):
     """Per-layer allreduce: bandwidth-optimal per call, but one latency-bound call per tensor."""
 
+    cost_model = "ring"
+
     def sync(self, model: nn.Module) -> None:
         world = dist.get_world_size()
         for grad in gradients(model):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -14,6 +16,8 @@ def gradients(model: nn.Module) -> list[torch.Tensor]:
 
 class SyncMethod:
     """Makes every rank's gradients equal to their mean across ranks, once per step."""
+
+    cost_model: Optional[str] = None  # how it moves bytes: a key of mpi_train.costs.COST_MODELS ("ring", "root")
 
     @classmethod
     def from_config(cls, config) -> "SyncMethod":

@@ -45,6 +45,8 @@ class Bucketed(SyncMethod):
     before syncing is refused, since a launched bucket would miss the later gradients.
     """
 
+    cost_model = "ring"  # the same bytes as one allreduce, sent in buckets; Gloo and NCCL run each bandwidth-optimally
+
     def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB):
         if bucket_mb <= 0:
             raise ValueError(f"bucket size must be positive, got {bucket_mb} MB")

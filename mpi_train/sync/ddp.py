@@ -11,6 +11,8 @@ from .base import SyncMethod
 class DDP(SyncMethod):
     """The reference: communication overlaps backward, so its cost shows in compute time, not sync time."""
 
+    cost_model = "ring"
+
     def wrap(self, model: nn.Module) -> nn.Module:
         device = next(model.parameters()).device
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

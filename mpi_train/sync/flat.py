@@ -47,6 +47,9 @@ class Flat(SyncMethod):
     Subclasses change only how the buffer is summed (`allreduce_sum`).
     """
 
+
+    cost_model = "ring"  # one allreduce of all the bytes; Gloo and NCCL run it bandwidth-optimally
+
     def __init__(self):
         self.buffer: FlatBuffer | None = None
 

@@ -16,6 +16,8 @@ class GatherScatter(SyncMethod):
     gradient size S, against the ring allreduce's 2(N-1)/N·S per rank.
     """
 
+    cost_model = "root"
+
     def sync(self, model: nn.Module) -> None:
         world = dist.get_world_size()
         root = dist.get_rank() == 0

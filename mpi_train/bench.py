@@ -1,0 +1,352 @@
+"""`python -m mpi_train.bench`: what each sync method costs, measured side by side and held against its cost model.
+
+    mpirun -np 4 --hostfile hostfile python -m mpi_train.bench --steps 20 --json bench.json
+
+Every registered sync method (and a baseline that does not sync at all) gets its own
+replica of the model; each step runs forward + backward + sync once per method,
+round-robin with the starting method rotated, so a burst of machine noise hits them all
+alike. Per method it reports:
+
+- compute: forward + backward (for methods that communicate inside backward, like ddp,
+  this includes the communication they could not hide);
+- sync: the sync call alone, timed between two barriers so no rank's lateness is counted;
+- exposed: step time minus the no-sync baseline's step time in the same round, i.e. the
+  communication the step really pays;
+- bytes sent/received per rank from the method's cost model (mpi_train/costs.py);
+- bus bandwidth S/t·2(N-1)/N and the floor the cost model allows on a link of bandwidth B,
+  where B is measured at start by a ping-pong of S bytes between ranks 0 and 1;
+- efficiency = floor / t. Here t is the larger of sync and exposed time: what the step pays
+  for communication. Above 1 means overlap hides communication behind backward.
+
+Medians over the timed steps (after warm-up), of the slowest rank in each step. The
+table goes to stdout, --json writes every figure, and rank 0 logs a run to MLflow
+(tag mpi_train.role = bench) unless --no-tracking.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from . import cluster as clusters
+from . import tracking
+from .cli import RankAwareParser, guarded
+from .cluster import Cluster
+from .collectives import allreduce_bandwidth
+from .config import ENV_DEFAULTS, BACKENDS, TrainConfig
+from .costs import bus_bandwidth, cost_model_of
+from .data import SyntheticImages
+from .errors import UserError
+from .models import INPUT_SHAPES, MODELS, build_model
+from .report import write_json_atomically
+from .sync import SYNC_METHODS, SyncMethod
+
+NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
+COLUMNS = ("method", "model", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s", "floor_ms", "efficiency")
+
+
+class NoSync(SyncMethod):
+    """Leaves the gradients as they are: the step a method would take if communication were free."""
+
+    def sync(self, model: nn.Module) -> None:
+        pass
+
+
+@dataclass
+class Contender:
+    name: str
+    method: SyncMethod
+    model: nn.Module  # its own replica: a method may hook into its model's backward
+    net: nn.Module
+
+
+def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
+    parser = RankAwareParser(prog="python -m mpi_train.bench", quiet=quiet, description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=tuple(MODELS), default="vgg11", help="model whose gradients are synced (default: vgg11)")
+    parser.add_argument("--batch-size", type=int, default=256, help="global batch of synthetic images shaped for the model, split across ranks (default: 256)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per method (default: 20)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per method first (default: 2)")
+    parser.add_argument("--json", metavar="PATH", help="rank 0 writes every figure here")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend (default: auto)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads per rank (default: this host's cores divided by its ranks)")
+    parser.add_argument("--bucket-mb", type=float, default=TrainConfig.bucket_mb, help=f"bucket size for the bucketed method (default: {TrainConfig.bucket_mb:g})")
+    parser.add_argument("--link-iters", type=int, default=5, help="ping-pong round trips that measure the link bandwidth (default: 5)")
+    parser.add_argument("--master-addr", default=None, help="rendezvous address (default: $MASTER_ADDR, else chosen)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait (default: 300)")
+    parser.add_argument("--tracking-uri", help="MLflow server or database (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)")
+    parser.add_argument("--experiment", default="mpi_train", help="MLflow experiment the benchmark run is filed under (default: mpi_train)")
+    parser.add_argument("--run-name", help="name of the benchmark run (default: bench-MODEL-npN)")
+    parser.add_argument("--no-tracking", action="store_true", help="do not record the benchmark in MLflow")
+    return parser
+
+
+def validate(args: argparse.Namespace, world: int) -> None:
+    for flag, value in {"--batch-size": args.batch_size, "--steps": args.steps, "--link-iters": args.link_iters,
+                        "--timeout": args.timeout}.items():
+        if value <= 0:
+            raise UserError(f"{flag} must be positive, got {value}.")
+    if args.warmup < 0:
+        raise UserError(f"--warmup must not be negative, got {args.warmup}.")
+    if args.bucket_mb <= 0:
+        raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}.")
+    if args.batch_size % world:
+        raise UserError(f"--batch-size {args.batch_size} is the global batch and must split evenly across the {world} "
+                        f"ranks. Use a multiple of {world}.")
+
+
+# ---------------------------------------------------------------------------------------------
+
+def link_bandwidth(size_bytes: int, iters: int, device: torch.device) -> float:
+    """Bytes/s of one link: rank 0 and rank 1 bounce `size_bytes` back and forth while the others wait. Collective."""
+    rank = dist.get_rank()
+    buffer = torch.zeros(max(1, size_bytes // 4), device=device)
+    seconds = []
+    for _ in range(iters + 1):  # the first round trip opens the pair's connection: not timed
+        dist.barrier()
+        started = time.perf_counter()
+        if rank == 0:
+            dist.send(buffer, dst=1)
+            dist.recv(buffer, src=1)
+        elif rank == 1:
+            dist.recv(buffer, src=0)
+            dist.send(buffer, dst=0)
+        seconds.append(time.perf_counter() - started)
+    # rank 0's clock covers the whole round trip: two transfers of the buffer
+    seconds_by_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(seconds_by_rank, statistics.median(seconds[1:]))
+    return 2 * buffer.numel() * 4 / seconds_by_rank[0]
+
+
+def contenders(model_name: str, device: torch.device, bucket_mb: float) -> list[Contender]:
+    """The no-sync baseline and every registered method, each with an identical replica of the model."""
+    torch.manual_seed(0)
+    template = build_model(model_name).to(device)
+    entries = []
+    for name, method_class in [(NO_SYNC, NoSync), *SYNC_METHODS.items()]:
+        model = copy.deepcopy(template)
+        method = method_class.from_config(TrainConfig(bucket_mb=bucket_mb))
+        entries.append(Contender(name, method, model, method.wrap(model)))
+    return entries
+
+
+def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int,
+            device: torch.device, progress) -> dict[str, dict[str, list[float]]]:
+    """Per method, this rank's compute and sync seconds for each timed step, methods interleaved round-robin."""
+
+    def now() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    times = {entry.name: {"compute": [], "sync": []} for entry in entries}
+    total = warmup + steps
+    for step in range(total):
+        shift = step % len(entries)
+        for entry in entries[shift:] + entries[:shift]:  # a different method goes first each step
+            dist.barrier()
+            t0 = now()
+            entry.model.zero_grad(set_to_none=True)
+            F.cross_entropy(entry.net(images), labels).backward()
+            t1 = now()
+            dist.barrier()  # sync starts with every rank ready, so lateness is not counted as sync
+            t2 = now()
+            entry.method.sync(entry.model)
+            dist.barrier()
+            t3 = now()
+            if step >= warmup:
+                times[entry.name]["compute"].append(t1 - t0)
+                times[entry.name]["sync"].append(t3 - t2)
+        progress(step + 1, total, step < warmup)
+    return times
+
+
+def spread(values: list[float]) -> float:
+    """Half the interquartile range: how far a typical step's figure strays from the median on this machine."""
+    if len(values) < 4:
+        return float("nan")
+    quartiles = statistics.quantiles(values, n=4)
+    return (quartiles[2] - quartiles[0]) / 2
+
+
+def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: float) -> list[dict]:
+    """One row per method: medians over steps of the slowest rank, bytes and floor from the cost model."""
+    names = list(per_rank[0])
+
+    def slowest(name: str, phase: str) -> list[float]:
+        return [max(values) for values in zip(*(rank[name][phase] for rank in per_rank))]
+
+    steps = {name: [c + s for c, s in zip(slowest(name, "compute"), slowest(name, "sync"))] for name in names}
+    rows = []
+    for name in names:
+        method_class = NoSync if name == NO_SYNC else SYNC_METHODS[name]
+        compute, sync = statistics.median(slowest(name, "compute")), statistics.median(slowest(name, "sync"))
+        differences = [s - b for s, b in zip(steps[name], steps[NO_SYNC])]
+        exposed = statistics.median(differences)
+        row = {"method": name, "compute_s": compute, "sync_s": sync, "step_s": statistics.median(steps[name]),
+               "exposed_s": exposed, "noise_s": spread(differences), "cost_model": None, "sent_bytes": None, "received_bytes": None,
+               "busbw_bytes_per_s": None, "floor_s": None, "efficiency": None}
+        model = None if name == NO_SYNC else cost_model_of(method_class)
+        if model is not None:
+            comm = max(sync, exposed)
+            traffic = [model.traffic(gradient_bytes, world, rank) for rank in range(world)]
+            floor = model.floor(gradient_bytes, world, bandwidth) if world > 1 else 0.0
+            row.update({
+                "cost_model": method_class.cost_model, "comm_s": comm,
+                "sent_bytes": [sent for sent, _ in traffic], "received_bytes": [received for _, received in traffic],
+                "busbw_bytes_per_s": bus_bandwidth(gradient_bytes, world, comm) if world > 1 else None,
+                "floor_s": floor, "efficiency": floor / comm if world > 1 and comm > 0 else None,
+            })
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    def cell(row: dict, column: str) -> str:
+        scale = {"compute_ms": ("compute_s", 1e3), "sync_ms": ("sync_s", 1e3), "exposed_ms": ("exposed_s", 1e3), "±ms": ("noise_s", 1e3),
+                 "floor_ms": ("floor_s", 1e3), "busbw_GB/s": ("busbw_bytes_per_s", 1e-9), "efficiency": ("efficiency", 1)}
+        if column == "method":
+            return row["method"]
+        if column == "model":
+            return row["cost_model"] or ("-" if row["method"] == NO_SYNC else "n/a")
+        if column in ("sent_MB", "recv_MB"):
+            values = row["sent_bytes" if column == "sent_MB" else "received_bytes"]
+            if values is None:
+                return "-"
+            low, high = min(values) / 1e6, max(values) / 1e6  # rank 0 may move more than the rest
+            return f"{high:.1f}" if math.isclose(low, high) else f"{high:.1f} (r0) / {low:.1f}"
+        key, factor = scale[column]
+        value = row.get(key)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "-"
+        return f"{value * factor:.2f}" if column in ("efficiency", "busbw_GB/s") else f"{value * factor:.1f}"
+
+    cells = [list(COLUMNS)] + [[cell(row, c) for c in COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def describe(result: dict) -> str:
+    """The table with the setting above it and notes under it, as printed and stored."""
+    link = result["link"]
+    lines = [
+        f"sync cost: {result['world_size']} rank(s), backend {result['backend']}, {result['model']} "
+        f"({result['gradient_bytes'] / 1e6:.1f} MB of gradients), batch {result['batch_size']}, "
+        f"{result['steps']} timed steps per method (medians, slowest rank per step)",
+        f"link bandwidth B = {link['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (ping-pong rank 0 <-> 1); "
+        f"allreduce bus bandwidth {link['allreduce_busbw_bytes_per_s'] / 1e9:.2f} GB/s"
+        if result["world_size"] > 1 else "one rank: no link to measure, floors are zero",
+        format_table(result["methods"]),
+    ]
+    missing = [row["method"] for row in result["methods"] if row["method"] != NO_SYNC and row["cost_model"] is None]
+    if missing:
+        lines.append(f"n/a: {', '.join(missing)} declare(s) no cost_model (mpi_train/costs.py), so bytes and floor "
+                     f"are not shown; set `cost_model` on the class in mpi_train/sync/.")
+    lines.append("exposed = step minus the no-sync step in the same round (± half its interquartile range over steps: "
+                 "the machine's noise); efficiency = floor / max(sync, exposed).")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def log_run(connection: tracking.Connection, run_name: str, result: dict, text: str) -> str:
+    """Rank 0: one MLflow run holding the parameters, a metric per method and figure, the JSON and the table."""
+    from mlflow.entities import Metric, Param
+
+    client = connection.client
+    run = client.create_run(connection.experiment_id, run_name=run_name, tags={"mpi_train.role": "bench"})
+    run_id = run.info.run_id
+    try:
+        params = {key: result[key] for key in ("world_size", "backend", "model", "batch_size", "steps", "warmup", "gradient_bytes")}
+        stamp = int(time.time() * 1000)
+        metrics = [Metric("link_bandwidth_bytes_per_s", result["link"]["bandwidth_bytes_per_s"], stamp, 0)] if result["world_size"] > 1 else []
+        for row in result["methods"]:
+            for key in ("compute_s", "sync_s", "step_s", "exposed_s", "busbw_bytes_per_s", "floor_s", "efficiency"):
+                if isinstance(row.get(key), (int, float)) and math.isfinite(row[key]):
+                    metrics.append(Metric(f"{row['method']}/{key}", float(row[key]), stamp, 0))
+        client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()], synchronous=True)
+        client.log_dict(run_id, result, "bench.json")
+        client.log_text(run_id, text + "\n", "bench.txt")
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def run(cluster: Cluster, args: argparse.Namespace) -> None:
+    info = cluster.info
+    world = info.world_size
+    validate(args, world)
+    uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
+    settings = TrainConfig(model=args.model, batch_size=args.batch_size, tracking_uri=uri, experiment=args.experiment,
+                           no_tracking=args.no_tracking)
+    connection = tracking.connect(settings, cluster)  # rank 0 checks the store before any work
+    threads = clusters.configure_threads(info, args.threads)
+    backend, device_name = clusters.resolve_backend(cluster, args.backend)
+    device = torch.device(device_name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    clusters.init_process_group(cluster, backend, args.master_addr, args.timeout)
+
+    entries = contenders(args.model, device, args.bucket_mb)
+    gradient_bytes = sum(p.numel() * p.element_size() for p in entries[0].model.parameters() if p.requires_grad)
+    link = {"bandwidth_bytes_per_s": None, "allreduce_busbw_bytes_per_s": None}  # one rank has no link
+    if world > 1:
+        link["bandwidth_bytes_per_s"] = link_bandwidth(gradient_bytes, args.link_iters, device)
+        measured = allreduce_bandwidth(world, device, gradient_bytes / 2**20, args.link_iters)
+        link["allreduce_busbw_bytes_per_s"] = measured["busbw_gb_s"] * 1e9
+
+    data = SyntheticImages(args.batch_size // world, INPUT_SHAPES[args.model], train=True)
+    images, labels = data.images.to(device), data.labels.to(device)
+    for entry in entries:
+        entry.model.train()
+
+    def progress(step: int, total: int, warming: bool) -> None:
+        if info.is_main:
+            print(f"bench step {step:>4}/{total}{'  (warm-up)' if warming else ''}", flush=True)
+
+    if info.is_main:
+        print(f"bench: {world} rank(s), {threads} thread(s) each, methods {', '.join(e.name for e in entries)}", flush=True)
+    times = measure(entries, images, labels, args.steps, args.warmup, device, progress)
+    per_rank = cluster.gather(times)
+    dist.destroy_process_group()
+    if not info.is_main:
+        return
+    result = {
+        "world_size": world, "backend": backend, "model": args.model, "batch_size": args.batch_size,
+        "steps": args.steps, "warmup": args.warmup, "threads": threads, "gradient_bytes": gradient_bytes,
+        "link": link, "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"]),
+        "per_rank_times": per_rank,
+    }
+    text = describe(result)
+    print(text, flush=True)
+    if args.json:
+        write_json_atomically(args.json, result)
+        print(f"wrote {args.json}")
+    if connection is not None:
+        run_id = log_run(connection, args.run_name or f"bench-{args.model}-np{world}", result, text)
+        print(f"logged as MLflow run {run_id} in experiment {args.experiment!r}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    cluster = Cluster.from_mpi()
+    args = build_parser(quiet=not cluster.info.is_main).parse_args(argv)
+    return guarded(cluster, lambda: run(cluster, args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""Experiment files: a TOML sweep (sync methods × world sizes × seeds) read into a checked list of planned runs.
+
+    [experiment]                      # required: name = the MLflow experiment every run is filed under
+    name = "compare_sync"
+    tracking_uri = "http://127.0.0.1:5000"   # optional (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)
+    tracking = true                   # false: --no-tracking for every run; the report then reads the runs' summaries
+    out = "results/compare_sync"      # report, plots, logs and summaries (default: results/<name>)
+
+    [launch]                          # how mpirun is called
+    hostfile = "hostfile"             # "" for none
+    mpirun_args = ["--bind-to", "none"]
+    timeout = 7200                    # seconds one run may take before it is stopped and counted as failed
+
+    [train]                           # any `python -m mpi_train` option, for every run (flag names with _)
+    dataset = "cifar10"
+    batch_size = 256
+
+    [[sweep]]                         # one or more grids; the runs are their union, in file order
+    sync = "all"                      # a method, a list of them, or "all" (every registered method)
+    np = [2, 4]                       # world sizes
+    seed = [1, 2]                     # default: 42
+    epochs = 2                        # any [train] option, for this grid only
+    env = { GLOO_SOCKET_IFNAME = "eth0" }   # extra environment of these runs
+
+    [bench]                           # optional: also run `python -m mpi_train.bench` once, for the cost table
+    np = 4
+    steps = 20
+
+Every mistake is reported with the file, line and key, before anything is launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import re
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .config import TrainConfig
+from .errors import UserError
+
+ALL_METHODS = "all"
+SET_BY_SWEEP = ("sync", "seed", "experiment", "tracking_uri", "no_tracking", "run_name", "summary_json")  # the runner's
+DEFAULT_SEED = 42
+TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in SET_BY_SWEEP}
+NUMBER = (int, float)
+
+
+@dataclass(frozen=True)
+class Key:
+    """What a key of a table may hold: `types` checks the value, `each` every item of a list."""
+
+    types: tuple
+    describe: str
+    each: Optional[tuple] = None
+
+
+SECTIONS: dict[str, dict[str, Key]] = {
+    "experiment": {
+        "name": Key((str,), "a string"), "description": Key((str,), "a string"), "tracking": Key((bool,), "true or false"),
+        "tracking_uri": Key((str,), "a string"), "out": Key((str,), "a string (a folder)"),
+    },
+    "launch": {
+        "hostfile": Key((str,), 'a string (a file, or "" for none)'),
+        "mpirun_args": Key((list,), "a list of strings", each=(str,)),
+        "timeout": Key(NUMBER, "a number of seconds"),
+    },
+    "bench": {
+        "np": Key((int,), "an integer"), "steps": Key((int,), "an integer"), "warmup": Key((int,), "an integer"),
+        "batch_size": Key((int,), "an integer"), "model": Key((str,), "a string"),
+    },
+}
+SWEEP_KEYS = {
+    "sync": Key((str, list), 'a method name, a list of them, or "all"', each=(str,)),
+    "np": Key((int, list), "an integer or a list of integers", each=(int,)),
+    "seed": Key((int, list), "an integer or a list of integers", each=(int,)),
+    "env": Key((dict,), "a table of strings"),
+}
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One mpirun launch of the sweep."""
+
+    index: int  # 1-based position in the sweep
+    name: str  # SYNC-npN-seedS, unique within the sweep: its MLflow run name and file names
+    np: int
+    config: TrainConfig  # every training option of the run; tracking fields are filled in by the runner
+    env: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    np: int
+    steps: int = 20
+    warmup: int = 2
+    batch_size: int = 256
+    model: str = "vgg11"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """An experiment file, checked: where its results go and the runs it asks for."""
+
+    path: Path
+    name: str
+    description: str
+    tracking: bool
+    tracking_uri: Optional[str]
+    out: Path
+    hostfile: Optional[str]
+    mpirun_args: tuple[str, ...]
+    timeout: Optional[float]
+    runs: tuple[PlannedRun, ...]
+    bench: Optional[BenchPlan]
+
+
+class SweepError(UserError):
+    """A mistake in an experiment file: says which file, line and key, and that nothing was launched."""
+
+    def __init__(self, path: Path, line: Optional[int], key: str, message: str):
+        where = f"{path}, line {line}" if line else f"{path}"
+        super().__init__(f"{where}, key {key}: {message} Nothing was launched.")
+        self.line, self.key = line, key
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding a key's line: tomllib gives values only, so the text is scanned for the key in its table.
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"""^\s*((?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-]+)(?:\s*\.\s*(?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-]+))*)\s*=""")
+
+
+def _parts(dotted: str) -> tuple[str, ...]:
+    return tuple(part.strip().strip("\"'") for part in re.findall(r"""\s*("[^"]*"|'[^']*'|[^.]+)\s*""", dotted))
+
+
+def locate(text: str, path: tuple) -> Optional[int]:
+    """The 1-based line where `path` (e.g. ("sweep", 1, "sync") or ("train", "batch_size")) is set, else where
+    its nearest enclosing key or table is (a key inside an inline table, a required key that is missing)."""
+    for end in range(len(path), 0, -1):
+        line = _line_of(text, path[:end])
+        if line:
+            return line
+    return None
+
+
+def _line_of(text: str, path: tuple) -> Optional[int]:
+    current: tuple = ()
+    seen: dict[tuple, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _HEADER.match(line)
+        if header:
+            names = _parts(header.group(2))
+            resolved: tuple = ()
+            for name in names[:-1]:  # a sub-table of an array table belongs to its latest element
+                resolved += (name,)
+                if resolved in seen:
+                    resolved += (seen[resolved] - 1,)
+            resolved += (names[-1],)
+            if header.group(1) == "[[":
+                seen[resolved] = seen.get(resolved, 0) + 1
+                resolved += (seen[resolved] - 1,)
+            current = resolved
+            if current == path:
+                return number
+            continue
+        key = _KEY.match(line)
+        if key and current + _parts(key.group(1)) == path:
+            return number
+    return None
+
+
+def _label(path: tuple) -> str:
+    """sweep[2].sync for ("sweep", 1, "sync"): what the user calls the key (1-based tables)."""
+    label = ""
+    for part in path:
+        label += f"[{part + 1}]" if isinstance(part, int) else (f".{part}" if label else part)
+    return label
+
+
+# ---------------------------------------------------------------------------------------------
+
+class _Reader:
+    def __init__(self, path: Path, text: str):
+        self.path, self.text = path, text
+
+    def fail(self, where: tuple, message: str, line_of: Optional[tuple] = None) -> SweepError:
+        return SweepError(self.path, locate(self.text, line_of or where), _label(where), message)
+
+    def check_keys(self, table: dict, allowed: typing.Iterable[str], where: tuple) -> None:
+        allowed = list(allowed)
+        for key in table:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                set_here = f" It is set by the sweep itself ({', '.join(SET_BY_SWEEP)})." if key in SET_BY_SWEEP else ""
+                raise self.fail(where + (key,), f"unknown key {key!r} in [{_label(where)}].{set_here}{hint} "
+                                f"Known keys: {', '.join(allowed)}.")
+
+    def check_type(self, value: Any, spec: Key, where: tuple) -> Any:
+        def fits(item, types) -> bool:
+            if isinstance(item, bool):
+                return bool in types
+            return isinstance(item, types)
+
+        if not fits(value, spec.types):
+            raise self.fail(where, f"must be {spec.describe}, got {_show(value)}.")
+        if spec.each and isinstance(value, list):
+            if not value:
+                raise self.fail(where, f"must be {spec.describe}, got an empty list.")
+            for item in value:
+                if not fits(item, spec.each):
+                    raise self.fail(where, f"must be {spec.describe}, but the list holds {_show(item)}.")
+        return value
+
+    def check_train(self, table: dict, where: tuple) -> dict:
+        """Options of `python -m mpi_train`, type-checked against TrainConfig's fields and their choices."""
+        from .cli import REGISTRIES
+
+        hints = typing.get_type_hints(TrainConfig)
+        for key, value in table.items():
+            kind = next((a for a in typing.get_args(hints[key]) if a is not type(None)), hints[key])
+            expected = {bool: ((bool,), "true or false"), int: ((int,), "an integer"),
+                        float: (NUMBER, "a number"), str: ((str,), "a string")}[kind]
+            self.check_type(value, Key(*expected), where + (key,))
+            choices = TRAIN_FIELDS[key].metadata.get("choices")
+            choices = REGISTRIES[choices] if isinstance(choices, str) else choices
+            if choices and value not in choices:
+                raise self.fail(where + (key,), f"{value!r} is not one of {', '.join(choices)}.")
+        return {key: float(value) if isinstance(value, int) and not isinstance(value, bool) and
+                hints[key] in (float, Optional[float]) else value for key, value in table.items()}
+
+
+def _show(value: Any) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
+    return f"{kind.get(type(value), type(value).__name__)} ({value!r})" if not isinstance(value, dict) else "a table"
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def parse(text: str, path: Path) -> Sweep:
+    """Check an experiment file's text; raises SweepError (file, line, key) on the first mistake."""
+    from .sync import SYNC_METHODS
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        line = getattr(error, "lineno", None)  # Python ≥ 3.14; before, only the message carries it
+        if line is None:
+            found = re.search(r"at line (\d+)", str(error))
+            line = int(found.group(1)) if found else None
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(error))
+        raise SweepError(path, line, "(syntax)", f"this is not valid TOML: {message}. See https://toml.io for the "
+                         f"syntax (strings in quotes, lists in [ ], one key = value per line).") from None
+    reader = _Reader(path, text)
+    reader.check_keys(data, [*SECTIONS, "train", "sweep"], ())
+    for section in (*SECTIONS, "train"):
+        if section in data and not isinstance(data[section], dict):
+            raise reader.fail((section,), f"must be a table ([{section}]), got {_show(data[section])}.")
+    for section, keys in SECTIONS.items():
+        table = data.get(section, {})
+        reader.check_keys(table, keys, (section,))
+        for key, value in table.items():
+            reader.check_type(value, keys[key], (section, key))
+
+    experiment = data.get("experiment", {})
+    if "name" not in experiment or not experiment["name"].strip():
+        raise reader.fail(("experiment", "name"), "is required: the MLflow experiment every run is filed under, "
+                          'e.g. [experiment] name = "compare_sync".', line_of=("experiment",))
+    train = data.get("train", {})
+    reader.check_keys(train, TRAIN_FIELDS, ("train",))
+    train = reader.check_train(train, ("train",))
+
+    sweeps = data.get("sweep")
+    if not isinstance(sweeps, list) or not sweeps:
+        raise reader.fail(("sweep",), "at least one [[sweep]] table is needed, e.g. [[sweep]] sync = \"all\" np = [4].")
+    runs: list[PlannedRun] = []
+    for number, grid in enumerate(sweeps):
+        where = ("sweep", number)
+        reader.check_keys(grid, [*SWEEP_KEYS, *TRAIN_FIELDS], where)
+        if "sync" not in grid or "np" not in grid:
+            missing = "sync" if "sync" not in grid else "np"
+            raise reader.fail(where + (missing,), f"is required in every [[sweep]] (the grid is sync × np × seed).",
+                              line_of=where)
+        for key in SWEEP_KEYS:
+            if key in grid:
+                reader.check_type(grid[key], SWEEP_KEYS[key], where + (key,))
+        env = grid.get("env", {})
+        for variable, value in env.items():
+            if not isinstance(value, str):
+                raise reader.fail(where + ("env", variable), f"must be a string, got {_show(value)}.")
+        methods = list(SYNC_METHODS) if grid["sync"] == ALL_METHODS else _as_list(grid["sync"])
+        for method in methods:
+            if method not in SYNC_METHODS:
+                close = difflib.get_close_matches(method, list(SYNC_METHODS), n=1)
+                raise reader.fail(where + ("sync",), f"unknown sync method {method!r}."
+                                  f"{f' Did you mean {close[0]!r}?' if close else ''} Registered methods: "
+                                  f"{', '.join(SYNC_METHODS)} (or \"{ALL_METHODS}\" for every one).")
+        for np in _as_list(grid["np"]):
+            if np < 1:
+                raise reader.fail(where + ("np",), f"world sizes must be at least 1, got {np}.")
+        overrides = reader.check_train({k: v for k, v in grid.items() if k in TRAIN_FIELDS}, where)
+        for method, np, seed in itertools.product(methods, _as_list(grid["np"]), _as_list(grid.get("seed", DEFAULT_SEED))):
+            config = TrainConfig(**{**train, **overrides, "sync": method, "seed": seed})
+            try:
+                config.validate(np)
+            except UserError as error:  # the options do not suit this world size (e.g. the batch does not split)
+                raise reader.fail(where + ("np",), f"the run {method} at np {np} cannot start: {error}") from None
+            name = f"{method}-np{np}-seed{seed}"
+            if any(run.name == name for run in runs):  # the same triple in two grids with different options
+                name += f"-run{len(runs) + 1}"
+            runs.append(PlannedRun(len(runs) + 1, name, np, config, dict(env)))
+
+    bench = None
+    if "bench" in data:
+        table = data["bench"]
+        defaults = {"np": max(run.np for run in runs), "batch_size": train.get("batch_size", 256)}
+        bench = BenchPlan(**{**defaults, **table})
+        for key in ("np", "steps", "batch_size"):
+            if getattr(bench, key) < 1:
+                raise reader.fail(("bench", key), f"must be at least 1, got {getattr(bench, key)}.")
+        if bench.batch_size % bench.np:
+            raise reader.fail(("bench", "batch_size"), f"{bench.batch_size} must split evenly across np {bench.np}.")
+        from .models import MODELS
+
+        if bench.model not in MODELS:
+            raise reader.fail(("bench", "model"), f"{bench.model!r} is not one of {', '.join(MODELS)}.")
+
+    launch = data.get("launch", {})
+    name = experiment["name"]
+    return Sweep(
+        path=path, name=name, description=experiment.get("description", ""),
+        tracking=experiment.get("tracking", True), tracking_uri=experiment.get("tracking_uri"),
+        out=Path(experiment.get("out", f"results/{name}")),
+        hostfile=launch.get("hostfile", "hostfile") or None,
+        mpirun_args=tuple(launch.get("mpirun_args", ("--bind-to", "none"))),
+        timeout=launch.get("timeout"), runs=tuple(runs), bench=bench,
+    )
+
+
+def load(path: str | Path) -> Sweep:
+    """Read and check an experiment file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise UserError(f"cannot read the experiment file {path}: {error.strerror or error}. Give the path of a "
+                        f".toml file, e.g. experiments/smoke.toml.") from None
+    return parse(text, path)

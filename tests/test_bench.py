@@ -1,0 +1,74 @@
+"""The sync-cost benchmark: closed-form traffic, and a real run under mpirun with every registered method."""
+
+import json
+
+import pytest
+
+from conftest import mpirun
+from mpi_train import bench
+from mpi_train.costs import COST_MODELS, bus_bandwidth, cost_model_of
+from mpi_train.models import build_model
+from mpi_train.sync import SYNC_METHODS, SyncMethod
+
+MB = 1e6
+
+
+def test_cost_models_follow_the_closed_forms():
+    ring, root = COST_MODELS["ring"], COST_MODELS["root"]
+    assert ring.traffic(8 * MB, 4, 2) == (12 * MB, 12 * MB)  # 2(N-1)/N·S
+    assert root.traffic(8 * MB, 4, 0) == (24 * MB, 24 * MB)  # the root: (N-1)·S each way
+    assert root.traffic(8 * MB, 4, 3) == (8 * MB, 8 * MB)
+    assert ring.floor(8 * MB, 4, 1e9) == pytest.approx(0.012) and root.floor(8 * MB, 4, 1e9) == pytest.approx(0.048)
+    assert bus_bandwidth(8 * MB, 4, 0.012) == pytest.approx(1e9)  # a ring at its floor runs at the link's speed
+
+
+def test_every_built_in_method_declares_a_cost_model():
+    for name in ("gather_scatter", "allreduce", "ddp"):
+        assert cost_model_of(SYNC_METHODS[name]) is not None, name
+
+
+def test_a_method_without_a_cost_model_shows_na_and_says_how_to_fix_it(monkeypatch):
+    class Unmodelled(SyncMethod):
+        def sync(self, model):
+            pass
+
+    monkeypatch.setitem(SYNC_METHODS, "unmodelled", Unmodelled)
+    times = {name: {"compute": [1.0, 1.1, 1.0, 1.2], "sync": [0.1, 0.2, 0.1, 0.1]} for name in (bench.NO_SYNC, "allreduce", "unmodelled")}
+    rows = bench.summarise([times, times], 1000, 2, 1e6)
+    by_name = {row["method"]: row for row in rows}
+    assert by_name["unmodelled"]["sent_bytes"] is None and by_name["allreduce"]["sent_bytes"] == [1000, 1000]
+    text = bench.describe({"world_size": 2, "backend": "gloo", "model": "m", "gradient_bytes": 1000, "batch_size": 8,
+                           "steps": 4, "link": {"bandwidth_bytes_per_s": 1e6, "allreduce_busbw_bytes_per_s": 1e6},
+                           "methods": rows})
+    line = next(l for l in text.splitlines() if l.startswith("unmodelled"))
+    assert line.split()[1] == "n/a" and "unmodelled declare(s) no cost_model" in text
+
+
+@pytest.mark.e2e
+def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
+    out = tmp_path / "bench.json"
+    result = mpirun(2, ["--model", "mnist_cnn", "--batch-size", "8", "--steps", "4", "--warmup", "1", "--link-iters", "2",
+                        "--no-tracking", "--json", str(out)], module="mpi_train.bench", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.split()[:1]}
+    for name in (bench.NO_SYNC, *SYNC_METHODS):
+        assert name in table, result.stdout
+    data = json.loads(out.read_text())
+    size = sum(p.numel() for p in build_model("mnist_cnn").parameters()) * 4
+    assert data["gradient_bytes"] == size and data["world_size"] == 2
+    assert [row["method"] for row in data["methods"]] == [bench.NO_SYNC, *SYNC_METHODS]
+    bandwidth = data["link"]["bandwidth_bytes_per_s"]
+    assert bandwidth > 0
+    for row in data["methods"][1:]:
+        model = row["cost_model"]
+        if model is None:  # a method added without a cost model: shown as n/a, checked above
+            continue
+        if model == "ring":
+            expected = [2 * (2 - 1) / 2 * size] * 2
+            assert row["floor_s"] == pytest.approx(2 * (2 - 1) / 2 * size / bandwidth)
+        else:
+            expected = [(2 - 1) * size, size]
+            assert row["floor_s"] == pytest.approx(2 * (2 - 1) * size / bandwidth)
+        assert row["sent_bytes"] == pytest.approx(expected) and row["received_bytes"] == pytest.approx(expected)
+        assert row["sync_s"] > 0 and row["compute_s"] > 0 and row["efficiency"] > 0
+        assert len(data["per_rank_times"][0][row["method"]]["sync"]) == 4
