@@ -113,7 +113,7 @@ def guarded(cluster: Cluster, body: Callable[[], None], timeout_s: Optional[floa
         if raised_in_collective(error):  # a symptom of another rank's failure: say who, not where in torch
             print(format_error(collective_failure(cluster, error, timeout_s)), file=sys.stderr)
         else:
-            print(f"mpi_train: rank {info.rank} on {info.host} failed; stopping every rank.\n"
+            print(f"mpi_train: rank {info.rank} on {info.host} failed ({type(error).__name__}: {error}); stopping every rank.\n"
                   f"{traceback.format_exc()}", file=sys.stderr, end="")
         cluster.abort(1)
     return 1  # not reached: abort ends the process
