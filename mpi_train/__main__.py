@@ -1,5 +1,4 @@
-import sys
-
 from .cli import main
+from .cluster import exit_process
 
-sys.exit(main())
+exit_process(main())

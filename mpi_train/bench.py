@@ -30,7 +30,6 @@ import copy
 import math
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -349,4 +348,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    clusters.exit_process(main())

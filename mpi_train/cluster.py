@@ -20,6 +20,24 @@ LOOPBACK = "127.0.0.1"
 PROGRESS_KEY = "mpi_train/progress"  # store key prefix: the step each rank has reached
 
 
+def exit_process(code: int) -> None:
+    """End this rank now, skipping interpreter teardown.
+
+    Gloo's worker threads can drop the last reference to a Python-owned tensor (a bucket
+    buffer, a pending Work) after the interpreter has begun finalizing, which aborts the
+    process with "terminate called without an active exception". MPI is finalized first,
+    so mpirun sees a clean exit.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
+    os._exit(code)
+
+
 def _group_ready() -> bool:
     import torch.distributed as dist
 

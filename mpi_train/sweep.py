@@ -289,7 +289,7 @@ def parse(text: str, path: Path) -> Sweep:
         reader.check_keys(grid, [*SWEEP_KEYS, *TRAIN_FIELDS], where)
         if "sync" not in grid or "np" not in grid:
             missing = "sync" if "sync" not in grid else "np"
-            raise reader.fail(where + (missing,), f"is required in every [[sweep]] (the grid is sync × np × seed).",
+            raise reader.fail(where + (missing,), "is required in every [[sweep]] (the grid is sync × np × seed).",
                               line_of=where)
         for key in SWEEP_KEYS:
             if key in grid:

@@ -14,13 +14,13 @@ Prints one line per case on rank 0; exits non-zero if any rank saw a wrong gradi
 
 from __future__ import annotations
 
-import sys
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from mpi_train.cluster import Cluster, init_process_group
+from mpi_train.cluster import Cluster, exit_process, init_process_group
 from mpi_train.sync import SYNC_METHODS, SyncMethod
 from mpi_train.sync.bucketed import Bucketed
 from mpi_train.sync.flat import Flat
@@ -114,8 +114,10 @@ def main() -> int:
         for name in cases():
             bad = [r for r, names in enumerate(everyone) if name in names]
             print(f"{name}: {'mean gradient on every rank' if not bad else f'WRONG on ranks {bad}'}")
-    return 1 if any(cluster.allgather(bool(failures))) else 0
+    failed = any(cluster.allgather(bool(failures)))
+    dist.destroy_process_group()  # before exit: Gloo's threads must not outlive the interpreter
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -62,4 +62,4 @@ seed = [1, 2]
     for name in ("loss_vs_step.png", "time_breakdown.png", "rank_step_time_spread.png"):
         assert (out / "plots" / name).read_bytes().startswith(PNG)
     assert "2 of 3 run(s) succeeded" in output
-    assert f"FAILED [1/3] gather_scatter-np2-seed42 (exit" in output and str(out / "logs" / "01-gather_scatter-np2-seed42.log") in output
+    assert "FAILED [1/3] gather_scatter-np2-seed42 (exit" in output and str(out / "logs" / "01-gather_scatter-np2-seed42.log") in output
