@@ -74,13 +74,14 @@ class Cluster:
 
         comm = MPI.COMM_WORLD
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        host = socket.gethostname()
+        leader = local.bcast(comm.Get_rank(), root=0)  # the host's first rank identifies the host
+        hosts = host_labels(comm.allgather((socket.gethostname(), leader)))
         info = RankInfo(
             rank=comm.Get_rank(), local_rank=local.Get_rank(), world_size=comm.Get_size(),
-            local_world_size=local.Get_size(), host=host,
+            local_world_size=local.Get_size(), host=hosts[comm.Get_rank()],
         )
         local.Free()
-        return cls(comm, info, tuple(comm.allgather(host)))
+        return cls(comm, info, hosts)
 
     @property
     def spans_hosts(self) -> bool:
@@ -164,6 +165,19 @@ class Cluster:
         self.agree(outcome, what)
 
 
+def host_labels(ranks: list[tuple[str, int]]) -> tuple[str, ...]:
+    """Each rank's host label from (host name, rank of the host's first rank) per rank.
+
+    Which ranks share a host is MPI's answer (its shared-memory split); the name only
+    labels it. Hosts that share a name (containers, namespaces, images all called
+    `localhost`) are told apart by their first rank: `localhost-rank0`, `localhost-rank2`.
+    """
+    leaders_by_name: dict[str, set[int]] = {}
+    for name, leader in ranks:
+        leaders_by_name.setdefault(name, set()).add(leader)
+    return tuple(name if len(leaders_by_name[name]) == 1 else f"{name}-rank{leader}" for name, leader in ranks)
+
+
 def configure_threads(info: RankInfo, threads: Optional[int]) -> int:
     """Give each rank its share of the host's cores: oversubscribed ranks fighting over threads crawl."""
     import torch
@@ -233,8 +247,26 @@ def rendezvous_address(cluster: Cluster, master_addr: Optional[str]) -> Optional
         return chosen
     if not cluster.spans_hosts:
         return LOOPBACK
-    other = next(r for r, h in enumerate(cluster.hosts) if h != cluster.info.host and addresses[r])
-    return _route_address(addresses[other][0])
+    return _route_address(address_on_other_host(cluster.hosts, addresses))
+
+
+def address_on_other_host(hosts: tuple[str, ...], addresses: list[list[str]]) -> str:
+    """An address of a host other than rank 0's, for rank 0 to find its route to the others.
+
+    Addresses that rank 0's host holds too (a container bridge like 172.17.0.1 exists on
+    every host) route to rank 0 itself, so they say nothing about the way out.
+    """
+    own = set(addresses[0])
+    for rank, host in enumerate(hosts):
+        if host != hosts[0]:
+            for address in addresses[rank]:
+                if address not in own:
+                    return address
+    raise UserError(
+        f"cannot choose the rendezvous address: the ranks span the hosts {sorted(set(hosts))}, but no host "
+        f"other than rank 0's ({hosts[0]}) has an IPv4 address of its own (addresses by rank: {addresses}). "
+        f"Pass --master-addr (or set MASTER_ADDR) to an address of rank 0's host that the other hosts reach."
+    )
 
 
 def init_process_group(cluster: Cluster, backend: str, master_addr: Optional[str], timeout_s: float) -> str:

@@ -73,7 +73,7 @@ class Reporter(SilentReporter):
             f"mpi_train: {job['world_size']} rank(s) on {len(hosts)} host(s) ({', '.join(hosts)}), "
             f"backend {job['backend']}, sync {self.config['sync']}, {self.config['model']} on "
             f"{self.config['dataset']}, batch {self.global_batch} ({job['batch_size_per_rank']} per rank), "
-            f"{job['threads']} thread(s) per rank, {job['total_steps']} steps"
+            f"{job['threads']} thread(s) per rank, {job['total_steps']} steps, rendezvous {job['rendezvous']}"
         )
 
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict]) -> None:

@@ -115,7 +115,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     batch_per_rank = config.per_rank(info.world_size)
     train_loader, sampler, test_loader = make_loaders(train_set, test_set, cluster, batch_per_rank, config.seed)
     fault.at(info.rank, "rendezvous")
-    clusters.init_process_group(cluster, backend, config.master_addr, config.timeout)
+    rendezvous = clusters.init_process_group(cluster, backend, config.master_addr, config.timeout)
 
     seed_everything(config.seed)
     model = build_model(config.model_name, config.dropout).to(device)
@@ -127,7 +127,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     steps_per_epoch = len(train_loader)
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
     job = {
-        "world_size": info.world_size, "backend": backend, "hosts": list(cluster.hosts), "threads": threads,
+        "world_size": info.world_size, "backend": backend, "hosts": list(cluster.hosts), "threads": threads, "rendezvous": rendezvous,
         "batch_size_per_rank": batch_per_rank, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
     }
     tracker = tracking.start(connection, config, cluster, job)

@@ -22,9 +22,14 @@ MPI_ENV = {
 
 
 def mpirun(np: int, args: list[str], *, module: str = "mpi_train", timeout: float = 240,
-           env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m module args` under a real `mpirun -np N` and return the finished process."""
-    command = ["mpirun", "-np", str(np), "--oversubscribe", sys.executable, "-m", module, *args]
+           env: dict | None = None, cwd: Path | None = None, hostfile: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m module args` under a real `mpirun -np N` and return the finished process.
+
+    Without a hostfile every rank runs here (oversubscribed); with one, its slots place the ranks
+    (--oversubscribe would let mpirun put them all on the first host).
+    """
+    placement = ["--hostfile", str(hostfile)] if hostfile else ["--oversubscribe"]
+    command = ["mpirun", "-np", str(np), *placement, sys.executable, "-m", module, *args]
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO,
         env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **(env or {})},
@@ -67,46 +72,62 @@ def job_runs(client, experiment: str, run_name: str):
     return parent, sorted(children, key=lambda c: int(c.data.tags["rank"]))
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     import socket
 
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+class MlflowServer:
+    """`python -m mpi_train.server` on a free port of `host`; it takes ~15 s to be up, so `uri()` waits for it."""
+
+    def __init__(self, root: Path, host: str = "127.0.0.1"):
+        self.root, self.url = root, f"http://{host}:{free_port(host)}"
+        self.log = open(root / "server.log", "w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mpi_train.server", "--host", host, "--port", self.url.rsplit(":", 1)[1], "--workers", "1"],
+            cwd=root, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        self.up = False
+
+    def uri(self) -> str:
+        """The server's URI, once it answers."""
+        import time
+        import urllib.request
+
+        deadline = time.monotonic() + 120
+        while not self.up:
+            assert self.process.poll() is None, (self.root / "server.log").read_text()
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
+                    self.up = True
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow server did not start:\n" + (self.root / "server.log").read_text()
+                time.sleep(0.5)
+        return self.url
+
+    def stop(self) -> None:
+        import signal
+
+        self.process.send_signal(signal.SIGINT)  # what Ctrl-C does: the command stops mlflow and its workers
+        try:
+            self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.log.close()
 
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
-    """`python -m mpi_train.server` on a free loopback port (it takes ~15 s to start); stopped with SIGINT at the end."""
-    import signal
-    import time
-    import urllib.request
-
-    root = tmp_path_factory.mktemp("mlflow_server")
-    port = free_port()
-    log = open(root / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mpi_train.server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=root, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert server.poll() is None, (root / "server.log").read_text()
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                break
-        except OSError:
-            assert time.monotonic() < deadline, "mlflow server did not start:\n" + (root / "server.log").read_text()
-            time.sleep(0.5)
-    yield uri
-    server.send_signal(signal.SIGINT)  # what Ctrl-C does: the command stops mlflow and its workers
+    """A tracking server on loopback, shared by the whole session."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
     try:
-        server.wait(timeout=30)
+        yield server.uri()
     finally:
-        if server.poll() is None:
-            server.kill()
-        log.close()
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,13 @@
 
 import os
 
+import pytest
 import torch
 
-from mpi_train.cluster import Cluster, RankInfo, configure_threads, rendezvous_address, resolve_backend
+from mpi_train.cluster import (
+    Cluster, RankInfo, address_on_other_host, configure_threads, host_labels, rendezvous_address, resolve_backend,
+)
+from mpi_train.errors import UserError
 from mpi_train.models import build_model
 from mpi_train.train import parameter_digest
 
@@ -51,3 +55,19 @@ def test_parameter_digest_tells_replicas_apart():
     with torch.no_grad():
         next(b.parameters()).view(-1)[0] += 1e-6
     assert parameter_digest(a) != parameter_digest(b)
+
+
+def test_hosts_are_what_mpi_groups_and_names_only_label_them():
+    # two namespaces or containers both called "node": MPI says ranks 0,1 and 2,3 share memory
+    assert host_labels([("node", 0), ("node", 0), ("node", 2), ("node", 2)]) == (
+        "node-rank0", "node-rank0", "node-rank2", "node-rank2")
+    assert host_labels([("a", 0), ("a", 0), ("b", 2)]) == ("a", "a", "b")  # distinct names stay as they are
+
+
+def test_rendezvous_routes_towards_an_address_only_the_other_host_has():
+    hosts = ("a", "a", "b", "b")
+    # every host has the container bridge 172.17.0.1; only 10.0.0.2 is b's own
+    addresses = [["172.17.0.1", "10.0.0.1"], ["172.17.0.1", "10.0.0.1"], ["172.17.0.1", "10.0.0.2"], []]
+    assert address_on_other_host(hosts, addresses) == "10.0.0.2"
+    with pytest.raises(UserError, match="--master-addr"):
+        address_on_other_host(hosts, [["10.0.0.1"], ["10.0.0.1"], ["10.0.0.1"], []])

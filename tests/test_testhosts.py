@@ -1,0 +1,115 @@
+"""A real two-host job: two test hosts (network namespaces, scripts/testhosts.sh), two ranks on each.
+
+mpirun runs here and starts its daemons inside the hosts through scripts/netns-agent, as it
+would over ssh; the tracking server listens on the hosts' bridge, the way a cluster's
+server listens on an address its nodes reach. Needs root to create namespaces.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, MlflowServer, mpirun, train
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = REPO / "scripts" / "testhosts.sh"
+AGENT = REPO / "scripts" / "netns-agent"
+PREFIX, SUBNET = "mpitest", "10.78.0"  # apart from test hosts brought up by hand (testhost*, 10.77.0.*)
+HOSTS = ("mpitest1", "mpitest2")
+QUICK = ["--dataset", "synthetic", "--synthetic-size", "512", "--batch-size", "64", "--log-every", "2"]
+
+
+def why_no_namespaces() -> str | None:
+    """The reason test hosts cannot be made here, or None when they can."""
+    if os.geteuid() != 0:
+        return "test hosts need root: they create network namespaces (CI runs as root)"
+    if shutil.which("ip") is None:
+        return "network namespaces cannot be created: the ip command (iproute2) is missing"
+    probe = f"{PREFIX}probe{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode:
+        return f"network namespaces cannot be created here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@dataclass
+class TwoHosts:
+    hostfile: Path
+    server: MlflowServer  # on the bridge: the hosts' side of mpirun's machine, like a cluster's tracking server
+
+    def mpirun_options(self) -> dict:
+        """What places a job on the test hosts, as a cluster's hostfile and ssh would."""
+        return {"hostfile": self.hostfile, "env": {"PRTE_MCA_plm_ssh_agent": str(AGENT)}}
+
+
+@pytest.fixture(scope="module")
+def testhosts(tmp_path_factory):
+    """Two test hosts with 2 slots each and a tracking server they reach; always torn down, also when a test fails."""
+    reason = why_no_namespaces()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("testhosts")
+    env = {**os.environ, "TESTHOSTS_PREFIX": PREFIX, "TESTHOSTS_SUBNET": SUBNET, "TESTHOSTS_HOSTFILE": str(root / "hostfile")}
+    server = None
+    try:
+        up = subprocess.run([str(SCRIPT), "up", "2"], env=env, capture_output=True, text=True, timeout=60)
+        assert up.returncode == 0, f"testhosts.sh up failed:\n{up.stdout}\n{up.stderr}"
+        server = MlflowServer(root, host=f"{SUBNET}.1")  # starts while the first jobs run
+        yield TwoHosts(root / "hostfile", server)
+    finally:
+        if server:
+            server.stop()
+        down = subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0, down.stderr
+        assert not any(line.startswith(PREFIX) for line in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines())
+
+
+def test_the_hostfile_names_each_host_with_its_slots(testhosts):
+    entries = [line for line in testhosts.hostfile.read_text().splitlines() if not line.startswith("#")]
+    assert entries == [f"{SUBNET}.2 slots=2", f"{SUBNET}.3 slots=2"]
+
+
+def test_collectives_are_correct_across_hosts(testhosts):
+    result = mpirun(4, [], module="mpi_train.collectives", timeout=120, **testhosts.mpirun_options())
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert "all collectives correct" in result.stdout
+    rendezvous = re.search(r"rendezvous (\S+):\d+", result.stdout).group(1)
+    assert rendezvous == f"{SUBNET}.2"  # rank 0's address on the hosts' network, not loopback
+    table = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\s+(\d)\s+(\S+)\s+ok", result.stdout, re.MULTILINE)}
+    assert table == {0: HOSTS[0], 1: HOSTS[0], 2: HOSTS[1], 3: HOSTS[1]}
+
+
+def test_training_across_hosts_is_tracked_per_host(testhosts, tmp_path):
+    from mlflow import MlflowClient
+
+    uri = testhosts.server.uri()
+    summary = train(4, tmp_path, *QUICK, "--max-steps", "4", "--tracking-uri", uri, "--experiment", "testhosts",
+                    "--system-metrics-every", "1", timeout=150, **testhosts.mpirun_options())
+    assert summary["hosts"] == [HOSTS[0], HOSTS[0], HOSTS[1], HOSTS[1]]
+    assert summary["rendezvous"].rsplit(":", 1)[0] == f"{SUBNET}.2"
+    assert len(summary["steps"]) == 2 and summary["world_size"] == 4
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = client.get_experiment_by_name("testhosts").experiment_id
+    parent = client.search_runs([experiment_id], "tags.`mpi_train.role` = 'job'")[0]
+    children = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["hosts"] == ",".join(HOSTS)
+    local_ranks = {}
+    for child in children:
+        local_ranks.setdefault(child.data.tags["host"], []).append(int(child.data.tags["local_rank"]))
+    assert {host: sorted(ranks) for host, ranks in local_ranks.items()} == {HOSTS[0]: [0, 1], HOSTS[1]: [0, 1]}
+    for host in HOSTS:
+        assert f"system/{host}/cpu_utilization_percentage" in parent.data.metrics, sorted(parent.data.metrics)
+    environment = json.loads(Path(client.download_artifacts(parent.info.run_id, "environment.json", str(tmp_path))).read_text())
+    assert environment["launcher_env"].get("GLOO_SOCKET_IFNAME") == "eth0"  # the hosts' link, not lo
