@@ -189,6 +189,8 @@ def connect(config: TrainConfig, cluster) -> Optional[Connection]:
 class NullTracker:
     """Tracking off, or nothing for this rank to do; also the interface the others implement."""
 
+    parent_id: Optional[str] = None  # the job's MLflow run, stored in checkpoints so a resumed job can link to it
+
     def __enter__(self):
         return self
 
@@ -320,6 +322,10 @@ class MlflowTracker(NullTracker):
                 "mlflow_version": environment["mlflow"], "hosts": params["hosts"]}
         if environment["git_commit"]:
             tags["mlflow.source.git.commit"] = environment["git_commit"]
+        if job.get("resumed_from"):  # the run this job continues, and where
+            resumed = job["resumed_from"]
+            tags.update({"resumed_from": resumed["run_id"] or "unknown (the checkpoint's job was not tracked)",
+                         "resumed_from_step": str(resumed["step"]), "resumed_from_checkpoint": resumed["checkpoint"]})
         parent = self.client.create_run(connection.experiment_id, run_name=config.default_run_name(self.info.world_size), tags=tags)
         self.parent_id, self.child_ids = parent.info.run_id, []
         try:
