@@ -40,12 +40,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .config import TrainConfig, redact_uri
 from .errors import UserError
+from .spool import SPOOL_DIR, Spool, SpoolingClient
 
 DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
 SERVER_SCHEMES = ("http", "https")
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 PROBE_TIMEOUT_S = 5.0  # an unreachable server is reported well within 30 s, before training
-HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}  # unless the user set them
+# Unless the user set them: a refused connection gives up after ~3 s (MLflow's defaults, 7 retries with
+# doubling back-off, take minutes), a hung server after 3 x 10 s. Writes that fail are spooled and re-sent (spool.py).
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 FLUSH_EVERY_S = 2.0  # the background sender's batching period
 END_TIMEOUT_S = 20.0  # how long the final flush may take before it is given up
 FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
@@ -62,9 +66,13 @@ PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", 
 class Connection:
     """A checked tracking destination on rank 0."""
 
-    client: Any  # mlflow.MlflowClient
+    client: Any  # mlflow.MlflowClient, or for a server a SpoolingClient around one
     uri: str
-    experiment_id: str
+    experiment_id: Optional[str]  # None when started offline (--tracking-spool): the replay creates it
+
+    @property
+    def online(self) -> bool:
+        return self.experiment_id is not None
 
 
 def default_store_uri() -> str:
@@ -146,13 +154,20 @@ def _open(config: TrainConfig) -> Connection:
             check_store_dir(Path(database).parent, "point --tracking-uri at another sqlite:/// file")
         check_store_dir(Path(DEFAULT_STORE_DIR), "point --tracking-uri at a server")  # where artifacts land
     if scheme in SERVER_SCHEMES:
-        probe_server(uri)
         for variable, value in HTTP_LIMITS.items():  # a server that dies mid-job must not hold the job's end for minutes
             os.environ.setdefault(variable, value)
+        try:
+            probe_server(uri)
+        except UserError as error:
+            if not config.tracking_spool:
+                raise UserError(f"{error} To train now and send the runs later, pass --tracking-spool.") from None
+            return _offline(config, uri, error)
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     client = MlflowClient(tracking_uri=uri)
+    if scheme in SERVER_SCHEMES:
+        client = SpoolingClient(client, uri, Spool(job_spool_path()), config.experiment)
     try:
         experiment = client.get_experiment_by_name(config.experiment)
         if experiment is not None:
@@ -167,6 +182,22 @@ def _open(config: TrainConfig) -> Connection:
             f"{str(error).splitlines()[0] if str(error) else type(error).__name__}. Check --tracking-uri, "
             f"the server's log and its permissions, or pass --no-tracking."
         ) from None
+
+
+def job_spool_path() -> Path:
+    return SPOOL_DIR / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
+
+
+def _offline(config: TrainConfig, uri: str, error: UserError) -> Connection:
+    """--tracking-spool with no server: runs get local ids and everything goes to the spool."""
+    from mlflow import MlflowClient
+
+    check_store_dir(SPOOL_DIR, "run from another working directory")
+    spool = Spool(job_spool_path())
+    print(f"mpi_train: warning: {error.args[0].split(' Start one')[0]} Training anyway (--tracking-spool): the runs "
+          f"are kept in {spool.path}; send them with `python -m mpi_train.replay --tracking-uri {redact_uri(uri)}`.",
+          file=sys.stderr, flush=True)
+    return Connection(SpoolingClient(MlflowClient(tracking_uri=uri), uri, spool, config.experiment, online=False), uri, None)
 
 
 def connect(config: TrainConfig, cluster) -> Optional[Connection]:
@@ -275,6 +306,8 @@ class BatchSender:
         self.flush()
 
     def flush(self) -> None:
+        if hasattr(self.client, "retry"):  # re-send a spool once the server is back, even with nothing new to send
+            self.client.retry()
         by_run: dict[str, list] = {}
         while True:
             try:
@@ -347,7 +380,7 @@ class MlflowTracker(NullTracker):
             raise
         self.sender = BatchSender(self.client)
         self.monitor = None
-        if config.system_metrics_every:
+        if config.system_metrics_every and connection.online:
             logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
@@ -428,7 +461,17 @@ class MlflowTracker(NullTracker):
             self.end("FAILED", failure={"rank": self.info.rank, "host": self.info.host,
                                         "traceback": "".join(traceback.format_exception(kind, error, trace))})
         self._release_signals()
+        self._report_spool()
         return False
+
+    def _report_spool(self) -> None:
+        """One last try at sending what an outage spooled; if the server is still away, say how to send it later."""
+        if not hasattr(self.client, "retry") or self.client.retry(now=True):
+            return
+        uri = redact_uri(self.uri)
+        print(f"mpi_train: warning: the MLflow server at {uri} is still unreachable; {self.client.pending()} "
+              f"write(s), the runs' end included, are kept in {self.client.spool.path}. Send them with "
+              f"`python -m mpi_train.replay --tracking-uri {uri}` once it is up.", file=sys.stderr, flush=True)
 
     def end(self, status: str, tags: Optional[dict] = None, failure: Optional[dict] = None) -> bool:
         """End the parent and child runs in `status` (the first call wins); True if this call ended them.
