@@ -55,6 +55,11 @@ class TrainConfig:
     log_every: int = _opt(20, "print the loss averaged over all ranks every N steps")
     summary_json: Optional[str] = _opt(None, "rank 0 writes the config, losses, timings and test results here")
 
+    # Checkpoints (written by global rank 0 only, atomically).
+    checkpoint_dir: Optional[str] = _opt(None, "write checkpoints (step-NNNNNNNN.pt) to this folder, at the end and every --checkpoint-every steps; the last 3 are kept")
+    checkpoint_every: Optional[int] = _opt(None, "steps between checkpoints (default: only at the end); needs --checkpoint-dir")
+    resume: Optional[str] = _opt(None, "continue from this checkpoint file, or from the latest checkpoint in this folder, exactly as if never stopped", metavar="PATH")
+
     # Experiment tracking (MLflow; only rank 0 talks to it).
     tracking_uri: Optional[str] = _opt(None, "MLflow tracking server (http://HOST:PORT) or database URI (default: $MLFLOW_TRACKING_URI, else the SQLite store mlruns/mlflow.db)")
     experiment: str = _opt("mpi_train", "MLflow experiment the job's runs are filed under")
@@ -62,6 +67,7 @@ class TrainConfig:
     no_tracking: bool = _opt(False, "do not record the job in MLflow")
     save_model: bool = _opt(False, "store the final weights as an artifact of the job's run")
     system_metrics_every: float = _opt(10.0, "seconds between CPU, memory and network samples per host; 0 turns them off")
+    tracking_spool: bool = _opt(False, "if the tracking server cannot be reached at start, train anyway and keep everything in a spool under mlruns/spool/ for `python -m mpi_train.replay` (mid-run outages are always spooled)")
 
     @property
     def model_name(self) -> str:
@@ -83,6 +89,8 @@ class TrainConfig:
             positive["--max-steps"] = self.max_steps
         if self.threads is not None:
             positive["--threads"] = self.threads
+        if self.checkpoint_every is not None:
+            positive["--checkpoint-every"] = self.checkpoint_every
         for flag, value in positive.items():
             if value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
@@ -93,6 +101,8 @@ class TrainConfig:
             raise UserError(f"--system-metrics-every must not be negative, got {self.system_metrics_every}; 0 turns system metrics off.")
         if self.save_model and self.no_tracking:
             raise UserError("--save-model stores the weights in the job's MLflow run, which --no-tracking turns off. Drop one of the two flags.")
+        if self.checkpoint_every is not None and not self.checkpoint_dir:
+            raise UserError(f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir to say where checkpoints go.")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}.")
         if self.batch_size % world_size:

@@ -138,6 +138,22 @@ def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Datas
     return splits
 
 
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler whose next pass can start part-way: a resumed job skips the batches it
+    already trained on by index, without loading them (loading could draw from the random state)."""
+
+    skip = 0
+
+    def skip_next(self, samples: int) -> None:
+        """Leave out the first `samples` indices of the next pass only."""
+        self.skip = samples
+
+    def __iter__(self):
+        indices = list(super().__iter__())[self.skip:]
+        self.skip = 0
+        return iter(indices)
+
+
 def make_loaders(train: Dataset, test: Dataset, cluster: Cluster, batch_per_rank: int, seed: int):
     """Non-overlapping shards: a seeded DistributedSampler for training, a strided slice for testing.
 
@@ -145,7 +161,7 @@ def make_loaders(train: Dataset, test: Dataset, cluster: Cluster, batch_per_rank
     accuracy reduced over ranks counts each test image exactly once.
     """
     info = cluster.info
-    sampler = DistributedSampler(train, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=seed)
+    sampler = ResumableSampler(train, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=seed)
     train_loader = DataLoader(train, batch_size=batch_per_rank, sampler=sampler)
     test_shard = Subset(test, range(info.rank, len(test), info.world_size))
     test_loader = DataLoader(test_shard, batch_size=max(batch_per_rank, 256))

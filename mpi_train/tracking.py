@@ -41,12 +41,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .config import TrainConfig, redact_uri
 from .errors import UserError, raised_in_collective
+from .spool import SPOOL_DIR, Spool, SpoolingClient
 
 DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
 SERVER_SCHEMES = ("http", "https")
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 PROBE_TIMEOUT_S = 5.0  # an unreachable server is reported well within 30 s, before training
-HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}  # unless the user set them
+# Unless the user set them: a refused connection gives up after ~3 s (MLflow's defaults, 7 retries with
+# doubling back-off, take minutes), a hung server after 3 x 10 s. Writes that fail are spooled and re-sent (spool.py).
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 FLUSH_EVERY_S = 2.0  # the background sender's batching period
 END_TIMEOUT_S = 20.0  # how long the final flush may take before it is given up
 FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
@@ -63,9 +67,13 @@ PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", 
 class Connection:
     """A checked tracking destination on rank 0."""
 
-    client: Any  # mlflow.MlflowClient
+    client: Any  # mlflow.MlflowClient, or for a server a SpoolingClient around one
     uri: str
-    experiment_id: str
+    experiment_id: Optional[str]  # None when started offline (--tracking-spool): the replay creates it
+
+    @property
+    def online(self) -> bool:
+        return self.experiment_id is not None
 
 
 def default_store_uri() -> str:
@@ -147,13 +155,20 @@ def _open(config: TrainConfig) -> Connection:
             check_store_dir(Path(database).parent, "point --tracking-uri at another sqlite:/// file")
         check_store_dir(Path(DEFAULT_STORE_DIR), "point --tracking-uri at a server")  # where artifacts land
     if scheme in SERVER_SCHEMES:
-        probe_server(uri)
         for variable, value in HTTP_LIMITS.items():  # a server that dies mid-job must not hold the job's end for minutes
             os.environ.setdefault(variable, value)
+        try:
+            probe_server(uri)
+        except UserError as error:
+            if not config.tracking_spool:
+                raise UserError(f"{error} To train now and send the runs later, pass --tracking-spool.") from None
+            return _offline(config, uri, error)
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     client = MlflowClient(tracking_uri=uri)
+    if scheme in SERVER_SCHEMES:
+        client = SpoolingClient(client, uri, Spool(job_spool_path()), config.experiment)
     try:
         experiment = client.get_experiment_by_name(config.experiment)
         if experiment is not None:
@@ -168,6 +183,22 @@ def _open(config: TrainConfig) -> Connection:
             f"{str(error).splitlines()[0] if str(error) else type(error).__name__}. Check --tracking-uri, "
             f"the server's log and its permissions, or pass --no-tracking."
         ) from None
+
+
+def job_spool_path() -> Path:
+    return SPOOL_DIR / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
+
+
+def _offline(config: TrainConfig, uri: str, error: UserError) -> Connection:
+    """--tracking-spool with no server: runs get local ids and everything goes to the spool."""
+    from mlflow import MlflowClient
+
+    check_store_dir(SPOOL_DIR, "run from another working directory")
+    spool = Spool(job_spool_path())
+    print(f"mpi_train: warning: {error.args[0].split(' Start one')[0]} Training anyway (--tracking-spool): the runs "
+          f"are kept in {spool.path}; send them with `python -m mpi_train.replay --tracking-uri {redact_uri(uri)}`.",
+          file=sys.stderr, flush=True)
+    return Connection(SpoolingClient(MlflowClient(tracking_uri=uri), uri, spool, config.experiment, online=False), uri, None)
 
 
 def connect(config: TrainConfig, cluster) -> Optional[Connection]:
@@ -202,6 +233,8 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
 
 class NullTracker:
     """Tracking off, or nothing for this rank to do; also the interface the others implement."""
+
+    parent_id: Optional[str] = None  # the job's MLflow run, stored in checkpoints so a resumed job can link to it
 
     def __enter__(self):
         return self
@@ -292,6 +325,8 @@ class BatchSender:
         self.flush()
 
     def flush(self) -> None:
+        if hasattr(self.client, "retry"):  # re-send a spool once the server is back, even with nothing new to send
+            self.client.retry()
         by_run: dict[str, list] = {}
         taken = 0
         while True:
@@ -344,6 +379,10 @@ class MlflowTracker(NullTracker):
                 "mlflow_version": environment["mlflow"], "hosts": params["hosts"]}
         if environment["git_commit"]:
             tags["mlflow.source.git.commit"] = environment["git_commit"]
+        if job.get("resumed_from"):  # the run this job continues, and where
+            resumed = job["resumed_from"]
+            tags.update({"resumed_from": resumed["run_id"] or "unknown (the checkpoint's job was not tracked)",
+                         "resumed_from_step": str(resumed["step"]), "resumed_from_checkpoint": resumed["checkpoint"]})
         parent = self.client.create_run(connection.experiment_id, run_name=config.default_run_name(self.info.world_size), tags=tags)
         self.parent_id, self.child_ids = parent.info.run_id, []
         try:
@@ -367,7 +406,7 @@ class MlflowTracker(NullTracker):
         self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids)
         self.sender = BatchSender(self.client, on_handled=self.guard.handled)
         self.monitor = None
-        if config.system_metrics_every:
+        if config.system_metrics_every and connection.online:
             logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
@@ -451,7 +490,17 @@ class MlflowTracker(NullTracker):
                 text = f"A collective failed on rank {self.info.rank} ({self.info.host}); rank {rank} was behind.\n{text}"
             self.end("FAILED", failure={"rank": rank, "host": host, "traceback": text})
         self._release_signals()
+        self._report_spool()
         return False
+
+    def _report_spool(self) -> None:
+        """One last try at sending what an outage spooled; if the server is still away, say how to send it later."""
+        if not hasattr(self.client, "retry") or self.client.retry(now=True):
+            return
+        uri = redact_uri(self.uri)
+        print(f"mpi_train: warning: the MLflow server at {uri} is still unreachable; {self.client.pending()} "
+              f"write(s), the runs' end included, are kept in {self.client.spool.path}. Send them with "
+              f"`python -m mpi_train.replay --tracking-uri {uri}` once it is up.", file=sys.stderr, flush=True)
 
     def end(self, status: str, tags: Optional[dict] = None, failure: Optional[dict] = None) -> bool:
         """End the parent and child runs in `status` (the first call wins); True if this call ended them.

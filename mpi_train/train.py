@@ -15,6 +15,7 @@ from torch import nn
 
 from . import cluster as clusters
 from . import tracking
+from .checkpoint import Checkpointer, Position, load_for_resume, restore_rank_state
 from .cluster import Cluster
 from .config import TrainConfig
 from .data import load_datasets, make_loaders
@@ -126,10 +127,17 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
 
     steps_per_epoch = len(train_loader)
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
+    checkpoints = Checkpointer(config, cluster)
+    resume = load_for_resume(config, cluster, total_steps)
+    if resume:  # the weights and momentum of the checkpoint; each rank's random state comes right before its first batch
+        model.load_state_dict(resume.model_state)
+        optimizer.load_state_dict(resume.optimizer_state)
     job = {
         "world_size": info.world_size, "backend": backend, "hosts": list(cluster.hosts), "threads": threads, "rendezvous": rendezvous,
         "batch_size_per_rank": batch_per_rank, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
     }
+    if resume:
+        job["resumed_from"] = {"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id}
     tracker = tracking.start(connection, config, cluster, job)
     reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker) if info.is_main else SilentReporter()
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
@@ -137,13 +145,18 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
         clock = Clock(device)
         run_totals, window = PhaseTotals(), PhaseTotals()
         started = time.perf_counter()
-        step = 0
-        for epoch in range(1, config.epochs + 1):
+        start = resume.position if resume else Position()
+        step = start.step
+        for epoch in range(start.epoch, config.epochs + 1):
             if step >= total_steps:
                 break
             sampler.set_epoch(epoch - 1)
+            step_in_epoch = start.step_in_epoch if epoch == start.epoch else 0
+            sampler.skip_next(step_in_epoch * batch_per_rank)  # a resumed epoch skips the batches already trained on
             epoch_started = time.perf_counter()
             batches = iter(train_loader)
+            if resume and epoch == start.epoch:
+                restore_rank_state(resume.rank_state, model)  # after iter(): it draws a seed from torch's generator
             while step < total_steps:
                 t0 = clock()
                 batch = next(batches, None)
@@ -162,6 +175,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
                 optimizer.step()
                 t4 = clock()
                 step += 1
+                step_in_epoch += 1
 
                 times = {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": t3 - t2,
                          "optimizer_time_s": t4 - t3, "step_time_s": t4 - t0}
@@ -173,6 +187,8 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
                     per_rank = cluster.gather({"loss": loss.item(), **window.means(), **tracker.host_sample()})
                     reporter.log_step(epoch, step, total_steps, per_rank)
                     window = PhaseTotals()
+                if checkpoints.due(step, total_steps):
+                    checkpoints.save(model, optimizer, Position(epoch, step, step_in_epoch), tracker.parent_id)
 
             fault.at(info.rank, "eval")
             cluster.note_progress(step + 0.5)  # past step `step`'s sync, not yet at the next one's

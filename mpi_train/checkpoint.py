@@ -1,0 +1,271 @@
+"""Checkpoints a job can resume from, exactly: the losses after a resume equal those of an uninterrupted run.
+
+One file per checkpoint, `step-00000040.pt` under --checkpoint-dir, written by global
+rank 0 only: to a hidden temporary file in the same folder, flushed and fsynced, then
+renamed over (os.replace is atomic on POSIX), so a crash mid-write leaves at most a
+stray `.step-*.partial` file and never touches the last good checkpoint.
+
+What a checkpoint holds, and why that is enough for an exact continuation:
+- the weights and the optimizer state (momentum), from rank 0: every sync method
+  leaves them identical on all ranks (the replica check at the end verifies it);
+- the position: epoch and steps done in it. The sampler's order is a function of
+  (seed, epoch), so the resumed job rebuilds the epoch's order and skips the batches
+  already trained on by index, without loading them;
+- per rank, gathered to rank 0 and stored in the same file: the torch, numpy and
+  Python random states (dropout, augmentation and the loaders draw from them, and
+  nothing forces them to agree across ranks) and the rank's buffers (BatchNorm
+  running statistics are each rank's own until the epoch's buffer average). One file
+  rather than one per rank because then one rename makes the whole checkpoint appear
+  at once; per-rank states are a few kilobytes each;
+- the MLflow parent run id, so the resumed job's run can point at the run it continues.
+
+--resume takes a checkpoint file, or a folder whose latest checkpoint is used. Rank 0
+reads and checks it and sends each rank its part over MPI, so only rank 0's host needs
+the file (it is the one that wrote it).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from .cluster import Cluster
+from .config import TrainConfig
+from .errors import UserError
+
+FORMAT_VERSION = 1
+NAME_PATTERN = re.compile(r"^step-(\d{8})\.pt$")
+KEEP_LAST = 3  # older checkpoints are deleted once a newer one is safely on disk
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}.pt"
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Complete checkpoints in `folder`, oldest first (temporary files never match the pattern)."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), path) for path in folder.iterdir() if (m := NAME_PATTERN.match(path.name))]
+    return [path for _, path in sorted(found)]
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: `step` optimizer steps done in all, `step_in_epoch` of them in `epoch` (1-based)."""
+
+    epoch: int = 1
+    step: int = 0
+    step_in_epoch: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Each rank's own state.
+
+def capture_rank_state(model: nn.Module) -> dict:
+    """This rank's random states and buffers, in types torch.load(weights_only=True) accepts."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": {"kind": kind, "keys": keys.tolist(), "pos": int(position), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "python_rng": random.getstate(),
+        "buffers": {name: buffer.detach().cpu().clone() for name, buffer in model.named_buffers()},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda_rng"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rank_state(state: dict, model: nn.Module) -> None:
+    """Put back what capture_rank_state took; called right before the first resumed batch."""
+    torch.set_rng_state(state["torch_rng"])
+    numpy_rng = state["numpy_rng"]
+    np.random.set_state((numpy_rng["kind"], np.array(numpy_rng["keys"], dtype=np.uint32), numpy_rng["pos"],
+                         numpy_rng["has_gauss"], numpy_rng["cached"]))
+    version, internal, gauss = state["python_rng"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda_rng"])
+    buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in state["buffers"].items():
+            buffers[name].copy_(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing: every rank contributes its state, rank 0 writes.
+
+def write_atomically(payload: dict, target: Path) -> None:
+    """torch.save to a temporary file beside `target`, fsync, rename over, fsync the folder."""
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        with open(partial, "wb") as handle:
+            torch.save(payload, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    folder = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a power cut
+    finally:
+        os.close(folder)
+
+
+class Checkpointer:
+    """Saves a checkpoint every `--checkpoint-every` steps and at the end; a no-op without --checkpoint-dir."""
+
+    def __init__(self, config: TrainConfig, cluster: Cluster):
+        self.config, self.cluster = config, cluster
+        self.folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+        outcome = None
+        if self.folder is not None and cluster.info.is_main:
+            outcome = check_folder(self.folder)
+        cluster.agree(outcome, "cannot write checkpoints")
+
+    def due(self, step: int, total_steps: int) -> bool:
+        if self.folder is None:
+            return False
+        every = self.config.checkpoint_every
+        return step == total_steps or bool(every and step % every == 0)
+
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, position: Position, run_id: Optional[str]) -> None:
+        """Collective: gather every rank's state, rank 0 writes; a failed write stops every rank together."""
+        rank_states = self.cluster.gather(capture_rank_state(model))
+        outcome = None
+        if self.cluster.info.is_main:
+            config, info = self.config, self.cluster.info
+            payload = {
+                "format": FORMAT_VERSION, "model": config.model_name, "dataset": config.dataset,
+                "train_size": config.synthetic_size if config.dataset == "synthetic" else None,
+                "world_size": info.world_size, "batch_size": config.batch_size, "sync": config.sync, "seed": config.seed,
+                "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
+                "model_state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                "optimizer_state": optimizer.state_dict(), "ranks": rank_states, "mlflow_parent_run_id": run_id,
+            }
+            target = self.folder / checkpoint_name(position.step)
+            try:
+                write_atomically(payload, target)
+                for old in list_checkpoints(self.folder)[:-KEEP_LAST]:
+                    old.unlink(missing_ok=True)
+            except OSError as error:
+                outcome = (f"writing {target} failed ({error.strerror or error}); the previous checkpoints in "
+                           f"{self.folder} are intact. Free space or choose another --checkpoint-dir.")
+        self.cluster.agree(outcome, f"checkpoint at step {position.step}")
+
+
+def check_folder(folder: Path) -> Optional[str]:
+    """None if checkpoints can be written to `folder` (created if missing), else why not."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        return (f"--checkpoint-dir {folder} is not a writable folder ({error.strerror or error}). "
+                f"Create it or choose another folder.")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Resuming: rank 0 reads and checks, every rank gets its part.
+
+@dataclass
+class Resume:
+    """What a resumed job restores; `rank_state` is this rank's own."""
+
+    path: Path
+    position: Position
+    model_state: dict
+    optimizer_state: dict
+    rank_state: dict
+    parent_run_id: Optional[str]
+
+
+def find_checkpoint(spec: str) -> Path:
+    """--resume's argument: a checkpoint file, or a folder whose latest checkpoint is taken."""
+    path = Path(spec)
+    if path.is_dir():
+        found = list_checkpoints(path)
+        if not found:
+            raise UserError(f"--resume {spec}: the folder holds no checkpoint (files named step-NNNNNNNN.pt). "
+                            f"Name a checkpoint file or the --checkpoint-dir of an earlier job, or drop --resume.")
+        return found[-1]
+    if not path.is_file():
+        raise UserError(f"--resume {spec}: no such file or folder. Name a checkpoint file (step-NNNNNNNN.pt) "
+                        f"or the --checkpoint-dir of an earlier job.")
+    return path
+
+
+def read_checkpoint(path: Path) -> dict:
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - truncated, not a torch file, another format: one message
+        raise UserError(f"--resume {path} could not be read as a checkpoint ({type(error).__name__}: "
+                        f"{str(error).splitlines()[0] if str(error) else ''}). It is damaged or not a checkpoint "
+                        f"of this program; name another one, or drop --resume.") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+        raise UserError(f"--resume {path} is not a checkpoint this version can read (format "
+                        f"{payload.get('format') if isinstance(payload, dict) else 'unknown'}, expected "
+                        f"{FORMAT_VERSION}). Name a checkpoint written by this version, or drop --resume.")
+    return payload
+
+
+def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size: int, total_steps: int) -> None:
+    """The checkpoint must come from the same model, ranks, global batch and data, and leave steps to do."""
+    train_size = config.synthetic_size if config.dataset == "synthetic" else None
+    held = {"model": payload["model"], "ranks": payload["world_size"], "global batch": payload["batch_size"],
+            "data set": payload["dataset"], "training samples": payload.get("train_size")}
+    asked = {"model": config.model_name, "ranks": world_size, "global batch": config.batch_size,
+             "data set": config.dataset, "training samples": train_size}
+    differing = [key for key in held if held[key] != asked[key]]
+    if differing:
+        fixes = {"model": f"--model {held['model']}", "ranks": f"mpirun -np {held['ranks']}",
+                 "global batch": f"--batch-size {held['global batch']}",
+                 "data set": f"--dataset {held['data set']}", "training samples": f"--synthetic-size {held['training samples']}"}
+        raise UserError(
+            f"--resume {path} holds step {payload['step']} of a job with "
+            + ", ".join(f"{key} {held[key]}" for key in differing)
+            + ", but this job has " + ", ".join(f"{key} {asked[key]}" for key in differing)
+            + ". A checkpoint stores each rank's random state and its place in the data, so it continues only "
+              "the same model on the same number of ranks with the same global batch and data. Relaunch with "
+            + " and ".join(fixes[key] for key in differing) + ", or drop --resume to start afresh."
+        )
+    if payload["step"] >= total_steps:
+        raise UserError(f"--resume {path} is at step {payload['step']}, and this job trains {total_steps} steps in "
+                        f"all, so nothing is left to do. Raise --max-steps or --epochs to train further.")
+
+
+def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> Optional[Resume]:
+    """Collective: rank 0 finds, reads and checks --resume; each rank receives the shared part and its own."""
+    if not config.resume:
+        return None
+    payload, outcome, path = None, None, None
+    if cluster.info.is_main:
+        try:
+            path = find_checkpoint(config.resume)
+            payload = read_checkpoint(path)
+            check_compatible(payload, path, config, cluster.info.world_size, total_steps)
+        except UserError as error:
+            outcome = str(error)
+    cluster.agree(outcome, "cannot resume")
+    shared = None
+    if cluster.info.is_main:
+        shared = {key: payload[key] for key in ("epoch", "step", "step_in_epoch", "model_state", "optimizer_state",
+                                                "mlflow_parent_run_id")}
+        shared["path"] = str(path)
+    shared = cluster.bcast(shared)
+    rank_state = cluster.comm.scatter(payload["ranks"] if payload else None, root=0)
+    return Resume(path=Path(shared["path"]), position=Position(shared["epoch"], shared["step"], shared["step_in_epoch"]),
+                  model_state=shared["model_state"], optimizer_state=shared["optimizer_state"],
+                  rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"])

@@ -1,0 +1,318 @@
+"""Tracking that survives an outage of the MLflow server: nothing rank 0 logs is lost, nothing is logged twice.
+
+After start-up every write rank 0 makes to MLflow goes through `SpoolingClient`. While
+the server answers, writes pass straight through. When one fails and the server's
+/health does not answer either, the write, and every later one, is appended to a spool
+file instead, in order: `mlruns/spool/<job>.jsonl`, one JSON record per call (run id,
+metrics with step and timestamp, params, tags; or a run's end status, or a text
+artifact). Every few seconds the logging path asks /health again (bounded by
+PROBE_TIMEOUT_S) and, once the server is back, re-sends the spool in order, then
+carries on directly. Training never waits for this: metrics are sent from the batch
+sender's thread, and while the server is known to be down a write costs one append.
+
+Idempotence. MLflow keeps metrics as (key, step, timestamp, value) rows, so sending a
+batch twice would duplicate them. Each record carries an id; once the server has
+taken it, the id is appended to `<job>.jsonl.acked`, and re-sends skip acknowledged
+records. A write can also reach the server while its reply is lost (a timeout, the
+server dying mid-request); so before re-sending metrics, the rows already on the
+server for those keys are fetched and any identical row is left out.
+
+`python -m mpi_train.replay` sends whatever a job could not (the job ended before the
+server came back, or it was started with --tracking-spool while the server was down) and
+deletes the spool only when all of it was taken.
+
+With --tracking-spool a job may also start while the server is unreachable: its runs
+are created with local ids (`offline-...`), which the replay maps to the ids the server
+assigns (the mapping is kept in the .acked file, so an interrupted replay resumes).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterable, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+SPOOL_DIR = Path("mlruns") / "spool"
+PROBE_TIMEOUT_S = 2.0  # one /health request while the server is thought to be down
+PROBE_EVERY_S = 3.0  # how often the logging path checks whether the server is back
+OFFLINE_PREFIX = "offline-"
+
+
+def health_url(uri: str) -> str:
+    parts = urlsplit(uri)
+    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+
+
+def server_answers(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """True if the server's /health answers 200 within `timeout_s`."""
+    try:
+        with urllib.request.urlopen(health_url(uri), timeout=timeout_s) as response:
+            return response.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Records: plain JSON, so a spool can be read, replayed or inspected anywhere.
+
+def batch_record(run_id: str, metrics: Iterable = (), params: Iterable = (), tags: Iterable = ()) -> dict:
+    return {"kind": "log_batch", "run_id": run_id,
+            "metrics": [{"key": m.key, "value": m.value, "timestamp": m.timestamp, "step": m.step} for m in metrics],
+            "params": {p.key: p.value for p in params}, "tags": {t.key: t.value for t in tags}}
+
+
+def _map_ids(record: dict, ids: dict) -> dict:
+    """`record` with local run ids replaced by the server's (in run_id and in tag values such as the parent id)."""
+    if not ids:
+        return record
+    mapped = dict(record)
+    if mapped.get("run_id") in ids:
+        mapped["run_id"] = ids[mapped["run_id"]]
+    if mapped.get("tags"):
+        mapped["tags"] = {k: ids.get(v, v) for k, v in mapped["tags"].items()}
+    return mapped
+
+
+class MetricHistory:
+    """The metric rows already on the server, fetched once per (run, key) and kept up to date as we send."""
+
+    def __init__(self, client):
+        self.client, self.rows = client, {}
+
+    def missing(self, run_id: str, metrics: list[dict]) -> list[dict]:
+        keep = []
+        for metric in metrics:
+            rows = self._rows(run_id, metric["key"])
+            row = (metric["step"], metric["timestamp"], float(metric["value"]))
+            if row not in rows:
+                keep.append(metric)
+                rows.add(row)
+        return keep
+
+    def _rows(self, run_id: str, key: str) -> set:
+        if (run_id, key) not in self.rows:
+            self.rows[run_id, key] = {(m.step, m.timestamp, float(m.value)) for m in self.client.get_metric_history(run_id, key)}
+        return self.rows[run_id, key]
+
+
+def deliver(client, record: dict, history: Optional[MetricHistory] = None) -> Optional[str]:
+    """Send one record; with `history`, metrics the server already holds are left out. Returns a created run's id."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    kind, run_id = record["kind"], record.get("run_id")
+    if kind == "create_run":
+        experiment = client.get_experiment_by_name(record["experiment"])
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(record["experiment"])
+        run = client.create_run(experiment_id, start_time=record["start_time"], tags=record["tags"], run_name=record["run_name"])
+        return run.info.run_id
+    if kind == "log_batch":
+        metrics = history.missing(run_id, record["metrics"]) if history else record["metrics"]
+        if metrics or record["params"] or record["tags"]:
+            client.log_batch(run_id, metrics=[Metric(m["key"], m["value"], m["timestamp"], m["step"]) for m in metrics],
+                             params=[Param(k, v) for k, v in record["params"].items()],
+                             tags=[RunTag(k, v) for k, v in record["tags"].items()], synchronous=True)
+    elif kind == "set_terminated":
+        client.set_terminated(run_id, record["status"], end_time=record["end_time"])
+    elif kind == "log_text":
+        client.log_text(run_id, record["text"], record["artifact_file"])
+    elif kind == "log_artifact":
+        client.log_artifact(run_id, record["local_path"], record["artifact_path"])
+    else:
+        raise ValueError(f"unknown spool record kind {kind!r}")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+
+class Spool:
+    """`<name>.jsonl` (records in order) and `<name>.jsonl.acked` (ids the server took, and run ids it assigned)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.acked_path = self.path.with_name(self.path.name + ".acked")
+        self.files = self.path.with_name(self.path.name + ".files")  # copies of file artifacts waiting to be sent
+
+    def append(self, record: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def records(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path) as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+    def acknowledged(self) -> tuple[set, dict]:
+        """(ids of records the server took, local run id -> server run id)."""
+        done, ids = set(), {}
+        if self.acked_path.exists():
+            for line in self.acked_path.read_text().splitlines():
+                if line.strip():
+                    entry = json.loads(line)
+                    done.add(entry["id"])
+                    if entry.get("run_id"):
+                        ids[entry["local_id"]] = entry["run_id"]
+        return done, ids
+
+    def acknowledge(self, record: dict, created_run_id: Optional[str]) -> None:
+        entry = {"id": record["id"]}
+        if created_run_id:
+            entry.update(local_id=record["local_id"], run_id=created_run_id)
+        with open(self.acked_path, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def replay(self, client) -> tuple[int, dict]:
+        """Send every record not yet acknowledged, in order; raises at the first failure (what was sent stays acknowledged).
+
+        Returns (records sent now, local -> server run ids). Deletes both files once everything is acknowledged.
+        """
+        done, ids = self.acknowledged()
+        history, sent = MetricHistory(client), 0
+        for record in self.records():
+            if record["id"] in done:
+                continue
+            created = deliver(client, _map_ids(record, ids), history)
+            if created:
+                ids[record["local_id"]] = created
+            self.acknowledge(record, created)
+            sent += 1
+        self.remove()
+        return sent, ids
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.acked_path.unlink(missing_ok=True)
+        shutil.rmtree(self.files, ignore_errors=True)
+
+    def __len__(self) -> int:
+        done, _ = self.acknowledged()
+        return sum(record["id"] not in done for record in self.records())
+
+
+class SpoolingClient:
+    """The MLflow writes of a running job: sent directly while the server answers, spooled (and re-sent later) while not.
+
+    Thread-safe; calls are kept in order across threads by one lock. Reads and anything
+    else fall through to the real client.
+    """
+
+    def __init__(self, client, uri: str, spool: Spool, experiment: str, online: bool = True, warn=None):
+        self.client, self.uri, self.spool, self.experiment = client, uri, spool, experiment
+        self.lock = threading.RLock()
+        self.down = not online
+        self.next_probe = 0.0 if online else time.monotonic() + PROBE_EVERY_S
+        self.ids: dict[str, str] = {}  # local run id -> server run id, once a replay created the run
+        self.warn = warn or (lambda message: print(f"mpi_train: warning: {message}", file=sys.stderr, flush=True))
+        self.spooled = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    # -- the writes a job makes ---------------------------------------------------------------------
+
+    def create_run(self, experiment_id: Optional[str], run_name: str, tags: dict) -> Any:
+        """A run: on the server if it answers, else with a local id the replay maps to the server's."""
+        with self.lock:
+            if not self.down:
+                return self.client.create_run(experiment_id, run_name=run_name, tags=tags)
+            local_id = OFFLINE_PREFIX + uuid.uuid4().hex
+            self._spool({"kind": "create_run", "local_id": local_id, "experiment": self.experiment, "run_name": run_name,
+                         "tags": dict(tags), "start_time": int(time.time() * 1000)})
+            return SimpleNamespace(info=SimpleNamespace(run_id=local_id))
+
+    def log_batch(self, run_id: str, metrics=(), params=(), tags=(), synchronous: bool = True) -> None:
+        self._write(batch_record(run_id, metrics, params, tags))
+
+    def set_terminated(self, run_id: str, status: str = "FINISHED", end_time: Optional[int] = None) -> None:
+        self._write({"kind": "set_terminated", "run_id": run_id, "status": status,
+                     "end_time": end_time or int(time.time() * 1000)})
+
+    def set_tag(self, run_id: str, key: str, value: Any) -> None:
+        self._write({"kind": "log_batch", "run_id": run_id, "metrics": [], "params": {}, "tags": {key: str(value)}})
+
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        self._write({"kind": "log_text", "run_id": run_id, "text": text, "artifact_file": artifact_file})
+
+    def log_dict(self, run_id: str, dictionary: dict, artifact_file: str) -> None:
+        self.log_text(run_id, json.dumps(dictionary, indent=2, default=str), artifact_file)
+
+    def log_artifact(self, run_id: str, local_path: str, artifact_path: Optional[str] = None) -> None:
+        """A file artifact; while spooling, a copy of the file is kept beside the spool until it is sent."""
+        self._write({"kind": "log_artifact", "run_id": run_id, "local_path": str(Path(local_path).resolve()),
+                     "artifact_path": artifact_path})
+
+    # -- outage handling -------------------------------------------------------------------------------
+
+    def retry(self, now: bool = False) -> bool:
+        """If the server was down and is due a check (or `now`): re-send the spool if it answers. True when all is sent."""
+        with self.lock:
+            if now:
+                self.next_probe = 0.0
+            return self._catch_up()
+
+    def pending(self) -> int:
+        """Writes still waiting in the spool."""
+        with self.lock:
+            return len(self.spool) if self.down else 0
+
+    def _write(self, record: dict) -> None:
+        with self.lock:
+            if not self._catch_up():
+                self._spool(record)
+                return
+            try:
+                deliver(self.client, _map_ids(record, self.ids))
+            except Exception as error:  # noqa: BLE001 - decided below: an outage, or a refusal
+                if server_answers(self.uri):  # the server is up and said no: spooling would not help
+                    self.warn(f"MLflow refused a write ({type(error).__name__}: {str(error).splitlines()[0][:300]}); "
+                              f"training continues.")
+                    return
+                self.down, self.next_probe = True, time.monotonic() + PROBE_EVERY_S
+                self.warn(f"the MLflow server at {self.uri} stopped answering; training continues and everything "
+                          f"logged is kept in {self.spool.path} until it is back.")
+                self._spool(record)
+
+    def _spool(self, record: dict) -> None:
+        record = _map_ids(record, self.ids)  # runs created by an earlier re-send are named by their server ids
+        if record["kind"] == "log_artifact" and not Path(record["local_path"]).is_relative_to(self.spool.files.resolve()):
+            keep = self.spool.files / uuid.uuid4().hex / Path(record["local_path"]).name  # the caller may delete its file
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(record["local_path"], keep)
+            record = {**record, "local_path": str(keep.resolve())}
+        self.spool.append({"id": uuid.uuid4().hex, "uri": self.uri, **record})
+        self.spooled += 1
+
+    def _catch_up(self) -> bool:
+        """True if writes may go straight to the server: it is up and the spool has been re-sent."""
+        if not self.down:
+            return True
+        if time.monotonic() < self.next_probe:
+            return False
+        self.next_probe = time.monotonic() + PROBE_EVERY_S
+        if not server_answers(self.uri):
+            return False
+        try:
+            sent, ids = self.spool.replay(self.client)
+        except Exception:  # noqa: BLE001 - it went away again: what was sent is acknowledged, the rest waits
+            return False
+        self.ids.update(ids)
+        self.down = False
+        self.warn(f"the MLflow server at {self.uri} is back; {sent} spooled write(s) sent.")
+        return True

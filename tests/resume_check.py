@@ -1,0 +1,38 @@
+"""Run under mpirun: for each sync method, three training jobs one after another in the same ranks.
+
+An uninterrupted job of TOTAL steps, a job stopped after RESUME_AT steps that writes
+checkpoints, and a job resumed from those checkpoints (read back from disk) to TOTAL.
+Each writes its summary to OUT/<sync>-<job>.json for tests/test_checkpoint.py to compare.
+One mpirun for all of them: starting a job's processes costs far more than its few steps.
+
+    mpirun -np 2 python -m tests.resume_check OUT TOTAL RESUME_AT ARGS...
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from mpi_train.cli import parse_config
+from mpi_train.cluster import Cluster
+from mpi_train.sync import SYNC_METHODS
+from mpi_train.train import run
+
+
+def main(out: str, total: str, resume_at: str, *args: str) -> None:
+    cluster = Cluster.from_mpi()
+    folder = Path(out)
+    for sync in SYNC_METHODS:
+        checkpoints = folder / f"{sync}-ck"
+        jobs = {
+            "whole": ["--max-steps", total],
+            "first": ["--max-steps", resume_at, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "3"],
+            "resumed": ["--max-steps", total, "--resume", str(checkpoints)],
+        }
+        for name, extra in jobs.items():
+            argv = [*args, "--sync", sync, *extra, "--summary-json", str(folder / f"{sync}-{name}.json")]
+            run(parse_config(argv, quiet=not cluster.info.is_main), cluster)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

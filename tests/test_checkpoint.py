@@ -1,0 +1,117 @@
+"""Checkpoint and resume: atomic writes, clear refusals, and exact continuation for every sync method."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import mpirun, train
+from mpi_train.checkpoint import check_compatible, list_checkpoints, read_checkpoint, write_atomically
+from mpi_train.config import TrainConfig
+from mpi_train.errors import UserError
+from mpi_train.sync import SYNC_METHODS
+
+# 256 samples at a global batch of 64: 4 steps an epoch. The MNIST CNN has dropout, so each
+# rank's random state matters; the resume point (step 6) is in the middle of epoch 2.
+ARGS = ["--dataset", "synthetic", "--synthetic-size", "256", "--batch-size", "64", "--epochs", "3",
+        "--log-every", "1", "--no-tracking"]
+TOTAL, RESUME_AT = 10, 6
+
+
+@pytest.fixture(scope="module")
+def all_runs(tmp_path_factory):
+    """Per sync method at np 2: an uninterrupted run, a run stopped at step 6 with checkpoints, its resumption."""
+    tmp = tmp_path_factory.mktemp("resume")
+    result = mpirun(2, [str(tmp), str(TOTAL), str(RESUME_AT), *ARGS], module="tests.resume_check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return {sync: {"tmp": tmp, "ck": tmp / f"{sync}-ck",
+                   **{job: json.loads((tmp / f"{sync}-{job}.json").read_text()) for job in ("whole", "first", "resumed")}}
+            for sync in SYNC_METHODS}
+
+
+@pytest.fixture(params=list(SYNC_METHODS))
+def three_runs(request, all_runs):
+    return {"sync": request.param, **all_runs[request.param]}
+
+
+def test_resumed_losses_equal_the_uninterrupted_run_at_every_logged_step(three_runs):
+    whole = {s["step"]: s["loss"] for s in three_runs["whole"]["steps"]}
+    first = [(s["step"], s["loss"]) for s in three_runs["first"]["steps"]]
+    resumed = [(s["step"], s["loss"]) for s in three_runs["resumed"]["steps"]]
+    assert [step for step, _ in resumed] == list(range(RESUME_AT + 1, TOTAL + 1))
+    assert first == [(step, whole[step]) for step in range(1, RESUME_AT + 1)]  # checkpointing changes nothing
+    # Exact equality: the same operations run in the same order on the same number of threads, and a
+    # two-rank sum does not depend on the order of its terms, so nothing is left to round differently.
+    assert resumed == [(step, whole[step]) for step in range(RESUME_AT + 1, TOTAL + 1)]
+    assert whole[TOTAL] != whole[RESUME_AT + 1]  # training moved on: equal curves are not equal constants
+
+
+def test_a_fresh_job_resumes_exactly_too(all_runs, tmp_path):
+    """The in-process resumptions above share their processes with earlier jobs; this one starts from nothing."""
+    runs = all_runs["ddp"]
+    resumed = train(2, tmp_path, *ARGS, "--sync", "ddp", "--max-steps", str(TOTAL), "--resume", str(runs["ck"]))
+    assert [(s["step"], s["loss"]) for s in resumed["steps"]] == [(s["step"], s["loss"]) for s in runs["whole"]["steps"][RESUME_AT:]]
+
+
+def test_the_resumed_job_evaluates_like_the_uninterrupted_one(three_runs):
+    assert [(e["epoch"], e["test_loss"], e["test_accuracy"]) for e in three_runs["resumed"]["epochs"]] == \
+        [(e["epoch"], e["test_loss"], e["test_accuracy"]) for e in three_runs["whole"]["epochs"][1:]]
+
+
+def test_checkpoints_are_written_by_one_rank_atomically_and_pruned(three_runs):
+    folder = three_runs["ck"]
+    assert [p.name for p in list_checkpoints(folder)] == ["step-00000003.pt", "step-00000006.pt"]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left behind
+    payload = read_checkpoint(folder / "step-00000006.pt")
+    assert (payload["step"], payload["epoch"], payload["step_in_epoch"], payload["world_size"]) == (6, 2, 2, 2)
+    assert len(payload["ranks"]) == 2 and payload["mlflow_parent_run_id"] is None
+    assert three_runs["resumed"]["resumed_from"]["step"] == RESUME_AT
+
+
+def test_a_crash_while_writing_leaves_the_last_good_checkpoint(tmp_path):
+    good = tmp_path / "step-00000001.pt"
+    write_atomically({"format": 1, "weights": torch.arange(4.0)}, good)
+    before = good.read_bytes()
+    with pytest.raises(Exception):  # a lambda cannot be pickled: torch.save fails after writing part of the file
+        write_atomically({"format": 1, "weights": torch.zeros(1000), "broken": lambda: 0}, tmp_path / "step-00000002.pt")
+    assert good.read_bytes() == before
+    assert list_checkpoints(tmp_path) == [good] and sorted(p.name for p in tmp_path.iterdir()) == [good.name]
+
+
+def test_a_checkpoint_of_another_model_is_refused_with_the_fix(all_runs):
+    path = all_runs["allreduce"]["ck"] / "step-00000006.pt"
+    payload = read_checkpoint(path)
+    config = TrainConfig(dataset="synthetic", synthetic_size=256, batch_size=64, model="vgg11")
+    with pytest.raises(UserError) as caught:
+        check_compatible(payload, path, config, world_size=2, total_steps=TOTAL)
+    message = " ".join(str(caught.value).split())
+    assert "model mnist_cnn" in message and "model vgg11" in message and "--model mnist_cnn" in message
+    assert "ranks" not in message.split("A checkpoint")[0]  # only what differs is named
+
+
+def test_a_checkpoint_of_another_world_size_is_a_clear_error(all_runs):
+    ck = all_runs["allreduce"]["ck"]
+    result = mpirun(1, [*ARGS, "--max-steps", str(TOTAL), "--resume", str(ck)])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    message = " ".join(result.stderr.split())
+    assert "ranks 2" in message and "ranks 1" in message and "mpirun -np 2" in message
+    assert "loss" not in result.stdout  # refused before training
+
+
+def test_damaged_or_missing_checkpoints_are_refused(tmp_path):
+    broken = tmp_path / "step-00000004.pt"
+    broken.write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="could not be read as a checkpoint"):
+        read_checkpoint(broken)
+    from mpi_train.checkpoint import find_checkpoint
+
+    with pytest.raises(UserError, match="no such file or folder"):
+        find_checkpoint(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="holds no checkpoint"):
+        find_checkpoint(str(tmp_path / "empty"))
+
+
+def test_checkpoint_every_needs_a_folder():
+    with pytest.raises(UserError, match="needs --checkpoint-dir"):
+        TrainConfig(checkpoint_every=5).validate(world_size=1)
