@@ -60,7 +60,7 @@ class RankInfo:
 
 
 class Cluster:
-    """The MPI communicator plus the few collective helpers the job needs outside torch."""
+    """The MPI communicator plus the few object collectives the job needs (through torch once its group exists)."""
 
     def __init__(self, comm: Any, info: RankInfo, hosts: tuple[str, ...]):
         self.comm = comm

@@ -15,7 +15,8 @@ each host, so each host's link carries the same 2(N-1)/N·S each way. gather_sca
 everything through rank 0: the textbook bound is rank 0's link carrying (N-1)·S in and then
 (N-1)·S out; here the ranks on rank 0's host use memory, so the link carries (N-L)·S each way,
 one way after the other (L = ranks per host). ddp moves allreduce's bytes, overlapped with
-backward, so its cost shows in compute time rather than sync time.
+backward, so its cost shows in compute time rather than sync time (so does bucketed's); flat and
+ring move allreduce's bytes in one buffer.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-METHODS = ("gather_scatter", "allreduce", "ddp")
+from mpi_train.sync import SYNC_METHODS  # noqa: E402 - after the path is set
+
+METHODS = tuple(SYNC_METHODS)
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "PRTE_MCA_hwloc_default_binding_policy": "none", "PYTHONPATH": str(REPO)}
 
@@ -44,10 +47,10 @@ def gradient_bytes(model: str) -> int:
 
 
 def predictions(size: int, ranks_per_host: int, S: float, B: float) -> dict:
-    """Seconds per step the sync traffic needs on the links, by method: (textbook, this placement)."""
+    """Seconds per step the sync traffic needs on the links, by cost model: (textbook, this placement)."""
     N, L = size, ranks_per_host
     ring = 2 * (N - 1) / N * S / B
-    return {"gather_scatter": (2 * (N - 1) * S / B, 2 * (N - L) * S / B), "allreduce": (ring, ring), "ddp": (ring, ring)}
+    return {"root": (2 * (N - 1) * S / B, 2 * (N - L) * S / B), "ring": (ring, ring)}
 
 
 def run(method: str, args, workdir: Path) -> dict:
@@ -88,7 +91,7 @@ def main() -> None:
         steps = summary["steps"][1:]
         median = {key: statistics.median(s[key] for s in steps) for key in ("sync_time_s", "compute_time_s", "step_time_s")}
         mean_sync = statistics.mean(s["sync_time_s"] for s in steps)
-        textbook, placed = model[method]
+        textbook, placed = model[SYNC_METHODS[method].cost_model]
         print(f"{method:<15}{median['sync_time_s']:>9.3f}{mean_sync:>9.3f}{median['compute_time_s']:>11.3f}"
               f"{median['step_time_s']:>9.3f}{textbook:>17.3f}{placed:>16.3f}")
 

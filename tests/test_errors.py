@@ -59,3 +59,13 @@ def test_replicas_that_drift_apart_stop_the_job_naming_the_step_and_ranks(quick_
     assert_clean_failure(result, "at step 3, rank(s) [1] hold different weights from rank 0")
     result = mpirun(2, [*quick_args, "--sync", "allreduce", "--check-every", "3", "--max-steps", "6"], module="tests.mpi_diverging_run")
     assert result.returncode == 0, result.stderr  # the same check passes a correct method
+
+
+def test_a_hostfile_with_too_few_slots_is_refused_by_mpirun_as_the_readme_says(tmp_path, quick_args):
+    """Open MPI, not us, refuses this before any rank starts; the troubleshooting table quotes its message."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n")
+    result = mpirun(2, quick_args, hostfile=hostfile, timeout=60)
+    assert result.returncode != 0
+    assert "There are not enough slots available" in " ".join((result.stdout + result.stderr).split())
+    assert "mpi_train:" not in result.stdout + result.stderr  # no rank ever ran
