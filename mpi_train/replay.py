@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .cli import format_error
 from .config import redact_uri
 from .errors import UserError
 from .spool import SPOOL_DIR, Spool, first_line
@@ -112,6 +111,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 continue
             replay_one(path, override)
     except UserError as error:
+        from .cli import format_error  # only now: it brings torch along
+
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
     return 0
