@@ -404,7 +404,7 @@ class MlflowTracker(NullTracker):
             raise
         self.uri = connection.uri
         spool = self.client.spool.path if isinstance(self.client, SpoolingClient) else None
-        self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids, spool)
+        self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids, spool, config.experiment)
         self.sender = BatchSender(self.client, on_handled=self.guard.handled)
         self.monitor = None
         if config.system_metrics_every and connection.online:
@@ -638,7 +638,7 @@ class RunGuard:
     after what rank 0 spooled; if the server is back, it first sends that spool.
     """
 
-    def __init__(self, uri: str, parent_id: str, child_ids: list[str], spool: Optional[Path] = None):
+    def __init__(self, uri: str, parent_id: str, child_ids: list[str], spool: Optional[Path] = None, experiment: str = ""):
         package_root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen(
@@ -646,7 +646,8 @@ class RunGuard:
             stderr=subprocess.DEVNULL, env=env, start_new_session=True,  # out of reach of mpirun's kill
         )
         self.lock = threading.Lock()  # the training loop and the sender thread both write
-        self._send({"uri": uri, "parent": parent_id, "children": child_ids, "spool": str(spool.resolve()) if spool else None})
+        self._send({"uri": uri, "parent": parent_id, "children": child_ids, "spool": str(spool.resolve()) if spool else None,
+                    "experiment": experiment})
 
     def _send(self, message: dict) -> None:
         line = (json.dumps(message) + "\n").encode()
@@ -713,6 +714,7 @@ def _guard_main() -> int:
         if ids is None:  # the server is away: the replay finishes the job's record
             _spool_the_end(spool, setup["uri"], unsent, outcome["tags"], setup["parent"], runs)
             return 0
+        ids = {**_replayed_runs(client, setup), **ids}
         unsent = {ids.get(run_id, run_id): rows for run_id, rows in unsent.items()}
         runs = [(ids.get(run_id, run_id), status) for run_id, status in runs]
         setup["parent"] = ids.get(setup["parent"], setup["parent"])
@@ -738,6 +740,18 @@ def _resend_spool(spool: Spool, client, uri: str) -> Optional[dict]:
         return spool.replay(client, uri, warn=lambda message: None)[1]
     except Exception:  # noqa: BLE001 - it went away meanwhile: what was sent is acknowledged
         return None
+
+
+def _replayed_runs(client, setup: dict) -> dict:
+    """Runs the job created offline and sent itself once the server was back: local id -> the server's id."""
+    local = [run_id for run_id in (setup["parent"], *setup["children"]) if run_id.startswith(OFFLINE_PREFIX)]
+    if not local:
+        return {}
+    try:
+        experiment_id = client.get_experiment_by_name(setup["experiment"]).experiment_id
+        return {run_id: found for run_id in local if (found := server_run_id(client, experiment_id, run_id))}
+    except Exception:  # noqa: BLE001 - nobody is left to tell
+        return {}
 
 
 def _spool_the_end(spool: Spool, uri: str, unsent: dict, tags: dict, parent_id: str, runs: list) -> None:

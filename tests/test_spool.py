@@ -310,3 +310,23 @@ def test_a_resumed_job_links_to_the_run_it_continues(outage):
     assert [m.step for m in history] == list(range(RESUME_AT + 1, STEPS_A + 1))
     before = {m.step: m.value for m in client.get_metric_history(original.info.run_id, "loss")}
     assert [m.value for m in history] == pytest.approx([before[m.step] for m in history], rel=1e-6, abs=0)
+
+
+def test_the_guard_finishes_a_run_the_job_created_offline_and_sent_itself(outage, tmp_path):
+    """Rank 0 dies after its offline runs reached the server: the guard finds them by their local id and ends them."""
+    from mlflow.entities import Metric
+
+    from mpi_train.tracking import RunGuard
+
+    client, uri = outage["client"], outage["server"].uri
+    experiment = client.get_experiment_by_name("outage").experiment_id
+    local_id = OFFLINE_PREFIX + "guardcheck"
+    run_id = client.create_run(experiment, run_name="sent-offline", tags={OFFLINE_ID_TAG: local_id}).info.run_id
+    guard = RunGuard(uri, local_id, [], tmp_path / "job.jsonl", "outage")  # its spool was sent and removed
+    guard.keep(local_id, [Metric("loss", 0.25, 3000, 3)])
+    guard.announce("KILLED", {"mpi_train.killed_by": "SIGKILL"}, [])
+    guard.process.stdin.close()
+    assert guard.process.wait(timeout=60) == 0
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags["mpi_train.killed_by"] == "SIGKILL"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(3, 0.25)]
