@@ -1,9 +1,10 @@
 """Tracking outages against a real MLflow server that is stopped and started again on the same port and store.
 
-One sequence, because each server start costs 15-60 s: job A trains while the server
-stops (it must keep training and spool), is paused while job B starts with no server
-(--tracking-spool) and a job without that flag is refused, then the server comes back:
-A re-sends its spool itself, B's spool is sent by `python -m mpi_train.replay`.
+One sequence, because each server start costs 10-30 s: job A trains while the server
+stops (it must keep training and spool), is held mid-run while job B starts with no
+server (--tracking-spool) and job C, without that flag, is refused; then the server
+comes back: A re-sends its spool itself, B's spool is sent by `python -m mpi_train.replay`
+(twice: the second finds nothing), and a job resumed from A's checkpoint links to A's run.
 """
 
 import os
