@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .cli import format_error
 from .config import redact_uri
 from .errors import UserError
-from .spool import SPOOL_DIR, Spool
+from .spool import SPOOL_DIR, Spool, first_line
 
 WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
 
@@ -82,13 +81,18 @@ def replay_one(path: Path, override: Optional[str]) -> None:
         return
     uri = target_uri(spool, override)
     check_uri(uri)
-    probe_server(uri)
     try:
-        sent, ids = spool.replay(MlflowClient(tracking_uri=uri))
+        probe_server(uri)
+    except UserError as error:
+        raise UserError(f"{str(error).split(' Start one')[0]} {path} is kept ({pending} write(s) to send). Start the "
+                        f"server (`python -m mpi_train.server`) or pass --tracking-uri http://HOST:PORT, and run this "
+                        f"command again.") from None
+    try:
+        sent, ids = spool.replay(MlflowClient(tracking_uri=uri), uri)
     except Exception as error:  # noqa: BLE001 - what was sent is acknowledged; the rest waits for the next replay
         left = len(spool)
         raise UserError(f"sending {path} to {redact_uri(uri)} stopped after {pending - left} of {pending} write(s) "
-                        f"({type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}). The "
+                        f"({first_line(error)}). The "
                         f"spool is kept; run this command again to send the rest (nothing is sent twice).") from None
     created = f"; runs created: {', '.join(sorted(ids.values()))}" if ids else ""
     print(f"{path}: sent {sent} write(s) to {redact_uri(uri)}{created}; removed.")
@@ -107,6 +111,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 continue
             replay_one(path, override)
     except UserError as error:
+        from .cli import format_error  # only now: it brings torch along
+
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
     return 0

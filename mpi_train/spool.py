@@ -42,10 +42,21 @@ from types import SimpleNamespace
 from typing import Any, Iterable, Optional
 from urllib.parse import urlsplit, urlunsplit
 
+from .config import redact_uri
+
 SPOOL_DIR = Path("mlruns") / "spool"
 PROBE_TIMEOUT_S = 2.0  # one /health request while the server is thought to be down
 PROBE_EVERY_S = 3.0  # how often the logging path checks whether the server is back
 OFFLINE_PREFIX = "offline-"
+OFFLINE_ID_TAG = "mpi_train.offline_id"  # a replayed run keeps its local id here, so a checkpoint naming it can be traced
+
+
+def server_run_id(client, experiment_id: str, run_id: Optional[str]) -> Optional[str]:
+    """The server's id for `run_id`: itself, or for a local id the replayed run that carries it (None before the replay)."""
+    if not run_id or not run_id.startswith(OFFLINE_PREFIX):
+        return run_id
+    found = client.search_runs([experiment_id], f"tags.`{OFFLINE_ID_TAG}` = '{run_id}'", max_results=1)
+    return found[0].info.run_id if found else None
 
 
 def health_url(uri: str) -> str:
@@ -61,6 +72,26 @@ def server_answers(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
             return response.status == 200
     except (OSError, ValueError):
         return False
+
+
+def refused(error: BaseException, uri: str) -> bool:
+    """True if the server took a write and said no, so sending it again cannot help; False for an outage.
+
+    An outage is a server that does not answer /health, or one that failed on its side
+    (5xx, 429 after MLflow's own retries; MLflow reports a lost connection as 500 too):
+    those writes are kept and sent again. A 4xx (a deleted run, a changed param) is final.
+    """
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(error, MlflowException):
+        status = error.get_http_status_code()
+        if status >= 500 or status == 429:
+            return False
+    return server_answers(uri)
+
+
+def first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,6 +174,13 @@ class Spool:
         self.acked_path = self.path.with_name(self.path.name + ".acked")
         self.files = self.path.with_name(self.path.name + ".files")  # copies of file artifacts waiting to be sent
 
+    def add(self, record: dict, uri: str) -> None:
+        """Append one write, with the id that lets a re-send skip it once the server has taken it.
+
+        The server's address is kept for the replay, with any password masked: it never goes to disk.
+        """
+        self.append({"id": uuid.uuid4().hex, "uri": redact_uri(uri), **record})
+
     def append(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as handle:
@@ -169,26 +207,37 @@ class Spool:
                         ids[entry["local_id"]] = entry["run_id"]
         return done, ids
 
-    def acknowledge(self, record: dict, created_run_id: Optional[str]) -> None:
+    def acknowledge(self, record: dict, created_run_id: Optional[str], refusal: Optional[str] = None) -> None:
         entry = {"id": record["id"]}
         if created_run_id:
             entry.update(local_id=record["local_id"], run_id=created_run_id)
+        if refusal:
+            entry["refused"] = refusal
         with open(self.acked_path, "a") as handle:
             handle.write(json.dumps(entry) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
 
-    def replay(self, client) -> tuple[int, dict]:
-        """Send every record not yet acknowledged, in order; raises at the first failure (what was sent stays acknowledged).
+    def replay(self, client, uri: str, warn=None) -> tuple[int, dict]:
+        """Send every record not yet acknowledged, in order; raises at the first outage (what was sent stays acknowledged).
 
-        Returns (records sent now, local -> server run ids). Deletes both files once everything is acknowledged.
+        A record the server refuses (see `refused`) is reported through `warn` and passed
+        over, so that one bad write cannot hold back the rest. Returns (records the server
+        took now, local -> server run ids). Deletes the spool once everything is acknowledged.
         """
         done, ids = self.acknowledged()
         history, sent = MetricHistory(client), 0
         for record in self.records():
             if record["id"] in done:
                 continue
-            created = deliver(client, _map_ids(record, ids), history)
+            try:
+                created = deliver(client, _map_ids(record, ids), history)
+            except Exception as error:  # noqa: BLE001 - an outage stops the replay; a refusal skips one record
+                if not refused(error, uri):
+                    raise
+                (warn or _warn)(f"MLflow refused a spooled {record['kind']} ({first_line(error)}); it is left out.")
+                self.acknowledge(record, None, refusal=first_line(error))
+                continue
             if created:
                 ids[record["local_id"]] = created
             self.acknowledge(record, created)
@@ -206,6 +255,10 @@ class Spool:
         return sum(record["id"] not in done for record in self.records())
 
 
+def _warn(message: str) -> None:
+    print(f"mpi_train: warning: {message}", file=sys.stderr, flush=True)
+
+
 class SpoolingClient:
     """The MLflow writes of a running job: sent directly while the server answers, spooled (and re-sent later) while not.
 
@@ -219,7 +272,7 @@ class SpoolingClient:
         self.down = not online
         self.next_probe = 0.0 if online else time.monotonic() + PROBE_EVERY_S
         self.ids: dict[str, str] = {}  # local run id -> server run id, once a replay created the run
-        self.warn = warn or (lambda message: print(f"mpi_train: warning: {message}", file=sys.stderr, flush=True))
+        self.warn = warn or _warn
         self.spooled = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -234,7 +287,7 @@ class SpoolingClient:
                 return self.client.create_run(experiment_id, run_name=run_name, tags=tags)
             local_id = OFFLINE_PREFIX + uuid.uuid4().hex
             self._spool({"kind": "create_run", "local_id": local_id, "experiment": self.experiment, "run_name": run_name,
-                         "tags": dict(tags), "start_time": int(time.time() * 1000)})
+                         "tags": {**tags, OFFLINE_ID_TAG: local_id}, "start_time": int(time.time() * 1000)})
             return SimpleNamespace(info=SimpleNamespace(run_id=local_id))
 
     def log_batch(self, run_id: str, metrics=(), params=(), tags=(), synchronous: bool = True) -> None:
@@ -280,13 +333,12 @@ class SpoolingClient:
             try:
                 deliver(self.client, _map_ids(record, self.ids))
             except Exception as error:  # noqa: BLE001 - decided below: an outage, or a refusal
-                if server_answers(self.uri):  # the server is up and said no: spooling would not help
-                    self.warn(f"MLflow refused a write ({type(error).__name__}: {str(error).splitlines()[0][:300]}); "
-                              f"training continues.")
+                if refused(error, self.uri):  # the server is up and said no: spooling would not help
+                    self.warn(f"MLflow refused a write ({first_line(error)}); training continues.")
                     return
                 self.down, self.next_probe = True, time.monotonic() + PROBE_EVERY_S
-                self.warn(f"the MLflow server at {self.uri} stopped answering; training continues and everything "
-                          f"logged is kept in {self.spool.path} until it is back.")
+                self.warn(f"the MLflow server at {redact_uri(self.uri)} stopped answering; training "
+                          f"continues and everything logged is kept in {self.spool.path} until it is back.")
                 self._spool(record)
 
     def _spool(self, record: dict) -> None:
@@ -296,7 +348,7 @@ class SpoolingClient:
             keep.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(record["local_path"], keep)
             record = {**record, "local_path": str(keep.resolve())}
-        self.spool.append({"id": uuid.uuid4().hex, "uri": self.uri, **record})
+        self.spool.add(record, self.uri)
         self.spooled += 1
 
     def _catch_up(self) -> bool:
@@ -309,10 +361,10 @@ class SpoolingClient:
         if not server_answers(self.uri):
             return False
         try:
-            sent, ids = self.spool.replay(self.client)
+            sent, ids = self.spool.replay(self.client, self.uri, self.warn)
         except Exception:  # noqa: BLE001 - it went away again: what was sent is acknowledged, the rest waits
             return False
         self.ids.update(ids)
         self.down = False
-        self.warn(f"the MLflow server at {self.uri} is back; {sent} spooled write(s) sent.")
+        self.warn(f"the MLflow server at {redact_uri(self.uri)} is back; {sent} spooled write(s) sent.")
         return True

@@ -41,7 +41,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .config import TrainConfig, redact_uri
 from .errors import UserError, raised_in_collective
-from .spool import SPOOL_DIR, Spool, SpoolingClient
+from .spool import OFFLINE_PREFIX, SPOOL_DIR, Spool, SpoolingClient, batch_record, server_answers, server_run_id
 
 DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
 SERVER_SCHEMES = ("http", "https")
@@ -381,7 +381,7 @@ class MlflowTracker(NullTracker):
             tags["mlflow.source.git.commit"] = environment["git_commit"]
         if job.get("resumed_from"):  # the run this job continues, and where
             resumed = job["resumed_from"]
-            tags.update({"resumed_from": resumed["run_id"] or "unknown (the checkpoint's job was not tracked)",
+            tags.update({"resumed_from": self._continued_run(connection, resumed["run_id"]),
                          "resumed_from_step": str(resumed["step"]), "resumed_from_checkpoint": resumed["checkpoint"]})
         parent = self.client.create_run(connection.experiment_id, run_name=config.default_run_name(self.info.world_size), tags=tags)
         self.parent_id, self.child_ids = parent.info.run_id, []
@@ -403,7 +403,8 @@ class MlflowTracker(NullTracker):
                     pass
             raise
         self.uri = connection.uri
-        self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids)
+        spool = self.client.spool.path if isinstance(self.client, SpoolingClient) else None
+        self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids, spool, config.experiment)
         self.sender = BatchSender(self.client, on_handled=self.guard.handled)
         self.monitor = None
         if config.system_metrics_every and connection.online:
@@ -412,6 +413,18 @@ class MlflowTracker(NullTracker):
 
             self.monitor = SystemMetricsMonitor(self.parent_id, sampling_interval=config.system_metrics_every,
                                                 node_id=self.info.host, tracking_uri=connection.uri)
+
+    def _continued_run(self, connection: Connection, run_id: Optional[str]) -> str:
+        """The resumed checkpoint's run, by the server's id once a job that trained offline has been replayed."""
+        if not run_id:
+            return "unknown (the checkpoint's job was not tracked)"
+        if not run_id.startswith(OFFLINE_PREFIX) or not connection.online:
+            return run_id
+        try:
+            found = server_run_id(self.client, connection.experiment_id, run_id)
+        except Exception:  # noqa: BLE001 - a lookup failure must not stop the job
+            found = None
+        return found or f"{run_id} (its job trained offline and has not been replayed yet)"
 
     # -- the training loop's calls: queue only, never the network --------------------------------------
 
@@ -620,10 +633,12 @@ class RunGuard:
     holds a copy of every metric not yet handled by the sender, and rank 0 sends it the
     outcome before recording it itself, then says "done". If the pipe closes without "done",
     the guard sends the metrics the server lacks and ends every run still RUNNING with the
-    announced outcome (KILLED if none was announced). It imports mlflow only then.
+    announced outcome (KILLED if none was announced). It imports mlflow only then. If the
+    server is away then, it adds all of that to the job's spool for `python -m mpi_train.replay`,
+    after what rank 0 spooled; if the server is back, it first sends that spool.
     """
 
-    def __init__(self, uri: str, parent_id: str, child_ids: list[str]):
+    def __init__(self, uri: str, parent_id: str, child_ids: list[str], spool: Optional[Path] = None, experiment: str = ""):
         package_root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen(
@@ -631,7 +646,8 @@ class RunGuard:
             stderr=subprocess.DEVNULL, env=env, start_new_session=True,  # out of reach of mpirun's kill
         )
         self.lock = threading.Lock()  # the training loop and the sender thread both write
-        self._send({"uri": uri, "parent": parent_id, "children": child_ids})
+        self._send({"uri": uri, "parent": parent_id, "children": child_ids, "spool": str(spool.resolve()) if spool else None,
+                    "experiment": experiment})
 
     def _send(self, message: dict) -> None:
         line = (json.dumps(message) + "\n").encode()
@@ -691,9 +707,20 @@ def _guard_main() -> int:
     unsent: dict[str, list] = {}
     for _, run_id, rows in kept:
         unsent.setdefault(run_id, []).extend(rows)
+    runs = [*zip(setup["children"], outcome["child_statuses"]), (setup["parent"], outcome["status"])]
+    spool = Spool(Path(setup["spool"])) if setup.get("spool") else None
+    if spool is not None:
+        ids = _resend_spool(spool, client, setup["uri"])
+        if ids is None:  # the server is away: the replay finishes the job's record
+            _spool_the_end(spool, setup["uri"], unsent, outcome["tags"], setup["parent"], runs)
+            return 0
+        ids = {**_replayed_runs(client, setup), **ids}
+        unsent = {ids.get(run_id, run_id): rows for run_id, rows in unsent.items()}
+        runs = [(ids.get(run_id, run_id), status) for run_id, status in runs]
+        setup["parent"] = ids.get(setup["parent"], setup["parent"])
     for run_id, rows in unsent.items():
         _send_missing(client, run_id, rows)
-    for run_id, status in [*zip(setup["children"], outcome["child_statuses"]), (setup["parent"], outcome["status"])]:
+    for run_id, status in runs:
         try:
             if client.get_run(run_id).info.status == "RUNNING":
                 if run_id == setup["parent"]:
@@ -703,6 +730,42 @@ def _guard_main() -> int:
         except Exception:  # noqa: BLE001 - nobody is left to tell
             pass
     return 0
+
+
+def _resend_spool(spool: Spool, client, uri: str) -> Optional[dict]:
+    """Send what rank 0 spooled, if the server answers; the local -> server run ids, or None while it is away."""
+    if not server_answers(uri):
+        return None
+    try:
+        return spool.replay(client, uri, warn=lambda message: None)[1]
+    except Exception:  # noqa: BLE001 - it went away meanwhile: what was sent is acknowledged
+        return None
+
+
+def _replayed_runs(client, setup: dict) -> dict:
+    """Runs the job created offline and sent itself once the server was back: local id -> the server's id."""
+    local = [run_id for run_id in (setup["parent"], *setup["children"]) if run_id.startswith(OFFLINE_PREFIX)]
+    if not local:
+        return {}
+    try:
+        experiment_id = client.get_experiment_by_name(setup["experiment"]).experiment_id
+        return {run_id: found for run_id in local if (found := server_run_id(client, experiment_id, run_id))}
+    except Exception:  # noqa: BLE001 - nobody is left to tell
+        return {}
+
+
+def _spool_the_end(spool: Spool, uri: str, unsent: dict, tags: dict, parent_id: str, runs: list) -> None:
+    """Append the metrics rank 0 left and the runs' end to the spool (the replay skips rows the server holds)."""
+    from mlflow.entities import Metric
+
+    for run_id, rows in unsent.items():
+        for start in range(0, len(rows), 1000):
+            spool.add(batch_record(run_id, [Metric(*row) for row in rows[start:start + 1000]]), uri)
+    if tags:
+        spool.add({"kind": "log_batch", "run_id": parent_id, "metrics": [], "params": {},
+                   "tags": {key: str(value) for key, value in tags.items()}}, uri)
+    for run_id, status in runs:
+        spool.add({"kind": "set_terminated", "run_id": run_id, "status": status, "end_time": int(time.time() * 1000)}, uri)
 
 
 def _send_missing(client, run_id: str, rows: list) -> None:

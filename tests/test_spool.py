@@ -1,24 +1,26 @@
 """Tracking outages against a real MLflow server that is stopped and started again on the same port and store.
 
-One sequence, because each server start costs 15-60 s: job A trains while the server
-stops (it must keep training and spool), is paused while job B starts with no server
-(--tracking-spool) and a job without that flag is refused, then the server comes back:
-A re-sends its spool itself, B's spool is sent by `python -m mpi_train.replay`.
+One sequence, because each server start costs 10-30 s: job A trains while the server
+stops (it must keep training and spool), is held mid-run while job B starts with no
+server (--tracking-spool) and job C, without that flag, is refused; then the server
+comes back: A re-sends its spool itself, B's spool is sent by `python -m mpi_train.replay`
+(twice: the second finds nothing), and a job resumed from A's checkpoint links to A's run.
 """
 
-import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import MPI_ENV, REPO, free_port, mpirun
-from mpi_train.spool import Spool, batch_record
+from conftest import MPI_ENV, REPO, free_port
+from mpi_train.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record, server_run_id
 
 pytestmark = pytest.mark.e2e
 
@@ -35,12 +37,23 @@ class RestartableServer:
         self.uri = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        log = open(self.root / "server.log", "a")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "mpi_train.server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--root", str(self.root / "store")],
-            cwd=self.root, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)})
-        wait_for(self.answers, 150, "the mlflow server to start:\n" + (self.root / "server.log").read_text()[-2000:])
+        self.launch()
+        self.wait_up()
+
+    def launch(self) -> None:
+        with open(self.root / "server.log", "a") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "mpi_train.server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                 "--root", str(self.root / "store")],
+                cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # one process less
+
+    def wait_up(self) -> None:
+        deadline = time.monotonic() + 150
+        while not self.answers():
+            log = (self.root / "server.log").read_text()[-2000:]
+            assert self.process.poll() is None and time.monotonic() < deadline, f"the mlflow server did not start:\n{log}"
+            time.sleep(0.2)
 
     def answers(self) -> bool:
         try:
@@ -64,14 +77,44 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
-def start_job(cwd: Path, *args: str) -> subprocess.Popen:
-    command = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-m", "mpi_train", *QUICK, *args]
-    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": ""},
-                            start_new_session=True)  # its own process group, so it can be paused as a whole
+class Job:
+    """A two-rank training job whose console lines are read as they come, so the test can act at a given step."""
+
+    STEP_LINE = re.compile(r"\bstep\s+(\d+)/")
+
+    def __init__(self, cwd: Path, name: str, *args: str):
+        command = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-m", "mpi_train", *QUICK, "--experiment", "outage",
+                   "--run-name", name, *args]
+        self.err_path = cwd / f"{name}.stderr"
+        with open(self.err_path, "w") as err:
+            self.process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                            env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": ""})
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        self.reader.start()
+
+    def step(self) -> int:
+        """The last step the job printed (0 before the first)."""
+        steps = [int(match.group(1)) for line in list(self.lines) if (match := self.STEP_LINE.search(line))]
+        return max(steps, default=0)
+
+    def finish(self, timeout_s: float) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr) once the job has ended."""
+        code = self.process.wait(timeout=timeout_s)
+        self.reader.join(10)
+        return code, "".join(self.lines), self.err_path.read_text()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # mpirun passes it on to the ranks
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 def runs_named(client, experiment: str, name: str):
@@ -95,64 +138,80 @@ def assert_every_step_once(client, run, key: str, steps: int) -> None:
     assert sorted(m.step for m in history) == list(range(1, steps + 1)), f"{run.info.run_name}/{key}"
 
 
+def spooled(folder: Path) -> int:
+    """Writes waiting in the spools under `folder`/mlruns/spool."""
+    return sum(len(Spool(path)) for path in (folder / "mlruns" / "spool").glob("*.jsonl"))
+
+
 @pytest.fixture(scope="module")
 def outage(tmp_path_factory):
-    """Run the whole sequence once; the tests below check its outcome."""
+    """Run the whole sequence once; the tests below check its outcome.
+
+    Job A's pace is set by pausing its rank 1 (SIGSTOP): rank 0 then waits in a collective
+    while its sending thread carries on, so the outage meets A mid-run whatever the machine's speed.
+    """
     root = tmp_path_factory.mktemp("outage")
     server = RestartableServer(root)
-    server.start()
+    server.launch()
+    from mlflow import MlflowClient  # while the server starts
+
+    server.wait_up()
     a_dir, b_dir, c_dir = (root / name for name in ("a", "b", "c"))
     for folder in (a_dir, b_dir, c_dir):
         folder.mkdir()
-    job_a = start_job(a_dir, "--max-steps", str(STEPS_A), "--tracking-uri", server.uri, "--experiment", "outage", "--run-name", "A",
-                      "--checkpoint-dir", str(a_dir / "ck"), "--checkpoint-every", str(RESUME_AT))
+    job_a = Job(a_dir, "A", "--max-steps", str(STEPS_A), "--tracking-uri", server.uri,
+                "--checkpoint-dir", str(a_dir / "ck"), "--checkpoint-every", str(RESUME_AT))
+    rank1, jobs = None, [job_a]
     try:
-        from mlflow import MlflowClient
-
         client = MlflowClient(server.uri)
-        wait_for(lambda: has_logged(client, "A"), 120, "job A to log its first steps")
+        wait_for(lambda: job_a.step() >= 1 or job_a.process.poll() is not None, 120, "job A to train")
+        _, a_children = runs_named(client, "outage", "A")
+        rank1 = int(a_children[1].data.tags["pid"])
+        os.kill(rank1, signal.SIGSTOP)
+        wait_for(lambda: has_logged(client, "A"), 30, "job A's first steps to reach the server")
         server.stop()
-        spool_dir = a_dir / "mlruns" / "spool"
-        wait_for(lambda: any(spool_dir.glob("*.jsonl")) and len(Spool(next(spool_dir.glob("*.jsonl")))) >= 3, 60,
-                 "job A to spool a few writes")
-        assert job_a.poll() is None, "job A stopped when the server went away"
-        os.killpg(job_a.pid, signal.SIGSTOP)  # hold A mid-run until the server is back
-
         # With the server away: B trains offline by choice; C did not choose to and is refused.
         started = time.monotonic()
-        job_c = start_job(c_dir, "--max-steps", "4", "--tracking-uri", server.uri, "--experiment", "outage", "--run-name", "C")
-        job_b = start_job(b_dir, "--max-steps", str(STEPS_B), "--tracking-uri", server.uri, "--experiment", "outage",
-                          "--run-name", "B", "--tracking-spool")
-        c_out, c_err = job_c.communicate(timeout=60)
+        job_c = Job(c_dir, "C", "--max-steps", "4", "--tracking-uri", server.uri)
+        job_b = Job(b_dir, "B", "--max-steps", str(STEPS_B), "--tracking-uri", server.uri, "--tracking-spool")
+        jobs += [job_b, job_c]
+        paused_at = job_a.step()
+        os.kill(rank1, signal.SIGCONT)  # A trains on with the server away...
+        wait_for(lambda: job_a.step() >= paused_at + 3 or job_a.process.poll() is not None, 60, "job A to train on")
+        os.kill(rank1, signal.SIGSTOP)  # ...and is held mid-run until the server is back
+        wait_for(lambda: spooled(a_dir) >= 3 or job_a.process.poll() is not None, 60, "job A to spool a few writes")
+        assert job_a.process.poll() is None and job_a.step() < STEPS_A, "job A stopped when the server went away"
+        c_result = job_c.finish(60)
         c_seconds = time.monotonic() - started
-        b_out, b_err = job_b.communicate(timeout=120)
+        b_result = job_b.finish(120)
 
         server.start()
-        os.killpg(job_a.pid, signal.SIGCONT)
-        a_out, a_err = job_a.communicate(timeout=120)
+        os.kill(rank1, signal.SIGCONT)
+        # While A finishes, B's spool is replayed, and a job resumed from A's checkpoint names the run it continues.
+        checkpoint = a_dir / "ck" / f"step-{RESUME_AT:08d}.pt"
+        wait_for(lambda: checkpoint.exists() or job_a.process.poll() is not None, 60, "job A's checkpoint")
+        resumed = Job(a_dir, "A-resumed", "--max-steps", str(STEPS_A), "--tracking-uri", server.uri, "--resume", str(checkpoint))
+        jobs.append(resumed)
+        replay_env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": ""}
         replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", server.uri], cwd=b_dir,
-                                capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+                                capture_output=True, text=True, timeout=120, env=replay_env)
         again = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", server.uri], cwd=b_dir,
-                               capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
-        # A job resumed from A's checkpoint at step 20 names the run it continues.
-        resumed = mpirun(2, [*QUICK, "--max-steps", str(STEPS_A), "--tracking-uri", server.uri, "--experiment", "outage",
-                             "--run-name", "A-resumed", "--resume", str(a_dir / "ck" / f"step-{RESUME_AT:08d}.pt")],
-                         cwd=a_dir, env={"MLFLOW_TRACKING_URI": ""})
-        yield {"server": server, "client": client, "root": root, "a": (job_a.returncode, a_out, a_err),
-               "b": (job_b.returncode, b_out, b_err), "c": (job_c.returncode, c_out, c_err, c_seconds),
-               "replay": replay, "again": again, "resumed": resumed}
+                               capture_output=True, text=True, timeout=120, env=replay_env)
+        yield {"server": server, "client": client, "root": root, "a": job_a.finish(120),
+               "b": b_result, "c": (*c_result, c_seconds), "replay": replay, "again": again, "resumed": resumed.finish(120)}
     finally:
-        if job_a.poll() is None:
-            os.killpg(job_a.pid, signal.SIGCONT)
-            os.killpg(job_a.pid, signal.SIGKILL)
-            job_a.wait()
+        if rank1 is not None and job_a.process.poll() is None:
+            os.kill(rank1, signal.SIGCONT)
+        for job in jobs:
+            job.kill()
         server.stop()
 
 
 def test_a_job_keeps_training_through_an_outage_and_resends_everything_once(outage):
     code, out, err = outage["a"]
     assert code == 0, out + err
-    assert "stopped answering" in err and "is back" in err and "still unreachable" not in err
+    assert "stopped answering" in err and "still unreachable" not in err
+    assert re.search(r"is back; [1-9]\d* spooled write\(s\) sent", err), err  # the job sent its spool itself
     client = outage["client"]
     parent, children = runs_named(client, "outage", "A")
     assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"] * 2
@@ -178,6 +237,9 @@ def test_a_job_started_without_a_server_by_choice_is_replayed_once(outage):
     assert_every_step_once(client, parent, "loss", STEPS_B)
     for child in children:
         assert_every_step_once(client, child, "loss", STEPS_B)
+    assert {child.data.tags["mlflow.parentRunId"] for child in children} == {parent.info.run_id}
+    local_id = parent.data.tags[OFFLINE_ID_TAG]  # what B's checkpoints would name: a job resumed from one finds the run
+    assert local_id.startswith(OFFLINE_PREFIX) and server_run_id(client, parent.info.experiment_id, local_id) == parent.info.run_id
 
 
 def test_an_unreachable_server_at_start_is_refused_quickly_unless_spooling_was_chosen(outage):
@@ -191,25 +253,55 @@ def test_an_unreachable_server_at_start_is_refused_quickly_unless_spooling_was_c
 
 
 def test_a_write_the_server_took_but_never_acknowledged_is_not_sent_twice(outage, tmp_path):
-    """The reply to a batch can be lost after the server stored it; the replay must not store it again."""
+    """The reply to a batch can be lost after the server stored it; the replay must not store it again.
+
+    A write the server refuses (here: to a run that does not exist) is left out without holding back the rest.
+    """
     from mlflow.entities import Metric
 
-    client = outage["client"]
+    client, uri = outage["client"], outage["server"].uri
     experiment = client.get_experiment_by_name("outage").experiment_id
     run_id = client.create_run(experiment, run_name="lost-reply").info.run_id
     metrics = [Metric("loss", 1.0 / step, 1_700_000_000_000 + step, step) for step in range(1, 6)]
     client.log_batch(run_id, metrics=metrics[:3], synchronous=True)  # stored; its acknowledgement never written
     spool = Spool(tmp_path / "job.jsonl")
-    for record in (batch_record(run_id, metrics[:3]), batch_record(run_id, metrics[3:])):
-        spool.append({"id": f"record-{len(spool.records())}", "uri": outage["server"].uri, **record})
-    sent, _ = spool.replay(client)
+    for record in (batch_record(run_id, metrics[:3]), batch_record("f" * 32, metrics[:1]), batch_record(run_id, metrics[3:])):
+        spool.add(record, uri)
+    warnings = []
+    sent, _ = spool.replay(client, uri, warnings.append)
     assert sent == 2 and not spool.path.exists()
+    assert len(warnings) == 1 and "refused" in warnings[0]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(s, 1.0 / s) for s in range(1, 6)]
 
 
+def test_the_guard_spools_what_a_dead_rank_0_left_while_the_server_is_away(tmp_path):
+    """Rank 0 killed during an outage: its guard adds the metrics it had not handled and the runs' end to the spool."""
+    from mlflow.entities import Metric
+
+    from mpi_train.tracking import RunGuard
+
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    spool = Spool(tmp_path / "job.jsonl")
+    spool.add(batch_record("parent", [Metric("loss", 1.0, 1000, 1)]), uri)  # spooled by rank 0 before it died
+    guard = RunGuard(uri, "parent", ["child0", "child1"], spool.path)
+    guard.keep("parent", [Metric("loss", 1.0, 1000, 1)])
+    guard.keep("parent", [Metric("loss", 0.5, 2000, 2)])
+    guard.handled(1)  # the first batch was spooled by rank 0; the second never reached its sender
+    guard.announce("FAILED", {"mpi_train.failed_rank": "0"}, ["FAILED", "KILLED"])
+    guard.process.stdin.close()  # the pipe closes without "done": rank 0 is gone
+    assert guard.process.wait(timeout=60) == 0
+    records = spool.records()
+    assert [(r["kind"], r["run_id"]) for r in records] == [
+        ("log_batch", "parent"), ("log_batch", "parent"), ("log_batch", "parent"),
+        ("set_terminated", "child0"), ("set_terminated", "child1"), ("set_terminated", "parent")]
+    assert [m["step"] for m in records[1]["metrics"]] == [2] and records[2]["tags"] == {"mpi_train.failed_rank": "0"}
+    assert [r["status"] for r in records[3:]] == ["FAILED", "KILLED", "FAILED"]
+    assert len({r["id"] for r in records}) == len(records)
+
+
 def test_a_resumed_job_links_to_the_run_it_continues(outage):
-    resumed = outage["resumed"]
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    code, out, err = outage["resumed"]
+    assert code == 0, out + err
     client = outage["client"]
     original, _ = runs_named(client, "outage", "A")
     parent, children = runs_named(client, "outage", "A-resumed")
@@ -219,3 +311,23 @@ def test_a_resumed_job_links_to_the_run_it_continues(outage):
     assert [m.step for m in history] == list(range(RESUME_AT + 1, STEPS_A + 1))
     before = {m.step: m.value for m in client.get_metric_history(original.info.run_id, "loss")}
     assert [m.value for m in history] == pytest.approx([before[m.step] for m in history], rel=1e-6, abs=0)
+
+
+def test_the_guard_finishes_a_run_the_job_created_offline_and_sent_itself(outage, tmp_path):
+    """Rank 0 dies after its offline runs reached the server: the guard finds them by their local id and ends them."""
+    from mlflow.entities import Metric
+
+    from mpi_train.tracking import RunGuard
+
+    client, uri = outage["client"], outage["server"].uri
+    experiment = client.get_experiment_by_name("outage").experiment_id
+    local_id = OFFLINE_PREFIX + "guardcheck"
+    run_id = client.create_run(experiment, run_name="sent-offline", tags={OFFLINE_ID_TAG: local_id}).info.run_id
+    guard = RunGuard(uri, local_id, [], tmp_path / "job.jsonl", "outage")  # its spool was sent and removed
+    guard.keep(local_id, [Metric("loss", 0.25, 3000, 3)])
+    guard.announce("KILLED", {"mpi_train.killed_by": "SIGKILL"}, [])
+    guard.process.stdin.close()
+    assert guard.process.wait(timeout=60) == 0
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags["mpi_train.killed_by"] == "SIGKILL"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(3, 0.25)]
