@@ -23,7 +23,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -35,12 +34,12 @@ from typing import Optional, Sequence
 from .cli import format_error
 from .config import ENV_DEFAULTS, TrainConfig, redact_uri
 from .errors import UserError
+from .launcher import own_tmpdir, start, stop
 from .sweep import BenchPlan, PlannedRun, Sweep, load
 
 STEP_LINE = re.compile(r"step\s+(\d+)/(\d+)")  # training's and the bench's progress lines
 MPI_ENV = {"PYTHONUNBUFFERED": "1"}  # progress lines must arrive as they are printed
 DATASET_SIZES = {"cifar10": 50_000, "mnist": 60_000}  # training images, to estimate steps before a run starts
-KILL_GRACE_S = 10.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -248,11 +247,11 @@ def execute(launch: Launch, progress: Progress, timeout: Optional[float]) -> Non
     started = time.monotonic()
     tail: list[str] = []
     print(f"[{launch.index}/{len(progress.launches)}] {launch.name}: starting", flush=True)
-    with open(launch.log, "w") as log:
+    with open(launch.log, "w") as log, own_tmpdir() as tmp_env:
         log.write("$ " + " ".join(launch.command) + "\n")
         log.flush()
-        process = subprocess.Popen(launch.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                   env={**os.environ, **MPI_ENV, **launch.env}, start_new_session=True)
+        process = start(launch.command, {**os.environ, **MPI_ENV, **launch.env, **tmp_env},
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         timer = threading.Timer(timeout, _stop, (process, launch)) if timeout else None
         if timer:
             timer.daemon = True
@@ -286,18 +285,9 @@ def execute(launch: Launch, progress: Progress, timeout: Optional[float]) -> Non
 
 
 def _stop(process: subprocess.Popen, launch: Launch, reason: str = "") -> None:
-    """End the run's whole process group (mpirun and its ranks): SIGTERM, then SIGKILL after a grace period."""
+    """End the run's whole process group (mpirun and its ranks)."""
     launch.error = reason or "stopped: it ran past [launch] timeout"
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(KILL_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    stop(process)
 
 
 # ---------------------------------------------------------------------------------------------

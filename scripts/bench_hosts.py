@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mpi_train.sync import SYNC_METHODS  # noqa: E402 - after the path is set
+from mpi_train import launcher  # noqa: E402 - after the path is set
+from mpi_train.sync import SYNC_METHODS  # noqa: E402
 
 METHODS = tuple(SYNC_METHODS)
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -59,7 +59,7 @@ def run(method: str, args, workdir: Path) -> dict:
                "--sync", method, "--dataset", "synthetic", "--model", args.model, "--batch-size", str(args.batch_size),
                "--synthetic-size", str(args.batch_size * args.steps), "--max-steps", str(args.steps),
                "--log-every", "1", "--no-tracking", "--summary-json", str(summary)]
-    result = subprocess.run(command, env={**os.environ, **MPI_ENV}, capture_output=True, text=True, timeout=900)
+    result = launcher.run(command, env={**os.environ, **MPI_ENV}, timeout=900)
     if result.returncode:
         sys.exit(f"{method} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return json.loads(summary.read_text())

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mpi_train import launcher
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Open MPI refuses root without these, and 4 ranks on a 2-core machine must not be bound to cores.
@@ -30,10 +32,8 @@ def mpirun(np: int, args: list[str], *, module: str = "mpi_train", timeout: floa
     """
     placement = ["--hostfile", str(hostfile)] if hostfile else ["--oversubscribe"]
     command = ["mpirun", "-np", str(np), *placement, sys.executable, "-m", module, *args]
-    return subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO,
-        env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **(env or {})},
-    )
+    return launcher.run(command, env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **(env or {})},
+                        timeout=timeout, cwd=cwd or REPO)
 
 
 def train(np: int, tmp_path: Path, *args: str, name: str = "summary", **kwargs) -> dict:

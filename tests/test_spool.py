@@ -7,6 +7,7 @@ comes back: A re-sends its spool itself, B's spool is sent by `python -m mpi_tra
 (twice: the second finds nothing), and a job resumed from A's checkpoint links to A's run.
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MPI_ENV, REPO, free_port
+from mpi_train import launcher
 from mpi_train.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record, server_run_id
 
 pytestmark = pytest.mark.e2e
@@ -89,9 +91,11 @@ class Job:
         command = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-m", "mpi_train", *QUICK, "--experiment", "outage",
                    "--run-name", name, *args]
         self.err_path = cwd / f"{name}.stderr"
+        self.cleanup = contextlib.ExitStack()  # the launch's own TMPDIR, removed once the job is over
+        tmp_env = self.cleanup.enter_context(launcher.own_tmpdir())
         with open(self.err_path, "w") as err:
-            self.process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                            env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": ""})
+            self.process = launcher.start(command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": "",
+                                                    **tmp_env}, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
         self.reader.start()
@@ -105,16 +109,12 @@ class Job:
         """(exit status, stdout, stderr) once the job has ended."""
         code = self.process.wait(timeout=timeout_s)
         self.reader.join(10)
+        self.cleanup.close()
         return code, "".join(self.lines), self.err_path.read_text()
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # mpirun passes it on to the ranks
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        launcher.stop(self.process)
+        self.cleanup.close()
 
 
 def runs_named(client, experiment: str, name: str):

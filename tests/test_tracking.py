@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MPI_ENV, REPO, client_for, job_runs, mpirun, train
+from mpi_train import launcher
 from mpi_train.config import TrainConfig, redact_uri
 from mpi_train.errors import UserError
 from mpi_train.tracking import BatchSender, HostSampler, _open
@@ -118,26 +119,26 @@ def test_sigterm_marks_the_run_killed(mlflow_server, target):
     run_name = f"sigterm-to-{target}"
     command = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-m", "mpi_train", *QUICK, "--epochs", "50",
                "--tracking-uri", mlflow_server, "--experiment", "tests-kill", "--run-name", run_name]
-    job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)})
-    try:
-        deadline = time.monotonic() + 90
-        while True:  # wait until training has logged metrics to the server
-            assert job.poll() is None and time.monotonic() < deadline, "the job ended or never started training"
-            experiment = client.get_experiment_by_name("tests-kill")
-            runs = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{run_name}'") if experiment else []
-            if runs and "loss" in runs[0].data.metrics:
-                break
-            time.sleep(0.5)
-        if target == "mpirun":
-            job.send_signal(signal.SIGTERM)
-        else:  # rank 0's pid is a tag of its child run
-            _, children = job_runs(client, "tests-kill", run_name)
-            os.kill(int(children[0].data.tags["pid"]), signal.SIGTERM)
-        job.wait(timeout=60)
-    finally:
-        if job.poll() is None:
-            job.kill()
+    with launcher.own_tmpdir() as tmp_env:
+        job = launcher.start(command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **tmp_env}, cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 90
+            while True:  # wait until training has logged metrics to the server
+                assert job.poll() is None and time.monotonic() < deadline, "the job ended or never started training"
+                experiment = client.get_experiment_by_name("tests-kill")
+                runs = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{run_name}'") if experiment else []
+                if runs and "loss" in runs[0].data.metrics:
+                    break
+                time.sleep(0.5)
+            if target == "mpirun":
+                job.send_signal(signal.SIGTERM)
+            else:  # rank 0's pid is a tag of its child run
+                _, children = job_runs(client, "tests-kill", run_name)
+                os.kill(int(children[0].data.tags["pid"]), signal.SIGTERM)
+            job.wait(timeout=60)
+        finally:
+            launcher.stop(job)
     assert job.returncode != 0
     parent, children = job_runs(client, "tests-kill", run_name)
     deadline = time.monotonic() + 30  # mpirun SIGKILLs ranks ~0.2 s after SIGTERM; the guard process may finish the job

@@ -1,0 +1,71 @@
+"""Starting mpirun from Python, as the experiment runner, the benchmarks and the tests do.
+
+Open MPI keeps each launch's session files in $TMPDIR/ompi.<pid of mpirun> and deletes them when
+mpirun exits. An mpirun killed with SIGKILL leaves them behind, and a later mpirun that is given
+the same pid dies at once with "The PMIx server's listener thread failed to start". So every launch
+made here gets a temporary directory of its own, removed afterwards, and is stopped as a whole
+process group (mpirun and its local ranks), never by killing mpirun alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Optional, Sequence
+
+STOP_GRACE_S = 10.0  # between SIGTERM and SIGKILL; mpirun passes SIGTERM on to the ranks
+
+
+@contextmanager
+def own_tmpdir() -> Iterator[dict[str, str]]:
+    """Environment for one launch: a fresh TMPDIR, removed with whatever was left in it when the launch is over."""
+    folder = tempfile.mkdtemp(prefix="mpirun-")
+    try:
+        yield {"TMPDIR": folder}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def start(command: Sequence[str], env: Mapping[str, str], **popen_kwargs) -> subprocess.Popen:
+    """Start a launch in its own process group, so that `stop` reaches its ranks too."""
+    return subprocess.Popen(list(command), env=dict(env), start_new_session=True, **popen_kwargs)
+
+
+def stop(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """End a launch: SIGTERM to its process group, SIGKILL if it is still there after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run(command: Sequence[str], env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+        cwd=None) -> subprocess.CompletedProcess:
+    """Run one launch to its end and capture its output (text).
+
+    A launch that runs past `timeout` seconds is stopped and subprocess.TimeoutExpired is raised,
+    carrying what it printed.
+    """
+    with own_tmpdir() as tmp_env:
+        process = start(command, {**(env if env is not None else os.environ), **tmp_env}, cwd=cwd,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(process)
+            stdout, stderr = process.communicate()
+            raise subprocess.TimeoutExpired(process.args, timeout, stdout, stderr) from None
+        except BaseException:  # Ctrl-C or an error here must not leave the ranks running
+            stop(process)
+            raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
