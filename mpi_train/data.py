@@ -107,6 +107,19 @@ def _download(name: str, root: Path) -> None:
         socket.setdefaulttimeout(previous)
 
 
+def _unreadable(root: Path, error: OSError) -> str:
+    return (f"the data in {root.resolve()} cannot be read by this user ({_describe(error)}). Make it readable "
+            f"(for example chmod -R a+rX {root}), or point --data-dir at a readable copy.")
+
+
+def _check_readable(split: Dataset) -> None:
+    """Open the first file of an image-folder split: it reads its files only when training asks for them."""
+    samples = getattr(split, "samples", None)
+    if samples:
+        with open(samples[0][0], "rb") as image:
+            image.read(1)
+
+
 def _present(name: str, root: Path) -> bool:
     if name == "cifar10":
         return _image_folder_root(root) or (root / "cifar-10-batches-py").is_dir()
@@ -121,20 +134,29 @@ def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Datas
         return SyntheticImages(config.synthetic_size, shape, True), SyntheticImages(test_size, shape, False)
 
     root = Path(config.data_dir)
-    if not _present(config.dataset, root):
-        cluster.run_per_host(lambda: _download(config.dataset, root), f"cannot load {config.dataset}")
-    outcome = None
+    what = f"cannot load {config.dataset}"
+    try:
+        present, outcome = _present(config.dataset, root), None
+    except OSError as error:  # a folder this user may not enter: downloading into it would fail too
+        present, outcome = True, _unreadable(root, error)
+    cluster.agree(outcome, what)
+    if not all(cluster.allgather(present)):  # every rank takes part, even on hosts that have the data
+        cluster.run_per_host(lambda: _present(config.dataset, root) or _download(config.dataset, root), what)
     try:
         splits = OPENERS[config.dataset](root, True), OPENERS[config.dataset](root, False)
+        for split in splits:
+            _check_readable(split)
     except UserError as error:
         outcome = str(error)
+    except PermissionError as error:
+        outcome = _unreadable(root, error)
     except Exception as error:
         outcome = (
             f"the copy in {root.resolve()} could not be read ({_describe(error)}); it is incomplete, "
             f"unreadable or corrupt. Expected {EXPECTED_LAYOUT[config.dataset]}. Delete it to download "
             f"it again, or point --data-dir at a good copy."
         )
-    cluster.agree(outcome, f"cannot load {config.dataset}")
+    cluster.agree(outcome, what)
     return splits
 
 

@@ -24,14 +24,16 @@ MPI_ENV = {
 
 
 def mpirun(np: int, args: list[str], *, module: str = "mpi_train", timeout: float = 240,
-           env: dict | None = None, cwd: Path | None = None, hostfile: Path | None = None) -> subprocess.CompletedProcess:
+           env: dict | None = None, cwd: Path | None = None, hostfile: Path | None = None,
+           rank_prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Run `python -m module args` under a real `mpirun -np N` and return the finished process.
 
     Without a hostfile every rank runs here (oversubscribed); with one, its slots place the ranks
-    (--oversubscribe would let mpirun put them all on the first host).
+    (--oversubscribe would let mpirun put them all on the first host). `rank_prefix` is a command
+    each rank's python runs under.
     """
     placement = ["--hostfile", str(hostfile)] if hostfile else ["--oversubscribe"]
-    command = ["mpirun", "-np", str(np), *placement, sys.executable, "-m", module, *args]
+    command = ["mpirun", "-np", str(np), *placement, *rank_prefix, sys.executable, "-m", module, *args]
     return launcher.run(command, env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **(env or {})},
                         timeout=timeout, cwd=cwd or REPO)
 

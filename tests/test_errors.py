@@ -1,8 +1,12 @@
 """Bad input under real mpirun: one clear paragraph, printed once, a non-zero exit, nothing written."""
 
+import os
+import shutil
+
 import pytest
 
 from conftest import mpirun
+from disk_formats import write_cifar10_folders
 
 pytestmark = pytest.mark.e2e
 
@@ -26,6 +30,33 @@ def test_indivisible_batch_fails_before_any_work(tmp_path, quick_args):
 def test_missing_data_explains_where_and_what_to_do(tmp_path):
     result = mpirun(2, ["--dataset", "mnist", "--data-dir", str(tmp_path / "none"), "--max-steps", "1", "--no-tracking"])
     assert_clean_failure(result, str(tmp_path / "none"), "could not be downloaded", "--dataset synthetic")
+
+
+def without_permission_override() -> tuple[str, ...]:
+    """A prefix under which ranks obey file permissions. Root ignores them, so as root the ranks run
+    without the two capabilities that let it (setpriv, from util-linux)."""
+    if os.geteuid() != 0:
+        return ()
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv (util-linux): a folder cannot be made unreadable to root")
+    return ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
+
+
+@pytest.mark.parametrize("unreadable", ["folder", "files"])
+def test_unreadable_data_says_so_and_how_to_fix_it(tmp_path, unreadable):
+    data = write_cifar10_folders(tmp_path / "cifar", train=20, test=10)
+    locked = [data] if unreadable == "folder" else list(data.rglob("*.png"))
+    for path in locked:
+        path.chmod(0)
+    try:
+        result = mpirun(2, ["--dataset", "cifar10", "--data-dir", str(data), "--max-steps", "1", "--no-tracking"],
+                        rank_prefix=without_permission_override())
+    finally:
+        for path in locked:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    first_refused = data / "train" if unreadable == "folder" else data / "train" / "airplane" / "00000.png"
+    assert f"{first_refused}'" in " ".join(result.stderr.split()), result.stderr
+    assert_clean_failure(result, str(data), "cannot be read by this user", "Permission denied", "chmod -R a+rX")
 
 
 def test_nccl_without_gpus_is_refused(quick_args):
