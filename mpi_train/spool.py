@@ -145,6 +145,9 @@ def deliver(client, record: dict, history: Optional[MetricHistory] = None) -> Op
     if kind == "create_run":
         experiment = client.get_experiment_by_name(record["experiment"])
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(record["experiment"])
+        already = server_run_id(client, experiment_id, record["local_id"])  # created before, but the reply was lost
+        if already:
+            return already
         run = client.create_run(experiment_id, start_time=record["start_time"], tags=record["tags"], run_name=record["run_name"])
         return run.info.run_id
     if kind == "log_batch":

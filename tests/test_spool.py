@@ -274,6 +274,27 @@ def test_a_write_the_server_took_but_never_acknowledged_is_not_sent_twice(outage
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(s, 1.0 / s) for s in range(1, 6)]
 
 
+def test_a_run_creation_the_server_took_but_never_acknowledged_makes_one_run(outage, tmp_path):
+    """The reply to a run's creation can be lost too; the replay finds the run by its local id instead of making another."""
+    from mlflow.entities import Metric
+
+    client, uri = outage["client"], outage["server"].uri
+    local_id = OFFLINE_PREFIX + "lostcreate"
+    create = {"kind": "create_run", "local_id": local_id, "experiment": "outage", "run_name": "lost-create",
+              "tags": {OFFLINE_ID_TAG: local_id}, "start_time": 1_700_000_000_000}
+    first = Spool(tmp_path / "first.jsonl")
+    first.add(create, uri)
+    first.replay(client, uri)  # the server made the run; suppose its reply never came back
+    spool = Spool(tmp_path / "job.jsonl")
+    for record in (create, batch_record(local_id, [Metric("loss", 0.5, 1_700_000_000_001, 1)])):
+        spool.add(record, uri)
+    sent, _ = spool.replay(client, uri)
+    assert sent == 2
+    runs = client.search_runs([client.get_experiment_by_name("outage").experiment_id], "attributes.run_name = 'lost-create'")
+    assert len(runs) == 1
+    assert [(m.step, m.value) for m in client.get_metric_history(runs[0].info.run_id, "loss")] == [(1, 0.5)]
+
+
 def test_the_guard_spools_what_a_dead_rank_0_left_while_the_server_is_away(tmp_path):
     """Rank 0 killed during an outage: its guard adds the metrics it had not handled and the runs' end to the spool."""
     from mlflow.entities import Metric
