@@ -8,10 +8,10 @@ through the torch.distributed TCPStore, whose server lives in rank 0's process, 
 rank 0 may be blocked in a collective that will never complete); KILLED on SIGTERM/SIGINT.
 A small guard process outside the MPI job records the outcome if rank 0 is killed first.
 
-System metrics, one sampler per host: rank 0's host through MLflow's own monitor
-(`SystemMetricsMonitor`, node id = host name); the local rank 0 of every other host
-samples psutil and sends the numbers with the logged-step gather, and rank 0 logs them
-under the same `system/<host>/...` keys.
+System metrics, one sampler per host: each host's local rank 0 samples psutil (CPU,
+memory, network, disk, named like MLflow's own system metrics) and adds the numbers to
+the logged-step gather; rank 0 logs them as `system/<host>/...` through the same sender
+as every other metric, so they are spooled through an outage too.
 
 mlflow is imported only on rank 0 and only when tracking is on.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import json
-import logging
 import os
 import platform
 import queue
@@ -268,13 +267,16 @@ class HostSampler:
         if not self.every_s or (self.last is not None and now - self.last < self.every_s):
             return {}
         self.last = now
-        memory, net = self.psutil.virtual_memory(), self.psutil.net_io_counters()
+        memory, net, disk = self.psutil.virtual_memory(), self.psutil.net_io_counters(), self.psutil.disk_usage("/")
         return {"system": {
             "cpu_utilization_percentage": self.psutil.cpu_percent(interval=None),
             "system_memory_usage_megabytes": (memory.total - memory.available) / 1e6,
             "system_memory_usage_percentage": memory.percent,
             "network_receive_megabytes": (net.bytes_recv - self.net0.bytes_recv) / 1e6,
             "network_transmit_megabytes": (net.bytes_sent - self.net0.bytes_sent) / 1e6,
+            "disk_usage_percentage": disk.percent,
+            "disk_usage_megabytes": disk.used / 1e6,
+            "disk_available_megabytes": disk.free / 1e6,
         }}
 
 
@@ -406,13 +408,7 @@ class MlflowTracker(NullTracker):
         spool = self.client.spool.path if isinstance(self.client, SpoolingClient) else None
         self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids, spool, config.experiment)
         self.sender = BatchSender(self.client, on_handled=self.guard.handled)
-        self.monitor = None
-        if config.system_metrics_every and connection.online:
-            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            self.monitor = SystemMetricsMonitor(self.parent_id, sampling_interval=config.system_metrics_every,
-                                                node_id=self.info.host, tracking_uri=connection.uri)
+        self.sampler = HostSampler(config.system_metrics_every) if config.system_metrics_every else None
 
     def _continued_run(self, connection: Connection, run_id: Optional[str]) -> str:
         """The resumed checkpoint's run, by the server's id once a job that trained offline has been replayed."""
@@ -438,6 +434,9 @@ class MlflowTracker(NullTracker):
         """Queue metrics for the sender, and give the guard a copy in case this process dies first."""
         self.guard.keep(run_id, metrics)
         self.sender.put(run_id, metrics)
+
+    def host_sample(self) -> dict:
+        return self.sampler.sample() if self.sampler else {}
 
     def console(self, line: str) -> None:
         self.lines.append(line)
@@ -481,8 +480,6 @@ class MlflowTracker(NullTracker):
     # -- lifetime: started by `with`, ended once -------------------------------------------------------
 
     def __enter__(self):
-        if self.monitor:
-            self.monitor.start()
         if self.info.world_size > 1 and self.cluster.store is not None:
             self._thread(self._watch_failures, "mpi_train-failure-watch")
         if threading.current_thread() is threading.main_thread():
@@ -555,15 +552,6 @@ class MlflowTracker(NullTracker):
         return True
 
     def _stop_senders(self) -> None:
-        if self.monitor:
-            self.monitor.finish()
-            try:  # one last sample, so that even a job shorter than the sampling interval has one per host
-                self.monitor.collect_metrics()
-                self.monitor.publish_metrics(self.monitor.aggregate_metrics())
-                self.monitor.mlflow_logger.flush()
-            except Exception:  # noqa: BLE001 - system metrics are a nicety
-                pass
-            self.monitor = None
         self.sender.stop()
 
     def _thread(self, target, name: str) -> None:
@@ -789,7 +777,7 @@ def start(connection: Optional[Connection], config: TrainConfig, cluster, job: d
     ranks = cluster.gather({"rank": info.rank, "local_rank": info.local_rank, "host": info.host, "pid": os.getpid()})
     if info.is_main:
         return MlflowTracker(connection, config, cluster, job, ranks)
-    samples_host = info.local_rank == 0 and info.host != cluster.hosts[0] and config.system_metrics_every > 0
+    samples_host = info.local_rank == 0 and config.system_metrics_every > 0
     return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None)
 
 

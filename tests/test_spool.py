@@ -160,7 +160,8 @@ def outage(tmp_path_factory):
     for folder in (a_dir, b_dir, c_dir):
         folder.mkdir()
     job_a = Job(a_dir, "A", "--max-steps", str(STEPS_A), "--tracking-uri", server.uri,
-                "--checkpoint-dir", str(a_dir / "ck"), "--checkpoint-every", str(RESUME_AT))
+                "--checkpoint-dir", str(a_dir / "ck"), "--checkpoint-every", str(RESUME_AT),
+                "--system-metrics-every", "0.001")  # a host sample at every logged step
     rank1, jobs = None, [job_a]
     try:
         client = MlflowClient(server.uri)
@@ -219,6 +220,7 @@ def test_a_job_keeps_training_through_an_outage_and_resends_everything_once(outa
         assert_every_step_once(client, parent, key, STEPS_A)
     for child in children:
         assert_every_step_once(client, child, "loss", STEPS_A)
+    assert_every_step_once(client, parent, f"system/{children[0].data.tags['host']}/cpu_utilization_percentage", STEPS_A)
     assert "summary.json" in {item.path for item in client.list_artifacts(parent.info.run_id)}
     assert not list((outage["root"] / "a" / "mlruns" / "spool").glob("*.jsonl"))  # all sent, spool removed
 

@@ -196,10 +196,17 @@ def test_an_unwritable_mlruns_is_refused(tmp_path, monkeypatch):
 
 
 def test_host_sampler_names_metrics_like_mlflow_and_respects_its_interval():
-    sampler = HostSampler(every_s=1e-9)
-    sample = sampler.sample()["system"]
-    assert set(sample) == {"cpu_utilization_percentage", "system_memory_usage_megabytes", "system_memory_usage_percentage",
-                           "network_receive_megabytes", "network_transmit_megabytes"}
+    from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
+    from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
+    from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+
+    mlflow_names = set()
+    for monitor in (CPUMonitor(), DiskMonitor(), NetworkMonitor()):
+        monitor.collect_metrics()
+        mlflow_names |= set(monitor.aggregate_metrics())
+    sample = HostSampler(every_s=1e-9).sample()["system"]
+    assert set(sample) == mlflow_names
+    assert 0 <= sample["cpu_utilization_percentage"] <= 100 and sample["disk_available_megabytes"] > 0
     slow = HostSampler(every_s=3600)
     assert "system" in slow.sample()  # the first sample is always taken
     assert slow.sample() == {}  # not again within the interval
