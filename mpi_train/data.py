@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 import socket
 from pathlib import Path
 from typing import Callable
@@ -89,6 +90,7 @@ def _download(name: str, root: Path) -> None:
     """Fetch the data set into root unless it is there (runs on one rank per host)."""
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    created = not root.exists()
     try:
         root.mkdir(parents=True, exist_ok=True)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -97,6 +99,8 @@ def _download(name: str, root: Path) -> None:
     except UserError:
         raise
     except Exception as error:  # network, permissions, a corrupt archive: all reported the same way
+        if created:  # leave no empty or half-downloaded folder behind
+            shutil.rmtree(root, ignore_errors=True)
         raise UserError(
             f"the {name} data set is not in {root.resolve()} (expected {EXPECTED_LAYOUT[name]}) and could "
             f"not be downloaded ({_describe(error)}). Download it on a machine with internet access and "

@@ -30,6 +30,7 @@ def test_indivisible_batch_fails_before_any_work(tmp_path, quick_args):
 def test_missing_data_explains_where_and_what_to_do(tmp_path):
     result = mpirun(2, ["--dataset", "mnist", "--data-dir", str(tmp_path / "none"), "--max-steps", "1", "--no-tracking"])
     assert_clean_failure(result, str(tmp_path / "none"), "could not be downloaded", "--dataset synthetic")
+    assert not (tmp_path / "none").exists()  # the folder made for the download is gone again
 
 
 def without_permission_override() -> tuple[str, ...]:
