@@ -29,9 +29,6 @@ from typing import Optional, Sequence
 from . import launcher
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-MPI_ENV = {  # what Open MPI needs as root on a small machine; harmless otherwise
-    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PRTE_MCA_hwloc_default_binding_policy": "none",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +68,7 @@ def run_job(args, folder: Path, name: str, tracking: Optional[str]) -> dict:
     command = ["mpirun", "-np", str(args.np), "--oversubscribe", sys.executable, "-m", "mpi_train", *args.train_args.split(),
                "--max-steps", str(args.steps), "--log-every", str(args.log_every), "--summary-json", str(summary),
                *(["--tracking-uri", tracking, "--experiment", "bench_tracking", "--run-name", name] if tracking else ["--no-tracking"])]
-    result = launcher.run(command, env={**os.environ, **MPI_ENV, "PYTHONPATH": str(PACKAGE_ROOT)}, cwd=folder)
+    result = launcher.run(command, env={**os.environ, **launcher.OPEN_MPI_ENV, "PYTHONPATH": str(PACKAGE_ROOT)}, cwd=folder)
     if result.returncode:
         raise SystemExit(f"bench_tracking: job {name} failed:\n{result.stdout}\n{result.stderr}")
     return json.loads(summary.read_text())

@@ -18,6 +18,11 @@ from contextlib import contextmanager
 from typing import Iterator, Mapping, Optional, Sequence
 
 STOP_GRACE_S = 10.0  # between SIGTERM and SIGKILL; mpirun passes SIGTERM on to the ranks
+# What Open MPI needs to run as root, and to start more ranks than cores without binding them;
+# harmless otherwise. The benchmarks and the tests launch with it.
+OPEN_MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PRTE_MCA_hwloc_default_binding_policy": "none",
+}
 
 
 @contextmanager

@@ -36,8 +36,6 @@ from mpi_train import launcher  # noqa: E402 - after the path is set
 from mpi_train.sync import SYNC_METHODS  # noqa: E402
 
 METHODS = tuple(SYNC_METHODS)
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "PRTE_MCA_hwloc_default_binding_policy": "none", "PYTHONPATH": str(REPO)}
 
 
 def gradient_bytes(model: str) -> int:
@@ -59,7 +57,7 @@ def run(method: str, args, workdir: Path) -> dict:
                "--sync", method, "--dataset", "synthetic", "--model", args.model, "--batch-size", str(args.batch_size),
                "--synthetic-size", str(args.batch_size * args.steps), "--max-steps", str(args.steps),
                "--log-every", "1", "--no-tracking", "--summary-json", str(summary)]
-    result = launcher.run(command, env={**os.environ, **MPI_ENV}, timeout=900)
+    result = launcher.run(command, env={**os.environ, **launcher.OPEN_MPI_ENV, "PYTHONPATH": str(REPO)}, timeout=900)
     if result.returncode:
         sys.exit(f"{method} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return json.loads(summary.read_text())

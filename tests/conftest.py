@@ -14,13 +14,7 @@ from mpi_train import launcher
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Open MPI refuses root without these, and 4 ranks on a 2-core machine must not be bound to cores.
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "PRTE_MCA_hwloc_default_binding_policy": "none",
-    "PYTHONUNBUFFERED": "1",
-}
+MPI_ENV = {**launcher.OPEN_MPI_ENV, "PYTHONUNBUFFERED": "1"}
 
 
 def mpirun(np: int, args: list[str], *, module: str = "mpi_train", timeout: float = 240,

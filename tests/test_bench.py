@@ -1,11 +1,13 @@
 """The sync-cost benchmark: closed-form traffic, and a real run under mpirun with every registered method."""
 
 import json
+import re
+import sys
 
 import pytest
 
-from conftest import mpirun
-from mpi_train import bench
+from conftest import client_for, mpirun
+from mpi_train import bench, launcher
 from mpi_train.costs import COST_MODELS, bus_bandwidth, cost_model_of
 from mpi_train.models import build_model
 from mpi_train.sync import SYNC_METHODS, SyncMethod
@@ -72,3 +74,16 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
         assert row["sent_bytes"] == pytest.approx(expected) and row["received_bytes"] == pytest.approx(expected)
         assert row["sync_s"] > 0 and row["compute_s"] > 0 and row["efficiency"] > 0
         assert len(data["per_rank_times"][0][row["method"]]["sync"]) == 4
+
+
+def test_the_tracking_overhead_benchmark_runs_both_jobs_and_reports_the_share(mlflow_server):
+    result = launcher.run([sys.executable, "-m", "mpi_train.bench_tracking", "--np", "2", "--steps", "4", "--repeats", "1",
+                           "--tracking-uri", mlflow_server], timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    off_ms, on_ms = map(float, re.search(r"tracking off ([\d.]+) ms, on ([\d.]+) ms", result.stdout).groups())
+    share = float(re.search(r"spent in the tracker: ([\d.]+)% of step time", result.stdout).group(1))
+    assert off_ms > 0 and on_ms > 0 and 0 < share < 100
+    client = client_for(mlflow_server)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("bench_tracking").experiment_id],
+                                    "attributes.run_name LIKE 'on-%'")
+    assert tracked.data.metrics["tracking_share"] == pytest.approx(share / 100, abs=1e-5)
