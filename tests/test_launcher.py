@@ -15,11 +15,18 @@ MPIRUN_PPID = ["mpirun", "-np", "1", "--oversubscribe", "sh", "-c", "echo $PPID"
 AHEAD = 3000  # pids to cover: threads of other processes take pids too
 
 
-def leave_stale_session_dirs(first_pid: int, count: int) -> list[Path]:
-    """What an mpirun killed with SIGKILL leaves in the system temp dir, for each of the next pids."""
+def next_pids(count: int) -> list[int]:
+    """The pids the kernel hands out next, in order (skipping those in use): below pid_max, then from 300 again."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    return [pid if pid < pid_max else 300 + (pid - pid_max) % (pid_max - 300)
+            for pid in range(os.getpid() + 1, os.getpid() + 1 + count)]
+
+
+def leave_stale_session_dirs(pids: list[int]) -> list[Path]:
+    """What an mpirun killed with SIGKILL leaves in the system temp dir, for each of these pids."""
     base = Path(tempfile.gettempdir())
     made = []
-    for pid in range(first_pid, first_pid + count):
+    for pid in pids:
         folder = base / f"ompi.{pid}"
         if folder.exists():
             continue
@@ -31,13 +38,14 @@ def leave_stale_session_dirs(first_pid: int, count: int) -> list[Path]:
 
 
 def test_a_stale_session_dir_with_mpiruns_pid_does_not_stop_the_launch():
-    made = leave_stale_session_dirs(os.getpid() + 1, AHEAD)
+    pids = next_pids(AHEAD)
+    made = leave_stale_session_dirs(pids)
     try:
         result = launcher.run(MPIRUN_PPID, env={**os.environ, **MPI_ENV}, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
         mpirun_pid = int(result.stdout.split()[-1])
-        assert os.getpid() < mpirun_pid <= os.getpid() + AHEAD, "mpirun's pid missed the stale dirs: the check proved nothing"
-        assert Path(tempfile.gettempdir(), f"ompi.{mpirun_pid}") in made
+        assert mpirun_pid in pids, "mpirun's pid missed the stale dirs: the check proved nothing"
+        assert Path(tempfile.gettempdir(), f"ompi.{mpirun_pid}").is_dir()
     finally:
         for folder in made:
             shutil.rmtree(folder, ignore_errors=True)
