@@ -66,7 +66,7 @@ class TrainConfig:
     run_name: Optional[str] = _opt(None, "name of the job's parent run (default: SYNC-npN-seedSEED)")
     no_tracking: bool = _opt(False, "do not record the job in MLflow")
     save_model: bool = _opt(False, "store the final weights as an artifact of the job's run")
-    system_metrics_every: float = _opt(10.0, "seconds between CPU, memory and network samples per host; 0 turns them off")
+    system_metrics_every: float = _opt(10.0, "seconds between CPU, memory, network and disk samples per host (taken at logged steps); 0 turns them off")
     tracking_spool: bool = _opt(False, "if the tracking server cannot be reached at start, train anyway and keep everything in a spool under mlruns/spool/ for `python -m mpi_train.replay` (mid-run outages are always spooled)")
 
     @property
