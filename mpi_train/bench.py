@@ -12,7 +12,8 @@ alike. Per method it reports:
 - sync: the sync call alone, timed between two barriers so no rank's lateness is counted;
 - exposed: step time minus the no-sync baseline's step time in the same round, i.e. the
   communication the step really pays;
-- bytes sent/received per rank from the method's cost model (mpi_train/costs.py);
+- bytes sent/received per rank from the method's cost model (mpi_train/costs.py), for S
+  as the method sends it (half the gradients' bytes for one that sends float16);
 - bus bandwidth S/t·2(N-1)/N and the floor the cost model allows on a link of bandwidth B,
   where B is measured at start by a ping-pong of S bytes between ranks 0 and 1;
 - efficiency = floor / t. Here t is the larger of sync and exposed time: what the step pays
@@ -45,7 +46,7 @@ from .cli import RankAwareParser, guarded
 from .cluster import Cluster
 from .collectives import allreduce_bandwidth
 from .config import ENV_DEFAULTS, BACKENDS, TrainConfig
-from .costs import bus_bandwidth, cost_model_of
+from .costs import bus_bandwidth, cost_model_of, wire_bytes
 from .data import SyntheticImages
 from .errors import UserError
 from .models import INPUT_SHAPES, MODELS, build_model
@@ -198,13 +199,13 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
                "busbw_bytes_per_s": None, "floor_s": None, "efficiency": None}
         model = None if name == NO_SYNC else cost_model_of(method_class)
         if model is not None:
-            comm = max(sync, exposed)
-            traffic = [model.traffic(gradient_bytes, world, rank) for rank in range(world)]
-            floor = model.floor(gradient_bytes, world, bandwidth) if world > 1 else 0.0
+            comm, size = max(sync, exposed), wire_bytes(method_class, gradient_bytes)
+            traffic = [model.traffic(size, world, rank) for rank in range(world)]
+            floor = model.floor(size, world, bandwidth) if world > 1 else 0.0
             row.update({
                 "cost_model": method_class.cost_model, "comm_s": comm,
                 "sent_bytes": [sent for sent, _ in traffic], "received_bytes": [received for _, received in traffic],
-                "busbw_bytes_per_s": bus_bandwidth(gradient_bytes, world, comm) if world > 1 else None,
+                "busbw_bytes_per_s": bus_bandwidth(size, world, comm) if world > 1 else None,
                 "floor_s": floor, "efficiency": floor / comm if world > 1 and comm > 0 else None,
             })
         rows.append(row)

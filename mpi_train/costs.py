@@ -54,6 +54,12 @@ def cost_model_of(method_class: type) -> Optional[CostModel]:
     return COST_MODELS[name]
 
 
+def wire_bytes(method_class: type, gradient_bytes: float, gradient_itemsize: int = 4) -> float:
+    """S as the method sends it: the gradients' bytes, scaled when its messages carry another dtype (compression)."""
+    dtype = getattr(method_class, "wire_dtype", None)
+    return gradient_bytes if dtype is None else gradient_bytes * dtype.itemsize / gradient_itemsize
+
+
 def bus_bandwidth(size: float, world: int, seconds: float) -> float:
     """Bytes/s as nccl-tests report it for allreduce: S/t · 2(N-1)/N, comparable with the link bandwidth."""
     return size / seconds * 2 * (world - 1) / world if seconds > 0 else float("nan")

@@ -16,7 +16,7 @@ everything through rank 0: the textbook bound is rank 0's link carrying (N-1)·S
 (N-1)·S out; here the ranks on rank 0's host use memory, so the link carries (N-L)·S each way,
 one way after the other (L = ranks per host). ddp moves allreduce's bytes, overlapped with
 backward, so its cost shows in compute time rather than sync time (so does bucketed's); flat and
-ring move allreduce's bytes in one buffer.
+ring move allreduce's bytes in one buffer, flat_fp16 half of them (S is what a method sends).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mpi_train import launcher  # noqa: E402 - after the path is set
+from mpi_train.costs import wire_bytes  # noqa: E402
 from mpi_train.sync import SYNC_METHODS  # noqa: E402
 
 METHODS = tuple(SYNC_METHODS)
@@ -80,7 +81,6 @@ def main() -> None:
     first = next(iter(summaries.values()))
     hosts = first["hosts"]
     ranks_per_host = hosts.count(hosts[0])
-    model = predictions(len(hosts), ranks_per_host, S, B)
     print(f"{args.model}: S = {S / 4:,.0f} params x 4 B = {S / 1e6:.2f} MB; {len(hosts)} ranks on {len(set(hosts))} hosts "
           f"({ranks_per_host} on rank 0's host); links {args.gbit:g} Gbit/s; steps 2..{args.steps}, median over steps "
           f"of the mean over ranks")
@@ -89,7 +89,8 @@ def main() -> None:
         steps = summary["steps"][1:]
         median = {key: statistics.median(s[key] for s in steps) for key in ("sync_time_s", "compute_time_s", "step_time_s")}
         mean_sync = statistics.mean(s["sync_time_s"] for s in steps)
-        textbook, placed = model[SYNC_METHODS[method].cost_model]
+        method_class = SYNC_METHODS[method]
+        textbook, placed = predictions(len(hosts), ranks_per_host, wire_bytes(method_class, S), B)[method_class.cost_model]
         print(f"{method:<15}{median['sync_time_s']:>9.3f}{mean_sync:>9.3f}{median['compute_time_s']:>11.3f}"
               f"{median['step_time_s']:>9.3f}{textbook:>17.3f}{placed:>16.3f}")
 

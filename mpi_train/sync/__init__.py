@@ -10,6 +10,7 @@ from .base import SyncMethod
 from .bucketed import Bucketed
 from .ddp import DDP
 from .flat import Flat
+from .flat_fp16 import FlatFP16
 from .gather_scatter import GatherScatter
 from .ring import Ring
 
@@ -20,6 +21,7 @@ SYNC_METHODS: dict[str, type[SyncMethod]] = {
     "flat": Flat,
     "bucketed": Bucketed,
     "ring": Ring,
+    "flat_fp16": FlatFP16,
 }
 
 __all__ = ["SYNC_METHODS", "SyncMethod"]

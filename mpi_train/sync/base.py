@@ -18,6 +18,7 @@ class SyncMethod:
     """Makes every rank's gradients equal to their mean across ranks, once per step."""
 
     cost_model: Optional[str] = None  # how it moves bytes: a key of mpi_train.costs.COST_MODELS ("ring", "root")
+    wire_dtype: Optional[torch.dtype] = None  # what its messages carry, when not the gradients' own dtype (compression)
 
     @classmethod
     def from_config(cls, config) -> "SyncMethod":

@@ -44,7 +44,8 @@ class Flat(SyncMethod):
     ~40 calls per step); coalescing pays it once and sends the same 2(N-1)/N·S bytes
     per rank, at the price of one memory copy of the gradients into the buffer. The
     reduced gradients are handed back as views of the buffer, so there is no copy out.
-    Subclasses change only how the buffer is summed (`allreduce_sum`).
+    Subclasses change how the buffer is summed (`allreduce_sum`, as `ring`) or averaged
+    (`average`, as `flat_fp16`).
     """
 
 
@@ -57,9 +58,13 @@ class Flat(SyncMethod):
         if self.buffer is None:
             self.buffer = FlatBuffer([p for p in model.parameters() if p.requires_grad])
         self.buffer.pack()
-        self.allreduce_sum(self.buffer.data)
-        self.buffer.data.div_(dist.get_world_size())
+        self.average(self.buffer.data)
         self.buffer.unpack()
+
+    def average(self, data: torch.Tensor) -> None:
+        """Replace `data` on every rank by its elementwise mean over ranks."""
+        self.allreduce_sum(data)
+        data.div_(dist.get_world_size())
 
     def allreduce_sum(self, data: torch.Tensor) -> None:
         """Replace `data` on every rank by its elementwise sum over ranks."""
