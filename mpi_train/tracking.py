@@ -40,7 +40,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .config import TrainConfig, redact_uri
 from .errors import UserError, raised_in_collective
-from .spool import OFFLINE_PREFIX, SPOOL_DIR, Spool, SpoolingClient, batch_record, server_answers, server_run_id
+from .spool import (OFFLINE_PREFIX, SPOOL_DIR, MetricHistory, Spool, SpoolingClient, batch_record, deliver,
+                    server_answers, server_run_id)
 
 DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
 SERVER_SCHEMES = ("http", "https")
@@ -534,7 +535,7 @@ class MlflowTracker(NullTracker):
         self.stop.set()
         try:
             if status == "FINISHED":  # nothing is pressing: the last metrics first, then the status
-                self._stop_senders()
+                self.sender.stop()
             from mlflow.entities import RunTag
 
             if tags:
@@ -545,14 +546,11 @@ class MlflowTracker(NullTracker):
             if failure:
                 self.client.log_text(self.parent_id, failure["traceback"], f"failure/traceback_rank{failed_rank}.txt")
             self.client.log_text(self.parent_id, "\n".join(self.lines) + "\n", "console.log")
-            self._stop_senders()
+            self.sender.stop()
         except Exception as error:  # noqa: BLE001 - say so; the job's own outcome matters more
             print(f"mpi_train: warning: could not record the MLflow run as {status}: {error}", file=sys.stderr)
         self.guard.done()
         return True
-
-    def _stop_senders(self) -> None:
-        self.sender.stop()
 
     def _thread(self, target, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -742,13 +740,18 @@ def _replayed_runs(client, setup: dict) -> dict:
         return {}
 
 
-def _spool_the_end(spool: Spool, uri: str, unsent: dict, tags: dict, parent_id: str, runs: list) -> None:
-    """Append the metrics rank 0 left and the runs' end to the spool (the replay skips rows the server holds)."""
+def _metric_batches(run_id: str, rows: list) -> list[dict]:
+    """The guard's kept rows (key, value, timestamp, step) as log_batch records of at most 1000 metrics."""
     from mlflow.entities import Metric
 
+    return [batch_record(run_id, [Metric(*row) for row in rows[start:start + 1000]]) for start in range(0, len(rows), 1000)]
+
+
+def _spool_the_end(spool: Spool, uri: str, unsent: dict, tags: dict, parent_id: str, runs: list) -> None:
+    """Append the metrics rank 0 left and the runs' end to the spool (the replay skips rows the server holds)."""
     for run_id, rows in unsent.items():
-        for start in range(0, len(rows), 1000):
-            spool.add(batch_record(run_id, [Metric(*row) for row in rows[start:start + 1000]]), uri)
+        for record in _metric_batches(run_id, rows):
+            spool.add(record, uri)
     if tags:
         spool.add({"kind": "log_batch", "run_id": parent_id, "metrics": [], "params": {},
                    "tags": {key: str(value) for key, value in tags.items()}}, uri)
@@ -757,14 +760,11 @@ def _spool_the_end(spool: Spool, uri: str, unsent: dict, tags: dict, parent_id: 
 
 
 def _send_missing(client, run_id: str, rows: list) -> None:
-    """Log the metrics rank 0 left unsent, skipping any (key, step) the server already holds."""
-    from mlflow.entities import Metric
-
+    """Log the metrics rank 0 left unsent, leaving out rows the server already holds (as a replay does)."""
+    history = MetricHistory(client)
     try:
-        held = {(key, m.step) for key in {row[0] for row in rows} for m in client.get_metric_history(run_id, key)}
-        missing = [Metric(key, value, timestamp, step) for key, value, timestamp, step in rows if (key, step) not in held]
-        for start in range(0, len(missing), 1000):
-            client.log_batch(run_id, metrics=missing[start:start + 1000], synchronous=True)
+        for record in _metric_batches(run_id, rows):
+            deliver(client, record, history)
     except Exception:  # noqa: BLE001 - nobody is left to tell
         pass
 
