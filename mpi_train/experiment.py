@@ -205,21 +205,23 @@ class Progress:
         self.launches = launches
         self.started = time.monotonic()
 
-    def estimate_left(self, current: Launch, run_elapsed: float) -> Optional[float]:
+    def estimate_left(self, current: Launch) -> Optional[float]:
         """The current run's steps at its own pace, then each later run as start-up plus steps at the pace seen so far."""
         finished = [l for l in self.launches if l.returncode == 0 and l.seconds_per_step() is not None]
         paces = [l.seconds_per_step() for l in finished]
-        pace = current.seconds_per_step() or (sum(paces) / len(paces) if paces else None)
+        mean_pace = sum(paces) / len(paces) if paces else None
+        pace = current.seconds_per_step() or mean_pace
         if pace is None:
             return None
+        if mean_pace is None:
+            mean_pace = pace
         startups = [l.startup() for l in finished] or [current.startup() or 0.0]
         startup = sum(startups) / len(startups)
-        mean_pace = sum(paces) / len(paces) if paces else pace
         later = [l for l in self.launches if l.index > current.index]
         return max(0, current.steps - current.steps_done) * pace + sum(startup + l.steps * mean_pace for l in later)
 
     def line(self, current: Launch, run_elapsed: float) -> str:
-        left = self.estimate_left(current, run_elapsed)
+        left = self.estimate_left(current)
         eta = f", ~{_duration(left)} left (estimate)" if left is not None else ""
         return (f"[{current.index}/{len(self.launches)}] {current.name}: step {current.steps_done}/{current.steps}, "
                 f"run {_duration(run_elapsed)}, sweep {_duration(time.monotonic() - self.started)}{eta}")

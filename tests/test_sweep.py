@@ -146,4 +146,4 @@ def test_time_left_counts_later_runs_by_their_steps():
     done = Launch(1, "a", [], steps=10, log=Path("a"), returncode=0, first=(12.0, 2), last=(20.0, 10))  # 1 s/step, 10 s start-up
     current = Launch(2, "b", [], steps=10, log=Path("b"), steps_done=4, first=(15.0, 2), last=(19.0, 4))  # 2 s/step
     later = Launch(3, "c", [], steps=30, log=Path("c"))
-    assert Progress([done, current, later]).estimate_left(current, 19.0) == pytest.approx(6 * 2.0 + 10 + 30 * 1.0)
+    assert Progress([done, current, later]).estimate_left(current) == pytest.approx(6 * 2.0 + 10 + 30 * 1.0)
