@@ -91,15 +91,14 @@ class MlflowServer:
     def uri(self) -> str:
         """The server's URI, once it answers."""
         import time
-        import urllib.request
+
+        from mpi_train.spool import server_answers
 
         deadline = time.monotonic() + 120
         while not self.up:
             assert self.process.poll() is None, (self.root / "server.log").read_text()
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
-                    self.up = True
-            except OSError:
+            self.up = server_answers(self.url)
+            if not self.up:
                 assert time.monotonic() < deadline, "mlflow server did not start:\n" + (self.root / "server.log").read_text()
                 time.sleep(0.5)
         return self.url

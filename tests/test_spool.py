@@ -15,14 +15,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import MPI_ENV, REPO, free_port
 from mpi_train import launcher
-from mpi_train.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record, server_run_id
+from mpi_train.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record, server_answers, server_run_id
 
 pytestmark = pytest.mark.e2e
 
@@ -58,11 +57,7 @@ class RestartableServer:
             time.sleep(0.2)
 
     def answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
-                return True
-        except OSError:
-            return False
+        return server_answers(self.uri)
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
