@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import report
 from .cluster import Cluster
 from .config import TrainConfig
 from .errors import UserError
@@ -104,22 +105,8 @@ def restore_rank_state(state: dict, model: nn.Module) -> None:
 # Writing: every rank contributes its state, rank 0 writes.
 
 def write_atomically(payload: dict, target: Path) -> None:
-    """torch.save to a temporary file beside `target`, fsync, rename over, fsync the folder."""
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    try:
-        with open(partial, "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, target)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    folder = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)  # the rename itself survives a power cut
-    finally:
-        os.close(folder)
+    """torch.save to a temporary file beside `target`, renamed over it once complete (see report.write_atomically)."""
+    report.write_atomically(target, lambda handle: torch.save(payload, handle))
 
 
 class Checkpointer:

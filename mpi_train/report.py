@@ -12,7 +12,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Callable, Optional
 
 from .tracking import NullTracker
 
@@ -23,13 +23,30 @@ def mean_over_ranks(per_rank: list[dict], key: str) -> float:
     return statistics.fmean(record[key] for record in per_rank)
 
 
+def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
+    """`write` into a temporary file beside `target`, fsync, rename over it, fsync the folder: a reader never
+    sees half a file, and a crash mid-write leaves the previous version intact (and no temporary file)."""
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        with open(partial, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    folder = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a power cut
+    finally:
+        os.close(folder)
+
+
 def write_json_atomically(path: str, payload: dict) -> None:
-    """Write then rename, so a reader never sees half a file."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.partial")
-    partial.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(partial, target)
+    write_atomically(target, lambda handle: handle.write((json.dumps(payload, indent=2) + "\n").encode()))
 
 
 class SilentReporter:
