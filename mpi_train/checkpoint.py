@@ -26,7 +26,6 @@ the file (it is the one that wrote it).
 
 from __future__ import annotations
 
-import os
 import random
 import re
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from torch import nn
 from . import report
 from .cluster import Cluster
 from .config import TrainConfig
-from .errors import UserError
+from .errors import UserError, folder_write_error
 
 FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"^step-(\d{8})\.pt$")
@@ -153,14 +152,9 @@ class Checkpointer:
 
 def check_folder(folder: Path) -> Optional[str]:
     """None if checkpoints can be written to `folder` (created if missing), else why not."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test.{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        return (f"--checkpoint-dir {folder} is not a writable folder ({error.strerror or error}). "
-                f"Create it or choose another folder.")
+    reason = folder_write_error(folder)
+    if reason:
+        return f"--checkpoint-dir {folder} is not a writable folder ({reason}). Create it or choose another folder."
     return None
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import traceback
+from pathlib import Path
+from typing import Optional
 
 
 class UserError(Exception):
@@ -27,3 +30,14 @@ def raised_in_collective(error: BaseException) -> bool:
     symptom of another rank having failed, so the rank that caught it is not the one to blame."""
     frames = traceback.extract_tb(error.__traceback__)
     return bool(frames) and f"torch{os.sep}distributed{os.sep}" in frames[-1].filename
+
+
+def folder_write_error(folder: Path) -> Optional[str]:
+    """None if `folder` is a folder this process can write to (created if missing), else the system's reason."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        return error.strerror or str(error)
+    return None

@@ -39,7 +39,7 @@ from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from .config import TrainConfig, redact_uri
-from .errors import UserError, raised_in_collective
+from .errors import UserError, folder_write_error, raised_in_collective
 from .spool import (OFFLINE_PREFIX, SPOOL_DIR, MetricHistory, Spool, SpoolingClient, batch_record, deliver,
                     server_answers, server_run_id)
 
@@ -83,13 +83,10 @@ def default_store_uri() -> str:
 
 def check_store_dir(directory: Path, flag_hint: str) -> None:
     """`directory` must be a writable folder (created if missing): the SQLite file and artifacts live there."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-    except OSError as error:
+    reason = folder_write_error(directory)
+    if reason:
         raise UserError(
-            f"The MLflow store folder {directory.resolve()} is not a writable folder ({error.strerror or error}). "
+            f"The MLflow store folder {directory.resolve()} is not a writable folder ({reason}). "
             f"The job's runs and artifacts are kept there. Make it a writable folder, run from another working "
             f"directory, {flag_hint}, or pass --no-tracking."
         ) from None
