@@ -6,8 +6,6 @@ the kind of bug a hand-written sync method can have. Arguments are passed to `py
 
 from __future__ import annotations
 
-import sys
-
 import torch.distributed as dist
 
 from mpi_train.sync import SYNC_METHODS
@@ -26,5 +24,6 @@ class SkipLastRank(AllReduce):
 SYNC_METHODS["skip_last_rank"] = SkipLastRank  # before the CLI reads the registry for its --sync choices
 
 from mpi_train.cli import main  # noqa: E402
+from mpi_train.cluster import exit_process  # noqa: E402
 
-sys.exit(main())
+exit_process(main())  # as `python -m mpi_train` does: interpreter teardown can abort under Gloo's threads

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from mpi_train.cli import parse_config
-from mpi_train.cluster import Cluster
+from mpi_train.cluster import Cluster, exit_process
 from mpi_train.sync import SYNC_METHODS
 from mpi_train.train import run
 
@@ -36,3 +36,4 @@ def main(out: str, total: str, resume_at: str, *args: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    exit_process(0)  # as `python -m mpi_train` does: interpreter teardown can abort under Gloo's threads
