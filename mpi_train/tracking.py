@@ -501,9 +501,10 @@ class MlflowTracker(NullTracker):
         self._report_spool()
         return False
 
-    def _report_spool(self) -> None:
-        """One last try at sending what an outage spooled; if the server is still away, say how to send it later."""
-        if not hasattr(self.client, "retry") or self.client.retry(now=True):
+    def _report_spool(self, try_again: bool = True) -> None:
+        """One last try at sending what an outage spooled (unless there is no time for one: a signal); if the
+        server is still away, say how to send it later."""
+        if not hasattr(self.client, "retry") or (try_again and self.client.retry(now=True)) or not self.client.pending():
             return
         uri = redact_uri(self.uri)
         print(f"mpi_train: warning: the MLflow server at {uri} is still unreachable; {self.client.pending()} "
@@ -595,6 +596,7 @@ class MlflowTracker(NullTracker):
             name = signal.Signals(number).name
             if self.end("KILLED", tags={"mpi_train.killed_by": name}):
                 print(f"mpi_train: {name} received; run recorded as KILLED, stopping every rank.", file=sys.stderr)
+                self._report_spool(try_again=False)  # mpirun's SIGKILL follows within a second: no time to wait on the server
             self.cluster.abort(128 + number)
 
     def _release_signals(self) -> None:

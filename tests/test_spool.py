@@ -2,9 +2,10 @@
 
 One sequence, because each server start costs 10-30 s: job A trains while the server
 stops (it must keep training and spool), is held mid-run while job B starts with no
-server (--tracking-spool) and job C, without that flag, is refused; then the server
-comes back: A re-sends its spool itself, B's spool is sent by `python -m mpi_train.replay`
-(twice: the second finds nothing), and a job resumed from A's checkpoint links to A's run.
+server (--tracking-spool), job C, without that flag, is refused, and job D, spooling too,
+is stopped with SIGTERM; then the server comes back: A re-sends its spool itself, B's and D's
+spools are sent by `python -m mpi_train.replay` (B's twice: the second finds nothing), and a
+job resumed from A's checkpoint links to A's run.
 """
 
 import contextlib
@@ -138,6 +139,13 @@ def spooled(folder: Path) -> int:
     return sum(len(Spool(path)) for path in (folder / "mlruns" / "spool").glob("*.jsonl"))
 
 
+def spooled_rank0_pid(spool: Path) -> int:
+    """Rank 0's pid, from the tags of its child run in a job's spool."""
+    [pid] = [record["tags"]["pid"] for record in Spool(spool).records()
+             if record["kind"] == "create_run" and record["tags"].get("rank") == "0"]
+    return int(pid)
+
+
 @pytest.fixture(scope="module")
 def outage(tmp_path_factory):
     """Run the whole sequence once; the tests below check its outcome.
@@ -151,8 +159,8 @@ def outage(tmp_path_factory):
     from mlflow import MlflowClient  # while the server starts
 
     server.wait_up()
-    a_dir, b_dir, c_dir = (root / name for name in ("a", "b", "c"))
-    for folder in (a_dir, b_dir, c_dir):
+    a_dir, b_dir, c_dir, d_dir = (root / name for name in ("a", "b", "c", "d"))
+    for folder in (a_dir, b_dir, c_dir, d_dir):
         folder.mkdir()
     job_a = Job(a_dir, "A", "--max-steps", str(STEPS_A), "--tracking-uri", server.uri,
                 "--checkpoint-dir", str(a_dir / "ck"), "--checkpoint-every", str(RESUME_AT),
@@ -166,11 +174,13 @@ def outage(tmp_path_factory):
         os.kill(rank1, signal.SIGSTOP)
         wait_for(lambda: has_logged(client, "A"), 30, "job A's first steps to reach the server")
         server.stop()
-        # With the server away: B trains offline by choice; C did not choose to and is refused.
+        # With the server away: B trains offline by choice; C did not choose to and is refused; D trains offline
+        # and is stopped with SIGTERM.
         started = time.monotonic()
         job_c = Job(c_dir, "C", "--max-steps", "4", "--tracking-uri", server.uri)
         job_b = Job(b_dir, "B", "--max-steps", str(STEPS_B), "--tracking-uri", server.uri, "--tracking-spool")
-        jobs += [job_b, job_c]
+        job_d = Job(d_dir, "D", "--tracking-uri", server.uri, "--tracking-spool")
+        jobs += [job_b, job_c, job_d]
         paused_at = job_a.step()
         os.kill(rank1, signal.SIGCONT)  # A trains on with the server away...
         wait_for(lambda: job_a.step() >= paused_at + 3 or job_a.process.poll() is not None, 60, "job A to train on")
@@ -180,6 +190,11 @@ def outage(tmp_path_factory):
         c_result = job_c.finish(60)
         c_seconds = time.monotonic() - started
         b_result = job_b.finish(120)
+        wait_for(lambda: job_d.step() >= 2 or job_d.process.poll() is not None, 120, "job D to train")
+        # To rank 0 itself: signalled, mpirun passes SIGTERM on to the ranks but no longer forwards their output.
+        [d_spool] = (d_dir / "mlruns" / "spool").glob("*.jsonl")
+        os.kill(spooled_rank0_pid(d_spool), signal.SIGTERM)
+        d_result = job_d.finish(60)
 
         server.start()
         os.kill(rank1, signal.SIGCONT)
@@ -193,8 +208,11 @@ def outage(tmp_path_factory):
                                 capture_output=True, text=True, timeout=120, env=replay_env)
         again = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", server.uri], cwd=b_dir,
                                capture_output=True, text=True, timeout=120, env=replay_env)
+        d_replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", server.uri], cwd=d_dir,
+                                  capture_output=True, text=True, timeout=120, env=replay_env)
         yield {"server": server, "client": client, "root": root, "a": job_a.finish(120),
-               "b": b_result, "c": (*c_result, c_seconds), "replay": replay, "again": again, "resumed": resumed.finish(120)}
+               "b": b_result, "c": (*c_result, c_seconds), "replay": replay, "again": again, "resumed": resumed.finish(120),
+               "d": d_result, "d_spool": d_spool, "d_replay": d_replay}
     finally:
         if rank1 is not None and job_a.process.poll() is None:
             os.kill(rank1, signal.SIGCONT)
@@ -237,6 +255,20 @@ def test_a_job_started_without_a_server_by_choice_is_replayed_once(outage):
     assert {child.data.tags["mlflow.parentRunId"] for child in children} == {parent.info.run_id}
     local_id = parent.data.tags[OFFLINE_ID_TAG]  # what B's checkpoints would name: a job resumed from one finds the run
     assert local_id.startswith(OFFLINE_PREFIX) and server_run_id(client, parent.info.experiment_id, local_id) == parent.info.run_id
+
+
+def test_a_job_stopped_by_sigterm_while_spooling_says_where_its_record_is_and_is_replayed_killed(outage):
+    code, out, err = outage["d"]
+    assert code != 0 and "SIGTERM received" in err, out + err
+    after_signal = " ".join(err.split("SIGTERM received", 1)[1].split())
+    assert f"kept in mlruns/spool/{outage['d_spool'].name}" in after_signal, err
+    assert "python -m mpi_train.replay" in after_signal, err
+    replay = outage["d_replay"]
+    assert replay.returncode == 0 and "removed" in replay.stdout, replay.stdout + replay.stderr
+    parent, children = runs_named(outage["client"], "outage", "D")
+    assert parent.info.status == "KILLED" and parent.data.tags["mpi_train.killed_by"] == "SIGTERM"
+    assert [child.info.status for child in children] == ["KILLED"] * 2
+    assert len(outage["client"].get_metric_history(parent.info.run_id, "loss")) >= 2
 
 
 def test_an_unreachable_server_at_start_is_refused_quickly_unless_spooling_was_chosen(outage):
