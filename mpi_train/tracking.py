@@ -232,6 +232,7 @@ class NullTracker:
     """Tracking off, or nothing for this rank to do; also the interface the others implement."""
 
     parent_id: Optional[str] = None  # the job's MLflow run, stored in checkpoints so a resumed job can link to it
+    sampler: Optional[HostSampler] = None  # set on the first rank of each host when system metrics are on
 
     def __enter__(self):
         return self
@@ -241,7 +242,7 @@ class NullTracker:
 
     def host_sample(self) -> dict:
         """What this rank adds to the logged-step gather (system metrics of its host, if it samples them)."""
-        return {}
+        return self.sampler.sample() if self.sampler else {}
 
     def console(self, line: str) -> None: ...
     def log_step(self, epoch: int, step: int, loss: float, times: dict, throughput: float, per_rank: list[dict]) -> None: ...
@@ -283,9 +284,6 @@ class RankTracker(NullTracker):
 
     def __init__(self, store, info, sampler: Optional[HostSampler]):
         self.store, self.info, self.sampler = store, info, sampler
-
-    def host_sample(self) -> dict:
-        return self.sampler.sample() if self.sampler else {}
 
     def __exit__(self, kind, error, trace) -> bool:
         if error is None or isinstance(error, KeyboardInterrupt) or (isinstance(error, UserError) and error.collective):
@@ -432,9 +430,6 @@ class MlflowTracker(NullTracker):
         """Queue metrics for the sender, and give the guard a copy in case this process dies first."""
         self.guard.keep(run_id, metrics)
         self.sender.put(run_id, metrics)
-
-    def host_sample(self) -> dict:
-        return self.sampler.sample() if self.sampler else {}
 
     def console(self, line: str) -> None:
         self.lines.append(line)
