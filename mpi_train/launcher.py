@@ -54,6 +54,18 @@ def stop(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
             continue
 
 
+@contextmanager
+def launched(command: Sequence[str], env: Mapping[str, str], **popen_kwargs) -> Iterator[subprocess.Popen]:
+    """A launch with its own TMPDIR, for the length of a `with`: on leaving it (an error or Ctrl-C included)
+    whatever is left of the launch is stopped and its TMPDIR removed."""
+    with own_tmpdir() as tmp_env:
+        process = start(command, {**env, **tmp_env}, **popen_kwargs)
+        try:
+            yield process
+        finally:
+            stop(process)
+
+
 def run(command: Sequence[str], env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
         cwd=None) -> subprocess.CompletedProcess:
     """Run one launch to its end and capture its output (text).
@@ -61,16 +73,12 @@ def run(command: Sequence[str], env: Optional[Mapping[str, str]] = None, timeout
     A launch that runs past `timeout` seconds is stopped and subprocess.TimeoutExpired is raised,
     carrying what it printed.
     """
-    with own_tmpdir() as tmp_env:
-        process = start(command, {**(env if env is not None else os.environ), **tmp_env}, cwd=cwd,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with launched(command, env if env is not None else os.environ, cwd=cwd,
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop(process)
             stdout, stderr = process.communicate()
             raise subprocess.TimeoutExpired(process.args, timeout, stdout, stderr) from None
-        except BaseException:  # Ctrl-C or an error here must not leave the ranks running
-            stop(process)
-            raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)

@@ -87,11 +87,11 @@ class Job:
         command = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-m", "mpi_train", *QUICK, "--experiment", "outage",
                    "--run-name", name, *args]
         self.err_path = cwd / f"{name}.stderr"
-        self.cleanup = contextlib.ExitStack()  # the launch's own TMPDIR, removed once the job is over
-        tmp_env = self.cleanup.enter_context(launcher.own_tmpdir())
+        self.cleanup = contextlib.ExitStack()  # stops what is left of the launch and removes its TMPDIR
         with open(self.err_path, "w") as err:
-            self.process = launcher.start(command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": "",
-                                                    **tmp_env}, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True)
+            self.process = self.cleanup.enter_context(launcher.launched(
+                command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": ""},
+                cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True))
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
         self.reader.start()
@@ -109,7 +109,6 @@ class Job:
         return code, "".join(self.lines), self.err_path.read_text()
 
     def kill(self) -> None:
-        launcher.stop(self.process)
         self.cleanup.close()
 
 

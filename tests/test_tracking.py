@@ -119,26 +119,22 @@ def test_sigterm_marks_the_run_killed(mlflow_server, target):
     run_name = f"sigterm-to-{target}"
     command = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-m", "mpi_train", *QUICK, "--epochs", "50",
                "--tracking-uri", mlflow_server, "--experiment", "tests-kill", "--run-name", run_name]
-    with launcher.own_tmpdir() as tmp_env:
-        job = launcher.start(command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **tmp_env}, cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 90
-            while True:  # wait until training has logged metrics to the server
-                assert job.poll() is None and time.monotonic() < deadline, "the job ended or never started training"
-                experiment = client.get_experiment_by_name("tests-kill")
-                runs = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{run_name}'") if experiment else []
-                if runs and "loss" in runs[0].data.metrics:
-                    break
-                time.sleep(0.5)
-            if target == "mpirun":
-                job.send_signal(signal.SIGTERM)
-            else:  # rank 0's pid is a tag of its child run
-                _, children = job_runs(client, "tests-kill", run_name)
-                os.kill(int(children[0].data.tags["pid"]), signal.SIGTERM)
-            job.wait(timeout=60)
-        finally:
-            launcher.stop(job)
+    with launcher.launched(command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as job:
+        deadline = time.monotonic() + 90
+        while True:  # wait until training has logged metrics to the server
+            assert job.poll() is None and time.monotonic() < deadline, "the job ended or never started training"
+            experiment = client.get_experiment_by_name("tests-kill")
+            runs = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{run_name}'") if experiment else []
+            if runs and "loss" in runs[0].data.metrics:
+                break
+            time.sleep(0.5)
+        if target == "mpirun":
+            job.send_signal(signal.SIGTERM)
+        else:  # rank 0's pid is a tag of its child run
+            _, children = job_runs(client, "tests-kill", run_name)
+            os.kill(int(children[0].data.tags["pid"]), signal.SIGTERM)
+        job.wait(timeout=60)
     assert job.returncode != 0
     parent, children = job_runs(client, "tests-kill", run_name)
     deadline = time.monotonic() + 30  # mpirun SIGKILLs ranks ~0.2 s after SIGTERM; the guard process may finish the job
