@@ -7,10 +7,11 @@ import sys
 import pytest
 
 from conftest import client_for, mpirun
-from mpi_train import bench, launcher
+from mpi_train import launcher
 from mpi_train.costs import COST_MODELS, bus_bandwidth, cost_model_of
 from mpi_train.models import build_model
 from mpi_train.sync import SYNC_METHODS, SyncMethod
+from mpi_train.tools import bench
 
 MB = 1e6
 SYNC_BYTES_PER_ELEMENT = {name: 2 if name == "flat_fp16" else 4 for name in SYNC_METHODS}  # float16 on the wire

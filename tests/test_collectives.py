@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import mpirun
-from mpi_train.collectives import CHECKS, format_table
+from mpi_train.tools.collectives import CHECKS, format_table
 
 
 @pytest.mark.e2e

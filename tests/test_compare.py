@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from mpi_train.compare import COLUMNS, Job, format_table, table_rows
+from mpi_train.tools.compare import COLUMNS, Job, format_table, table_rows
 
 PNG = b"\x89PNG"
 

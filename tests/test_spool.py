@@ -22,7 +22,7 @@ import pytest
 
 from conftest import MPI_ENV, REPO, free_port
 from mpi_train import launcher
-from mpi_train.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record, server_answers, server_run_id
+from mpi_train.tracking.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record, server_answers, server_run_id
 
 pytestmark = pytest.mark.e2e
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from mpi_train.experiment import Launch, Progress, estimated_steps, main, train_flags
-from mpi_train.sweep import SweepError, load, locate, parse
+from mpi_train.tools.experiment import Launch, Progress, estimated_steps, main, train_flags
+from mpi_train.tools.sweep import SweepError, load, locate, parse
 from mpi_train.sync import SYNC_METHODS
 
 GOOD = """\

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .cli import format_error
-from .config import ENV_DEFAULTS, TrainConfig, redact_uri
-from .errors import UserError
-from .launcher import own_tmpdir, start, stop
+from ..cli import format_error
+from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
+from ..errors import UserError
+from ..launcher import own_tmpdir, start, stop
 from .sweep import BenchPlan, PlannedRun, Sweep, load
 
 STEP_LINE = re.compile(r"step\s+(\d+)/(\d+)")  # training's and the bench's progress lines
@@ -79,7 +79,7 @@ def tracking_uri(sweep: Sweep) -> Optional[str]:
     """Where every run of the sweep is filed, decided once (None with tracking off)."""
     if not sweep.tracking:
         return None
-    from .tracking import default_store_uri
+    from ..tracking import default_store_uri
 
     return sweep.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or default_store_uri()
 
@@ -94,7 +94,7 @@ def check_setup(sweep: Sweep, uri: Optional[str]) -> None:
                         f"{Path.cwd()}. Run from the repository root, pass --hostfile PATH, or --hostfile \"\" to "
                         f"let mpirun run every rank here. Nothing was launched.")
     if uri:
-        from .tracking import check_uri, probe_server
+        from ..tracking import check_uri, probe_server
 
         try:
             if check_uri(uri) in ("http", "https"):

@@ -40,18 +40,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import cluster as clusters
-from . import tracking
-from .cli import RankAwareParser, guarded
-from .cluster import Cluster
+from .. import cluster as clusters
+from .. import tracking
+from ..cli import RankAwareParser, guarded
+from ..cluster import Cluster
 from .collectives import allreduce_bandwidth
-from .config import ENV_DEFAULTS, BACKENDS, TrainConfig
-from .costs import bus_bandwidth, cost_model_of, wire_bytes
-from .data import SyntheticImages
-from .errors import UserError
-from .models import INPUT_SHAPES, MODELS, build_model
-from .report import write_json_atomically
-from .sync import SYNC_METHODS, SyncMethod
+from ..config import ENV_DEFAULTS, BACKENDS, TrainConfig
+from ..costs import bus_bandwidth, cost_model_of, wire_bytes
+from ..data import SyntheticImages
+from ..errors import UserError
+from ..models import INPUT_SHAPES, MODELS, build_model
+from ..report import write_json_atomically
+from ..sync import SYNC_METHODS, SyncMethod
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
 COLUMNS = ("method", "model", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s", "floor_ms", "efficiency")

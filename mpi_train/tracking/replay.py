@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .config import redact_uri
-from .errors import UserError
+from ..config import redact_uri
+from ..errors import UserError
 from .spool import SPOOL_DIR, Spool, first_line
 
 WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
@@ -71,7 +71,7 @@ def target_uri(spool: Spool, override: Optional[str]) -> str:
 def replay_one(path: Path, override: Optional[str]) -> None:
     from mlflow import MlflowClient
 
-    from .tracking import check_uri, probe_server
+    from . import check_uri, probe_server
 
     spool = Spool(path)
     pending = len(spool)
@@ -111,7 +111,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 continue
             replay_one(path, override)
     except UserError as error:
-        from .cli import format_error  # only now: it brings torch along
+        from ..cli import format_error  # only now: it brings torch along
 
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code

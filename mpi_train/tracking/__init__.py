@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
 
-from .config import TrainConfig, redact_uri
-from .errors import UserError, folder_write_error, raised_in_collective
+from ..config import TrainConfig, redact_uri
+from ..errors import UserError, folder_write_error, raised_in_collective
 from .spool import (OFFLINE_PREFIX, SPOOL_DIR, MetricHistory, Spool, SpoolingClient, batch_record, deliver,
                     server_answers, server_run_id)
 
@@ -619,7 +619,7 @@ class RunGuard:
     """
 
     def __init__(self, uri: str, parent_id: str, child_ids: list[str], spool: Optional[Path] = None, experiment: str = ""):
-        package_root = str(Path(__file__).resolve().parents[1])
+        package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mpi_train.tracking"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,

@@ -26,9 +26,9 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import launcher
+from .. import launcher
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,10 +17,10 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import cluster as clusters
-from .cli import RankAwareParser, guarded
-from .cluster import Cluster
-from .errors import UserError
+from .. import cluster as clusters
+from ..cli import RankAwareParser, guarded
+from ..cluster import Cluster
+from ..errors import UserError
 
 CHECK_ELEMENTS = 1024
 

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .config import TrainConfig
-from .errors import UserError
+from ..config import TrainConfig
+from ..errors import UserError
 
 ALL_METHODS = "all"
 SET_BY_SWEEP = ("sync", "seed", "experiment", "tracking_uri", "no_tracking", "run_name", "summary_json")  # the runner's
@@ -221,7 +221,7 @@ class _Reader:
 
     def check_train(self, table: dict, where: tuple) -> dict:
         """Options of `python -m mpi_train`, type-checked against TrainConfig's fields and their choices."""
-        from .cli import REGISTRIES
+        from ..cli import REGISTRIES
 
         hints = typing.get_type_hints(TrainConfig)
         for key, value in table.items():
@@ -248,7 +248,7 @@ def _as_list(value) -> list:
 
 def parse(text: str, path: Path) -> Sweep:
     """Check an experiment file's text; raises SweepError (file, line, key) on the first mistake."""
-    from .sync import SYNC_METHODS
+    from ..sync import SYNC_METHODS
 
     path = Path(path)
     try:
@@ -330,7 +330,7 @@ def parse(text: str, path: Path) -> Sweep:
                 raise reader.fail(("bench", key), f"must be at least 1, got {getattr(bench, key)}.")
         if bench.batch_size % bench.np:
             raise reader.fail(("bench", "batch_size"), f"{bench.batch_size} must split evenly across np {bench.np}.")
-        from .models import MODELS
+        from ..models import MODELS
 
         if bench.model not in MODELS:
             raise reader.fail(("bench", "model"), f"{bench.model!r} is not one of {', '.join(MODELS)}.")

@@ -42,7 +42,7 @@ from types import SimpleNamespace
 from typing import Any, Iterable, Optional
 from urllib.parse import urlsplit, urlunsplit
 
-from .config import redact_uri
+from ..config import redact_uri
 
 SPOOL_DIR = Path("mlruns") / "spool"
 PROBE_TIMEOUT_S = 2.0  # one /health request while the server is thought to be down

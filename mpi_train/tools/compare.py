@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .cli import format_error
-from .config import ENV_DEFAULTS, redact_uri
-from .errors import UserError
+from ..cli import format_error
+from ..config import ENV_DEFAULTS, redact_uri
+from ..errors import UserError
 
 PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
 COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "samples/s", "final_loss", "test_acc", "speed-up")
@@ -66,7 +66,7 @@ def load_jobs(client, experiment_id: str, since_ms: Optional[int] = None, names:
 
 def job_from_summary(name: str, summary: dict) -> Job:
     """A job read from its --summary-json file instead of MLflow (runs made with --no-tracking)."""
-    from .tracking import job_metrics
+    from ..tracking import job_metrics
 
     metrics = job_metrics(summary, summary["config"]["batch_size"])
     if summary.get("epochs"):
@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import os
 
-    from .tracking import check_uri, default_store_uri, probe_server
+    from ..tracking import check_uri, default_store_uri, probe_server
 
     args = build_parser().parse_args(argv)
     uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or default_store_uri()

@@ -20,9 +20,9 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .cli import format_error
-from .errors import UserError
-from .tracking import DEFAULT_STORE_DIR, check_store_dir
+from ..cli import format_error
+from ..errors import UserError
+from . import DEFAULT_STORE_DIR, check_store_dir
 
 START_TIMEOUT_S = 120.0  # a cold start (database migrations) takes ~15 s on two cores
 
