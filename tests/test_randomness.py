@@ -7,6 +7,7 @@ import pytest
 
 from conftest import losses, mpirun, train
 from disk_formats import write_cifar10_folders
+from methods_run import UNCOMPRESSED
 from mpi_train.randomness import rank_seed
 
 pytestmark = pytest.mark.e2e
@@ -61,3 +62,18 @@ def test_the_summary_gives_step_times_with_and_without_warm_up_and_the_rate_of_e
     assert summary["mean_times"]["step_time_s"] > 0 and summary["mean_times_after_warmup"]["step_time_s"] > 0
     assert summary["mean_times"] != summary["mean_times_after_warmup"]
     assert summary["config"]["lr"] == 0.2 and summary["config"]["warmup_steps"] == 4
+
+
+def test_every_uncompressed_sync_method_reruns_bit_for_bit(tmp_path, quick_args):
+    # The MNIST CNN's dropout draws from each rank's own stream, so this also checks those streams restart.
+    summaries = []
+    for attempt in ("first", "second"):
+        out = tmp_path / attempt
+        out.mkdir()
+        result = mpirun(2, [str(out), *quick_args, "--max-steps", "6"], module="tests.methods_run")
+        assert result.returncode == 0, result.stdout + result.stderr
+        summaries.append({sync: json.loads((out / f"{sync}.json").read_text()) for sync in UNCOMPRESSED})
+    first, second = summaries
+    assert "gather_scatter" in UNCOMPRESSED and "flat_fp16" not in UNCOMPRESSED
+    for sync in UNCOMPRESSED:
+        assert len(losses(first[sync])) == 3 and losses(first[sync]) == losses(second[sync]), sync
