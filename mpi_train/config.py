@@ -40,14 +40,14 @@ class TrainConfig:
     batch_size: int = _opt(256, "global batch size, split evenly across ranks")
     epochs: int = _opt(1, "passes over the training set")
     max_steps: Optional[int] = _opt(None, "stop after this many optimizer steps (default: run all epochs)")
-    lr: Optional[float] = _opt(None, "peak SGD learning rate (default: the model's, 0.05 for vgg11 and mnist_cnn)")
+    lr: Optional[float] = _opt(None, "peak SGD learning rate (default: the model's, 0.01 for vgg11, 0.05 for mnist_cnn)")
     momentum: Optional[float] = _opt(None, "SGD momentum (default: the model's, 0.9)")
     weight_decay: Optional[float] = _opt(None, "SGD weight decay (default: the model's, 5e-4)")
     seed: int = _opt(42, "seed of the model's initial weights (the same on every rank) and of the data order; augmentation and dropout draw from (seed, rank)")
 
     # Learning-rate schedule and timing warm-up (the course's plain SGD: --lr-schedule constant --warmup-steps 0).
     lr_schedule: str = _opt("cosine", "learning rate after warm-up: constant, cosine decay to 0 over the run, or step (divided by 10 at 50%% and 75%% of it)", choices=SCHEDULES)
-    warmup_steps: Optional[int] = _opt(None, "steps over which the learning rate ramps linearly up to --lr (default: the model's, 40 for vgg11, 20 for mnist_cnn)")
+    warmup_steps: Optional[int] = _opt(None, "steps over which the learning rate ramps linearly up to --lr (default: the model's, 20)")
     timing_warmup_steps: int = _opt(1, "first steps of the job left out of the reported mean step times (the whole-run means are reported too)")
 
     # Distributed runtime.
