@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import UserError
+from .schedule import MODEL_DEFAULTS, SCHEDULES, OptimizerDefaults
 
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
 DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
@@ -39,10 +40,15 @@ class TrainConfig:
     batch_size: int = _opt(256, "global batch size, split evenly across ranks")
     epochs: int = _opt(1, "passes over the training set")
     max_steps: Optional[int] = _opt(None, "stop after this many optimizer steps (default: run all epochs)")
-    lr: float = _opt(0.05, "SGD learning rate")
-    momentum: float = _opt(0.9, "SGD momentum")
-    weight_decay: float = _opt(5e-4, "SGD weight decay")
-    seed: int = _opt(42, "seed for torch, numpy and random, the same on every rank")
+    lr: Optional[float] = _opt(None, "peak SGD learning rate (default: the model's, 0.01 for vgg11, 0.05 for mnist_cnn)")
+    momentum: Optional[float] = _opt(None, "SGD momentum (default: the model's, 0.9)")
+    weight_decay: Optional[float] = _opt(None, "SGD weight decay (default: the model's, 5e-4)")
+    seed: int = _opt(42, "seed of the model's initial weights (the same on every rank) and of the data order; augmentation and dropout draw from (seed, rank)")
+
+    # Learning-rate schedule and timing warm-up (the course's plain SGD: --lr-schedule constant --warmup-steps 0).
+    lr_schedule: str = _opt("cosine", "learning rate after warm-up: constant, cosine decay to 0 over the run, or step (divided by 10 at 50%% and 75%% of it)", choices=SCHEDULES)
+    warmup_steps: Optional[int] = _opt(None, "steps over which the learning rate ramps linearly up to --lr (default: the model's, 20)")
+    timing_warmup_steps: int = _opt(1, "first steps of the job left out of the reported mean step times (the whole-run means are reported too)")
 
     # Distributed runtime.
     backend: str = _opt("auto", "process-group backend: auto picks nccl when every rank has a GPU", choices=BACKENDS)
@@ -74,15 +80,23 @@ class TrainConfig:
         """The model actually trained: --model, or the data set's default."""
         return self.model or DATASET_DEFAULT_MODEL[self.dataset]
 
+    @property
+    def optimizer(self) -> OptimizerDefaults:
+        """lr, momentum, weight decay and warm-up: each flag given, else the model's default."""
+        defaults = MODEL_DEFAULTS[self.model_name]
+        given = {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay, "warmup_steps": self.warmup_steps}
+        return dataclasses.replace(defaults, **{key: value for key, value in given.items() if value is not None})
+
     def as_dict(self) -> dict:
         """The resolved config, as saved in summaries and run artifacts (passwords in URIs masked)."""
-        return {**dataclasses.asdict(self), "model": self.model_name, "tracking_uri": redact_uri(self.tracking_uri)}
+        return {**dataclasses.asdict(self), "model": self.model_name, **dataclasses.asdict(self.optimizer),
+                "tracking_uri": redact_uri(self.tracking_uri)}
 
     def validate(self, world_size: int) -> None:
         """Reject values no run can use, before any work starts."""
         positive = {
             "--batch-size": self.batch_size, "--epochs": self.epochs, "--log-every": self.log_every,
-            "--synthetic-size": self.synthetic_size, "--timeout": self.timeout, "--lr": self.lr,
+            "--synthetic-size": self.synthetic_size, "--timeout": self.timeout, "--lr": self.optimizer.lr,
             "--bucket-mb": self.bucket_mb,
         }
         if self.max_steps is not None:
@@ -94,7 +108,9 @@ class TrainConfig:
         for flag, value in positive.items():
             if value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
-        for flag, value in {"--momentum": self.momentum, "--weight-decay": self.weight_decay, "--check-every": self.check_every}.items():
+        optimizer = self.optimizer
+        for flag, value in {"--momentum": optimizer.momentum, "--weight-decay": optimizer.weight_decay, "--check-every": self.check_every,
+                            "--warmup-steps": optimizer.warmup_steps, "--timing-warmup-steps": self.timing_warmup_steps}.items():
             if value < 0:
                 raise UserError(f"{flag} must not be negative, got {value}.")
         if self.system_metrics_every < 0:

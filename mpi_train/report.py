@@ -58,9 +58,10 @@ class SilentReporter:
         self.tracker.console(line)
 
     def start(self, job: dict) -> None: ...
-    def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict]) -> None: ...
+    def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict], lr: Optional[float] = None) -> None: ...
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
-    def finish(self, per_rank_means: list[dict], wall_time_s: float) -> None: ...
+    def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: Optional[list[dict]] = None,
+               timing_warmup_steps: int = 0) -> None: ...
     def save_weights(self, model) -> None: ...
 
 
@@ -93,13 +94,15 @@ class Reporter(SilentReporter):
             f"{job['threads']} thread(s) per rank, {job['total_steps']} steps, rendezvous {job['rendezvous']}"
         )
 
-    def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict]) -> None:
+    def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict], lr: Optional[float] = None) -> None:
         loss = mean_over_ranks(per_rank, "loss")
         times = {key: mean_over_ranks(per_rank, key) for key in PHASES}
-        self.steps.append({"step": step, "epoch": epoch, "loss": loss, **times})
-        self.tracker.log_step(epoch, step, loss, times, self.global_batch / times["step_time_s"], per_rank)
+        self.steps.append({"step": step, "epoch": epoch, "loss": loss, **({"lr": lr} if lr is not None else {}), **times})
+        self.tracker.log_step(epoch, step, loss, times, self.global_batch / times["step_time_s"], per_rank, lr=lr)
         self.print(
-            f"epoch {epoch} step {step:>5}/{total_steps}  loss {loss:.4f}  step {times['step_time_s']:.3f}s "
+            f"epoch {epoch} step {step:>5}/{total_steps}  loss {loss:.4f}  "
+            + (f"lr {lr:.4g}  " if lr is not None else "")
+            + f"step {times['step_time_s']:.3f}s "
             f"(compute {times['compute_time_s']:.3f}s, sync {times['sync_time_s']:.3f}s)  "
             f"{self.global_batch / times['step_time_s']:.0f} samples/s"
         )
@@ -109,11 +112,16 @@ class Reporter(SilentReporter):
         self.tracker.log_epoch(epoch, test_loss, test_accuracy, epoch_time_s)
         self.print(f"epoch {epoch} test loss {test_loss:.4f}  accuracy {100 * test_accuracy:.2f}%  ({epoch_time_s:.1f}s)")
 
-    def finish(self, per_rank_means: list[dict], wall_time_s: float) -> None:
+    def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: Optional[list[dict]] = None,
+               timing_warmup_steps: int = 0) -> None:
+        """The whole-job summary; `per_rank_steady` are the means leaving out the first `timing_warmup_steps`
+        (the seed assignment's convention: warm-up iterations are not timed)."""
         overall = {key: mean_over_ranks(per_rank_means, key) for key in PHASES}
+        steady = {key: mean_over_ranks(per_rank_steady or per_rank_means, key) for key in PHASES}
         self.print(
-            f"done in {wall_time_s:.1f}s: mean step {overall['step_time_s']:.3f}s, sync "
-            f"{overall['sync_time_s']:.3f}s ({100 * overall['sync_time_s'] / overall['step_time_s']:.1f}% of step)"
+            f"done in {wall_time_s:.1f}s: mean step {steady['step_time_s']:.3f}s leaving out the first "
+            f"{timing_warmup_steps} step(s) ({overall['step_time_s']:.3f}s over all), sync "
+            f"{steady['sync_time_s']:.3f}s ({100 * steady['sync_time_s'] / steady['step_time_s']:.1f}% of step)"
         )
         summary = {
             "config": self.config,
@@ -122,6 +130,8 @@ class Reporter(SilentReporter):
             "epochs": self.epochs,
             "per_rank_mean_times": per_rank_means,
             "mean_times": overall,
+            "timing_warmup_steps": timing_warmup_steps,
+            "mean_times_after_warmup": steady,
             "final_loss": self.steps[-1]["loss"] if self.steps else None,
             "wall_time_s": wall_time_s,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

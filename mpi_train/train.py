@@ -22,6 +22,8 @@ from .data import load_datasets, make_loaders
 from .errors import UserError
 from .faults import injected
 from .models import build_model
+from .randomness import seed_rank_streams
+from .schedule import LearningRate
 from .report import PHASES, Reporter, SilentReporter
 from .sync import SYNC_METHODS
 
@@ -121,9 +123,11 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     seed_everything(config.seed)
     model = build_model(config.model_name, config.dropout).to(device)
     check_replicas_agree(cluster, model, "at start")
+    seed_rank_streams(config.seed, info.rank)  # augmentation and dropout: a stream of each rank's own
     method = SYNC_METHODS[config.sync].from_config(config)
     net = method.wrap(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    settings = config.optimizer  # the flags given, else the model's defaults
+    optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
 
     steps_per_epoch = len(train_loader)
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
@@ -132,6 +136,9 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     if resume:  # the weights and momentum of the checkpoint; each rank's random state comes right before its first batch
         model.load_state_dict(resume.model_state)
         optimizer.load_state_dict(resume.optimizer_state)
+    schedule_steps = config.epochs * steps_per_epoch  # the whole run's, so --max-steps and resuming keep the same curve
+    learning_rate = LearningRate(optimizer, settings.lr, config.lr_schedule, settings.warmup_steps, schedule_steps,
+                                 steps_done=resume.position.step if resume else 0)
     job = {
         "world_size": info.world_size, "backend": backend, "hosts": list(cluster.hosts), "threads": threads, "rendezvous": rendezvous,
         "batch_size_per_rank": batch_per_rank, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
@@ -144,6 +151,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
         reporter.start(job)
         clock = Clock(device)
         run_totals, window = PhaseTotals(), PhaseTotals()
+        after_warmup = PhaseTotals()  # the steps after the first --timing-warmup-steps of this job
         started = time.perf_counter()
         start = resume.position if resume else Position()
         step = start.step
@@ -174,6 +182,8 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
                 t3 = clock()
                 optimizer.step()
                 t4 = clock()
+                step_lr = learning_rate.current
+                learning_rate.step()
                 step += 1
                 step_in_epoch += 1
 
@@ -182,10 +192,12 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
                 if config.check_every and step % config.check_every == 0:
                     check_replicas_agree(cluster, model, f"at step {step}")
                 run_totals.add(times)
+                if step - start.step > config.timing_warmup_steps:
+                    after_warmup.add(times)
                 window.add(times)
                 if step % config.log_every == 0 or step == total_steps or step % steps_per_epoch == 0:
                     per_rank = cluster.gather({"loss": loss.item(), **window.means(), **tracker.host_sample()})
-                    reporter.log_step(epoch, step, total_steps, per_rank)
+                    reporter.log_step(epoch, step, total_steps, per_rank, lr=step_lr)
                     window = PhaseTotals()
                 if checkpoints.due(step, total_steps):
                     checkpoints.save(model, optimizer, Position(epoch, step, step_in_epoch), tracker.parent_id)
@@ -197,7 +209,9 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
             reporter.log_epoch(epoch, test_loss, test_accuracy, time.perf_counter() - epoch_started)
 
         check_replicas_agree(cluster, model, f"after step {step}")
-        reporter.finish(cluster.gather(run_totals.means()), time.perf_counter() - started)
+        steady = after_warmup if after_warmup.steps else run_totals  # a job too short to leave any out
+        reporter.finish(cluster.gather(run_totals.means()), time.perf_counter() - started,
+                        cluster.gather(steady.means()), config.timing_warmup_steps if after_warmup.steps else 0)
         if config.save_model:
             reporter.save_weights(model)
     dist.destroy_process_group()

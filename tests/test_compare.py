@@ -23,6 +23,16 @@ def test_table_rows_give_speed_up_against_the_slowest_job():
     assert lines[0].split() == list(COLUMNS) and len(lines) == 4
 
 
+
+def test_table_uses_the_step_times_that_leave_out_warm_up_when_a_job_has_them():
+    metrics = {"mean_throughput_samples_per_s": 100.0, "mean_step_time_s": 0.4, "mean_sync_time_s": 0.2,
+               "steady_throughput_samples_per_s": 200.0, "steady_mean_step_time_s": 0.2, "steady_mean_sync_time_s": 0.05}
+    old = Job("b", "old", "allreduce", 4, {"mean_throughput_samples_per_s": 100.0, "mean_step_time_s": 0.4,
+                                          "mean_sync_time_s": 0.1})
+    new, before = table_rows([Job("a", "new", "allreduce", 4, metrics), old])
+    assert (new["step_s"], new["sync_s"], new["sync_%"], new["samples/s"]) == (0.2, 0.05, 25.0, 200.0)
+    assert (before["step_s"], before["sync_%"], before["speed-up"], new["speed-up"]) == (0.4, 25.0, 1.0, 2.0)
+
 @pytest.mark.e2e
 def test_compare_prints_the_table_writes_plots_and_logs_a_comparison_run(mlflow_server, tracked_jobs, tmp_path):
     out = tmp_path / "plots"

@@ -18,7 +18,7 @@ from mpi_train.tracking import BatchSender, HostSampler, _open
 
 pytestmark = pytest.mark.e2e
 
-PARENT_STEP_METRICS = ("loss", "step_time_s", "compute_time_s", "sync_time_s", "throughput_samples_per_s")
+PARENT_STEP_METRICS = ("loss", "step_time_s", "compute_time_s", "sync_time_s", "throughput_samples_per_s", "lr")
 CHILD_STEP_METRICS = ("loss", "data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")
 PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
           "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts")
@@ -66,7 +66,7 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
     losses = [m.value for m in client.get_metric_history(parent.info.run_id, "loss")]
     assert losses == pytest.approx([s["loss"] for s in tracked_jobs["allreduce"]["steps"]])
     assert {"test_loss", "test_accuracy", "epoch_time_s", "sync_share", "mean_step_time_s", "total_step_time_s",
-            "wall_time_s", "tracking_share"} <= set(parent.data.metrics)
+            "wall_time_s", "tracking_share", "steady_mean_step_time_s", "steady_throughput_samples_per_s"} <= set(parent.data.metrics)
     assert 0 < parent.data.metrics["sync_share"] < 1
     assert any(key.startswith("system/") and key.endswith("/cpu_utilization_percentage") for key in parent.data.metrics)
     child_losses = []

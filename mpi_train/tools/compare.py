@@ -4,6 +4,8 @@ Reads parent and child runs through the MLflow client (the same keys in every jo
 this, and the UI's compare view, work), prints one row per job and writes PNGs:
 loss against step per job, the mean step split into its phases, and each rank's
 step-time spread. With --log-artifacts the plots and table become a comparison run.
+Step times are the means leaving out each job's first --timing-warmup-steps steps (the
+seed assignment's convention), where the job recorded them; older jobs show whole-run means.
 
     python -m mpi_train.compare --experiment mpi_train --tracking-uri http://127.0.0.1:5000 --out plots
 """
@@ -76,19 +78,29 @@ def job_from_summary(name: str, summary: dict) -> Job:
                rank_step_times=[[rank["step_time_s"]] for rank in summary["per_rank_mean_times"]])
 
 
+def timing(metrics: dict, phase: str) -> Optional[float]:
+    """A job's mean `phase` time per step, warm-up steps left out when the job recorded that mean."""
+    return metrics.get(f"steady_mean_{phase}", metrics.get(f"mean_{phase}"))
+
+
+def throughput(metrics: dict) -> Optional[float]:
+    return metrics.get("steady_throughput_samples_per_s", metrics.get("mean_throughput_samples_per_s"))
+
+
 def table_rows(jobs: list[Job]) -> list[dict]:
     """One row per job; speed-up is throughput against the slowest job's."""
-    slowest = min((j.metrics.get("mean_throughput_samples_per_s", 0) for j in jobs), default=0) or 1.0
+    slowest = min((throughput(j.metrics) or 0 for j in jobs), default=0) or 1.0
     rows = []
     for job in jobs:
         m = job.metrics
+        step_s, sync_s = timing(m, "step_time_s"), timing(m, "sync_time_s")
         rows.append({
             "run": job.name, "sync": job.sync, "np": job.world_size,
-            "step_s": m.get("mean_step_time_s"), "sync_s": m.get("mean_sync_time_s"),
-            "sync_%": 100 * m["sync_share"] if "sync_share" in m else None,
-            "samples/s": m.get("mean_throughput_samples_per_s"), "final_loss": m.get("final_loss", m.get("loss")),
+            "step_s": step_s, "sync_s": sync_s,
+            "sync_%": 100 * sync_s / step_s if step_s and sync_s is not None else None,
+            "samples/s": throughput(m), "final_loss": m.get("final_loss", m.get("loss")),
             "test_acc": m.get("test_accuracy"),
-            "speed-up": m.get("mean_throughput_samples_per_s", 0) / slowest if "mean_throughput_samples_per_s" in m else None,
+            "speed-up": throughput(m) / slowest if throughput(m) is not None else None,
         })
     return rows
 
@@ -130,7 +142,7 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
     bottom = [0.0] * len(jobs)
     for phase in PHASES:
-        heights = [1000 * j.metrics.get(f"mean_{phase}", 0.0) for j in jobs]
+        heights = [1000 * (timing(j.metrics, phase) or 0.0) for j in jobs]
         ax.bar([j.label for j in jobs], heights, bottom=bottom, label=phase.removesuffix("_time_s"))
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set(ylabel="mean time per step (ms)", title="Where a step's time goes")

@@ -57,7 +57,8 @@ FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
 ACK_WAIT_S = 10.0  # a failing rank waits this long for rank 0 to record its failure before aborting
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
 PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
-          "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts", "threads", "rendezvous")
+          "momentum", "weight_decay", "lr_schedule", "warmup_steps", "timing_warmup_steps", "epochs", "max_steps", "seed", "hosts",
+          "threads", "rendezvous")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +223,18 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
         "total_steps": steps, "wall_time_s": summary["wall_time_s"],
         "mean_throughput_samples_per_s": global_batch / means["step_time_s"] if means["step_time_s"] else 0.0,
         **({"final_loss": summary["final_loss"]} if summary["final_loss"] is not None else {}),
+        **steady_metrics(summary, global_batch),
     }
+
+
+def steady_metrics(summary: dict, global_batch: int) -> dict:
+    """The means leaving out the first --timing-warmup-steps steps (absent from summaries older than them)."""
+    steady = summary.get("mean_times_after_warmup")
+    if not steady:
+        return {}
+    return {**{f"steady_mean_{key}": value for key, value in steady.items()},
+            "timing_warmup_steps": summary["timing_warmup_steps"],
+            "steady_throughput_samples_per_s": global_batch / steady["step_time_s"] if steady["step_time_s"] else 0.0}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +257,8 @@ class NullTracker:
         return self.sampler.sample() if self.sampler else {}
 
     def console(self, line: str) -> None: ...
-    def log_step(self, epoch: int, step: int, loss: float, times: dict, throughput: float, per_rank: list[dict]) -> None: ...
+    def log_step(self, epoch: int, step: int, loss: float, times: dict, throughput: float, per_rank: list[dict],
+                 lr: Optional[float] = None) -> None: ...
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
     def finish(self, summary: dict) -> None: ...
     def save_weights(self, model) -> None: ...
@@ -434,11 +447,12 @@ class MlflowTracker(NullTracker):
     def console(self, line: str) -> None:
         self.lines.append(line)
 
-    def log_step(self, epoch, step, loss, times, throughput, per_rank) -> None:
+    def log_step(self, epoch, step, loss, times, throughput, per_rank, lr=None) -> None:
         started = time.perf_counter()
         self._put(self.parent_id, self._metrics({
             "loss": loss, "step_time_s": times["step_time_s"], "compute_time_s": times["compute_time_s"],
-            "sync_time_s": times["sync_time_s"], "throughput_samples_per_s": throughput}, step))
+            "sync_time_s": times["sync_time_s"], "throughput_samples_per_s": throughput,
+            **({"lr": lr} if lr is not None else {})}, step))
         for rank, record in enumerate(per_rank):
             self._put(self.child_ids[rank], self._metrics({k: v for k, v in record.items() if k != "system"}, step))
             if record.get("system"):
