@@ -312,6 +312,8 @@ def describe_plan(sweep: Sweep, launches: list[Launch], uri: Optional[str]) -> s
              f"{redact_uri(uri) if uri else 'off'}, output in {sweep.out}/"]
     if sweep.description:
         lines.append(f"  {sweep.description}")
+    for method, why in sweep.unavailable:
+        lines.append(f"unavailable, not launched: {method}: {why}")
     for launch in launches:
         env = "".join(f"{k}={v} " for k, v in launch.env.items())
         lines.append(f"[{launch.index}/{len(launches)}] {launch.name} (~{launch.steps} steps)\n    {env}{' '.join(launch.command)}")
@@ -412,7 +414,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UserError as error:
         print(format_error(str(error)).replace("mpi_train: error", "mpi_train.experiment: error", 1), file=sys.stderr)
         return error.exit_code
-    print(describe_plan(sweep, launches, uri).splitlines()[0], flush=True)
+    print("\n".join(line for i, line in enumerate(describe_plan(sweep, launches, uri).splitlines())
+                    if i == 0 or line.startswith("unavailable")), flush=True)
     sweep.out.mkdir(parents=True, exist_ok=True)
     return run_sweep(sweep, launches, uri)
 
