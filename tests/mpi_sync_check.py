@@ -32,7 +32,7 @@ from mpi_train.config import TrainConfig
 from mpi_train.sync import SYNC_METHODS, SyncMethod, backend_error
 from mpi_train.sync.bucketed import Bucketed
 from mpi_train.sync.flat import Flat
-from mpi_train.sync.hierarchical import Hierarchical
+from mpi_train.sync.hierarchical import Hierarchical, host_of_each_rank
 from mpi_train.sync.ring import Ring
 
 STEPS = 3
@@ -159,6 +159,7 @@ def main() -> int:
     rank, world = cluster.info.rank, cluster.info.world_size
     init_process_group(cluster, "gloo", None, 60)
     failures = []
+    leaders = host_of_each_rank()  # what the registered `hierarchical` builds its levels from
     for name, (make_method, make) in cases(world).items():
         model = make()
         method = make_method()
@@ -184,6 +185,7 @@ def main() -> int:
             bad = [r for r, names in enumerate(everyone) if name in names]
             right = "one update and error feedback kept on every rank" if "powersgd" in name else "mean gradient on every rank"
             print(f"{name}: {right if not bad else f'WRONG on ranks {bad}'}")
+        print(f"hierarchical: MPI's host split found {len(set(leaders))} host(s), leaders {sorted(set(leaders))}")
         for name in SYNC_METHODS:
             if backend_error(name, "gloo"):
                 print(f"{name}: unavailable on gloo")
