@@ -142,6 +142,8 @@ def bench_command(sweep: Sweep, bench: BenchPlan, uri: Optional[str], json_path:
     command = [*mpirun_prefix(sweep, bench.np), sys.executable, "-m", "mpi_train.bench", "--model", bench.model,
                "--batch-size", str(bench.batch_size), "--steps", str(bench.steps), "--warmup", str(bench.warmup),
                "--json", str(json_path)]
+    if bench.methods:
+        command += ["--methods", ",".join(bench.methods)]
     if uri:
         return command + ["--experiment", sweep.name, "--tracking-uri", uri, "--run-name", f"bench-{sweep.name}"]
     return command + ["--no-tracking"]

@@ -73,6 +73,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "bench": {
         "np": Key((int,), "an integer"), "steps": Key((int,), "an integer"), "warmup": Key((int,), "an integer"),
         "batch_size": Key((int,), "an integer"), "model": Key((str,), "a string"),
+        "methods": Key((list,), 'a list of method labels, e.g. ["ddp", "bucketed+powersgd"]', each=(str,)),
     },
 }
 SWEEP_KEYS = {
@@ -102,6 +103,7 @@ class BenchPlan:
     warmup: int = 2
     batch_size: int = 256
     model: str = "vgg11"
+    methods: Optional[tuple[str, ...]] = None  # labels for the bench's --methods (default: every method and compression)
 
 
 @dataclass(frozen=True)
@@ -352,7 +354,14 @@ def parse(text: str, path: Path) -> Sweep:
     if "bench" in data:
         table = data["bench"]
         defaults = {"np": max(run.np for run in runs), "batch_size": train.get("batch_size", 256)}
-        bench = BenchPlan(**{**defaults, **table})
+        bench = BenchPlan(**{**defaults, **table, **({"methods": tuple(table["methods"])} if "methods" in table else {})})
+        if bench.methods:
+            from .bench import chosen
+
+            try:
+                chosen(",".join(bench.methods))
+            except UserError as error:
+                raise reader.fail(("bench", "methods"), str(error)) from None
         for key in ("np", "steps", "batch_size"):
             if getattr(bench, key) < 1:
                 raise reader.fail(("bench", key), f"must be at least 1, got {getattr(bench, key)}.")

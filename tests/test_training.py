@@ -46,30 +46,44 @@ def np4_packed_runs(tmp_path_factory):
     return runs
 
 
+COMPRESSED_ARGS = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--max-steps", "12",
+                   "--log-every", "2", "--no-tracking", "--bucket-mb", "1"]
+
+
 @pytest.fixture(scope="module")
 def np4_compressed_runs(tmp_path_factory):
-    """The same job with compression on the overlapped schedule, the two-level schedule and DDP's fp16 hook."""
+    """The same job with compression on the overlapped schedule (1 MB buckets: three, as above)."""
     tmp = tmp_path_factory.mktemp("np4_compressed")
-    args = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--max-steps", "12", "--log-every", "2", "--no-tracking"]
     return {
-        "bucketed+fp16": train(4, tmp, *args, "--sync", "bucketed", "--bucket-mb", "1", "--compression", "fp16", name="bf"),
-        "bucketed+powersgd": train(4, tmp, *args, "--sync", "bucketed", "--bucket-mb", "1", "--compression", "powersgd",
+        "bucketed+fp16": train(4, tmp, *COMPRESSED_ARGS, "--sync", "bucketed", "--compression", "fp16", name="bf"),
+        "bucketed+powersgd": train(4, tmp, *COMPRESSED_ARGS, "--sync", "bucketed", "--compression", "powersgd",
                                    "--powersgd-start-step", "2", name="bp"),
-        "hierarchical": train(4, tmp, *args, "--sync", "hierarchical", name="h"),
-        "ddp_fp16": train(4, tmp, *args, "--sync", "ddp_fp16", name="df"),
     }
 
 
-def test_compressed_and_hierarchical_runs_follow_allreduce_as_far_as_their_precision_allows(np4_runs, np4_compressed_runs):
+@pytest.fixture(scope="module")
+def np4_peer_runs(tmp_path_factory):
+    """The same job with the two-level schedule and with DDP's own fp16 hook (a fixture of its own: its own time budget)."""
+    tmp = tmp_path_factory.mktemp("np4_peers")
+    return {"hierarchical": train(4, tmp, *COMPRESSED_ARGS, "--sync", "hierarchical", name="h"),
+            "ddp_fp16": train(4, tmp, *COMPRESSED_ARGS, "--sync", "ddp_fp16", name="df")}
+
+
+def test_hierarchical_and_ddp_fp16_follow_allreduce_as_far_as_their_precision_allows(np4_runs, np4_peer_runs):
+    reference = losses(np4_runs["allreduce"])
+    assert relative_gap(losses(np4_peer_runs["hierarchical"]), reference) <= 1e-5  # one host: plain allreduce of the flat buffer
+    assert relative_gap(losses(np4_peer_runs["ddp_fp16"]), reference) <= 2e-4  # float16's rounding, as flat_fp16
+    assert np4_peer_runs["ddp_fp16"]["compression"] == "fp16" and np4_peer_runs["hierarchical"]["compression"] == "none"
+
+
+def test_compression_on_the_overlapped_schedule_follows_allreduce_as_far_as_it_allows(np4_runs, np4_compressed_runs):
     runs, reference = np4_compressed_runs, losses(np4_runs["allreduce"])
-    assert relative_gap(losses(runs["hierarchical"]), reference) <= 1e-5  # one host: plain allreduce of the flat buffer
-    for name in ("bucketed+fp16", "ddp_fp16"):  # float16's rounding, as flat_fp16
-        assert relative_gap(losses(runs[name]), reference) <= 2e-4, name
-    assert runs["bucketed+fp16"]["config"]["compression"] == "fp16" and runs["ddp_fp16"]["compression"] == "fp16"
+    assert relative_gap(losses(runs["bucketed+fp16"]), reference) <= 2e-4  # float16's rounding, as flat_fp16
+    assert runs["bucketed+fp16"]["config"]["compression"] == "fp16" and runs["bucketed+fp16"]["compression"] == "fp16"
     powersgd = losses(runs["bucketed+powersgd"])
     assert powersgd[0] == pytest.approx(reference[0], rel=1e-4)  # steps 1-2 are plain averages
-    assert 1e-4 < relative_gap(powersgd, reference) <= 0.1  # then rank-2 factors: another path, as fast downhill
-    assert powersgd[-1] < 0.9 * powersgd[0]
+    assert 1e-4 < relative_gap(powersgd, reference) <= 0.1, (powersgd, reference)  # then rank-2 factors: close, not equal
+    assert powersgd[-1] < 0.95 * powersgd[0]
 
 
 def test_a_method_the_backend_cannot_run_is_refused_before_anything_starts(tmp_path, quick_args):
