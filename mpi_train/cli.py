@@ -18,9 +18,9 @@ from .cluster import Cluster
 from .config import ENV_DEFAULTS, TrainConfig
 from .errors import UserError, raised_in_collective
 from .models import MODELS
-from .sync import SYNC_METHODS
+from .sync import COMPRESSORS, SYNC_METHODS
 
-REGISTRIES = {"sync": tuple(SYNC_METHODS), "model": tuple(MODELS)}
+REGISTRIES = {"sync": tuple(SYNC_METHODS), "compression": tuple(COMPRESSORS), "model": tuple(MODELS)}
 
 
 class RankAwareParser(argparse.ArgumentParser):

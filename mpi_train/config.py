@@ -30,6 +30,9 @@ class TrainConfig:
     # What to train.
     sync: str = _opt("allreduce", "gradient synchronisation method", choices="sync")
     bucket_mb: float = _opt(25.0, "bucket size in megabytes for --sync bucketed: smaller buckets start communicating earlier in backward, larger ones make fewer calls")
+    compression: str = _opt("none", "what the sync method's messages carry: none (float32), fp16 or bf16 (half the bytes), powersgd (rank-r factors of each gradient matrix); for allreduce, flat, bucketed, ring, hierarchical", choices="compression")
+    powersgd_rank: int = _opt(2, "rank r of PowerSGD's factors (--compression powersgd, ddp_powersgd): an n x m gradient travels as (n + m)·r numbers")
+    powersgd_start_step: int = _opt(10, "steps of plain (uncompressed) averaging before PowerSGD starts (ddp_powersgd: at least 2, torch's minimum)")
     dataset: str = _opt("cifar10", "data set", choices=tuple(DATASET_DEFAULT_MODEL))
     model: Optional[str] = _opt(None, "model (default: vgg11 for cifar10, mnist_cnn otherwise)", choices="model")
     data_dir: str = _opt("data", "where data sets are read from (and downloaded to)")
@@ -97,7 +100,7 @@ class TrainConfig:
         positive = {
             "--batch-size": self.batch_size, "--epochs": self.epochs, "--log-every": self.log_every,
             "--synthetic-size": self.synthetic_size, "--timeout": self.timeout, "--lr": self.optimizer.lr,
-            "--bucket-mb": self.bucket_mb,
+            "--bucket-mb": self.bucket_mb, "--powersgd-rank": self.powersgd_rank,
         }
         if self.max_steps is not None:
             positive["--max-steps"] = self.max_steps
@@ -110,11 +113,17 @@ class TrainConfig:
                 raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
         optimizer = self.optimizer
         for flag, value in {"--momentum": optimizer.momentum, "--weight-decay": optimizer.weight_decay, "--check-every": self.check_every,
-                            "--warmup-steps": optimizer.warmup_steps, "--timing-warmup-steps": self.timing_warmup_steps}.items():
+                            "--warmup-steps": optimizer.warmup_steps, "--timing-warmup-steps": self.timing_warmup_steps,
+                            "--powersgd-start-step": self.powersgd_start_step}.items():
             if value < 0:
                 raise UserError(f"{flag} must not be negative, got {value}.")
         if self.system_metrics_every < 0:
             raise UserError(f"--system-metrics-every must not be negative, got {self.system_metrics_every}; 0 turns system metrics off.")
+        from .sync import combination_error
+
+        refused = combination_error(self.sync, self.compression)
+        if refused:
+            raise UserError(refused)
         if self.save_model and self.no_tracking:
             raise UserError("--save-model stores the weights in the job's MLflow run, which --no-tracking turns off. Drop one of the two flags.")
         if self.checkpoint_every is not None and not self.checkpoint_dir:
@@ -130,7 +139,9 @@ class TrainConfig:
             )
 
     def default_run_name(self, world_size: int) -> str:
-        return self.run_name or f"{self.sync}-np{world_size}-seed{self.seed}"
+        from .sync import label
+
+        return self.run_name or f"{label(self.sync, self.compression)}-np{world_size}-seed{self.seed}"
 
     def per_rank(self, world_size: int) -> int:
         """Each rank's share of the global batch (validate() guarantees it divides)."""

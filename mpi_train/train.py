@@ -25,7 +25,7 @@ from .models import build_model
 from .randomness import seed_rank_streams
 from .schedule import LearningRate
 from .report import PHASES, Reporter, SilentReporter
-from .sync import SYNC_METHODS
+from .sync import SYNC_METHODS, backend_error
 
 
 
@@ -110,6 +110,9 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     fault.at(info.rank, "start")
     threads = clusters.configure_threads(info, config.threads)
     backend, device_name = clusters.resolve_backend(cluster, config.backend)
+    unsupported = backend_error(config.sync, backend)
+    if unsupported:  # before any collective: torch's own failure would abort the process
+        raise UserError(unsupported)
     device = torch.device(device_name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -141,7 +144,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
                                  steps_done=resume.position.step if resume else 0)
     job = {
         "world_size": info.world_size, "backend": backend, "hosts": list(cluster.hosts), "threads": threads, "rendezvous": rendezvous,
-        "batch_size_per_rank": batch_per_rank, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
+        "compression": SYNC_METHODS[config.sync].compression_name(config.compression), "batch_size_per_rank": batch_per_rank, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
     }
     if resume:
         job["resumed_from"] = {"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id}

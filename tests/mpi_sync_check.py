@@ -7,9 +7,15 @@ from step to step are checked too. Besides every registered method, a few cases
 stress the methods that pack gradients into buffers: buckets of a few bytes (one
 per tensor, filled out of order), a layer used twice in forward (its gradient
 accumulates from two places before it is ready) and a layer never used (its
-gradient must stay None, as `allreduce` leaves it). A method that sends float16 is held
-to float16's rounding instead of float32's. The model's 53 parameters do not
-divide into 2, 3 or 4 equal chunks, which `ring` must handle.
+gradient must stay None, as `allreduce` leaves it). A method that sends float16 or
+bfloat16 is held to that type's rounding instead of float32's. `hierarchical` also
+runs with its levels placed by hand (hosts of 2 ranks), as across real hosts. Every
+schedule that takes a compression runs with each: fp16 and bf16 within their
+precision; PowerSGD (rank 1, plain first step) must give the exact mean on its plain
+step, the same update on every rank, and keep the error-feedback invariant: applied
+update + mean of the new residuals == mean gradient + mean of the previous residuals.
+The model's 53 parameters do not divide into 2, 3 or 4 equal chunks, which `ring`
+must handle. A method that cannot run on Gloo is listed as unavailable.
 Prints one line per case on rank 0; exits non-zero if any rank saw a wrong gradient.
 """
 
@@ -22,12 +28,15 @@ import torch.distributed as dist
 from torch import nn
 
 from mpi_train.cluster import Cluster, exit_process, init_process_group
-from mpi_train.sync import SYNC_METHODS, SyncMethod
+from mpi_train.config import TrainConfig
+from mpi_train.sync import SYNC_METHODS, SyncMethod, backend_error
 from mpi_train.sync.bucketed import Bucketed
 from mpi_train.sync.flat import Flat
+from mpi_train.sync.hierarchical import Hierarchical, host_of_each_rank
 from mpi_train.sync.ring import Ring
 
 STEPS = 3
+COMPRESSING = ("allreduce", "flat", "bucketed", "ring", "hierarchical")
 
 
 class SharedAndUnused(nn.Module):
@@ -90,17 +99,59 @@ def gradients_are(model: nn.Module, per_rank: list[list[torch.Tensor | None]], w
     return True
 
 
-def cases() -> dict[str, tuple[Callable[[], SyncMethod], Callable[[], nn.Module]]]:
-    """Name -> (method factory, model factory)."""
+def hosts_of_two(world: int) -> list[int]:
+    """Each rank's leader when hosts hold 2 ranks each: [0, 0, 2] at np 3, [0, 0, 2, 2] at np 4."""
+    return [r - r % 2 for r in range(world)]
+
+
+def compressed(sync: str, compression: str, world: int, **options) -> Callable[[], SyncMethod]:
+    def make() -> SyncMethod:
+        config = TrainConfig(sync=sync, compression=compression, powersgd_rank=1, powersgd_start_step=1, **options)
+        if sync == "hierarchical":
+            return Hierarchical(Hierarchical.compressor_from_config(config), hosts=hosts_of_two(world))
+        return SYNC_METHODS[sync].from_config(config)
+    return make
+
+
+def cases(world: int) -> dict[str, tuple[Callable[[], SyncMethod], Callable[[], nn.Module]]]:
+    """Name -> (method factory, model factory), for the methods that can run on Gloo."""
     tiny_buckets = 64 / 2**20  # 64 bytes: every tensor of these models gets its own bucket
     return {
-        **{name: (method_class, make_model) for name, method_class in SYNC_METHODS.items()},
+        **{name: (method_class, make_model) for name, method_class in SYNC_METHODS.items() if not backend_error(name, "gloo")},
         "bucketed, 64-byte buckets": (lambda: Bucketed(tiny_buckets), make_model),
         "bucketed, 64-byte buckets, shared + unused layers": (lambda: Bucketed(tiny_buckets), make_shared_and_unused),
         "bucketed, one bucket, shared + unused layers": (Bucketed, make_shared_and_unused),
         "flat, shared + unused layers": (Flat, make_shared_and_unused),
         "ring, shared + unused layers": (Ring, make_shared_and_unused),
+        "hierarchical, hosts of 2 ranks": (lambda: Hierarchical(hosts=hosts_of_two(world)), make_model),
+        "hierarchical, hosts of 2 ranks, shared + unused layers": (lambda: Hierarchical(hosts=hosts_of_two(world)), make_shared_and_unused),
+        **{f"{sync}+{compression}": (compressed(sync, compression, world), make_model)
+           for sync in COMPRESSING for compression in ("fp16", "bf16", "powersgd")},
+        "bucketed+powersgd, 64-byte buckets, shared + unused layers":
+            (compressed("bucketed", "powersgd", world, bucket_mb=tiny_buckets), make_shared_and_unused),
     }
+
+
+def residuals(method: SyncMethod, model: nn.Module) -> list[torch.Tensor]:
+    """This rank's PowerSGD residual per parameter (zeros where a tensor is sent whole)."""
+    return [r.clone() if (r := method.compressor.residual_of(p)) is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+def keeps_error_feedback(cluster: Cluster, method: SyncMethod, model: nn.Module, previous: list[torch.Tensor],
+                         per_rank: list[list[torch.Tensor | None]]) -> bool:
+    """Every rank applies the same update, and update + mean(new residuals) == mean(grads) + mean(old residuals)."""
+    applied = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    everyone = cluster.allgather((applied, previous, residuals(method, model)))
+    for i, update in enumerate(applied):
+        if update is None:
+            continue
+        if any(not torch.equal(rank_applied[i], update) for rank_applied, _, _ in everyone):
+            return False
+        left = update + torch.stack([new[i] for _, _, new in everyone]).mean(0)
+        right = torch.stack([grads[i] + old[i] for grads, (_, old, _) in zip(per_rank, everyone)]).mean(0)
+        if (left - right).abs().max() > 1e-5 * max(1.0, right.abs().max().item()):
+            return False
+    return True
 
 
 def main() -> int:
@@ -108,24 +159,36 @@ def main() -> int:
     rank, world = cluster.info.rank, cluster.info.world_size
     init_process_group(cluster, "gloo", None, 60)
     failures = []
-    for name, (make_method, make) in cases().items():
+    leaders = host_of_each_rank()  # what the registered `hierarchical` builds its levels from
+    for name, (make_method, make) in cases(world).items():
         model = make()
         method = make_method()
         net = method.wrap(model)
+        powersgd = method.compressor.name == "powersgd"
         for step in range(STEPS):
             model.zero_grad()
             backward(net, rank, step)
+            previous = residuals(method, model) if powersgd else None
             method.sync(model)
             per_rank = every_ranks_gradients(make, world, step)
             differs_from_local = any(g is not None and not torch.equal(p.grad, g) for p, g in zip(model.parameters(), per_rank[rank]))
-            if not (gradients_are(model, per_rank, method.wire_dtype) and (differs_from_local or world == 1)):
+            if powersgd and step >= method.compressor.start_step:
+                right = keeps_error_feedback(cluster, method, model, previous, per_rank)
+            else:
+                right = gradients_are(model, per_rank, method.wire_dtype)
+            if not (right and (differs_from_local or world == 1)):
                 failures.append(name)
                 break
     everyone = cluster.gather(failures)
     if rank == 0:
-        for name in cases():
+        for name in cases(world):
             bad = [r for r, names in enumerate(everyone) if name in names]
-            print(f"{name}: {'mean gradient on every rank' if not bad else f'WRONG on ranks {bad}'}")
+            right = "one update and error feedback kept on every rank" if "powersgd" in name else "mean gradient on every rank"
+            print(f"{name}: {right if not bad else f'WRONG on ranks {bad}'}")
+        print(f"hierarchical: MPI's host split found {len(set(leaders))} host(s), leaders {sorted(set(leaders))}")
+        for name in SYNC_METHODS:
+            if backend_error(name, "gloo"):
+                print(f"{name}: unavailable on gloo")
     failed = any(cluster.allgather(bool(failures)))
     dist.destroy_process_group()  # before exit: Gloo's threads must not outlive the interpreter
     return 1 if failed else 0

@@ -10,11 +10,12 @@ from conftest import client_for, mpirun
 from mpi_train import launcher
 from mpi_train.costs import COST_MODELS, bus_bandwidth, cost_model_of
 from mpi_train.models import build_model
-from mpi_train.sync import SYNC_METHODS, SyncMethod
+from mpi_train.errors import UserError
+from mpi_train.sync import SYNC_METHODS, SyncMethod, backend_error
+from mpi_train.sync.compression.powersgd import PowerSGD
 from mpi_train.tools import bench
 
 MB = 1e6
-SYNC_BYTES_PER_ELEMENT = {name: 2 if name == "flat_fp16" else 4 for name in SYNC_METHODS}  # float16 on the wire
 
 
 def test_cost_models_follow_the_closed_forms():
@@ -23,6 +24,11 @@ def test_cost_models_follow_the_closed_forms():
     assert root.traffic(8 * MB, 4, 0) == (24 * MB, 24 * MB)  # the root: (N-1)·S each way
     assert root.traffic(8 * MB, 4, 3) == (8 * MB, 8 * MB)
     assert ring.floor(8 * MB, 4, 1e9) == pytest.approx(0.012) and root.floor(8 * MB, 4, 1e9) == pytest.approx(0.048)
+    hierarchical, two_hosts = COST_MODELS["hierarchical"], ("a", "a", "b", "b")
+    assert hierarchical.traffic(8 * MB, 4, 2, two_hosts) == (8 * MB, 8 * MB)  # a leader: 2(H-1)/H·S over the network
+    assert hierarchical.traffic(8 * MB, 4, 3, two_hosts) == (0.0, 0.0)  # the others only use shared memory
+    assert hierarchical.floor(8 * MB, 4, 1e9, two_hosts) == pytest.approx(0.008)
+    assert hierarchical.traffic(8 * MB, 4, 1, ("a",) * 4) == ring.traffic(8 * MB, 4, 1)  # one host: plain allreduce
     assert bus_bandwidth(8 * MB, 4, 0.012) == pytest.approx(1e9)  # a ring at its floor runs at the link's speed
 
 
@@ -54,21 +60,34 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     result = mpirun(2, ["--model", "mnist_cnn", "--batch-size", "8", "--steps", "4", "--warmup", "1", "--link-iters", "2",
                         "--no-tracking", "--json", str(out)], module="mpi_train.bench", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+    labels = bench.every_label()
+    runnable = [name for name in labels if not backend_error(bench.split_label(name)[0], "gloo")]
+    assert "bucketed+powersgd" in runnable and "hierarchical+fp16" in runnable and "ddp_fp16" in runnable
+    assert "gather_scatter+fp16" not in labels and "ddp+powersgd" not in labels  # pairs that cannot work are not tried
     table = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.split()[:1]}
-    for name in (bench.NO_SYNC, *SYNC_METHODS):
+    for name in (bench.NO_SYNC, *runnable):
         assert name in table, result.stdout
+    assert "unavailable: ddp_powersgd: --sync ddp_powersgd cannot run on the gloo backend" in result.stdout
     data = json.loads(out.read_text())
-    size = sum(p.numel() for p in build_model("mnist_cnn").parameters()) * 4
+    params = list(build_model("mnist_cnn").parameters())
+    size = sum(p.numel() for p in params) * 4
     assert data["gradient_bytes"] == size and data["world_size"] == 2
-    assert [row["method"] for row in data["methods"]] == [bench.NO_SYNC, *SYNC_METHODS]
+    assert [row["method"] for row in data["methods"]] == [bench.NO_SYNC, *runnable]
     bandwidth = data["link"]["bandwidth_bytes_per_s"]
     assert bandwidth > 0
     for row in data["methods"][1:]:
         model = row["cost_model"]
         if model is None:  # a method added without a cost model: shown as n/a, checked above
             continue
-        size = sum(p.numel() for p in build_model("mnist_cnn").parameters()) * SYNC_BYTES_PER_ELEMENT[row["method"]]
-        if model == "ring":
+        compression = bench.split_label(row["method"])[1]
+        if compression == "powersgd":
+            size = PowerSGD(rank=2).wire_bytes(params)
+            assert size < 0.2 * data["gradient_bytes"]
+        else:
+            narrow = compression in ("fp16", "bf16") or row["method"] in ("flat_fp16", "ddp_fp16")
+            size = data["gradient_bytes"] // 2 if narrow else data["gradient_bytes"]
+        assert row["wire_bytes"] == pytest.approx(size), row["method"]
+        if model in ("ring", "hierarchical"):  # on one host, hierarchical is plain allreduce
             expected = [2 * (2 - 1) / 2 * size] * 2
             assert row["floor_s"] == pytest.approx(2 * (2 - 1) / 2 * size / bandwidth)
         else:
@@ -77,6 +96,14 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
         assert row["sent_bytes"] == pytest.approx(expected) and row["received_bytes"] == pytest.approx(expected)
         assert row["sync_s"] > 0 and row["compute_s"] > 0 and row["efficiency"] > 0
         assert len(data["per_rank_times"][0][row["method"]]["sync"]) == 4
+
+
+def test_methods_named_for_the_bench_are_checked_before_it_starts():
+    assert bench.chosen("ddp, bucketed+powersgd") == ["ddp", "bucketed+powersgd"]
+    with pytest.raises(UserError, match="gather_scatter cannot carry --compression powersgd"):
+        bench.chosen("gather_scatter+powersgd")
+    with pytest.raises(UserError, match="'bucketted' is not a sync method"):
+        bench.chosen("bucketted")
 
 
 def test_the_tracking_overhead_benchmark_runs_both_jobs_and_reports_the_share(mlflow_server):

@@ -5,11 +5,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import REPO
 from mpi_train.tools.experiment import Launch, Progress, estimated_steps, main, train_flags
 from mpi_train.tools.sweep import SweepError, load, locate, parse
-from mpi_train.sync import SYNC_METHODS
+from mpi_train.sync import SYNC_METHODS, backend_error
+
+HERE = "nccl" if torch.cuda.is_available() else "gloo"  # what backend "auto" becomes where the sweep is read
+RUNNABLE_HERE = [name for name in SYNC_METHODS if not backend_error(name, HERE)]
 
 GOOD = """\
 [experiment]
@@ -39,7 +43,8 @@ def test_a_good_file_becomes_the_grid_of_runs_in_file_order():
     first = [(r.config.sync, r.np, r.config.seed) for r in sweep.runs[:8]]
     assert first == [(s, n, seed) for s in ("allreduce", "gather_scatter") for n in (1, 2) for seed in (7, 8)]
     rest = sweep.runs[8:]
-    assert [r.config.sync for r in rest] == list(SYNC_METHODS)  # "all" follows the registry
+    assert [r.config.sync for r in rest] == RUNNABLE_HERE  # "all" follows the registry...
+    assert [name for name, _ in sweep.unavailable] == [n for n in SYNC_METHODS if n not in RUNNABLE_HERE]  # ...and says what it left out
     assert all(r.np == 4 and r.config.max_steps == 5 and r.env == {"MY_VAR": "x"} for r in rest)
     assert all(r.config.batch_size == 64 and r.config.lr == 1.0 and isinstance(r.config.lr, float) for r in sweep.runs)
     assert sweep.runs[0].config.max_steps is None  # a grid's options stay in that grid
@@ -48,10 +53,26 @@ def test_a_good_file_becomes_the_grid_of_runs_in_file_order():
     assert str(sweep.out) == "results/grid"
 
 
+def test_compression_is_swept_like_sync_and_impossible_pairs_are_left_out_of_all_or_refused():
+    text = GOOD.split("[[sweep]]")[0] + '[[sweep]]\nsync = "all"\ncompression = ["none", "powersgd"]\nnp = 2\npowersgd_rank = 4\n'
+    sweep = parse(text, Path("grid.toml"))
+    labels = [r.name.split("-np")[0] for r in sweep.runs]
+    assert "bucketed+powersgd" in labels and "hierarchical+powersgd" in labels and "flat_fp16" in labels
+    assert "gather_scatter+powersgd" not in labels and "ddp+powersgd" not in labels and labels.count("flat_fp16") == 1
+    assert dict(sweep.unavailable)["gather_scatter+powersgd"].startswith("--sync gather_scatter cannot carry")
+    assert all(r.config.powersgd_rank == 4 for r in sweep.runs)
+    assert {r.config.compression for r in sweep.runs if r.config.sync == "ring"} == {"none", "powersgd"}
+    named = text.replace('sync = "all"', 'sync = ["ring", "gather_scatter"]')
+    with pytest.raises(SweepError, match=r"line \d+, key sweep\[1\]\.compression: --sync gather_scatter cannot carry"):
+        parse(named, Path("grid.toml"))
+    with pytest.raises(SweepError, match=r"key sweep\[1\]\.compression: unknown compression 'fp8'"):
+        parse(text.replace('"powersgd"]', '"fp8"]'), Path("grid.toml"))
+
+
 def test_the_shipped_files_plan_what_they_promise():
     compare = load(REPO / "experiments/compare_sync.toml")
     assert (compare.runs[0].np, compare.runs[0].config.batch_size) == (1, 256)
-    assert [(r.config.sync, r.np) for r in compare.runs[1:]] == [(m, 4) for m in SYNC_METHODS]
+    assert [(r.config.sync, r.np) for r in compare.runs[1:]] == [(m, 4) for m in RUNNABLE_HERE]
     assert all(r.config.dataset == "cifar10" and r.config.epochs == 1 and r.config.max_steps is None for r in compare.runs)
     assert (compare.bench.np, compare.bench.model, compare.bench.steps >= 20) == (4, "vgg11", True)
     assert {r.np for r in load(REPO / "experiments/scaling.toml").runs} == {1, 2, 4}

@@ -19,8 +19,13 @@ def relative_gap(a: list[float], b: list[float]) -> float:
 def test_every_sync_method_leaves_the_hand_computed_mean_on_every_rank(np):
     result = mpirun(np, [], module="tests.mpi_sync_check")
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in [*SYNC_METHODS, "bucketed, 64-byte buckets, shared + unused layers", "ring, shared + unused layers"]:
+    for name in [*(m for m in SYNC_METHODS if m != "ddp_powersgd"), "bucketed, 64-byte buckets, shared + unused layers",
+                 "ring, shared + unused layers", "hierarchical, hosts of 2 ranks, shared + unused layers",
+                 *(f"{sync}+{c}" for sync in ("allreduce", "flat", "bucketed", "ring", "hierarchical") for c in ("fp16", "bf16"))]:
         assert f"{name}: mean gradient on every rank" in result.stdout
+    for sync in ("allreduce", "flat", "bucketed", "ring", "hierarchical"):
+        assert f"{sync}+powersgd: one update and error feedback kept on every rank" in result.stdout
+    assert "ddp_powersgd: unavailable on gloo" in result.stdout  # torch's hook fails there: not run, said so
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +45,55 @@ def np4_packed_runs(tmp_path_factory):
     # 1 MB buckets cut the CNN's 4.8 MB of gradients into three, the first reduced while backward runs on
     runs["bucketed"] = train(4, tmp, *args, "--sync", "bucketed", "--bucket-mb", "1", name="bucketed")
     return runs
+
+
+COMPRESSED_ARGS = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--max-steps", "12",
+                   "--log-every", "2", "--no-tracking", "--bucket-mb", "1"]
+
+
+@pytest.fixture(scope="module")
+def np4_compressed_runs(tmp_path_factory):
+    """The same job with compression on the overlapped schedule (1 MB buckets: three, as above)."""
+    tmp = tmp_path_factory.mktemp("np4_compressed")
+    return {
+        "bucketed+fp16": train(4, tmp, *COMPRESSED_ARGS, "--sync", "bucketed", "--compression", "fp16", name="bf"),
+        "bucketed+powersgd": train(4, tmp, *COMPRESSED_ARGS, "--sync", "bucketed", "--compression", "powersgd",
+                                   "--powersgd-start-step", "2", name="bp"),
+    }
+
+
+@pytest.fixture(scope="module")
+def np4_peer_runs(tmp_path_factory):
+    """The same job with the two-level schedule and with DDP's own fp16 hook (a fixture of its own: its own time budget)."""
+    tmp = tmp_path_factory.mktemp("np4_peers")
+    return {"hierarchical": train(4, tmp, *COMPRESSED_ARGS, "--sync", "hierarchical", name="h"),
+            "ddp_fp16": train(4, tmp, *COMPRESSED_ARGS, "--sync", "ddp_fp16", name="df")}
+
+
+def test_hierarchical_and_ddp_fp16_follow_allreduce_as_far_as_their_precision_allows(np4_runs, np4_peer_runs):
+    reference = losses(np4_runs["allreduce"])
+    assert relative_gap(losses(np4_peer_runs["hierarchical"]), reference) <= 1e-5  # one host: plain allreduce of the flat buffer
+    assert relative_gap(losses(np4_peer_runs["ddp_fp16"]), reference) <= 2e-4  # float16's rounding, as flat_fp16
+    assert np4_peer_runs["ddp_fp16"]["compression"] == "fp16" and np4_peer_runs["hierarchical"]["compression"] == "none"
+
+
+def test_compression_on_the_overlapped_schedule_follows_allreduce_as_far_as_it_allows(np4_runs, np4_compressed_runs):
+    runs, reference = np4_compressed_runs, losses(np4_runs["allreduce"])
+    assert relative_gap(losses(runs["bucketed+fp16"]), reference) <= 2e-4  # float16's rounding, as flat_fp16
+    assert runs["bucketed+fp16"]["config"]["compression"] == "fp16" and runs["bucketed+fp16"]["compression"] == "fp16"
+    powersgd = losses(runs["bucketed+powersgd"])
+    assert powersgd[0] == pytest.approx(reference[0], rel=1e-4)  # steps 1-2 are plain averages
+    assert 1e-4 < relative_gap(powersgd, reference) <= 0.1, (powersgd, reference)  # then rank-2 factors: close, not equal
+    assert powersgd[-1] < 0.95 * powersgd[0]
+
+
+def test_a_method_the_backend_cannot_run_is_refused_before_anything_starts(tmp_path, quick_args):
+    result = mpirun(2, [*quick_args, "--sync", "ddp_powersgd", "--max-steps", "2"], timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--sync ddp_powersgd cannot run on the gloo backend: torch's powerSGD_hook" in result.stderr.replace("\n", " ")
+    assert "Traceback" not in result.stderr and "step" not in result.stdout
+    refused = mpirun(2, [*quick_args, "--sync", "gather_scatter", "--compression", "fp16"], timeout=120)
+    assert refused.returncode == 2 and "cannot carry --compression fp16" in refused.stderr.replace("\n", " ")
 
 
 def test_gather_scatter_matches_allreduce_at_every_logged_step(np4_runs):

@@ -1,17 +1,24 @@
-"""The registry of gradient-sync methods, keyed by their --sync names.
+"""The registry of gradient-sync methods, keyed by their --sync names, and the checks on what they can carry.
 
 Adding a method: one file in this folder with a SyncMethod subclass, one entry below.
+Adding a compressor: one file in compression/, one entry in its registry.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 from .allreduce import AllReduce
 from .base import SyncMethod
 from .bucketed import Bucketed
+from .compression import COMPRESSORS
 from .ddp import DDP
+from .ddp_fp16 import DDPFP16
+from .ddp_powersgd import DDPPowerSGD
 from .flat import Flat
 from .flat_fp16 import FlatFP16
 from .gather_scatter import GatherScatter
+from .hierarchical import Hierarchical
 from .ring import Ring
 
 SYNC_METHODS: dict[str, type[SyncMethod]] = {
@@ -21,7 +28,46 @@ SYNC_METHODS: dict[str, type[SyncMethod]] = {
     "flat": Flat,
     "bucketed": Bucketed,
     "ring": Ring,
+    "hierarchical": Hierarchical,
     "flat_fp16": FlatFP16,
+    "ddp_fp16": DDPFP16,
+    "ddp_powersgd": DDPPowerSGD,
 }
 
-__all__ = ["SYNC_METHODS", "SyncMethod"]
+
+def label(sync: str, compression: str = "none") -> str:
+    """How a run is named and shown: `bucketed+powersgd`; a method alone when it sends gradients as they are
+    or its name already says how it compresses (`flat_fp16`, `ddp_powersgd`)."""
+    method = SYNC_METHODS.get(sync)
+    if compression == "none" or (method is not None and method.fixed_compression):
+        return sync
+    return f"{sync}+{compression}"
+
+
+def combination_error(sync: str, compression: str) -> Optional[str]:
+    """Why --sync `sync` cannot carry --compression `compression`, or None when it can."""
+    method = SYNC_METHODS[sync]
+    if compression not in COMPRESSORS:
+        return f"unknown --compression {compression!r}; choose one of {', '.join(COMPRESSORS)}."
+    if method.fixed_compression:
+        if compression in ("none", method.fixed_compression):
+            return None
+        base = sync.rsplit("_", 1)[0]
+        other = (f" For {compression}, use --sync {base} --compression {compression}."
+                 if base in SYNC_METHODS and compression in SYNC_METHODS[base].compressions else "")
+        return (f"--sync {sync} already compresses with {method.fixed_compression} and cannot also carry "
+                f"--compression {compression}.{other} Or drop --compression.")
+    if compression in method.compressions:
+        return None
+    carriers = [name for name, m in SYNC_METHODS.items() if compression in m.compressions and not m.fixed_compression]
+    return (f"--sync {sync} cannot carry --compression {compression}: {method.no_compression_because}. "
+            f"Methods that take --compression {compression}: {', '.join(carriers)}. Drop --compression, or pick one of those.")
+
+
+def backend_error(sync: str, backend: str) -> Optional[str]:
+    """Why --sync `sync` cannot run on `backend` ("gloo", "nccl"), or None when it can."""
+    reason = SYNC_METHODS[sync].unsupported_backends.get(backend)
+    return f"--sync {sync} cannot run on the {backend} backend: {reason}." if reason else None
+
+
+__all__ = ["SYNC_METHODS", "SyncMethod", "COMPRESSORS", "label", "combination_error", "backend_error"]

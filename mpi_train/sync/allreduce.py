@@ -5,16 +5,17 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
-from .base import SyncMethod, gradients
+from .base import EVERY_COMPRESSION, SyncMethod, sum_each_round
 
 
 class AllReduce(SyncMethod):
-    """Per-layer allreduce: bandwidth-optimal per call, but one latency-bound call per tensor."""
+    """Per-layer allreduce: bandwidth-optimal per call, but one latency-bound call per tensor (per round, compressed)."""
 
     cost_model = "ring"
+    compressions = EVERY_COMPRESSION
 
     def sync(self, model: nn.Module) -> None:
         world = dist.get_world_size()
-        for grad in gradients(model):
-            dist.all_reduce(grad, op=dist.ReduceOp.SUM)
-            grad.div_(world)
+        for p in model.parameters():
+            if p.grad is not None:
+                sum_each_round(self.compressor.rounds((p,), p.grad, (p.grad,), world), dist.all_reduce)

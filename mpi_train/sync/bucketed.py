@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .base import SyncMethod
+from .base import EVERY_COMPRESSION, SyncMethod
 from .flat import FlatBuffer
 
 DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's default bucket_cap_mb
@@ -20,6 +20,7 @@ class Bucket:
         self.buffer = FlatBuffer(params)
         self.waiting = len(params)  # gradients not yet arrived this step
         self.work: dist.Work | None = None  # the in-flight allreduce once launched
+        self.rounds = None  # the compressor's messages for this step, once launched
 
 
 class Bucketed(SyncMethod):
@@ -34,7 +35,7 @@ class Bucketed(SyncMethod):
     order (a bucket that fills early waits for the ones before it), because every
     rank must issue its collectives in the same order.
 
-    sync() then only waits for the last buckets and divides by the world size, so the
+    sync() then only waits for the last buckets and finishes the average, so the
     sync phase the training loop times is the communication backward could not hide;
     the rest of the communication shows up inside compute time (as with `ddp`).
 
@@ -43,11 +44,18 @@ class Bucketed(SyncMethod):
     .grad None, like `allreduce` leaves it; as there, every rank must use the same
     parameters. One backward per sync: accumulating over several backward passes
     before syncing is refused, since a launched bucket would miss the later gradients.
+
+    With a compressor the first message of each bucket (the whole bucket, its float16
+    copy, or PowerSGD's P factors) leaves during backward; a compressor's later rounds
+    (PowerSGD's Q) depend on the first round's sum, so sync() runs them, all buckets'
+    round k before any bucket's round k+1, in bucket order on every rank.
     """
 
     cost_model = "ring"  # the same bytes as one allreduce, sent in buckets; Gloo and NCCL run each bandwidth-optimally
+    compressions = EVERY_COMPRESSION
 
-    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB):
+    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, compressor=None):
+        super().__init__(compressor)
         if bucket_mb <= 0:
             raise ValueError(f"bucket size must be positive, got {bucket_mb} MB")
         self.bucket_bytes = bucket_mb * 2**20
@@ -57,7 +65,7 @@ class Bucketed(SyncMethod):
 
     @classmethod
     def from_config(cls, config) -> "Bucketed":
-        return cls(config.bucket_mb)
+        return cls(config.bucket_mb, cls.compressor_from_config(config))
 
     def wrap(self, model: nn.Module) -> nn.Module:
         params = [p for p in model.parameters() if p.requires_grad][::-1]
@@ -100,17 +108,26 @@ class Bucketed(SyncMethod):
             self.launch(self.buckets[self.next_to_launch])
 
     def launch(self, bucket: Bucket) -> None:
-        bucket.work = dist.all_reduce(bucket.buffer.data, op=dist.ReduceOp.SUM, async_op=True)
+        buffer = bucket.buffer
+        bucket.rounds = self.compressor.rounds(buffer.params, buffer.data, buffer.views, dist.get_world_size())
+        bucket.work = dist.all_reduce(next(bucket.rounds), op=dist.ReduceOp.SUM, async_op=True)
         self.next_to_launch = bucket.index + 1
 
     def sync(self, model: nn.Module) -> None:
-        world = dist.get_world_size()
         for bucket in self.buckets[self.next_to_launch:]:  # some gradient never came: unused parameters
             bucket.buffer.pack()  # zeros for the missing ones (the arrived ones are copied again, unchanged)
             self.launch(bucket)
-        for bucket in self.buckets:
-            bucket.work.wait()
-            bucket.buffer.data.div_(world)
-            bucket.buffer.unpack()
-            bucket.work, bucket.waiting = None, len(bucket.buffer.params)
+        pending = self.buckets
+        while pending:  # one pass per round of the compressor, buckets in index order: the same on every rank
+            still = []
+            for bucket in pending:
+                bucket.work.wait()
+                message = next(bucket.rounds, None)  # finishes the bucket's average once its last round is summed
+                if message is None:
+                    bucket.buffer.unpack()
+                    bucket.work, bucket.rounds, bucket.waiting = None, None, len(bucket.buffer.params)
+                else:
+                    bucket.work = dist.all_reduce(message, op=dist.ReduceOp.SUM, async_op=True)
+                    still.append(bucket)
+            pending = still
         self.next_to_launch = 0

@@ -9,13 +9,24 @@ from .base import SyncMethod
 
 
 class DDP(SyncMethod):
-    """The reference: communication overlaps backward, so its cost shows in compute time, not sync time."""
+    """The reference: communication overlaps backward, so its cost shows in compute time, not sync time.
+
+    Subclasses compress the way DDP users do, with one of torch's communication hooks
+    (`register_hook`), and name that compression as `fixed_compression`.
+    """
 
     cost_model = "ring"
+    no_compression_because = ("DistributedDataParallel compresses through torch's communication hooks: "
+                              "use --sync ddp_fp16 or --sync ddp_powersgd")
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device = next(model.parameters()).device
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.register_hook(wrapped)
+        return wrapped
+
+    def register_hook(self, wrapped: DistributedDataParallel) -> None:
+        """Plain DDP: its built-in allreduce."""
 
     def sync(self, model: nn.Module) -> None:
         """Nothing left to do: the wrapper already averaged the gradients inside backward."""

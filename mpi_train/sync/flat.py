@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .base import SyncMethod
+from .base import EVERY_COMPRESSION, SyncMethod, sum_each_round
 
 
 class FlatBuffer:
@@ -44,27 +44,24 @@ class Flat(SyncMethod):
     ~40 calls per step); coalescing pays it once and sends the same 2(N-1)/N·S bytes
     per rank, at the price of one memory copy of the gradients into the buffer. The
     reduced gradients are handed back as views of the buffer, so there is no copy out.
-    Subclasses change how the buffer is summed (`allreduce_sum`, as `ring`) or averaged
-    (`average`, as `flat_fp16`).
+    Subclasses change how the buffer is summed (`allreduce_sum`, as `ring` and
+    `hierarchical`); the compressor decides what is summed (`flat_fp16` is flat + fp16).
     """
 
-
     cost_model = "ring"  # one allreduce of all the bytes; Gloo and NCCL run it bandwidth-optimally
+    compressions = EVERY_COMPRESSION
 
-    def __init__(self):
+    def __init__(self, compressor=None):
+        super().__init__(compressor)
         self.buffer: FlatBuffer | None = None
 
     def sync(self, model: nn.Module) -> None:
         if self.buffer is None:
             self.buffer = FlatBuffer([p for p in model.parameters() if p.requires_grad])
         self.buffer.pack()
-        self.average(self.buffer.data)
+        sum_each_round(self.compressor.rounds(self.buffer.params, self.buffer.data, self.buffer.views, dist.get_world_size()),
+                       self.allreduce_sum)
         self.buffer.unpack()
-
-    def average(self, data: torch.Tensor) -> None:
-        """Replace `data` on every rank by its elementwise mean over ranks."""
-        self.allreduce_sum(data)
-        data.div_(dist.get_world_size())
 
     def allreduce_sum(self, data: torch.Tensor) -> None:
         """Replace `data` on every rank by its elementwise sum over ranks."""

@@ -17,6 +17,7 @@ class GatherScatter(SyncMethod):
     """
 
     cost_model = "root"
+    no_compression_because = "rank 0 averages the gathered gradients itself, so there is no sum across ranks to compress"
 
     def sync(self, model: nn.Module) -> None:
         world = dist.get_world_size()

@@ -2,8 +2,10 @@
 
     mpirun -np 4 --hostfile hostfile python -m mpi_train.bench --steps 20 --json bench.json
 
-Every registered sync method (and a baseline that does not sync at all) gets its own
-replica of the model; each step runs forward + backward + sync once per method,
+Every registered sync method with every compression it can carry (labelled like
+`bucketed+powersgd`; or those named with --methods), and a baseline that does not sync at
+all, gets its own replica of the model; a method the backend cannot run is listed as
+unavailable with the reason. Each step runs forward + backward + sync once per method,
 round-robin with the starting method rotated, so a burst of machine noise hits them all
 alike. Per method it reports:
 
@@ -13,7 +15,7 @@ alike. Per method it reports:
 - exposed: step time minus the no-sync baseline's step time in the same round, i.e. the
   communication the step really pays;
 - bytes sent/received per rank from the method's cost model (mpi_train/costs.py), for S
-  as the method sends it (half the gradients' bytes for one that sends float16);
+  as the method sends it (half the gradients' bytes for fp16/bf16, PowerSGD's factors);
 - bus bandwidth S/t·2(N-1)/N and the floor the cost model allows on a link of bandwidth B,
   where B is measured at start by a ping-pong of S bytes between ranks 0 and 1;
 - efficiency = floor / t. Here t is the larger of sync and exposed time: what the step pays
@@ -51,10 +53,10 @@ from ..data import SyntheticImages
 from ..errors import UserError
 from ..models import INPUT_SHAPES, MODELS, build_model
 from ..report import write_json_atomically
-from ..sync import SYNC_METHODS, SyncMethod
+from ..sync import SYNC_METHODS, SyncMethod, backend_error, combination_error, label
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
-COLUMNS = ("method", "model", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s", "floor_ms", "efficiency")
+COLUMNS = ("method", "model", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s", "floor_ms", "efficiency")
 
 
 class NoSync(SyncMethod):
@@ -82,6 +84,10 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend (default: auto)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per rank (default: this host's cores divided by its ranks)")
     parser.add_argument("--bucket-mb", type=float, default=TrainConfig.bucket_mb, help=f"bucket size for the bucketed method (default: {TrainConfig.bucket_mb:g})")
+    parser.add_argument("--methods", help="comma-separated methods to measure, as labelled in the table, e.g. "
+                        "ddp,bucketed,bucketed+powersgd (default: every method with every compression it carries)")
+    parser.add_argument("--powersgd-rank", type=int, default=TrainConfig.powersgd_rank,
+                        help=f"rank of PowerSGD's factors (default: {TrainConfig.powersgd_rank}); it compresses from the first step here")
     parser.add_argument("--link-iters", type=int, default=5, help="ping-pong round trips that measure the link bandwidth (default: 5)")
     parser.add_argument("--master-addr", default=None, help="rendezvous address (default: $MASTER_ADDR, else chosen)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait (default: 300)")
@@ -101,6 +107,9 @@ def validate(args: argparse.Namespace, world: int) -> None:
         raise UserError(f"--warmup must not be negative, got {args.warmup}.")
     if args.bucket_mb <= 0:
         raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}.")
+    if args.powersgd_rank <= 0:
+        raise UserError(f"--powersgd-rank must be positive, got {args.powersgd_rank}.")
+    chosen(args.methods)
     if args.batch_size % world:
         raise UserError(f"--batch-size {args.batch_size} is the global batch and must split evenly across the {world} "
                         f"ranks. Use a multiple of {world}.")
@@ -129,16 +138,53 @@ def link_bandwidth(size_bytes: int, iters: int, device: torch.device) -> float:
     return 2 * buffer.numel() * 4 / seconds_by_rank[0]
 
 
-def contenders(model_name: str, device: torch.device, bucket_mb: float) -> list[Contender]:
-    """The no-sync baseline and every registered method, each with an identical replica of the model."""
+def every_label() -> list[str]:
+    """Each registered method, then each compression its schedule carries: ring, ring+fp16, ring+bf16, ..."""
+    return [label(name, compression) for name, method_class in SYNC_METHODS.items()
+            for compression in ("none", *(c for c in method_class.compressions if c != "none" and not method_class.fixed_compression))]
+
+
+def split_label(text: str) -> tuple[str, str]:
+    """`bucketed+powersgd` -> ("bucketed", "powersgd"); `flat_fp16` -> ("flat_fp16", "none")."""
+    name, _, compression = text.partition("+")
+    return name, compression or "none"
+
+
+def chosen(methods: Optional[str]) -> list[str]:
+    """The labels --methods names (checked), or every label."""
+    if methods is None:
+        return every_label()
+    labels = list(dict.fromkeys(m.strip() for m in methods.split(",") if m.strip()))
+    for text in labels:
+        name, compression = split_label(text)
+        if name not in SYNC_METHODS:
+            raise UserError(f"--methods: {name!r} is not a sync method; choose from {', '.join(every_label())}.")
+        refused = combination_error(name, compression)
+        if refused:
+            raise UserError(f"--methods: {text} cannot run: {refused}")
+    if not labels:
+        raise UserError("--methods names no method; e.g. --methods ddp,bucketed,bucketed+powersgd.")
+    return labels
+
+
+def contenders(model_name: str, device: torch.device, bucket_mb: float, labels: Optional[list[str]] = None,
+               backend: str = "gloo", powersgd_rank: int = TrainConfig.powersgd_rank) -> tuple[list[Contender], list[tuple[str, str]]]:
+    """The no-sync baseline and each method, each with an identical replica of the model; and the methods the
+    backend cannot run, with the reason. PowerSGD compresses from the first step (the steady state is measured)."""
     torch.manual_seed(0)
     template = build_model(model_name).to(device)
-    entries = []
-    for name, method_class in [(NO_SYNC, NoSync), *SYNC_METHODS.items()]:
+    entries, unavailable = [], []
+    for text in [NO_SYNC, *(labels or every_label())]:
+        name, compression = split_label(text)
+        if text != NO_SYNC and backend_error(name, backend):
+            unavailable.append((text, backend_error(name, backend)))
+            continue
         model = copy.deepcopy(template)
-        method = method_class.from_config(TrainConfig(bucket_mb=bucket_mb))
-        entries.append(Contender(name, method, model, method.wrap(model)))
-    return entries
+        config = TrainConfig(sync=name if text != NO_SYNC else "allreduce", compression=compression, bucket_mb=bucket_mb,
+                             powersgd_rank=powersgd_rank, powersgd_start_step=0)
+        method = NoSync() if text == NO_SYNC else SYNC_METHODS[name].from_config(config)
+        entries.append(Contender(text, method, model, method.wrap(model)))
+    return entries, unavailable
 
 
 def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int,
@@ -180,8 +226,12 @@ def spread(values: list[float]) -> float:
     return (quartiles[2] - quartiles[0]) / 2
 
 
-def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: float) -> list[dict]:
-    """One row per method: medians over steps of the slowest rank, bytes and floor from the cost model."""
+def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: float,
+              sent: Optional[dict[str, float]] = None, hosts: Optional[tuple[str, ...]] = None) -> list[dict]:
+    """One row per method: medians over steps of the slowest rank, bytes and floor from the cost model.
+
+    `sent` is S per method label as it sends it (default: the gradients' bytes in the class's wire dtype);
+    `hosts` each rank's host, for the models that depend on placement."""
     names = list(per_rank[0])
 
     def slowest(name: str, phase: str) -> list[float]:
@@ -190,21 +240,22 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
     steps = {name: [c + s for c, s in zip(slowest(name, "compute"), slowest(name, "sync"))] for name in names}
     rows = []
     for name in names:
-        method_class = NoSync if name == NO_SYNC else SYNC_METHODS[name]
+        method_class = NoSync if name == NO_SYNC else SYNC_METHODS[split_label(name)[0]]
         compute, sync = statistics.median(slowest(name, "compute")), statistics.median(slowest(name, "sync"))
         differences = [s - b for s, b in zip(steps[name], steps[NO_SYNC])]
         exposed = statistics.median(differences)
         row = {"method": name, "compute_s": compute, "sync_s": sync, "step_s": statistics.median(steps[name]),
-               "exposed_s": exposed, "noise_s": spread(differences), "cost_model": None, "sent_bytes": None, "received_bytes": None,
-               "busbw_bytes_per_s": None, "floor_s": None, "efficiency": None}
+               "exposed_s": exposed, "noise_s": spread(differences), "cost_model": None, "wire_bytes": None,
+               "sent_bytes": None, "received_bytes": None, "busbw_bytes_per_s": None, "floor_s": None, "efficiency": None}
         model = None if name == NO_SYNC else cost_model_of(method_class)
         if model is not None:
-            comm, size = max(sync, exposed), wire_bytes(method_class, gradient_bytes)
-            traffic = [model.traffic(size, world, rank) for rank in range(world)]
-            floor = model.floor(size, world, bandwidth) if world > 1 else 0.0
+            comm = max(sync, exposed)
+            size = sent[name] if sent and name in sent else wire_bytes(method_class, gradient_bytes)
+            traffic = [model.traffic(size, world, rank, hosts) for rank in range(world)]
+            floor = model.floor(size, world, bandwidth, hosts) if world > 1 else 0.0
             row.update({
-                "cost_model": method_class.cost_model, "comm_s": comm,
-                "sent_bytes": [sent for sent, _ in traffic], "received_bytes": [received for _, received in traffic],
+                "cost_model": method_class.cost_model, "comm_s": comm, "wire_bytes": size,
+                "sent_bytes": [sent_ for sent_, _ in traffic], "received_bytes": [received for _, received in traffic],
                 "busbw_bytes_per_s": bus_bandwidth(size, world, comm) if world > 1 else None,
                 "floor_s": floor, "efficiency": floor / comm if world > 1 and comm > 0 else None,
             })
@@ -220,12 +271,17 @@ def format_table(rows: list[dict]) -> str:
             return row["method"]
         if column == "model":
             return row["cost_model"] or ("-" if row["method"] == NO_SYNC else "n/a")
+        if column == "S_MB":
+            return "-" if row.get("wire_bytes") is None else f"{row['wire_bytes'] / 1e6:.2f}"
         if column in ("sent_MB", "recv_MB"):
             values = row["sent_bytes" if column == "sent_MB" else "received_bytes"]
             if values is None:
                 return "-"
             low, high = min(values) / 1e6, max(values) / 1e6  # rank 0 may move more than the rest
-            return f"{high:.1f}" if math.isclose(low, high) else f"{high:.1f} (r0) / {low:.1f}"
+            digits = 1 if high >= 10 else 2
+            if math.isclose(low, high):
+                return f"{high:.{digits}f}"
+            return f"{high:.{digits}f} ({'r0' if values[0] == high else 'max'}) / {low:.{digits}f}"
         key, factor = scale[column]
         value = row.get(key)
         if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -255,7 +311,10 @@ def describe(result: dict) -> str:
     if missing:
         lines.append(f"n/a: {', '.join(missing)} declare(s) no cost_model (mpi_train/costs.py), so bytes and floor "
                      f"are not shown; set `cost_model` on the class in mpi_train/sync/.")
-    lines.append("exposed = step minus the no-sync step in the same round (± half its interquartile range over steps: "
+    for name, why in result.get("unavailable", []):
+        lines.append(f"unavailable: {name}: {why}")
+    lines.append("S = bytes summed per step as the method sends them (cost model's S); "
+                 "exposed = step minus the no-sync step in the same round (± half its interquartile range over steps: "
                  "the machine's noise); efficiency = floor / max(sync, exposed).")
     return "\n".join(lines)
 
@@ -276,7 +335,7 @@ def log_run(connection: tracking.Connection, run_name: str, result: dict, text: 
         for row in result["methods"]:
             for key in ("compute_s", "sync_s", "step_s", "exposed_s", "busbw_bytes_per_s", "floor_s", "efficiency"):
                 if isinstance(row.get(key), (int, float)) and math.isfinite(row[key]):
-                    metrics.append(Metric(f"{row['method']}/{key}", float(row[key]), stamp, 0))
+                    metrics.append(Metric(f"{row['method'].replace('+', '.')}/{key}", float(row[key]), stamp, 0))
         client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()], synchronous=True)
         client.log_dict(run_id, result, "bench.json")
         client.log_text(run_id, text + "\n", "bench.txt")
@@ -302,8 +361,9 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         torch.cuda.set_device(device)
     clusters.init_process_group(cluster, backend, args.master_addr, args.timeout)
 
-    entries = contenders(args.model, device, args.bucket_mb)
+    entries, unavailable = contenders(args.model, device, args.bucket_mb, chosen(args.methods), backend, args.powersgd_rank)
     gradient_bytes = sum(p.numel() * p.element_size() for p in entries[0].model.parameters() if p.requires_grad)
+    sent = {entry.name: entry.method.wire_bytes(list(entry.model.parameters())) for entry in entries[1:]}
     link = {"bandwidth_bytes_per_s": None, "allreduce_busbw_bytes_per_s": None}  # one rank has no link
     if world > 1:
         link["bandwidth_bytes_per_s"] = link_bandwidth(gradient_bytes, args.link_iters, device)
@@ -329,7 +389,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     result = {
         "world_size": world, "backend": backend, "model": args.model, "batch_size": args.batch_size,
         "steps": args.steps, "warmup": args.warmup, "threads": threads, "gradient_bytes": gradient_bytes,
-        "link": link, "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"]),
+        "link": link, "hosts": list(cluster.hosts), "unavailable": unavailable,
+        "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"], sent, cluster.hosts),
         "per_rank_times": per_rank,
     }
     text = describe(result)

@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 from ..cli import format_error
 from ..config import ENV_DEFAULTS, redact_uri
 from ..errors import UserError
+from ..sync import label
 
 PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
 COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "samples/s", "final_loss", "test_acc", "speed-up")
@@ -57,7 +58,8 @@ def load_jobs(client, experiment_id: str, since_ms: Optional[int] = None, names:
         if names is not None and run.info.run_name not in names:
             continue
         params, metrics = run.data.params, run.data.metrics
-        job = Job(run.info.run_id, run.info.run_name, params.get("sync", "?"), int(params.get("world_size", 0)), metrics)
+        sync = label(params.get("sync", "?"), params.get("compression", "none"))  # bucketed+powersgd apart from bucketed
+        job = Job(run.info.run_id, run.info.run_name, sync, int(params.get("world_size", 0)), metrics)
         job.loss_curve = [(m.step, m.value) for m in sorted(client.get_metric_history(job.run_id, "loss"), key=lambda m: m.step)]
         children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{job.run_id}'", max_results=1000)
         for child in sorted(children, key=lambda c: int(c.data.tags.get("rank", 0))):
@@ -73,7 +75,8 @@ def job_from_summary(name: str, summary: dict) -> Job:
     metrics = job_metrics(summary, summary["config"]["batch_size"])
     if summary.get("epochs"):
         metrics["test_accuracy"] = summary["epochs"][-1]["test_accuracy"]
-    return Job(run_id="", name=name, sync=summary["config"]["sync"], world_size=summary["world_size"], metrics=metrics,
+    sync = label(summary["config"]["sync"], summary["config"].get("compression", "none"))
+    return Job(run_id="", name=name, sync=sync, world_size=summary["world_size"], metrics=metrics,
                loss_curve=[(step["step"], step["loss"]) for step in summary["steps"]],
                rank_step_times=[[rank["step_time_s"]] for rank in summary["per_rank_mean_times"]])
 

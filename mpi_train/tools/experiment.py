@@ -142,6 +142,8 @@ def bench_command(sweep: Sweep, bench: BenchPlan, uri: Optional[str], json_path:
     command = [*mpirun_prefix(sweep, bench.np), sys.executable, "-m", "mpi_train.bench", "--model", bench.model,
                "--batch-size", str(bench.batch_size), "--steps", str(bench.steps), "--warmup", str(bench.warmup),
                "--json", str(json_path)]
+    if bench.methods:
+        command += ["--methods", ",".join(bench.methods)]
     if uri:
         return command + ["--experiment", sweep.name, "--tracking-uri", uri, "--run-name", f"bench-{sweep.name}"]
     return command + ["--no-tracking"]
@@ -312,6 +314,8 @@ def describe_plan(sweep: Sweep, launches: list[Launch], uri: Optional[str]) -> s
              f"{redact_uri(uri) if uri else 'off'}, output in {sweep.out}/"]
     if sweep.description:
         lines.append(f"  {sweep.description}")
+    for method, why in sweep.unavailable:
+        lines.append(f"unavailable, not launched: {method}: {why}")
     for launch in launches:
         env = "".join(f"{k}={v} " for k, v in launch.env.items())
         lines.append(f"[{launch.index}/{len(launches)}] {launch.name} (~{launch.steps} steps)\n    {env}{' '.join(launch.command)}")
@@ -412,7 +416,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UserError as error:
         print(format_error(str(error)).replace("mpi_train: error", "mpi_train.experiment: error", 1), file=sys.stderr)
         return error.exit_code
-    print(describe_plan(sweep, launches, uri).splitlines()[0], flush=True)
+    print("\n".join(line for i, line in enumerate(describe_plan(sweep, launches, uri).splitlines())
+                    if i == 0 or line.startswith("unavailable")), flush=True)
     sweep.out.mkdir(parents=True, exist_ok=True)
     return run_sweep(sweep, launches, uri)
 

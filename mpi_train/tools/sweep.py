@@ -73,10 +73,12 @@ SECTIONS: dict[str, dict[str, Key]] = {
     "bench": {
         "np": Key((int,), "an integer"), "steps": Key((int,), "an integer"), "warmup": Key((int,), "an integer"),
         "batch_size": Key((int,), "an integer"), "model": Key((str,), "a string"),
+        "methods": Key((list,), 'a list of method labels, e.g. ["ddp", "bucketed+powersgd"]', each=(str,)),
     },
 }
 SWEEP_KEYS = {
     "sync": Key((str, list), 'a method name, a list of them, or "all"', each=(str,)),
+    "compression": Key((str, list), "a compression name or a list of them", each=(str,)),
     "np": Key((int, list), "an integer or a list of integers", each=(int,)),
     "seed": Key((int, list), "an integer or a list of integers", each=(int,)),
     "env": Key((dict,), "a table of strings"),
@@ -101,6 +103,7 @@ class BenchPlan:
     warmup: int = 2
     batch_size: int = 256
     model: str = "vgg11"
+    methods: Optional[tuple[str, ...]] = None  # labels for the bench's --methods (default: every method and compression)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class Sweep:
     timeout: Optional[float]
     runs: tuple[PlannedRun, ...]
     bench: Optional[BenchPlan]
+    unavailable: tuple[tuple[str, str], ...] = ()  # (method label, why) left out of a sync = "all" grid
 
 
 class SweepError(UserError):
@@ -248,7 +252,7 @@ def _as_list(value) -> list:
 
 def parse(text: str, path: Path) -> Sweep:
     """Check an experiment file's text; raises SweepError (file, line, key) on the first mistake."""
-    from ..sync import SYNC_METHODS
+    from ..sync import COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label
 
     path = Path(path)
     try:
@@ -284,6 +288,7 @@ def parse(text: str, path: Path) -> Sweep:
     if not isinstance(sweeps, list) or not sweeps:
         raise reader.fail(("sweep",), "at least one [[sweep]] table is needed, e.g. [[sweep]] sync = \"all\" np = [4].")
     runs: list[PlannedRun] = []
+    unavailable: list[tuple[str, str]] = []
     for number, grid in enumerate(sweeps):
         where = ("sweep", number)
         reader.check_keys(grid, [*SWEEP_KEYS, *TRAIN_FIELDS], where)
@@ -308,23 +313,55 @@ def parse(text: str, path: Path) -> Sweep:
         for np in _as_list(grid["np"]):
             if np < 1:
                 raise reader.fail(where + ("np",), f"world sizes must be at least 1, got {np}.")
-        overrides = reader.check_train({k: v for k, v in grid.items() if k in TRAIN_FIELDS}, where)
-        for method, np, seed in itertools.product(methods, _as_list(grid["np"]), _as_list(grid.get("seed", DEFAULT_SEED))):
-            config = TrainConfig(**{**train, **overrides, "sync": method, "seed": seed})
+        compressions = _as_list(grid.get("compression", train.get("compression", "none")))
+        for compression in compressions:
+            if compression not in COMPRESSORS:
+                raise reader.fail(where + ("compression",), f"unknown compression {compression!r}; choose from "
+                                  f"{', '.join(COMPRESSORS)}.")
+        overrides = reader.check_train({k: v for k, v in grid.items() if k in TRAIN_FIELDS and k != "compression"}, where)
+        every_method = grid["sync"] == ALL_METHODS
+        backend = overrides.get("backend", train.get("backend", "auto"))
+        if backend == "auto":  # judged here, where the sweep is launched
+            import torch
+
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        for method, compression, np, seed in itertools.product(methods, compressions, _as_list(grid["np"]),
+                                                               _as_list(grid.get("seed", DEFAULT_SEED))):
+            refused = combination_error(method, compression)
+            if every_method and SYNC_METHODS[method].fixed_compression and compression != "none":
+                continue  # flat_fp16 and the like: already in the grid once, with their own compression
+            if every_method and (refused or backend_error(method, backend)):
+                entry = (label(method, compression), refused or backend_error(method, backend))
+                if entry not in unavailable:
+                    unavailable.append(entry)
+                continue
+            if refused:
+                raise reader.fail(where + ("compression" if "compression" in grid else "sync",), refused)
+            config = TrainConfig(**{**train, **overrides, "sync": method, "compression": compression, "seed": seed})
             try:
                 config.validate(np)
             except UserError as error:  # the options do not suit this world size (e.g. the batch does not split)
                 raise reader.fail(where + ("np",), f"the run {method} at np {np} cannot start: {error}") from None
-            name = f"{method}-np{np}-seed{seed}"
+            name = f"{label(method, compression)}-np{np}-seed{seed}"
             if any(run.name == name for run in runs):  # the same triple in two grids with different options
                 name += f"-run{len(runs) + 1}"
             runs.append(PlannedRun(len(runs) + 1, name, np, config, dict(env)))
 
+    if not runs:
+        raise reader.fail(("sweep",), "no run is left to launch: every method in the grid is unavailable here ("
+                          + "; ".join(f"{name}: {why}" for name, why in unavailable) + ").")
     bench = None
     if "bench" in data:
         table = data["bench"]
         defaults = {"np": max(run.np for run in runs), "batch_size": train.get("batch_size", 256)}
-        bench = BenchPlan(**{**defaults, **table})
+        bench = BenchPlan(**{**defaults, **table, **({"methods": tuple(table["methods"])} if "methods" in table else {})})
+        if bench.methods:
+            from .bench import chosen
+
+            try:
+                chosen(",".join(bench.methods))
+            except UserError as error:
+                raise reader.fail(("bench", "methods"), str(error)) from None
         for key in ("np", "steps", "batch_size"):
             if getattr(bench, key) < 1:
                 raise reader.fail(("bench", key), f"must be at least 1, got {getattr(bench, key)}.")
@@ -344,6 +381,7 @@ def parse(text: str, path: Path) -> Sweep:
         hostfile=launch.get("hostfile", "hostfile") or None,
         mpirun_args=tuple(launch.get("mpirun_args", ("--bind-to", "none"))),
         timeout=launch.get("timeout"), runs=tuple(runs), bench=bench,
+        unavailable=tuple(unavailable),
     )
 
 

@@ -56,9 +56,9 @@ END_TIMEOUT_S = 20.0  # how long the final flush may take before it is given up
 FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
 ACK_WAIT_S = 10.0  # a failing rank waits this long for rank 0 to record its failure before aborting
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
-PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
-          "momentum", "weight_decay", "lr_schedule", "warmup_steps", "timing_warmup_steps", "epochs", "max_steps", "seed", "hosts",
-          "threads", "rendezvous")
+PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size", "batch_size_per_rank",
+          "model", "dataset", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_steps", "timing_warmup_steps", "epochs", "max_steps",
+          "seed", "hosts", "threads", "rendezvous")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,59 @@
+"""The interface every gradient compressor implements, whatever schedule carries its bytes."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+
+class Compressor:
+    """How one bucket of gradients travels: the tensors summed across ranks, and how the mean comes back.
+
+    A schedule (allreduce, flat, bucketed, ring, hierarchical) owns *how* a tensor is
+    summed across ranks; a compressor owns *what* is summed. `rounds` is a generator:
+    each value it yields is a tensor the schedule must replace by its sum over ranks
+    (in place) before asking for the next one; when it ends, `data` holds the mean
+    gradient. Elementwise casts need one round, PowerSGD two (P, then Q). Every rank
+    yields the same sequence of shapes, so the schedule's collectives match.
+    """
+
+    name = "none"
+    wire_dtype: Optional[torch.dtype] = None  # what the summed tensors carry, when not the gradients' own dtype
+
+    @classmethod
+    def from_config(cls, config) -> "Compressor":
+        """The compressor as the job configures it (one with options reads its flags here)."""
+        return cls()
+
+    def rounds(self, params: Sequence[nn.Parameter], data: torch.Tensor, views: Sequence[torch.Tensor],
+               world: int) -> Iterator[torch.Tensor]:
+        """Average `data` (the bucket's gradients; `views` are its slices shaped like `params`) over `world` ranks."""
+        yield data
+        data.div_(world)
+
+    def wire_bytes(self, params: Sequence[nn.Parameter]) -> float:
+        """Bytes summed across ranks per step for these parameters' gradients: S of the cost model."""
+        return float(sum(p.numel() * (self.wire_dtype or p.dtype).itemsize for p in params))
+
+
+class Cast(Compressor):
+    """Each rank's share of the mean, rounded once to a narrower float type and summed in it.
+
+    As in PyTorch's fp16 compression hook, each rank divides by N before the cast, so the
+    sum cannot overflow unless one rank's gradient already does. The buffer of the narrow
+    type is allocated once per bucket and reused.
+    """
+
+    def __init__(self):
+        self.shares: dict[tuple, torch.Tensor] = {}
+
+    def rounds(self, params, data, views, world):
+        key = tuple(params)
+        shares = self.shares.get(key)
+        if shares is None or shares.shape != data.shape:
+            shares = self.shares[key] = torch.empty_like(data, dtype=self.wire_dtype)
+        torch.div(data, world, out=shares)  # each rank's share of the mean, rounded once
+        yield shares
+        data.copy_(shares)

@@ -1,0 +1,158 @@
+"""powersgd: low-rank gradient compression (Vogels, Karimireddy, Jaggi: PowerSGD, NeurIPS 2019).
+
+Each gradient matrix M (n x m; a conv kernel is read as out_channels x the rest) is sent
+as two thin factors, P = M Q (n x r) and Q = M^T P (m x r), instead of n·m numbers:
+VGG-11's 36.9 MB of gradients become about 0.4 MB at rank 2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .base import Compressor
+
+DEFAULT_RANK = 2
+DEFAULT_START_STEP = 10  # plain allreduce while the first, largest gradients settle
+SEED = 20190502  # the first Q of every matrix, drawn alike on every rank
+
+
+@dataclass
+class Matrix:
+    """One gradient sent as factors: its slot in the bucket and what it carries from step to step."""
+
+    index: int  # position among the bucket's views
+    rows: int
+    cols: int
+    p: torch.Tensor  # n x r, a slice of the bucket's first message
+    q: torch.Tensor  # m x r, a slice of the second message; kept as the next step's start (warm start)
+    residual: torch.Tensor  # n x m: what this rank's compressed gradients have not delivered yet (error feedback)
+
+
+class BucketMemory:
+    """What PowerSGD keeps per bucket: its matrices' factors and residuals, and the two message buffers."""
+
+    def __init__(self, views: Sequence[torch.Tensor], rank: int, compressible, generator: torch.Generator):
+        like = views[0]
+        shapes = [(v.shape[0], v.numel() // v.shape[0]) if compressible(v.shape) else None for v in views]
+        self.whole = [i for i, shape in enumerate(shapes) if shape is None]  # vectors (biases, BatchNorm), tiny matrices
+        ranks = {i: min(rank, *shape) for i, shape in enumerate(shapes) if shape is not None}
+        p_size = sum(shapes[i][0] * r for i, r in ranks.items())
+        whole_size = sum(views[i].numel() for i in self.whole)
+        self.first = torch.zeros(p_size + whole_size, dtype=like.dtype, device=like.device)  # Ps, then the whole tensors
+        self.second = torch.zeros(sum(shapes[i][1] * r for i, r in ranks.items()), dtype=like.dtype, device=like.device)
+        self.matrices: list[Matrix] = []
+        p_at = q_at = 0
+        for i, r in ranks.items():
+            rows, cols = shapes[i]
+            q = self.second[q_at:q_at + cols * r].view(cols, r)
+            q.copy_(torch.randn(cols, r, generator=generator, dtype=like.dtype).to(like.device))
+            orthogonalise(q)
+            self.matrices.append(Matrix(i, rows, cols, self.first[p_at:p_at + rows * r].view(rows, r), q,
+                                        torch.zeros(rows, cols, dtype=like.dtype, device=like.device)))
+            p_at, q_at = p_at + rows * r, q_at + cols * r
+        self.whole_slots = []
+        for i in self.whole:
+            self.whole_slots.append(self.first[p_at:p_at + views[i].numel()])
+            p_at += views[i].numel()
+        self.steps = 0  # reductions of this bucket so far
+
+
+def orthogonalise(matrix: torch.Tensor) -> None:
+    """Replace the columns of `matrix` (n x r, r <= n) by an orthonormal basis of their span, in place.
+
+    QR computes what Gram-Schmidt does, stably; a zero column (a zero gradient) still
+    yields a unit vector, so nothing is divided by zero. The same input gives the same
+    output on every rank, which keeps the replicas identical.
+    """
+    matrix.copy_(torch.linalg.qr(matrix, mode="reduced").Q)
+
+
+class PowerSGD(Compressor):
+    """Rank-r PowerSGD with warm start and error feedback, in two rounds of summing per bucket.
+
+    Per bucket and step, each rank adds its residual to its gradients (M = g + e), then:
+    1. P = M Q for each matrix (Q: last step's, the warm start that makes one power
+       iteration per step enough); the Ps and the bucket's vectors, sent whole, are summed;
+    2. P is orthogonalised (the same on every rank), Q = M^T P is computed and summed;
+    3. every rank applies P Q^T / N (the mean of the ranks' rank-r projections P P^T M)
+       and keeps e = M - P Q^T / N: what its gradient lost, sent in later steps.
+    So after each step, the applied update plus the mean of the new residuals equals the
+    mean gradient plus the mean of the previous residuals, exactly up to rounding: no
+    gradient is ever lost, only delayed. A matrix whose factors would not be smaller
+    than itself ((n + m)·r >= n·m) and every vector are sent whole and averaged exactly.
+    The first `start_step` reductions of each bucket are plain (whole, exact) averages.
+    """
+
+    name = "powersgd"
+
+    def __init__(self, rank: int = DEFAULT_RANK, start_step: int = DEFAULT_START_STEP):
+        if rank < 1:
+            raise ValueError(f"PowerSGD's rank must be at least 1, got {rank}")
+        if start_step < 0:
+            raise ValueError(f"PowerSGD's start step must not be negative, got {start_step}")
+        self.rank, self.start_step = rank, start_step
+        self.memory: dict[tuple, BucketMemory] = {}
+        self.generator = torch.Generator().manual_seed(SEED)
+
+    @classmethod
+    def from_config(cls, config) -> "PowerSGD":
+        return cls(config.powersgd_rank, config.powersgd_start_step)
+
+    def compressible(self, shape: torch.Size) -> bool:
+        """A matrix (or conv kernel) whose rank-r factors are smaller than itself."""
+        if len(shape) < 2:
+            return False
+        rows, cols = shape[0], math.prod(shape[1:])
+        return (rows + cols) * min(self.rank, rows, cols) < rows * cols
+
+    def rounds(self, params, data, views, world):
+        key = tuple(params)
+        memory = self.memory.get(key)
+        if memory is None:
+            memory = self.memory[key] = BucketMemory(views, self.rank, self.compressible, self.generator)
+        memory.steps += 1
+        if memory.steps <= self.start_step or not memory.matrices:
+            yield data
+            data.div_(world)
+            return
+        gradients = [views[m.index].view(m.rows, m.cols) for m in memory.matrices]
+        for m, gradient in zip(memory.matrices, gradients):
+            gradient.add_(m.residual)  # error feedback: M = g + e
+            torch.matmul(gradient, m.q, out=m.p)
+        for i, slot in zip(memory.whole, memory.whole_slots):
+            slot.copy_(views[i].reshape(-1))
+        yield memory.first  # round 1: the Ps and the whole tensors
+        for i, slot in zip(memory.whole, memory.whole_slots):
+            views[i].copy_(slot.view_as(views[i])).div_(world)
+        for m, gradient in zip(memory.matrices, gradients):
+            orthogonalise(m.p)
+            torch.matmul(gradient.t(), m.p, out=m.q)
+        yield memory.second  # round 2: the Qs
+        memory.second.div_(world)
+        for m, gradient in zip(memory.matrices, gradients):
+            update = m.p @ m.q.t()  # the same on every rank
+            torch.sub(gradient, update, out=m.residual)  # what this rank's M has not delivered
+            gradient.copy_(update)
+
+    def residual_of(self, param: nn.Parameter) -> torch.Tensor | None:
+        """This rank's residual for `param` (shaped like it), or None if it is sent whole (for the tests)."""
+        for params, memory in self.memory.items():
+            for m in memory.matrices:
+                if params[m.index] is param:
+                    return m.residual.view_as(param)
+        return None
+
+    def wire_bytes(self, params: Sequence[nn.Parameter]) -> float:
+        total = 0
+        for p in params:
+            if self.compressible(p.shape):
+                rows, cols = p.shape[0], p.numel() // p.shape[0]
+                total += (rows + cols) * min(self.rank, rows, cols) * p.element_size()
+            else:
+                total += p.numel() * p.element_size()
+        return float(total)

@@ -1,0 +1,19 @@
+"""ddp_fp16: DistributedDataParallel with torch's fp16_compress_hook, the DDP user's float16 compression."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from .ddp import DDP
+
+
+class DDPFP16(DDP):
+    """Each bucket divided by N, cast to float16, allreduced and cast back, inside backward (our `bucketed` + fp16's peer)."""
+
+    fixed_compression = "fp16"
+    wire_dtype = torch.float16
+
+    def register_hook(self, wrapped: DistributedDataParallel) -> None:
+        wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)

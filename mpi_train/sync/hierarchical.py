@@ -1,0 +1,80 @@
+"""hierarchical: reduce inside each host, allreduce among the hosts' leaders, broadcast inside each host."""
+
+from __future__ import annotations
+
+import socket
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .flat import Flat
+
+
+def host_of_each_rank() -> list[int]:
+    """For each rank, the lowest rank on its host: MPI's shared-memory split (as in cluster.py) when MPI launched
+    the job, else the host names. Collective."""
+    world = dist.get_world_size()
+    try:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        if comm.Get_size() == world:  # ranks numbered as the process group's (cluster.init_process_group)
+            local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+            leader = local.bcast(comm.Get_rank(), root=0)
+            local.Free()
+            return comm.allgather(leader)
+    except ImportError:
+        pass
+    names: list = [None] * world
+    dist.all_gather_object(names, socket.gethostname())
+    return [names.index(name) for name in names]
+
+
+class Hierarchical(Flat):
+    """Two-level allreduce for jobs that span hosts: only one rank per host uses the network.
+
+    With H hosts of L ranks each, the flat gradient buffer is (1) summed onto each host's
+    leader (its lowest rank) through shared memory, (2) allreduced among the H leaders,
+    whose links carry 2(H-1)/H·S instead of the L ring edges' 2(N-1)/N·S each that a flat
+    ring of N = H·L ranks puts on every host's link, and (3) broadcast from the leader to
+    its host's ranks. Everyone ends with the leader's copy, so ranks agree bit for bit.
+    On one host, or with one rank per host, it is plain allreduce. The groups come from
+    MPI's host split when the model is wrapped (collective); `hosts` (the leader rank of
+    each rank) may be given to place the levels by hand, as the tests do on one machine.
+    """
+
+    cost_model = "hierarchical"
+
+    def __init__(self, compressor=None, hosts: Optional[Sequence[int]] = None):
+        super().__init__(compressor)
+        self.hosts = list(hosts) if hosts is not None else None
+        self.leader: int = 0
+        self.host_group = self.leader_group = None
+        self.two_levels = False
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        hosts = self.hosts if self.hosts is not None else host_of_each_rank()
+        if len(hosts) != dist.get_world_size():
+            raise ValueError(f"hierarchical: {len(hosts)} host entries for {dist.get_world_size()} ranks")
+        leaders = sorted(set(hosts))
+        self.two_levels = 1 < len(leaders) < len(hosts)
+        if self.two_levels:  # every rank creates every group, in the same order
+            rank = dist.get_rank()
+            self.leader = hosts[rank]
+            for leader in leaders:
+                group = dist.new_group([r for r, host in enumerate(hosts) if host == leader])
+                if leader == self.leader:
+                    self.host_group = group
+            self.leader_group = dist.new_group(leaders)
+        return model
+
+    def allreduce_sum(self, data: torch.Tensor) -> None:
+        if not self.two_levels:
+            dist.all_reduce(data, op=dist.ReduceOp.SUM)
+            return
+        dist.reduce(data, dst=self.leader, op=dist.ReduceOp.SUM, group=self.host_group)
+        if dist.get_rank() == self.leader:
+            dist.all_reduce(data, op=dist.ReduceOp.SUM, group=self.leader_group)
+        dist.broadcast(data, src=self.leader, group=self.host_group)
