@@ -17,6 +17,7 @@ from .errors import UserError
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
 DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
 BACKENDS = ("auto", "gloo", "nccl")
+LAUNCHERS = ("auto", "mpi", "torchrun", "slurm")  # mpi_train/environments, by --launcher name
 
 
 def _opt(default, help, **extra):
@@ -45,6 +46,8 @@ class TrainConfig:
     seed: int = _opt(42, "seed for torch, numpy and random, the same on every rank")
 
     # Distributed runtime.
+    launcher: str = _opt("auto", "what started the ranks: mpi (mpirun, mpiexec, srun with PMI), torchrun, slurm (srun "
+                         "without MPI); auto detects it from the launcher's variables", choices=LAUNCHERS)
     backend: str = _opt("auto", "process-group backend: auto picks nccl when every rank has a GPU", choices=BACKENDS)
     master_addr: Optional[str] = _opt(None, "address rank 0 listens on for the rendezvous (default: $MASTER_ADDR, else this host's address)")
     timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before the job fails")

@@ -794,24 +794,31 @@ def git_commit() -> Optional[str]:
 def describe_environment(cluster) -> dict:
     """Versions, the job's hosts as a hostfile, the MPI library and launcher settings (no secrets)."""
     import mlflow
-    import mpi4py
     import torch
 
     try:
-        from mpi4py import MPI
+        import mpi4py  # the package only: importing mpi4py.MPI would initialise MPI, which torchrun and srun jobs never do
 
-        library = MPI.Get_library_version().replace("\0", "").strip()
-    except Exception:  # noqa: BLE001
-        library = ""
+        mpi4py_version = mpi4py.__version__
+    except ImportError:
+        mpi4py_version = ""
+    library = ""
+    if "mpi4py.MPI" in sys.modules:
+        try:
+            library = sys.modules["mpi4py.MPI"].Get_library_version().replace("\0", "").strip()
+        except Exception:  # noqa: BLE001
+            pass
     slots: dict[str, int] = {}
     for host in cluster.hosts:
         slots[host] = slots.get(host, 0) + 1
     launcher = {k: v for k, v in sorted(os.environ.items())
-                if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_COMM_WORLD_SIZE", "MASTER_ADDR", "GLOO_SOCKET_IFNAME"))
+                if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_COMM_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                 "GLOO_SOCKET_IFNAME", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_NUM_TASKS",
+                                 "SLURM_JOB_NODELIST"))
                 and not any(word in k.upper() for word in SECRET_WORDS)}
     return {
         "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
-        "mpi4py": mpi4py.__version__, "mlflow": mlflow.__version__, "mpi_library": library,
+        "mpi4py": mpi4py_version, "launcher": cluster.environment.name, "mlflow": mlflow.__version__, "mpi_library": library,
         "git_commit": git_commit(), "world_size": cluster.info.world_size, "hosts_by_rank": list(cluster.hosts),
         "hostfile": "".join(f"{host} slots={n}\n" for host, n in slots.items()), "launcher_env": launcher,
     }

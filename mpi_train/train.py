@@ -108,9 +108,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     fault.at(info.rank, "start")
     threads = clusters.configure_threads(info, config.threads)
     backend, device_name = clusters.resolve_backend(cluster, config.backend)
-    device = torch.device(device_name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = torch.device(device_name)  # under NCCL already made current by resolve_backend
 
     train_set, test_set = load_datasets(config, cluster)
     batch_per_rank = config.per_rank(info.world_size)
