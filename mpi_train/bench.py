@@ -347,5 +347,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return guarded(cluster, lambda: run(cluster, args))
 
 
+def console_main() -> None:
+    """The `mpi-train-bench` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
+    from .cluster import exit_process
+
+    exit_process(main())
+
+
 if __name__ == "__main__":
     clusters.exit_process(main())

@@ -138,3 +138,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cluster = join_job(argv)
     config = parse_config(argv, quiet=not cluster.info.is_main)
     return guarded(cluster, lambda: run(config, cluster), config.timeout)
+
+
+def console_main() -> None:
+    """The `mpi-train` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
+    from .cluster import exit_process
+
+    exit_process(main())
