@@ -54,6 +54,8 @@ HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
 FLUSH_EVERY_S = 2.0  # the background sender's batching period
 END_TIMEOUT_S = 20.0  # how long the final flush may take before it is given up
 FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
+ENDED_KEY = "mpi_train/ended"  # set by rank 0 once a signal's KILLED is recorded
+ENDED_WAIT_S = 20.0  # how long a signalled rank waits for that under srun or torchrun before exiting
 ACK_WAIT_S = 10.0  # a failing rank waits this long for rank 0 to record its failure before aborting
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
 PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
@@ -282,10 +284,30 @@ class HostSampler:
 class RankTracker(NullTracker):
     """A rank other than 0: samples its host if it is that host's first rank, and reports its own failure."""
 
-    def __init__(self, store, info, sampler: Optional[HostSampler]):
+    def __init__(self, store, info, sampler: Optional[HostSampler], signalled_together: bool = False):
         self.store, self.info, self.sampler = store, info, sampler
+        self.signalled_together = signalled_together  # srun, torchrun: SIGTERM reaches every rank at once
+
+    def __enter__(self):
+        """Under srun or torchrun a signal reaches every rank, and a rank that dies at once makes the
+        launcher kill rank 0 before it has recorded the run: wait for rank 0 to say it has (ENDED_KEY),
+        or for its store to go away, then exit. mpirun signals only rank 0 first."""
+        if self.signalled_together and self.store is not None and threading.current_thread() is threading.main_thread():
+            self.old_handler = signal.signal(signal.SIGTERM, self._await_rank0)
+        return self
+
+    def _await_rank0(self, number, frame) -> None:
+        try:
+            self.store.wait([ENDED_KEY], timedelta(seconds=ENDED_WAIT_S))
+        except Exception:  # noqa: BLE001 - rank 0 (and its store) gone, or too slow: leave now
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + number)
 
     def __exit__(self, kind, error, trace) -> bool:
+        if getattr(self, "old_handler", None) is not None:
+            signal.signal(signal.SIGTERM, self.old_handler)
         if error is None or isinstance(error, KeyboardInterrupt) or (isinstance(error, UserError) and error.collective):
             return False  # a clean end, a signal (rank 0 records those), or an error rank 0 raised too
         failure = {"rank": self.info.rank, "host": self.info.host,
@@ -592,6 +614,11 @@ class MlflowTracker(NullTracker):
             if self.end("KILLED", tags={"mpi_train.killed_by": name}):
                 print(f"mpi_train: {name} received; run recorded as KILLED, stopping every rank.", file=sys.stderr)
                 self._report_spool(try_again=False)  # mpirun's SIGKILL follows within a second: no time to wait on the server
+            if self.cluster.store is not None:
+                try:
+                    self.cluster.store.set(ENDED_KEY, "1")  # the other ranks may go now (see RankTracker)
+                except Exception:  # noqa: BLE001
+                    pass
             self.cluster.abort(128 + number)
 
     def _release_signals(self) -> None:
@@ -772,7 +799,8 @@ def start(connection: Optional[Connection], config: TrainConfig, cluster, job: d
     if info.is_main:
         return MlflowTracker(connection, config, cluster, job, ranks)
     samples_host = info.local_rank == 0 and config.system_metrics_every > 0
-    return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None)
+    return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None,
+                       signalled_together=cluster.environment.name != "mpi")
 
 
 # ---------------------------------------------------------------------------------------------
