@@ -12,12 +12,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .environments import LAUNCHERS  # the --launcher names, one per cluster environment
 from .errors import UserError
 
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
 DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
 BACKENDS = ("auto", "gloo", "nccl")
-LAUNCHERS = ("auto", "mpi", "torchrun", "slurm")  # mpi_train/environments, by --launcher name
 
 
 def _opt(default, help, **extra):
@@ -49,7 +49,8 @@ class TrainConfig:
     launcher: str = _opt("auto", "what started the ranks: mpi (mpirun, mpiexec, srun with PMI), torchrun, slurm (srun "
                          "without MPI); auto detects it from the launcher's variables", choices=LAUNCHERS)
     backend: str = _opt("auto", "process-group backend: auto picks nccl when every rank has a GPU", choices=BACKENDS)
-    master_addr: Optional[str] = _opt(None, "address rank 0 listens on for the rendezvous (default: $MASTER_ADDR, else this host's address)")
+    master_addr: Optional[str] = _opt(None, "address rank 0 listens on for the rendezvous under MPI (default: $MASTER_ADDR, "
+                                      "else this host's address); torchrun and srun jobs meet at MASTER_ADDR:MASTER_PORT")
     timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before the job fails")
     threads: Optional[int] = _opt(None, "CPU threads per rank (default: this host's cores divided by its ranks)")
     check_every: int = _opt(100, "every N steps (and at the end) ranks compare a checksum of their weights; 0: only at start and end")

@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from .config import BACKENDS
 from .errors import UserError
-
-BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclass(frozen=True)

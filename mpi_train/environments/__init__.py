@@ -45,8 +45,7 @@ def choose(launcher: str, env: Mapping[str, str] = os.environ) -> ClusterEnviron
     if launcher not in LAUNCHERS:
         raise UserError(f"--launcher {launcher!r} is unknown; choose one of {', '.join(LAUNCHERS)}.")
     name = detect(env) if launcher == "auto" else launcher
-    environment_class = ENVIRONMENTS[name]
-    return environment_class() if name == "mpi" else environment_class(env)
+    return ENVIRONMENTS[name](env)
 
 
 def check_world(found: int, launcher: str, env: Mapping[str, str] = os.environ) -> None:

@@ -44,6 +44,9 @@ class MpiChannel(ObjectChannel):
 class MpiEnvironment(ClusterEnvironment):
     name = "mpi"
 
+    def __init__(self, env: Mapping[str, str] = os.environ):
+        pass  # MPI's answers come from COMM_WORLD once connected, never from variables
+
     def connect(self) -> None:
         from mpi4py import MPI  # initialises MPI: done here, never at import time
 
