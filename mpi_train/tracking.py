@@ -54,7 +54,7 @@ HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
 FLUSH_EVERY_S = 2.0  # the background sender's batching period
 END_TIMEOUT_S = 20.0  # how long the final flush may take before it is given up
 FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
-ENDED_KEY = "mpi_train/ended"  # set by rank 0 once a signal's KILLED is recorded
+ENDED_KEY = "mpi_train/ended"  # set by rank 0 once the runs' end is recorded
 ENDED_WAIT_S = 20.0  # how long a signalled rank waits for that under srun or torchrun before exiting
 ACK_WAIT_S = 10.0  # a failing rank waits this long for rank 0 to record its failure before aborting
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
@@ -565,6 +565,11 @@ class MlflowTracker(NullTracker):
         except Exception as error:  # noqa: BLE001 - say so; the job's own outcome matters more
             print(f"mpi_train: warning: could not record the MLflow run as {status}: {error}", file=sys.stderr)
         self.guard.done()
+        if self.cluster.store is not None:
+            try:
+                self.cluster.store.set(ENDED_KEY, status)  # signalled ranks may go now (see RankTracker)
+            except Exception:  # noqa: BLE001 - the store is gone: nobody is waiting on it
+                pass
         return True
 
     def _thread(self, target, name: str) -> None:
@@ -614,11 +619,6 @@ class MlflowTracker(NullTracker):
             if self.end("KILLED", tags={"mpi_train.killed_by": name}):
                 print(f"mpi_train: {name} received; run recorded as KILLED, stopping every rank.", file=sys.stderr)
                 self._report_spool(try_again=False)  # mpirun's SIGKILL follows within a second: no time to wait on the server
-            if self.cluster.store is not None:
-                try:
-                    self.cluster.store.set(ENDED_KEY, "1")  # the other ranks may go now (see RankTracker)
-                except Exception:  # noqa: BLE001
-                    pass
             self.cluster.abort(128 + number)
 
     def _release_signals(self) -> None:
