@@ -246,7 +246,7 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
                                                 "mlflow_parent_run_id")}
         shared["path"] = str(path)
     shared = cluster.bcast(shared)
-    rank_state = cluster.comm.scatter(payload["ranks"] if payload else None, root=0)
+    rank_state = cluster.scatter(payload["ranks"] if payload else None)
     return Resume(path=Path(shared["path"]), position=Position(shared["epoch"], shared["step"], shared["step_in_epoch"]),
                   model_state=shared["model_state"], optimizer_state=shared["optimizer_state"],
                   rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"])

@@ -119,9 +119,29 @@ def guarded(cluster: Cluster, body: Callable[[], None], timeout_s: Optional[floa
     return 1  # not reached: abort ends the process
 
 
+def join_job(argv: Optional[Sequence[str]]) -> Cluster:
+    """Discovery through the launcher --launcher names (auto: the one detected), before the other flags are
+    parsed (they print on rank 0 only); a clear error and exit status 2 if it fails."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--launcher", default="auto")
+    known, _ = early.parse_known_args(argv)
+    try:
+        return Cluster.discover(known.launcher)
+    except UserError as error:
+        print(format_error(str(error)), file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from .train import run
 
-    cluster = Cluster.from_mpi()
+    cluster = join_job(argv)
     config = parse_config(argv, quiet=not cluster.info.is_main)
     return guarded(cluster, lambda: run(config, cluster), config.timeout)
+
+
+def console_main() -> None:
+    """The `mpi-train` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
+    from .cluster import exit_process
+
+    exit_process(main())

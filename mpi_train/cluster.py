@@ -1,8 +1,8 @@
-"""Who we are in the MPI job, and the torch.distributed process group built on top of it.
+"""Who we are in the job, and the torch.distributed process group built on top of it.
 
-Everything comes from mpi4py's COMM_WORLD, so any MPI launcher works (mpirun, srun,
-mpiexec) and no launcher-specific variable is read. Without a launcher, MPI starts
-as a singleton and the job is one rank.
+Which launcher started the job (mpirun, torchrun, srun) is the business of
+mpi_train/environments; this module turns its answers into the job's view: ranks,
+hosts, object collectives, the rendezvous and the process group.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from . import environments
+from .environments import ClusterEnvironment
 from .errors import UserError
 
 LOOPBACK = "127.0.0.1"
@@ -60,28 +62,39 @@ class RankInfo:
 
 
 class Cluster:
-    """The MPI communicator plus the few object collectives the job needs (through torch once its group exists)."""
+    """This rank's place in the job plus the few object collectives the job needs.
 
-    def __init__(self, comm: Any, info: RankInfo, hosts: tuple[str, ...]):
-        self.comm = comm
+    Before the process group exists they go through the launcher's channel (MPI, or the
+    env:// store under torchrun and srun); once it exists, through torch.
+    """
+
+    def __init__(self, environment: ClusterEnvironment, info: RankInfo, hosts: tuple[str, ...]):
+        self.environment = environment
+        self.channel = environment.channel
         self.info = info
         self.hosts = hosts  # host of each rank, indexed by rank
         self.store = None  # the TCPStore once init_process_group has run; its server lives in rank 0's process
 
     @classmethod
-    def from_mpi(cls) -> "Cluster":
-        from mpi4py import MPI  # initialises MPI: done here, never at import time
-
-        comm = MPI.COMM_WORLD
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        leader = local.bcast(comm.Get_rank(), root=0)  # the host's first rank identifies the host
-        hosts = host_labels(comm.allgather((socket.gethostname(), leader)))
+    def discover(cls, launcher: str = "auto") -> "Cluster":
+        """Connect through the launcher's environment (auto: the one that started us) and learn every rank's host."""
+        environment = environments.choose(launcher)
+        environment.connect()
+        rank, world = environment.global_rank(), environment.world_size()
+        environments.check_world(world, environment.name)
+        ranks = environment.channel.allgather((socket.gethostname(), environment.node_key()))
+        keys = [key if key is not None else name for name, key in ranks]  # no node key: the host name tells
+        leaders = [keys.index(key) for key in keys]  # the host's first rank identifies the host
+        hosts = host_labels([(name, leader) for (name, _), leader in zip(ranks, leaders)])
         info = RankInfo(
-            rank=comm.Get_rank(), local_rank=local.Get_rank(), world_size=comm.Get_size(),
-            local_world_size=local.Get_size(), host=hosts[comm.Get_rank()],
+            rank=rank, local_rank=environment.local_rank(), world_size=world,
+            local_world_size=leaders.count(leaders[rank]), host=hosts[rank],
         )
-        local.Free()
-        return cls(comm, info, hosts)
+        return cls(environment, info, hosts)
+
+    @classmethod
+    def from_mpi(cls) -> "Cluster":
+        return cls.discover("mpi")
 
     @property
     def spans_hosts(self) -> bool:
@@ -97,10 +110,27 @@ class Cluster:
             values = [None] * self.info.world_size
             dist.all_gather_object(values, value)
             return values
-        return self.comm.allgather(value)
+        return self.channel.allgather(value)
 
     def bcast(self, value: Any) -> Any:
-        return self.comm.bcast(value, root=0)
+        """Rank 0's value on every rank."""
+        if _group_ready():
+            import torch.distributed as dist
+
+            values = [value]
+            dist.broadcast_object_list(values, src=0)
+            return values[0]
+        return self.channel.bcast(value)
+
+    def scatter(self, values: Optional[list]) -> Any:
+        """values[r] (given on rank 0) on rank r."""
+        if _group_ready():
+            import torch.distributed as dist
+
+            received = [None]
+            dist.scatter_object_list(received, values if self.info.is_main else None, src=0)
+            return received[0]
+        return self.channel.scatter(values)
 
     def gather(self, value: Any) -> Optional[list]:
         """Every rank's value on rank 0; None elsewhere."""
@@ -110,18 +140,11 @@ class Cluster:
             values = [None] * self.info.world_size if self.info.is_main else None
             dist.gather_object(value, values, dst=0)
             return values
-        return self.comm.gather(value, root=0)
-
-    def barrier(self) -> None:
-        self.comm.Barrier()
+        return self.channel.gather(value)
 
     def abort(self, code: int) -> None:
         """End every rank of the job now (a peer may be blocked in a collective)."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if self.info.world_size > 1:
-            self.comm.Abort(code)
-        os._exit(code)
+        self.channel.abort(code)
 
     def agree(self, outcome: Optional[str], what: str) -> None:
         """Share each rank's error message (None if fine); if any failed, all raise the same error."""
@@ -192,22 +215,17 @@ def configure_threads(info: RankInfo, threads: Optional[int]) -> int:
 
 
 def resolve_backend(cluster: Cluster, requested: str) -> tuple[str, str]:
-    """Pick the process-group backend and this rank's device: NCCL only if every rank has a GPU."""
+    """Collective: the backend and this rank's device (see devices.decide), made current under NCCL."""
     import torch
 
-    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > cluster.info.local_rank
-    gpu_flags = cluster.allgather(has_gpu)
-    gpu_on_all = all(gpu_flags)
-    if requested == "nccl" and not gpu_on_all:
-        missing = [r for r, ok in enumerate(gpu_flags) if not ok]
-        raise UserError(
-            f"--backend nccl needs a CUDA device for every rank, but rank(s) {missing} "
-            f"(host {cluster.hosts[missing[0]]}) have none (torch.cuda.is_available() is "
-            f"{torch.cuda.is_available()}). Use --backend gloo (or auto) to train on CPUs."
-        )
-    backend = "nccl" if requested == "nccl" or (requested == "auto" and gpu_on_all) else "gloo"
-    device = f"cuda:{cluster.info.local_rank}" if backend == "nccl" else "cpu"
-    return backend, device
+    from .devices import RankGpus, decide, visible_gpus
+
+    seen = cluster.allgather(RankGpus(cluster.info.host, cluster.info.local_rank, visible_gpus()))
+    decision = decide(requested, seen)
+    device = decision.devices[cluster.info.rank]
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))  # else every rank's NCCL communicator lands on cuda:0
+    return decision.backend, device
 
 
 def _route_address(destination: str) -> str:
@@ -272,26 +290,32 @@ def address_on_other_host(hosts: tuple[str, ...], addresses: list[list[str]]) ->
 def init_process_group(cluster: Cluster, backend: str, master_addr: Optional[str], timeout_s: float) -> str:
     """Open the torch.distributed process group; returns the rendezvous address used.
 
-    Rank 0 opens the store itself on a free port and sends address:port to the others
-    over MPI: a port chosen by one process and bound later by another can be stolen.
+    Under torchrun and srun the ranks already share the env:// store and the group is
+    built on it. Under MPI, rank 0 opens the store itself on a free port and sends
+    address:port to the others over MPI: a port chosen by one process and bound later by
+    another can be stolen.
     """
     import torch.distributed as dist
     from torch.distributed import TCPStore
 
     info = cluster.info
     timeout = datetime.timedelta(seconds=timeout_s)
-    address = rendezvous_address(cluster, master_addr)
-    store = None
-    if info.rank == 0:
-        store = TCPStore("0.0.0.0", 0, info.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
-        address = f"{address}:{store.port}"
-    address = cluster.bcast(address)
+    store = cluster.environment.store
+    if store is not None:
+        store.set_timeout(timeout)
+        address = f"{cluster.environment.main_address}:{cluster.environment.main_port}"
+    else:
+        address = rendezvous_address(cluster, master_addr)
+        if info.rank == 0:
+            store = TCPStore("0.0.0.0", 0, info.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+            address = f"{address}:{store.port}"
+        address = cluster.bcast(address)
     host, port = address.rsplit(":", 1)
-    if info.rank != 0:
+    if store is None:
         store = TCPStore(host, int(port), info.world_size, is_master=False, timeout=timeout)
     cluster.store = store  # also the channel a failing rank uses to reach rank 0 (see tracking.py)
     if cluster.spans_hosts and "GLOO_SOCKET_IFNAME" not in os.environ:
-        interface = _interface_of(_route_address(host))
+        interface = _interface_of(_route_address(socket.gethostbyname(host)))
         if interface:
             os.environ["GLOO_SOCKET_IFNAME"] = interface  # Gloo must listen where peers can reach
     dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .environments import LAUNCHERS  # the --launcher names, one per cluster environment
 from .errors import UserError
 from .schedule import MODEL_DEFAULTS, SCHEDULES, OptimizerDefaults
 
@@ -54,8 +55,11 @@ class TrainConfig:
     timing_warmup_steps: int = _opt(1, "first steps of the job left out of the reported mean step times (the whole-run means are reported too)")
 
     # Distributed runtime.
+    launcher: str = _opt("auto", "what started the ranks: mpi (mpirun, mpiexec, srun with PMI), torchrun, slurm (srun "
+                         "without MPI); auto detects it from the launcher's variables", choices=LAUNCHERS)
     backend: str = _opt("auto", "process-group backend: auto picks nccl when every rank has a GPU", choices=BACKENDS)
-    master_addr: Optional[str] = _opt(None, "address rank 0 listens on for the rendezvous (default: $MASTER_ADDR, else this host's address)")
+    master_addr: Optional[str] = _opt(None, "address rank 0 listens on for the rendezvous under MPI (default: $MASTER_ADDR, "
+                                      "else this host's address); torchrun and srun jobs meet at MASTER_ADDR:MASTER_PORT")
     timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before the job fails")
     threads: Optional[int] = _opt(None, "CPU threads per rank (default: this host's cores divided by its ranks)")
     check_every: int = _opt(100, "every N steps (and at the end) ranks compare a checksum of their weights; 0: only at start and end")

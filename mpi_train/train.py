@@ -113,9 +113,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     unsupported = backend_error(config.sync, backend)
     if unsupported:  # before any collective: torch's own failure would abort the process
         raise UserError(unsupported)
-    device = torch.device(device_name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = torch.device(device_name)  # under NCCL already made current by resolve_backend
 
     train_set, test_set = load_datasets(config, cluster)
     batch_per_rank = config.per_rank(info.world_size)

@@ -44,10 +44,10 @@ from torch import nn
 
 from .. import cluster as clusters
 from .. import tracking
-from ..cli import RankAwareParser, guarded
+from ..cli import RankAwareParser, guarded, join_job
 from ..cluster import Cluster
 from .collectives import allreduce_bandwidth
-from ..config import ENV_DEFAULTS, BACKENDS, TrainConfig
+from ..config import ENV_DEFAULTS, BACKENDS, LAUNCHERS, TrainConfig
 from ..costs import bus_bandwidth, cost_model_of, wire_bytes
 from ..data import SyntheticImages
 from ..errors import UserError
@@ -81,6 +81,7 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per method (default: 20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per method first (default: 2)")
     parser.add_argument("--json", metavar="PATH", help="rank 0 writes every figure here")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="auto", help="what started the ranks (default: auto, detected)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend (default: auto)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per rank (default: this host's cores divided by its ranks)")
     parser.add_argument("--bucket-mb", type=float, default=TrainConfig.bucket_mb, help=f"bucket size for the bucketed method (default: {TrainConfig.bucket_mb:g})")
@@ -357,8 +358,6 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     threads = clusters.configure_threads(info, args.threads)
     backend, device_name = clusters.resolve_backend(cluster, args.backend)
     device = torch.device(device_name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     clusters.init_process_group(cluster, backend, args.master_addr, args.timeout)
 
     entries, unavailable = contenders(args.model, device, args.bucket_mb, chosen(args.methods), backend, args.powersgd_rank)
@@ -404,9 +403,16 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    cluster = Cluster.from_mpi()
+    cluster = join_job(argv)
     args = build_parser(quiet=not cluster.info.is_main).parse_args(argv)
     return guarded(cluster, lambda: run(cluster, args))
+
+
+def console_main() -> None:
+    """The `mpi-train-bench` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
+    from .cluster import exit_process
+
+    exit_process(main())
 
 
 if __name__ == "__main__":

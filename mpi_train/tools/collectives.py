@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from .. import cluster as clusters
-from ..cli import RankAwareParser, guarded
+from ..cli import RankAwareParser, guarded, join_job
+from ..config import LAUNCHERS
 from ..cluster import Cluster
 from ..errors import UserError
 
@@ -108,6 +109,7 @@ def format_table(rows: list[dict], hosts: Sequence[str]) -> str:
 def _parse(argv: Optional[Sequence[str]], quiet: bool) -> argparse.Namespace:
     parser = RankAwareParser(prog="python -m mpi_train.collectives", quiet=quiet,
                              description="Check every collective against its closed form and measure allreduce bandwidth.")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="auto", help="what started the ranks (default: auto, detected)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process-group backend (default: auto)")
     parser.add_argument("--size-mb", type=float, default=16.0, help="allreduce buffer for the bandwidth test, MiB (default: 16)")
     parser.add_argument("--iters", type=int, default=10, help="timed allreduce repetitions (default: 10)")
@@ -145,9 +147,16 @@ def check(cluster: Cluster, args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    cluster = Cluster.from_mpi()
+    cluster = join_job(argv)
     args = _parse(argv, quiet=not cluster.info.is_main)
     return guarded(cluster, lambda: check(cluster, args))
+
+
+def console_main() -> None:
+    """The `mpi-train-collectives` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
+    from .cluster import exit_process
+
+    exit_process(main())
 
 
 if __name__ == "__main__":

@@ -54,6 +54,8 @@ HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
 FLUSH_EVERY_S = 2.0  # the background sender's batching period
 END_TIMEOUT_S = 20.0  # how long the final flush may take before it is given up
 FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
+ENDED_KEY = "mpi_train/ended"  # set by rank 0 once the runs' end is recorded
+ENDED_WAIT_S = 20.0  # how long a signalled rank waits for that under srun or torchrun before exiting
 ACK_WAIT_S = 10.0  # a failing rank waits this long for rank 0 to record its failure before aborting
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
 PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size", "batch_size_per_rank",
@@ -295,10 +297,30 @@ class HostSampler:
 class RankTracker(NullTracker):
     """A rank other than 0: samples its host if it is that host's first rank, and reports its own failure."""
 
-    def __init__(self, store, info, sampler: Optional[HostSampler]):
+    def __init__(self, store, info, sampler: Optional[HostSampler], signalled_together: bool = False):
         self.store, self.info, self.sampler = store, info, sampler
+        self.signalled_together = signalled_together  # srun, torchrun: SIGTERM reaches every rank at once
+
+    def __enter__(self):
+        """Under srun or torchrun a signal reaches every rank, and a rank that dies at once makes the
+        launcher kill rank 0 before it has recorded the run: wait for rank 0 to say it has (ENDED_KEY),
+        or for its store to go away, then exit. mpirun signals only rank 0 first."""
+        if self.signalled_together and self.store is not None and threading.current_thread() is threading.main_thread():
+            self.old_handler = signal.signal(signal.SIGTERM, self._await_rank0)
+        return self
+
+    def _await_rank0(self, number, frame) -> None:
+        try:
+            self.store.wait([ENDED_KEY], timedelta(seconds=ENDED_WAIT_S))
+        except Exception:  # noqa: BLE001 - rank 0 (and its store) gone, or too slow: leave now
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + number)
 
     def __exit__(self, kind, error, trace) -> bool:
+        if getattr(self, "old_handler", None) is not None:
+            signal.signal(signal.SIGTERM, self.old_handler)
         if error is None or isinstance(error, KeyboardInterrupt) or (isinstance(error, UserError) and error.collective):
             return False  # a clean end, a signal (rank 0 records those), or an error rank 0 raised too
         failure = {"rank": self.info.rank, "host": self.info.host,
@@ -557,6 +579,11 @@ class MlflowTracker(NullTracker):
         except Exception as error:  # noqa: BLE001 - say so; the job's own outcome matters more
             print(f"mpi_train: warning: could not record the MLflow run as {status}: {error}", file=sys.stderr)
         self.guard.done()
+        if self.cluster.store is not None:
+            try:
+                self.cluster.store.set(ENDED_KEY, status)  # signalled ranks may go now (see RankTracker)
+            except Exception:  # noqa: BLE001 - the store is gone: nobody is waiting on it
+                pass
         return True
 
     def _thread(self, target, name: str) -> None:
@@ -786,7 +813,8 @@ def start(connection: Optional[Connection], config: TrainConfig, cluster, job: d
     if info.is_main:
         return MlflowTracker(connection, config, cluster, job, ranks)
     samples_host = info.local_rank == 0 and config.system_metrics_every > 0
-    return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None)
+    return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None,
+                       signalled_together=cluster.environment.name != "mpi")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -808,24 +836,31 @@ def git_commit() -> Optional[str]:
 def describe_environment(cluster) -> dict:
     """Versions, the job's hosts as a hostfile, the MPI library and launcher settings (no secrets)."""
     import mlflow
-    import mpi4py
     import torch
 
     try:
-        from mpi4py import MPI
+        import mpi4py  # the package only: importing mpi4py.MPI would initialise MPI, which torchrun and srun jobs never do
 
-        library = MPI.Get_library_version().replace("\0", "").strip()
-    except Exception:  # noqa: BLE001
-        library = ""
+        mpi4py_version = mpi4py.__version__
+    except ImportError:
+        mpi4py_version = ""
+    library = ""
+    if "mpi4py.MPI" in sys.modules:
+        try:
+            library = sys.modules["mpi4py.MPI"].Get_library_version().replace("\0", "").strip()
+        except Exception:  # noqa: BLE001
+            pass
     slots: dict[str, int] = {}
     for host in cluster.hosts:
         slots[host] = slots.get(host, 0) + 1
     launcher = {k: v for k, v in sorted(os.environ.items())
-                if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_COMM_WORLD_SIZE", "MASTER_ADDR", "GLOO_SOCKET_IFNAME"))
+                if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_COMM_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                 "GLOO_SOCKET_IFNAME", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_NUM_TASKS",
+                                 "SLURM_JOB_NODELIST"))
                 and not any(word in k.upper() for word in SECRET_WORDS)}
     return {
         "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
-        "mpi4py": mpi4py.__version__, "mlflow": mlflow.__version__, "mpi_library": library,
+        "mpi4py": mpi4py_version, "launcher": cluster.environment.name, "mlflow": mlflow.__version__, "mpi_library": library,
         "git_commit": git_commit(), "world_size": cluster.info.world_size, "hosts_by_rank": list(cluster.hosts),
         "hostfile": "".join(f"{host} slots={n}\n" for host, n in slots.items()), "launcher_env": launcher,
     }

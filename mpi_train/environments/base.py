@@ -1,0 +1,82 @@
+"""What every cluster environment answers: who this process is, and how the ranks reach each other.
+
+One small class per launcher (mpi.py, torchrun.py, slurm.py), in the manner of Lightning
+Fabric's plugins/environments: `detect` reads only the environment variables, so choosing
+one never starts anything; the constructor is where an environment connects.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any, Mapping, Optional
+
+
+class ObjectChannel(ABC):
+    """Small-object collectives the job needs before (and besides) the torch process group."""
+
+    @abstractmethod
+    def allgather(self, value: Any) -> list: ...
+
+    @abstractmethod
+    def bcast(self, value: Any) -> Any:
+        """Rank 0's value on every rank."""
+
+    @abstractmethod
+    def gather(self, value: Any) -> Optional[list]:
+        """Every rank's value on rank 0; None elsewhere."""
+
+    @abstractmethod
+    def scatter(self, values: Optional[list]) -> Any:
+        """values[r] (given on rank 0) on rank r."""
+
+    @abstractmethod
+    def abort(self, code: int) -> None:
+        """End every rank of the job now (a peer may be blocked in a collective)."""
+
+
+class ClusterEnvironment(ABC):
+    """One launcher's answers. The constructor only reads variables; connect() joins the job (MPI_Init, the env:// store)."""
+
+    name: str  # the --launcher value
+
+    @abstractmethod
+    def connect(self) -> None:
+        """Join the other ranks; world_size() and the rest may need it first (MPI's do)."""
+
+    @staticmethod
+    @abstractmethod
+    def detect(env: Mapping[str, str] = os.environ) -> bool:
+        """True if this launcher started the process (read from variables only; starts nothing)."""
+
+    @abstractmethod
+    def world_size(self) -> int: ...
+
+    @abstractmethod
+    def global_rank(self) -> int: ...
+
+    @abstractmethod
+    def local_rank(self) -> int:
+        """Index among the ranks on this host."""
+
+    @abstractmethod
+    def node_key(self) -> Any:
+        """Equal for ranks on one host, different across hosts (the host's identity, not its label)."""
+
+    @property
+    @abstractmethod
+    def main_address(self) -> Optional[str]:
+        """Where rank 0's rendezvous store listens; None when the job chooses it (MPI)."""
+
+    @property
+    @abstractmethod
+    def main_port(self) -> Optional[int]: ...
+
+    @property
+    @abstractmethod
+    def channel(self) -> ObjectChannel: ...
+
+    @property
+    def store(self):
+        """The torch store the ranks share from the start (env://), or None if the process group must open one."""
+        return None
