@@ -12,8 +12,8 @@ What a checkpoint holds, and why that is enough for an exact continuation:
   (seed, epoch), so the resumed job rebuilds the epoch's order and skips the batches
   already trained on by index, without loading them;
 - per rank, gathered to rank 0 and stored in the same file: the torch, numpy and
-  Python random states (dropout, augmentation and the loaders draw from them, and
-  nothing forces them to agree across ranks) and the rank's buffers (BatchNorm
+  Python random states (each rank's own stream, seeded from (seed, rank), see
+  randomness.py: dropout, augmentation and the loaders draw from them) and the rank's buffers (BatchNorm
   running statistics are each rank's own until the epoch's buffer average). One file
   rather than one per rank because then one rename makes the whole checkpoint appear
   at once; per-rank states are a few kilobytes each;
