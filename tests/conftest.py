@@ -92,7 +92,7 @@ class MlflowServer:
         """The server's URI, once it answers."""
         import time
 
-        from mpi_train.tracking.spool import server_answers
+        from mpi_train.tracking.probe import server_answers
 
         deadline = time.monotonic() + 120
         while not self.up:

@@ -22,7 +22,8 @@ import pytest
 
 from conftest import MPI_ENV, REPO, free_port
 from mpi_train import launcher
-from mpi_train.tracking.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record, server_answers, server_run_id
+from mpi_train.tracking.probe import server_answers
+from mpi_train.tracking.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record, server_run_id
 
 pytestmark = pytest.mark.e2e
 
@@ -327,7 +328,7 @@ def test_the_guard_spools_what_a_dead_rank_0_left_while_the_server_is_away(tmp_p
     """Rank 0 killed during an outage: its guard adds the metrics it had not handled and the runs' end to the spool."""
     from mlflow.entities import Metric
 
-    from mpi_train.tracking import RunGuard
+    from mpi_train.tracking.guard import RunGuard
 
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     spool = Spool(tmp_path / "job.jsonl")
@@ -366,7 +367,7 @@ def test_the_guard_finishes_a_run_the_job_created_offline_and_sent_itself(outage
     """Rank 0 dies after its offline runs reached the server: the guard finds them by their local id and ends them."""
     from mlflow.entities import Metric
 
-    from mpi_train.tracking import RunGuard
+    from mpi_train.tracking.guard import RunGuard
 
     client, uri = outage["client"], outage["server"].uri
     experiment = client.get_experiment_by_name("outage").experiment_id

@@ -14,7 +14,9 @@ from conftest import MPI_ENV, REPO, client_for, job_runs, mpirun, train
 from mpi_train import launcher
 from mpi_train.config import TrainConfig, redact_uri
 from mpi_train.errors import UserError
-from mpi_train.tracking import BatchSender, HostSampler, _open
+from mpi_train.tracking.sampler import HostSampler
+from mpi_train.tracking.sender import BatchSender
+from mpi_train.tracking.store import open_store
 
 pytestmark = pytest.mark.e2e
 
@@ -178,7 +180,7 @@ def test_an_unreachable_server_is_reported_before_training(tmp_path):
 ])
 def test_malformed_uris_are_refused_with_the_fix(uri, needle):
     with pytest.raises(UserError, match="--tracking-uri") as caught:
-        _open(TrainConfig(tracking_uri=uri))
+        open_store(TrainConfig(tracking_uri=uri))
     message = str(caught.value)
     assert needle in message and ("http://HOST:PORT" in message or "sqlite:///" in message)
 
@@ -187,7 +189,7 @@ def test_an_unwritable_mlruns_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mlruns").write_text("a file where the store folder should be")
     with pytest.raises(UserError, match="not a writable folder") as caught:
-        _open(TrainConfig())
+        open_store(TrainConfig())
     assert str(tmp_path / "mlruns") in str(caught.value) and "--no-tracking" in str(caught.value)
 
 

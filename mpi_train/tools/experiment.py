@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..cli import format_error
 from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
-from ..errors import UserError
+from ..errors import UserError, format_error
 from ..launcher import own_tmpdir, start, stop
 from .sweep import BenchPlan, PlannedRun, Sweep, load
 
@@ -410,7 +409,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         check_setup(sweep, uri)
     except UserError as error:
-        print(format_error(str(error)).replace("mpi_train: error", "mpi_train.experiment: error", 1), file=sys.stderr)
+        print(format_error(str(error), prog="mpi_train.experiment"), file=sys.stderr)
         return error.exit_code
     print(describe_plan(sweep, launches, uri).splitlines()[0], flush=True)
     sweep.out.mkdir(parents=True, exist_ok=True)

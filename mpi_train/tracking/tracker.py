@@ -1,0 +1,59 @@
+"""What every rank holds: the tracker interface that does nothing, and the one of ranks other than 0 (host samples, failure reports)."""
+
+from __future__ import annotations
+
+import json
+import traceback
+from datetime import timedelta
+from typing import Optional
+
+from ..errors import UserError
+from .sampler import HostSampler
+
+FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
+ACK_WAIT_S = 10.0  # a failing rank waits this long for rank 0 to record its failure before aborting
+
+
+
+
+class NullTracker:
+    """Tracking off, or nothing for this rank to do; also the interface the others implement."""
+
+    parent_id: Optional[str] = None  # the job's MLflow run, stored in checkpoints so a resumed job can link to it
+    sampler: Optional[HostSampler] = None  # set on the first rank of each host when system metrics are on
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace) -> bool:
+        return False
+
+    def host_sample(self) -> dict:
+        """What this rank adds to the logged-step gather (system metrics of its host, if it samples them)."""
+        return self.sampler.sample() if self.sampler else {}
+
+    def console(self, line: str) -> None: ...
+    def log_step(self, epoch: int, step: int, loss: float, times: dict, throughput: float, per_rank: list[dict]) -> None: ...
+    def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
+    def finish(self, summary: dict) -> None: ...
+    def save_weights(self, model) -> None: ...
+
+
+
+class RankTracker(NullTracker):
+    """A rank other than 0: samples its host if it is that host's first rank, and reports its own failure."""
+
+    def __init__(self, store, info, sampler: Optional[HostSampler]):
+        self.store, self.info, self.sampler = store, info, sampler
+
+    def __exit__(self, kind, error, trace) -> bool:
+        if error is None or isinstance(error, KeyboardInterrupt) or (isinstance(error, UserError) and error.collective):
+            return False  # a clean end, a signal (rank 0 records those), or an error rank 0 raised too
+        failure = {"rank": self.info.rank, "host": self.info.host,
+                   "traceback": "".join(traceback.format_exception(kind, error, trace))}
+        try:  # rank 0's watcher ends the run FAILED and acknowledges; then cli.guarded aborts the job
+            self.store.set(FAILURE_KEY, json.dumps(failure))
+            self.store.wait([ACK_KEY], timedelta(seconds=ACK_WAIT_S))
+        except Exception:  # noqa: BLE001 - rank 0 unreachable or slow: aborting matters more
+            pass
+        return False
