@@ -112,9 +112,6 @@ class Cluster:
             return values
         return self.comm.gather(value, root=0)
 
-    def barrier(self) -> None:
-        self.comm.Barrier()
-
     def abort(self, code: int) -> None:
         """End every rank of the job now (a peer may be blocked in a collective)."""
         sys.stdout.flush()

@@ -52,11 +52,6 @@ def write_json_atomically(path: str, payload: dict) -> None:
 class SilentReporter:
     """What ranks other than 0 report: nothing."""
 
-    def print(self, line: str) -> None:
-        """Console output, also kept by the tracker as the run's console log."""
-        self._print(line)
-        self.tracker.console(line)
-
     def start(self, job: dict) -> None: ...
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict]) -> None: ...
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import mpirun, train
-from mpi_train.checkpoint import check_compatible, list_checkpoints, read_checkpoint, write_atomically
+from mpi_train.checkpoint import check_compatible, list_checkpoints, read_checkpoint, save_atomically
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.sync import SYNC_METHODS
@@ -70,10 +70,10 @@ def test_checkpoints_are_written_by_one_rank_atomically_and_pruned(three_runs):
 
 def test_a_crash_while_writing_leaves_the_last_good_checkpoint(tmp_path):
     good = tmp_path / "step-00000001.pt"
-    write_atomically({"format": 1, "weights": torch.arange(4.0)}, good)
+    save_atomically({"format": 1, "weights": torch.arange(4.0)}, good)
     before = good.read_bytes()
     with pytest.raises(Exception):  # a lambda cannot be pickled: torch.save fails after writing part of the file
-        write_atomically({"format": 1, "weights": torch.zeros(1000), "broken": lambda: 0}, tmp_path / "step-00000002.pt")
+        save_atomically({"format": 1, "weights": torch.zeros(1000), "broken": lambda: 0}, tmp_path / "step-00000002.pt")
     assert good.read_bytes() == before
     assert list_checkpoints(tmp_path) == [good] and sorted(p.name for p in tmp_path.iterdir()) == [good.name]
 

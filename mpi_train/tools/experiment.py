@@ -37,7 +37,7 @@ from ..launcher import own_tmpdir, start, stop
 from .sweep import BenchPlan, PlannedRun, Sweep, load
 
 STEP_LINE = re.compile(r"step\s+(\d+)/(\d+)")  # training's and the bench's progress lines
-MPI_ENV = {"PYTHONUNBUFFERED": "1"}  # progress lines must arrive as they are printed
+UNBUFFERED_ENV = {"PYTHONUNBUFFERED": "1"}  # progress lines must arrive as they are printed
 DATASET_SIZES = {"cifar10": 50_000, "mnist": 60_000}  # training images, to estimate steps before a run starts
 
 
@@ -251,7 +251,7 @@ def execute(launch: Launch, progress: Progress, timeout: Optional[float]) -> Non
     with open(launch.log, "w") as log, own_tmpdir() as tmp_env:
         log.write("$ " + " ".join(launch.command) + "\n")
         log.flush()
-        process = start(launch.command, {**os.environ, **MPI_ENV, **launch.env, **tmp_env},
+        process = start(launch.command, {**os.environ, **UNBUFFERED_ENV, **launch.env, **tmp_env},
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         timer = threading.Timer(timeout, _stop, (process, launch)) if timeout else None
         if timer:
