@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ..config import TrainConfig
+from ..config import JobInfo, TrainConfig
 from ..errors import UserError
 from .probe import ServerUnreachable, probe_server, server_answers
 from .runs import MlflowTracker, job_metrics
@@ -48,7 +48,7 @@ def connect(config: TrainConfig, cluster) -> Optional[Connection]:
 
 
 
-def start(connection: Optional[Connection], config: TrainConfig, cluster, job: dict) -> NullTracker:
+def start(connection: Optional[Connection], config: TrainConfig, cluster, job: JobInfo) -> NullTracker:
     """The tracker for this rank; collective (rank 0 learns each rank's identity for its child run)."""
     if config.no_tracking:
         return NullTracker()

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from ..config import TrainConfig, redact_uri
+from ..config import JobInfo, TrainConfig, redact_uri
 from ..errors import raised_in_collective
 from .sampler import HostSampler
 from .sender import BatchSender
@@ -52,7 +52,7 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
 class MlflowTracker(NullTracker):
     """Rank 0: the job's parent run and one child run per rank; ends them in exactly one terminal status."""
 
-    def __init__(self, connection: Connection, config: TrainConfig, cluster, job: dict, ranks: list[dict]):
+    def __init__(self, connection: Connection, config: TrainConfig, cluster, job: JobInfo, ranks: list[dict]):
         from mlflow.entities import Param
 
         self.client, self.cluster, self.config = connection.client, cluster, config
@@ -66,15 +66,15 @@ class MlflowTracker(NullTracker):
         self.wakeup: Optional[tuple[int, int]] = None
 
         environment = describe_environment(cluster)
-        params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS}, **{k: v for k, v in job.items() if k in PARAMS}}
+        params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS}, **{k: v for k, v in job.as_dict().items() if k in PARAMS}}
         params["hosts"] = ",".join(sorted(set(self.hosts)))
         tags = {"mpi_train.role": "job", "torch_version": environment["torch"], "mpi4py_version": environment["mpi4py"],
                 "mpi_library_version": environment["mpi_library"].splitlines()[0] if environment["mpi_library"] else "unknown",
                 "mlflow_version": environment["mlflow"], "hosts": params["hosts"]}
         if environment["git_commit"]:
             tags["mlflow.source.git.commit"] = environment["git_commit"]
-        if job.get("resumed_from"):  # the run this job continues, and where
-            resumed = job["resumed_from"]
+        if job.resumed_from:  # the run this job continues, and where
+            resumed = job.resumed_from
             tags.update({"resumed_from": self._continued_run(connection, resumed["run_id"]),
                          "resumed_from_step": str(resumed["step"]), "resumed_from_checkpoint": resumed["checkpoint"]})
         parent = self.client.create_run(connection.experiment_id, run_name=config.default_run_name(self.info.world_size), tags=tags)
