@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MPI_ENV, REPO, client_for, job_runs, mpirun, train
+from conftest import MPI_ENV, REPO, client_for, job_runs, mpirun, train, wait_for
 from mpi_train import launcher
 from mpi_train.config import TrainConfig, redact_uri
 from mpi_train.errors import UserError
@@ -69,7 +69,8 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
     assert losses == pytest.approx([s["loss"] for s in tracked_jobs["allreduce"]["steps"]])
     assert {"test_loss", "test_accuracy", "epoch_time_s", "sync_share", "mean_step_time_s", "total_step_time_s",
             "wall_time_s", "tracking_share"} <= set(parent.data.metrics)
-    assert 0 < parent.data.metrics["sync_share"] < 1
+    means = tracked_jobs["allreduce"]["mean_times"]
+    assert parent.data.metrics["sync_share"] == pytest.approx(means["sync_time_s"] / means["step_time_s"])
     assert any(key.startswith("system/") and key.endswith("/cpu_utilization_percentage") for key in parent.data.metrics)
     child_losses = []
     for child in children:
@@ -123,14 +124,13 @@ def test_sigterm_marks_the_run_killed(mlflow_server, target):
                "--tracking-uri", mlflow_server, "--experiment", "tests-kill", "--run-name", run_name]
     with launcher.launched(command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)}, cwd=REPO,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as job:
-        deadline = time.monotonic() + 90
-        while True:  # wait until training has logged metrics to the server
-            assert job.poll() is None and time.monotonic() < deadline, "the job ended or never started training"
+        def logged_a_loss() -> bool:
+            assert job.poll() is None, "the job ended before it logged a step"
             experiment = client.get_experiment_by_name("tests-kill")
             runs = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{run_name}'") if experiment else []
-            if runs and "loss" in runs[0].data.metrics:
-                break
-            time.sleep(0.5)
+            return bool(runs) and "loss" in runs[0].data.metrics
+
+        wait_for(logged_a_loss, 90, "training to log metrics to the server", every_s=0.5)
         if target == "mpirun":
             job.send_signal(signal.SIGTERM)
         else:  # rank 0's pid is a tag of its child run
@@ -138,11 +138,11 @@ def test_sigterm_marks_the_run_killed(mlflow_server, target):
             os.kill(int(children[0].data.tags["pid"]), signal.SIGTERM)
         job.wait(timeout=60)
     assert job.returncode != 0
-    parent, children = job_runs(client, "tests-kill", run_name)
-    deadline = time.monotonic() + 30  # mpirun SIGKILLs ranks ~0.2 s after SIGTERM; the guard process may finish the job
-    while parent.info.status == "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.5)
+    def ended():  # mpirun SIGKILLs ranks ~0.2 s after SIGTERM; the guard process may finish the job
         parent, children = job_runs(client, "tests-kill", run_name)
+        return parent.info.status != "RUNNING" and (parent, children)
+
+    parent, children = wait_for(ended, 30, f"the runs of {run_name} to end", every_s=0.5)
     assert parent.info.status == "KILLED" and [c.info.status for c in children] == ["KILLED"] * 2
     assert parent.data.tags["mpi_train.killed_by"] == "SIGTERM"
 
