@@ -20,11 +20,11 @@ from .checkpoint import Checkpointer, Position, Resume, load_for_resume, restore
 from .cluster import Cluster
 from .config import JobInfo, TrainConfig
 from .data import load_datasets, make_loaders
+from .device import Clock, place
 from .errors import UserError
 from .faults import injected
 from .models import build_model
 from .report import PHASES, Reporter, SilentReporter
-from .device import Clock, place
 from .sync import SYNC_METHODS, SyncMethod
 
 

@@ -13,7 +13,9 @@ memory, network, disk, named like MLflow's own system metrics) and adds the numb
 the logged-step gather; rank 0 logs them as `system/<host>/...` through the same sender
 as every other metric, so they are spooled through an outage too.
 
-mlflow is imported only on rank 0 and only when tracking is on.
+mlflow is imported only on rank 0 and only when tracking is on. This module is the face
+(connect, start); store.py, probe.py, tracker.py, runs.py, sender.py, sampler.py and
+guard.py hold the parts, spool.py, replay.py and server.py the outage path and commands.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ def connect(config: TrainConfig, cluster) -> Optional[Connection]:
             outcome = str(error)
     cluster.agree(outcome, "Experiment tracking is not available")
     return connection
-
 
 
 def start(connection: Optional[Connection], config: TrainConfig, cluster, job: JobInfo) -> NullTracker:

@@ -21,7 +21,6 @@ from .probe import server_answers
 from .spool import OFFLINE_PREFIX, MetricHistory, Spool, batch_record, deliver, server_run_id
 
 
-
 class RunGuard:
     """A tiny process outside the MPI job that ends the runs if rank 0 dies before it could.
 
@@ -178,7 +177,6 @@ def _send_missing(client, run_id: str, rows: list) -> None:
             deliver(client, record, history)
     except Exception:  # noqa: BLE001 - nobody is left to tell
         pass
-
 
 
 if __name__ == "__main__":

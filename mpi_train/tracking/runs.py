@@ -33,8 +33,6 @@ PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", 
           "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts", "threads", "rendezvous")
 
 
-
-
 def job_metrics(summary: dict, global_batch: int) -> dict:
     """The whole-job figures of a finished job's summary, under the parent run's metric names."""
     means, steps = summary["mean_times"], summary["total_steps"]
@@ -46,7 +44,6 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
         "mean_throughput_samples_per_s": global_batch / means["step_time_s"] if means["step_time_s"] else 0.0,
         **({"final_loss": summary["final_loss"]} if summary["final_loss"] is not None else {}),
     }
-
 
 
 class MlflowTracker(NullTracker):
@@ -301,7 +298,6 @@ class MlflowTracker(NullTracker):
             signal.signal(sig, handler)
         os.write(write_fd, b"\0")
         self.wakeup = None
-
 
 
 def git_commit() -> Optional[str]:

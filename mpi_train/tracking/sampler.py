@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 
-
 class HostSampler:
     """psutil numbers for one host, named like MLflow's system metrics; sampled at most every `every_s`."""
 

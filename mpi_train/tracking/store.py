@@ -78,7 +78,6 @@ _URI_FORMS = ("Give a tracking server as http://HOST:PORT (start one with `pytho
               "or a database such as sqlite:///mlruns/mlflow.db; the flag overrides $MLFLOW_TRACKING_URI.")
 
 
-
 def open_store(config: TrainConfig) -> Connection:
     uri = config.tracking_uri or default_store_uri()
     scheme = check_uri(uri)

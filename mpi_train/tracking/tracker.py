@@ -14,8 +14,6 @@ FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
 ACK_WAIT_S = 10.0  # a failing rank waits this long for rank 0 to record its failure before aborting
 
 
-
-
 class NullTracker:
     """Tracking off, or nothing for this rank to do; also the interface the others implement."""
 
@@ -37,7 +35,6 @@ class NullTracker:
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
     def finish(self, summary: dict) -> None: ...
     def save_weights(self, model) -> None: ...
-
 
 
 class RankTracker(NullTracker):
