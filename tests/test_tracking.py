@@ -18,7 +18,7 @@ from mpi_train.tracking.sampler import HostSampler
 from mpi_train.tracking.sender import BatchSender
 from mpi_train.tracking.store import open_store
 
-pytestmark = pytest.mark.e2e
+# Tests that run jobs or use the session's server are e2e; the URI, store-folder, sampler and sender checks run in-process.
 
 PARENT_STEP_METRICS = ("loss", "step_time_s", "compute_time_s", "sync_time_s", "throughput_samples_per_s")
 CHILD_STEP_METRICS = ("loss", "data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")
@@ -44,6 +44,7 @@ def allreduce_runs(mlflow_server, tracked_jobs):
     return (client, *job_runs(client, "tests-compare", "allreduce-np2-seed42"))
 
 
+@pytest.mark.e2e
 def test_one_parent_run_per_job_and_one_child_per_rank(allreduce_runs):
     client, parent, children = allreduce_runs
     assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"] * 2
@@ -59,6 +60,7 @@ def test_one_parent_run_per_job_and_one_child_per_rank(allreduce_runs):
     assert "Open MPI" in parent.data.tags["mpi_library_version"]
 
 
+@pytest.mark.e2e
 def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracked_jobs):
     client, parent, children = allreduce_runs
     logged_steps = [s["step"] for s in tracked_jobs["allreduce"]["steps"]]
@@ -80,6 +82,7 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
     assert [sum(pair) / 2 for pair in zip(*child_losses)] == pytest.approx(losses)  # the parent's loss is the ranks' mean
 
 
+@pytest.mark.e2e
 def test_artifacts_hold_config_summary_console_environment_and_weights(allreduce_runs, tmp_path):
     client, parent, _ = allreduce_runs
     run_id = parent.info.run_id
@@ -93,6 +96,7 @@ def test_artifacts_hold_config_summary_console_environment_and_weights(allreduce
     assert "slots=2" in environment["hostfile"] and "Open MPI" in environment["mpi_library"]
 
 
+@pytest.mark.e2e
 def test_no_secret_reaches_params_tags_or_artifacts(allreduce_runs, tmp_path):
     client, parent, children = allreduce_runs
     texts = [json.dumps(parent.data.params), json.dumps(parent.data.tags)] + [json.dumps(c.data.tags) for c in children]
@@ -102,6 +106,7 @@ def test_no_secret_reaches_params_tags_or_artifacts(allreduce_runs, tmp_path):
     assert redact_uri("http://alice:pw@host:5000/x") == "http://alice:***@host:5000/x"
 
 
+@pytest.mark.e2e
 def test_a_failing_rank_marks_the_run_failed_with_its_traceback(mlflow_server, tmp_path):
     result = mpirun(2, [*QUICK, "--max-steps", "8", "--tracking-uri", mlflow_server, "--experiment", "tests-fail"],
                     env={"MPI_TRAIN_FAIL_AT": "1:3"})
@@ -116,6 +121,7 @@ def test_a_failing_rank_marks_the_run_failed_with_its_traceback(mlflow_server, t
     assert "Traceback" in traceback and "injected failure on rank 1 at 3" in traceback
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("target", ["mpirun", "rank0"])
 def test_sigterm_marks_the_run_killed(mlflow_server, target):
     client = client_for(mlflow_server)
@@ -147,6 +153,7 @@ def test_sigterm_marks_the_run_killed(mlflow_server, target):
     assert parent.data.tags["mpi_train.killed_by"] == "SIGTERM"
 
 
+@pytest.mark.e2e
 def test_without_a_uri_the_embedded_sqlite_store_under_mlruns_is_used(tmp_path):
     summary = train(2, tmp_path, *QUICK, "--max-steps", "4", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": ""})
     assert summary["config"]["tracking_uri"] is None
@@ -158,6 +165,7 @@ def test_without_a_uri_the_embedded_sqlite_store_under_mlruns_is_used(tmp_path):
     assert "summary.json" in artifact_paths(client, parent.info.run_id)
 
 
+@pytest.mark.e2e
 def test_an_unreachable_server_is_reported_before_training(tmp_path):
     from conftest import free_port
 
