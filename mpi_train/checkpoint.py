@@ -103,7 +103,7 @@ def restore_rank_state(state: dict, model: nn.Module) -> None:
 # ---------------------------------------------------------------------------------------------
 # Writing: every rank contributes its state, rank 0 writes.
 
-def write_atomically(payload: dict, target: Path) -> None:
+def save_atomically(payload: dict, target: Path) -> None:
     """torch.save to a temporary file beside `target`, renamed over it once complete (see report.write_atomically)."""
     report.write_atomically(target, lambda handle: torch.save(payload, handle))
 
@@ -141,7 +141,7 @@ class Checkpointer:
             }
             target = self.folder / checkpoint_name(position.step)
             try:
-                write_atomically(payload, target)
+                save_atomically(payload, target)
                 for old in list_checkpoints(self.folder)[:-KEEP_LAST]:
                     old.unlink(missing_ok=True)
             except OSError as error:

@@ -9,14 +9,13 @@ import argparse
 import dataclasses
 import os
 import sys
-import textwrap
 import traceback
 import typing
 from typing import Callable, Optional, Sequence
 
 from .cluster import Cluster
 from .config import ENV_DEFAULTS, TrainConfig
-from .errors import UserError, raised_in_collective
+from .errors import UserError, format_error, raised_in_collective
 from .models import MODELS
 from .sync import COMPRESSORS, SYNC_METHODS
 
@@ -71,10 +70,6 @@ def parse_config(argv: Optional[Sequence[str]], quiet: bool = False) -> TrainCon
         if values[name] is None and os.environ.get(variable):
             values[name] = os.environ[variable]
     return TrainConfig(**values)
-
-
-def format_error(message: str) -> str:
-    return textwrap.fill(f"mpi_train: error: {message}", width=100, break_long_words=False, break_on_hyphens=False)
 
 
 def collective_failure(cluster: Cluster, error: BaseException, timeout_s: Optional[float]) -> str:

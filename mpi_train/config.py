@@ -166,3 +166,26 @@ def redact_uri(uri: Optional[str]) -> Optional[str]:
     except ValueError:  # a malformed URI: keep only its scheme, it is rejected later anyway
         return uri.split("://", 1)[0] + "://***" if "@" in uri else uri
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What a job turned out to be once set up (ranks, hosts, backend, steps): reported, logged and summarised."""
+
+    world_size: int
+    backend: str
+    hosts: tuple[str, ...]
+    threads: int
+    rendezvous: str
+    batch_size_per_rank: int
+    steps_per_epoch: int
+    total_steps: int
+    compression: str = "none"  # the compression in effect (fp16 for flat_fp16)
+    resumed_from: Optional[dict] = None  # checkpoint, step and run id of the job this one continues
+
+    def as_dict(self) -> dict:
+        """The summary's job fields, in this order; `resumed_from` only when resumed."""
+        fields = {**dataclasses.asdict(self), "hosts": list(self.hosts)}
+        if self.resumed_from is None:
+            del fields["resumed_from"]
+        return fields

@@ -1,9 +1,10 @@
-"""Errors a user can act on, kept apart from bugs so they print without a traceback."""
+"""Errors a user can act on, kept apart from bugs so they print without a traceback (no torch needed to print one)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import textwrap
 import traceback
 from pathlib import Path
 from typing import Optional
@@ -23,6 +24,11 @@ class UserError(Exception):
     def __init__(self, message: str, *, collective: bool = True):
         super().__init__(message)
         self.collective = collective
+
+
+def format_error(message: str, prog: str = "mpi_train") -> str:
+    """`PROG: error: MESSAGE` as one paragraph wrapped at 100 columns, for stderr."""
+    return textwrap.fill(f"{prog}: error: {message}", width=100, break_long_words=False, break_on_hyphens=False)
 
 
 def raised_in_collective(error: BaseException) -> bool:

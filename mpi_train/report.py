@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Optional
 
+from .config import JobInfo
 from .tracking import NullTracker
 
 PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")
@@ -52,12 +53,7 @@ def write_json_atomically(path: str, payload: dict) -> None:
 class SilentReporter:
     """What ranks other than 0 report: nothing."""
 
-    def print(self, line: str) -> None:
-        """Console output, also kept by the tracker as the run's console log."""
-        self._print(line)
-        self.tracker.console(line)
-
-    def start(self, job: dict) -> None: ...
+    def start(self, job: JobInfo) -> None: ...
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict], lr: Optional[float] = None) -> None: ...
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: Optional[list[dict]] = None,
@@ -75,7 +71,7 @@ class Reporter(SilentReporter):
         self.summary_path = summary_path
         self.tracker = tracker or NullTracker()
         self._print = print_fn
-        self.job: dict = {}
+        self.job: dict = {}  # the JobInfo's fields, as the summary carries them
         self.steps: list[dict] = []
         self.epochs: list[dict] = []
 
@@ -84,14 +80,14 @@ class Reporter(SilentReporter):
         self._print(line)
         self.tracker.console(line)
 
-    def start(self, job: dict) -> None:
-        self.job = job
-        hosts = sorted(set(job["hosts"]))
+    def start(self, job: JobInfo) -> None:
+        self.job = job.as_dict()
+        hosts = sorted(set(job.hosts))
         self.print(
-            f"mpi_train: {job['world_size']} rank(s) on {len(hosts)} host(s) ({', '.join(hosts)}), "
-            f"backend {job['backend']}, sync {self.config['sync']}, {self.config['model']} on "
-            f"{self.config['dataset']}, batch {self.global_batch} ({job['batch_size_per_rank']} per rank), "
-            f"{job['threads']} thread(s) per rank, {job['total_steps']} steps, rendezvous {job['rendezvous']}"
+            f"mpi_train: {job.world_size} rank(s) on {len(hosts)} host(s) ({', '.join(hosts)}), "
+            f"backend {job.backend}, sync {self.config['sync']}, {self.config['model']} on "
+            f"{self.config['dataset']}, batch {self.global_batch} ({job.batch_size_per_rank} per rank), "
+            f"{job.threads} thread(s) per rank, {job.total_steps} steps, rendezvous {job.rendezvous}"
         )
 
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict], lr: Optional[float] = None) -> None:

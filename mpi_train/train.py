@@ -6,6 +6,7 @@ import hashlib
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -15,18 +16,18 @@ from torch import nn
 
 from . import cluster as clusters
 from . import tracking
-from .checkpoint import Checkpointer, Position, load_for_resume, restore_rank_state
+from .checkpoint import Checkpointer, Position, Resume, load_for_resume, restore_rank_state
 from .cluster import Cluster
-from .config import TrainConfig
+from .config import JobInfo, TrainConfig
 from .data import load_datasets, make_loaders
+from .placement import Clock, place
 from .errors import UserError
 from .faults import injected
 from .models import build_model
 from .randomness import seed_rank_streams
 from .schedule import LearningRate
 from .report import PHASES, Reporter, SilentReporter
-from .sync import SYNC_METHODS, backend_error
-
+from .sync import SYNC_METHODS, SyncMethod, backend_error
 
 
 def seed_everything(seed: int) -> None:
@@ -54,18 +55,6 @@ def check_replicas_agree(cluster: Cluster, model: nn.Module, when: str) -> None:
             f"the same code, torch version and --seed; a sync method that does not average every "
             f"gradient also causes this."
         )
-
-
-class Clock:
-    """perf_counter that first waits for queued GPU work, so phases are charged correctly."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
 
 
 @dataclass
@@ -101,25 +90,44 @@ def evaluate(model: nn.Module, loader, device: torch.device, cluster: Cluster) -
     return loss_sum / count, correct / count
 
 
-def run(config: TrainConfig, cluster: Cluster) -> None:
-    """One training job on every rank of `cluster`."""
+@dataclass
+class Job:
+    """What setup builds on every rank, ready for the loop."""
+
+    info: JobInfo
+    device: torch.device
+    model: nn.Module  # the replica whose weights are checked, checkpointed and synced
+    net: nn.Module  # what the forward pass runs: the model, or the sync method's wrapper around it
+    method: SyncMethod
+    optimizer: torch.optim.Optimizer
+    learning_rate: LearningRate
+    train_loader: Any
+    sampler: Any
+    test_loader: Any
+    checkpoints: Checkpointer
+    resume: Optional[Resume]
+    connection: Optional[tracking.Connection]
+    fault: Any
+
+
+def setup(config: TrainConfig, cluster: Cluster) -> Job:
+    """Tracking store, threads and device, data, process group, identical replicas, sync method, optimizer, resume."""
     info = cluster.info
     config.validate(info.world_size)
     connection = tracking.connect(config, cluster)  # rank 0 checks the tracking store now, before any work
     fault = injected()  # a no-op unless a test names a failure to inject
     fault.at(info.rank, "start")
-    threads = clusters.configure_threads(info, config.threads)
-    backend, device_name = clusters.resolve_backend(cluster, config.backend)
-    unsupported = backend_error(config.sync, backend)
+    placement = place(cluster, config.backend, config.threads)
+    unsupported = backend_error(config.sync, placement.backend)
     if unsupported:  # before any collective: torch's own failure would abort the process
         raise UserError(unsupported)
-    device = torch.device(device_name)  # under NCCL already made current by resolve_backend
+    device = placement.device
 
     train_set, test_set = load_datasets(config, cluster)
     batch_per_rank = config.per_rank(info.world_size)
     train_loader, sampler, test_loader = make_loaders(train_set, test_set, cluster, batch_per_rank, config.seed)
     fault.at(info.rank, "rendezvous")
-    rendezvous = clusters.init_process_group(cluster, backend, config.master_addr, config.timeout)
+    rendezvous = clusters.init_process_group(cluster, placement.backend, config.master_addr, config.timeout)
 
     seed_everything(config.seed)
     model = build_model(config.model_name, config.dropout).to(device)
@@ -140,79 +148,105 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     schedule_steps = config.epochs * steps_per_epoch  # the whole run's, so --max-steps and resuming keep the same curve
     learning_rate = LearningRate(optimizer, settings.lr, config.lr_schedule, settings.warmup_steps, schedule_steps,
                                  steps_done=resume.position.step if resume else 0)
-    job = {
-        "world_size": info.world_size, "backend": backend, "hosts": list(cluster.hosts), "threads": threads, "rendezvous": rendezvous,
-        "compression": SYNC_METHODS[config.sync].compression_name(config.compression), "batch_size_per_rank": batch_per_rank, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
-    }
-    if resume:
-        job["resumed_from"] = {"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id}
-    tracker = tracking.start(connection, config, cluster, job)
-    reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker) if info.is_main else SilentReporter()
+    job = JobInfo(
+        world_size=info.world_size, backend=placement.backend, hosts=tuple(cluster.hosts), threads=placement.threads,
+        rendezvous=rendezvous, batch_size_per_rank=batch_per_rank, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+        compression=SYNC_METHODS[config.sync].compression_name(config.compression),
+        resumed_from={"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id} if resume else None,
+    )
+    return Job(job, device, model, net, method, optimizer, learning_rate, train_loader, sampler, test_loader, checkpoints, resume, connection, fault)
+
+
+def train_step(job: Job, batches, clock: Clock) -> Optional[tuple[torch.Tensor, float, dict]]:
+    """Data, forward and backward, sync, optimizer step; the loss, the step's learning rate and each phase's time
+    (None: the epoch is over)."""
+    t0 = clock()
+    batch = next(batches, None)
+    if batch is None:
+        return None
+    images, labels = batch[0].to(job.device, non_blocking=True), batch[1].to(job.device, non_blocking=True)
+    t1 = clock()
+    job.optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(job.net(images), labels)
+    loss.backward()
+    t2 = clock()
+    job.method.sync(job.model)
+    t3 = clock()
+    job.optimizer.step()
+    t4 = clock()
+    lr = job.learning_rate.current
+    job.learning_rate.step()
+    return loss, lr, {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": t3 - t2,
+                  "optimizer_time_s": t4 - t3, "step_time_s": t4 - t0}
+
+
+class AfterStep:
+    """Everything a finished step may owe: the replica check, the phase totals, the logged step, the checkpoint.
+
+    `after_warmup` leaves out the job's first --timing-warmup-steps, as the course's timing convention asks."""
+
+    def __init__(self, config: TrainConfig, cluster: Cluster, job: Job, reporter: SilentReporter, tracker: tracking.NullTracker):
+        self.config, self.cluster, self.job, self.reporter, self.tracker = config, cluster, job, reporter, tracker
+        self.run_totals, self.window, self.after_warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
+        self.first_step = job.resume.position.step if job.resume else 0
+
+    def __call__(self, position: Position, loss: torch.Tensor, lr: float, times: dict) -> None:
+        config, step, total_steps = self.config, position.step, self.job.info.total_steps
+        if config.check_every and step % config.check_every == 0:
+            check_replicas_agree(self.cluster, self.job.model, f"at step {step}")
+        self.run_totals.add(times)
+        if step - self.first_step > config.timing_warmup_steps:
+            self.after_warmup.add(times)
+        self.window.add(times)
+        if step % config.log_every == 0 or step == total_steps or step % self.job.info.steps_per_epoch == 0:
+            per_rank = self.cluster.gather({"loss": loss.item(), **self.window.means(), **self.tracker.host_sample()})
+            self.reporter.log_step(position.epoch, step, total_steps, per_rank, lr=lr)
+            self.window = PhaseTotals()
+        if self.job.checkpoints.due(step, total_steps):
+            self.job.checkpoints.save(self.job.model, self.job.optimizer, position, self.tracker.parent_id)
+
+
+def run(config: TrainConfig, cluster: Cluster) -> None:
+    """One training job on every rank of `cluster`."""
+    job = setup(config, cluster)
+    rank, total_steps = cluster.info.rank, job.info.total_steps
+    tracker = tracking.start(job.connection, config, cluster, job.info)
+    reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker) if cluster.info.is_main else SilentReporter()
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
-        reporter.start(job)
-        clock = Clock(device)
-        run_totals, window = PhaseTotals(), PhaseTotals()
-        after_warmup = PhaseTotals()  # the steps after the first --timing-warmup-steps of this job
+        reporter.start(job.info)
+        clock, after_step = Clock(job.device), AfterStep(config, cluster, job, reporter, tracker)
         started = time.perf_counter()
-        start = resume.position if resume else Position()
+        start = job.resume.position if job.resume else Position()
         step = start.step
         for epoch in range(start.epoch, config.epochs + 1):
             if step >= total_steps:
                 break
-            sampler.set_epoch(epoch - 1)
+            job.sampler.set_epoch(epoch - 1)
             step_in_epoch = start.step_in_epoch if epoch == start.epoch else 0
-            sampler.skip_next(step_in_epoch * batch_per_rank)  # a resumed epoch skips the batches already trained on
+            job.sampler.skip_next(step_in_epoch * job.info.batch_size_per_rank)  # a resumed epoch skips the batches already trained on
             epoch_started = time.perf_counter()
-            batches = iter(train_loader)
-            if resume and epoch == start.epoch:
-                restore_rank_state(resume.rank_state, model)  # after iter(): it draws a seed from torch's generator
-            while step < total_steps:
-                t0 = clock()
-                batch = next(batches, None)
-                if batch is None:
-                    break
-                images, labels = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
-                t1 = clock()
-                optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(net(images), labels)
-                loss.backward()
-                fault.at(info.rank, step + 1)
+            batches = iter(job.train_loader)
+            if job.resume and epoch == start.epoch:
+                restore_rank_state(job.resume.rank_state, job.model)  # after iter(): it draws a seed from torch's generator
+            while step < total_steps and step_in_epoch < job.info.steps_per_epoch:  # a batch is left: fail here, if told to
+                job.fault.at(rank, step + 1)
                 cluster.note_progress(step + 1)  # lets a rank whose collective times out name who is behind
-                t2 = clock()  # after the bookkeeping above, so that sync time is the sync alone
-                method.sync(model)
-                t3 = clock()
-                optimizer.step()
-                t4 = clock()
-                step_lr = learning_rate.current
-                learning_rate.step()
-                step += 1
-                step_in_epoch += 1
+                done = train_step(job, batches, clock)
+                if done is None:
+                    break
+                step, step_in_epoch = step + 1, step_in_epoch + 1
+                after_step(Position(epoch, step, step_in_epoch), *done)
 
-                times = {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": t3 - t2,
-                         "optimizer_time_s": t4 - t3, "step_time_s": t4 - t0}
-                if config.check_every and step % config.check_every == 0:
-                    check_replicas_agree(cluster, model, f"at step {step}")
-                run_totals.add(times)
-                if step - start.step > config.timing_warmup_steps:
-                    after_warmup.add(times)
-                window.add(times)
-                if step % config.log_every == 0 or step == total_steps or step % steps_per_epoch == 0:
-                    per_rank = cluster.gather({"loss": loss.item(), **window.means(), **tracker.host_sample()})
-                    reporter.log_step(epoch, step, total_steps, per_rank, lr=step_lr)
-                    window = PhaseTotals()
-                if checkpoints.due(step, total_steps):
-                    checkpoints.save(model, optimizer, Position(epoch, step, step_in_epoch), tracker.parent_id)
-
-            fault.at(info.rank, "eval")
+            job.fault.at(rank, "eval")
             cluster.note_progress(step + 0.5)  # past step `step`'s sync, not yet at the next one's
-            method.sync_buffers(model)
-            test_loss, test_accuracy = evaluate(model, test_loader, device, cluster)
+            job.method.sync_buffers(job.model)
+            test_loss, test_accuracy = evaluate(job.model, job.test_loader, job.device, cluster)
             reporter.log_epoch(epoch, test_loss, test_accuracy, time.perf_counter() - epoch_started)
 
-        check_replicas_agree(cluster, model, f"after step {step}")
-        steady = after_warmup if after_warmup.steps else run_totals  # a job too short to leave any out
-        reporter.finish(cluster.gather(run_totals.means()), time.perf_counter() - started,
-                        cluster.gather(steady.means()), config.timing_warmup_steps if after_warmup.steps else 0)
+        check_replicas_agree(cluster, job.model, f"after step {step}")
+        steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals  # a job too short to leave any out
+        reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,
+                        cluster.gather(steady.means()), config.timing_warmup_steps if after_step.after_warmup.steps else 0)
         if config.save_model:
-            reporter.save_weights(model)
+            reporter.save_weights(job.model)
     dist.destroy_process_group()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,43 +78,72 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
+def wait_for(condition, timeout_s: float, what: str, every_s: float = 0.2):
+    """Poll `condition` until it returns something true, and return that; fail naming `what` after `timeout_s`.
+
+    A condition that should stop the wait early (a process that died) asserts inside itself.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(every_s)
+
+
 class MlflowServer:
-    """`python -m mpi_train.server` on a free port of `host`; it takes ~15 s to be up, so `uri()` waits for it."""
+    """`python -m mpi_train.server` on a free port of `host`, its store under `root`, started at once; `uri()`
+    waits until it answers (~15 s). It can be stopped and started again as the same server (same port, same
+    store), as an outage test needs.
+    """
 
     def __init__(self, root: Path, host: str = "127.0.0.1"):
-        self.root, self.url = root, f"http://{host}:{free_port(host)}"
-        self.log = open(root / "server.log", "w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "mpi_train.server", "--host", host, "--port", self.url.rsplit(":", 1)[1], "--workers", "1"],
-            cwd=root, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-        self.up = False
+        self.root, self.host, self.port, self.process = root, host, free_port(host), None
+        self.url = f"http://{host}:{self.port}"
+        self.log = root / "server.log"
+        self.launch()
+
+    def launch(self) -> None:
+        """Start the server command; `wait_up` waits until it answers."""
+        from mpi_train.tracking.store import DEFAULT_STORE_DIR
+
+        with open(self.log, "a") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "mpi_train.server", "--host", self.host, "--port", str(self.port),
+                 "--workers", "1", "--root", str(self.root / DEFAULT_STORE_DIR)],
+                cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # one process less
+
+    def answers(self) -> bool:
+        from mpi_train.tracking.probe import server_answers
+
+        return server_answers(self.url)
 
     def uri(self) -> str:
         """The server's URI, once it answers."""
-        import time
+        def up() -> bool:
+            assert self.process.poll() is None, f"the mlflow server exited:\n{self.log.read_text()[-2000:]}"
+            return self.answers()
 
-        from mpi_train.tracking.spool import server_answers
-
-        deadline = time.monotonic() + 120
-        while not self.up:
-            assert self.process.poll() is None, (self.root / "server.log").read_text()
-            self.up = server_answers(self.url)
-            if not self.up:
-                assert time.monotonic() < deadline, "mlflow server did not start:\n" + (self.root / "server.log").read_text()
-                time.sleep(0.5)
+        wait_for(up, 150, f"the mlflow server at {self.url} (log: {self.log})")
         return self.url
 
-    def stop(self) -> None:
-        import signal
+    def restart(self) -> str:
+        """The same server again, after `stop`."""
+        self.launch()
+        return self.uri()
 
-        self.process.send_signal(signal.SIGINT)  # what Ctrl-C does: the command stops mlflow and its workers
-        try:
-            self.process.wait(timeout=30)
-        finally:
-            if self.process.poll() is None:
+    def stop(self) -> None:
+        """What Ctrl-C or `kill` does: the command stops mlflow and its workers; SIGKILL if it lingers."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
                 self.process.kill()
-            self.log.close()
+                self.process.wait()
+        assert not self.answers()
 
 
 @pytest.fixture(scope="session")

@@ -106,14 +106,17 @@ def test_methods_named_for_the_bench_are_checked_before_it_starts():
         bench.chosen("bucketted")
 
 
+@pytest.mark.e2e
 def test_the_tracking_overhead_benchmark_runs_both_jobs_and_reports_the_share(mlflow_server):
     result = launcher.run([sys.executable, "-m", "mpi_train.bench_tracking", "--np", "2", "--steps", "4", "--repeats", "1",
                            "--tracking-uri", mlflow_server], timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     off_ms, on_ms = map(float, re.search(r"tracking off ([\d.]+) ms, on ([\d.]+) ms", result.stdout).groups())
     share = float(re.search(r"spent in the tracker: ([\d.]+)% of step time", result.stdout).group(1))
-    assert off_ms > 0 and on_ms > 0 and 0 < share < 100
+    assert off_ms > 0 and on_ms > 0
     client = client_for(mlflow_server)
     (tracked,) = client.search_runs([client.get_experiment_by_name("bench_tracking").experiment_id],
                                     "attributes.run_name LIKE 'on-%'")
-    assert tracked.data.metrics["tracking_share"] == pytest.approx(share / 100, abs=1e-5)
+    metrics = tracked.data.metrics
+    assert metrics["tracking_share"] == pytest.approx(share / 100, abs=1e-5)  # the printed share is the job's own
+    assert metrics["tracking_share"] == pytest.approx(metrics["tracking_loop_time_s"] / metrics["total_step_time_s"])

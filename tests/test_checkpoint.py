@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import mpirun, train
-from mpi_train.checkpoint import check_compatible, list_checkpoints, read_checkpoint, write_atomically
+from mpi_train.checkpoint import check_compatible, list_checkpoints, read_checkpoint, save_atomically
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.sync import SYNC_METHODS
@@ -34,6 +34,7 @@ def three_runs(request, all_runs):
     return {"sync": request.param, **all_runs[request.param]}
 
 
+@pytest.mark.e2e
 def test_resumed_losses_equal_the_uninterrupted_run_at_every_logged_step(three_runs):
     whole = {s["step"]: s["loss"] for s in three_runs["whole"]["steps"]}
     first = [(s["step"], s["loss"]) for s in three_runs["first"]["steps"]]
@@ -46,6 +47,7 @@ def test_resumed_losses_equal_the_uninterrupted_run_at_every_logged_step(three_r
     assert whole[TOTAL] != whole[RESUME_AT + 1]  # training moved on: equal curves are not equal constants
 
 
+@pytest.mark.e2e
 def test_a_fresh_job_resumes_exactly_too(all_runs, tmp_path):
     """The in-process resumptions above share their processes with earlier jobs; this one starts from nothing."""
     runs = all_runs["ddp"]
@@ -53,11 +55,13 @@ def test_a_fresh_job_resumes_exactly_too(all_runs, tmp_path):
     assert [(s["step"], s["loss"]) for s in resumed["steps"]] == [(s["step"], s["loss"]) for s in runs["whole"]["steps"][RESUME_AT:]]
 
 
+@pytest.mark.e2e
 def test_the_resumed_job_evaluates_like_the_uninterrupted_one(three_runs):
     assert [(e["epoch"], e["test_loss"], e["test_accuracy"]) for e in three_runs["resumed"]["epochs"]] == \
         [(e["epoch"], e["test_loss"], e["test_accuracy"]) for e in three_runs["whole"]["epochs"][1:]]
 
 
+@pytest.mark.e2e
 def test_checkpoints_are_written_by_one_rank_atomically_and_pruned(three_runs):
     folder = three_runs["ck"]
     assert [p.name for p in list_checkpoints(folder)] == ["step-00000003.pt", "step-00000006.pt"]
@@ -70,14 +74,15 @@ def test_checkpoints_are_written_by_one_rank_atomically_and_pruned(three_runs):
 
 def test_a_crash_while_writing_leaves_the_last_good_checkpoint(tmp_path):
     good = tmp_path / "step-00000001.pt"
-    write_atomically({"format": 1, "weights": torch.arange(4.0)}, good)
+    save_atomically({"format": 1, "weights": torch.arange(4.0)}, good)
     before = good.read_bytes()
     with pytest.raises(Exception):  # a lambda cannot be pickled: torch.save fails after writing part of the file
-        write_atomically({"format": 1, "weights": torch.zeros(1000), "broken": lambda: 0}, tmp_path / "step-00000002.pt")
+        save_atomically({"format": 1, "weights": torch.zeros(1000), "broken": lambda: 0}, tmp_path / "step-00000002.pt")
     assert good.read_bytes() == before
     assert list_checkpoints(tmp_path) == [good] and sorted(p.name for p in tmp_path.iterdir()) == [good.name]
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_of_another_model_is_refused_with_the_fix(all_runs):
     path = all_runs["allreduce"]["ck"] / "step-00000006.pt"
     payload = read_checkpoint(path)
@@ -89,6 +94,7 @@ def test_a_checkpoint_of_another_model_is_refused_with_the_fix(all_runs):
     assert "ranks" not in message.split("A checkpoint")[0]  # only what differs is named
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_of_another_world_size_is_a_clear_error(all_runs):
     ck = all_runs["allreduce"]["ck"]
     result = mpirun(1, [*ARGS, "--max-steps", str(TOTAL), "--resume", str(ck)])

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import client_for, job_runs, mpirun
+from conftest import client_for, job_runs, mpirun, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -31,23 +31,20 @@ def run_with_fault(mlflow_server, fault: str, experiment: str):
 
 def settled(client, experiment: str, run_name: str):
     """The job's runs once nothing is RUNNING (the guard process may record the end a moment after mpirun)."""
-    deadline = time.monotonic() + 30
-    while True:
+    def ended():
         parent, children = job_runs(client, experiment, run_name)
-        if parent.info.status != "RUNNING" and all(c.info.status != "RUNNING" for c in children):
-            return parent, children
-        assert time.monotonic() < deadline, f"run left RUNNING: {parent.info.status}, {[c.info.status for c in children]}"
-        time.sleep(0.5)
+        return all(run.info.status != "RUNNING" for run in (parent, *children)) and (parent, children)
+
+    return wait_for(ended, 30, f"the runs of {run_name} to end (none may stay RUNNING)", every_s=0.5)
 
 
 def logged_steps(client, run_id: str, key: str, expected: int) -> list[int]:
-    """The steps logged for `key`, once `expected` are there or 30 s have passed (the guard may still be sending)."""
-    deadline = time.monotonic() + 30
-    while True:
-        steps = [m.step for m in client.get_metric_history(run_id, key)]
-        if len(steps) >= expected or time.monotonic() > deadline:
-            return sorted(steps)
-        time.sleep(0.5)
+    """The steps logged for `key`, once `expected` are there (the guard may still be sending)."""
+    def logged():
+        steps = sorted(m.step for m in client.get_metric_history(run_id, key))
+        return len(steps) >= expected and steps
+
+    return wait_for(logged, 30, f"{expected} logged steps of {key}", every_s=0.5)
 
 
 @pytest.mark.parametrize("fault", ["1:start:kill", "0:rendezvous:kill", "0:rendezvous:raise"])

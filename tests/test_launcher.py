@@ -1,54 +1,33 @@
 """Launches made from Python survive what killed mpiruns leave behind, and leave nothing themselves."""
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from conftest import MPI_ENV
+import pytest
+
+from conftest import MPI_ENV, wait_for
 from mpi_train import launcher
 
-MPIRUN_PPID = ["mpirun", "-np", "1", "--oversubscribe", "sh", "-c", "echo $PPID"]  # a local rank's parent is mpirun
-AHEAD = 3000  # pids to cover: threads of other processes take pids too
+pytestmark = pytest.mark.e2e
+
+# A local rank's parent is mpirun: its pid names the session folder, ompi.<pid>, in the launch's TMPDIR.
+SESSION_OF_MPIRUN = ["mpirun", "-np", "1", "--oversubscribe", "sh", "-c", 'echo "$TMPDIR $PPID"; ls -d "$TMPDIR"/ompi.*']
 
 
-def next_pids(count: int) -> list[int]:
-    """The pids the kernel hands out next, in order (skipping those in use): below pid_max, then from 300 again."""
-    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    return [pid if pid < pid_max else 300 + (pid - pid_max) % (pid_max - 300)
-            for pid in range(os.getpid() + 1, os.getpid() + 1 + count)]
-
-
-def leave_stale_session_dirs(pids: list[int]) -> list[Path]:
-    """What an mpirun killed with SIGKILL leaves in the system temp dir, for each of these pids."""
-    base = Path(tempfile.gettempdir())
-    made = []
-    for pid in pids:
-        folder = base / f"ompi.{pid}"
-        if folder.exists():
-            continue
-        folder.mkdir()
-        made.append(folder)
-        for name in ("pmix.vm.tool", f"pmix.vm.tool.{pid}", f"pmix.vm.tool.prterun-vm-{pid}@0"):
-            (folder / name).write_text(f"prterun-vm-{pid}@0.0;tcp4://127.0.0.1:1\n")
-    return made
-
-
-def test_a_stale_session_dir_with_mpiruns_pid_does_not_stop_the_launch():
-    pids = next_pids(AHEAD)
-    made = leave_stale_session_dirs(pids)
-    try:
-        result = launcher.run(MPIRUN_PPID, env={**os.environ, **MPI_ENV}, timeout=60)
-        assert result.returncode == 0, result.stdout + result.stderr
-        mpirun_pid = int(result.stdout.split()[-1])
-        assert mpirun_pid in pids, "mpirun's pid missed the stale dirs: the check proved nothing"
-        assert Path(tempfile.gettempdir(), f"ompi.{mpirun_pid}").is_dir()
-    finally:
-        for folder in made:
-            shutil.rmtree(folder, ignore_errors=True)
+def test_a_launch_keeps_its_session_files_in_a_tmpdir_of_its_own_removed_after_it():
+    """Why stale session files of a killed mpirun cannot stop a launch: Open MPI looks for them under $TMPDIR
+    only, and each launch has a fresh one, so no folder left in the system temp dir is ever in its way."""
+    result = launcher.run(SESSION_OF_MPIRUN, env={**os.environ, **MPI_ENV}, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    first, *listed = result.stdout.split("\n")
+    tmpdir, mpirun_pid = first.split()
+    assert Path(tmpdir) != Path(tempfile.gettempdir()) and Path(tmpdir).name.startswith("mpirun-")
+    assert f"{tmpdir}/ompi.{mpirun_pid}" in listed  # mpirun's own session folder, inside the launch's TMPDIR
+    assert not Path(tmpdir).exists()  # removed with the launch
 
 
 def test_stop_ends_mpirun_and_its_ranks_and_leaves_no_session_files():
@@ -57,10 +36,11 @@ def test_stop_ends_mpirun_and_its_ranks_and_leaves_no_session_files():
         tmpdir = Path(tmp_env["TMPDIR"])
         job = launcher.start(["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-c", f"import time; time.sleep(300)  # {marker}"],
                              {**os.environ, **MPI_ENV, **tmp_env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while not list(tmpdir.glob("ompi.*")):  # mpirun is up once its session files are there
-            assert job.poll() is None and time.monotonic() < deadline, "mpirun did not start"
-            time.sleep(0.1)
+        def session_files() -> list:  # mpirun is up once its session files are there
+            assert job.poll() is None, "mpirun ended at once"
+            return list(tmpdir.glob("ompi.*"))
+
+        wait_for(session_files, 30, "mpirun to start", every_s=0.1)
         launcher.stop(job, grace_s=0.5)
         assert job.returncode is not None
     ranks = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()

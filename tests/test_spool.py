@@ -20,62 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MPI_ENV, REPO, free_port
+from conftest import MPI_ENV, REPO, MlflowServer, free_port, wait_for
 from mpi_train import launcher
-from mpi_train.tracking.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record, server_answers, server_run_id
+from mpi_train.tracking.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record, server_run_id
 
 pytestmark = pytest.mark.e2e
 
 QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "1",
          "--epochs", "10", "--system-metrics-every", "0"]
 STEPS_A, STEPS_B, RESUME_AT = 40, 6, 20
-
-
-class RestartableServer:
-    """`python -m mpi_train.server` on a fixed port and store, so it can go away and come back as the same server."""
-
-    def __init__(self, root: Path):
-        self.root, self.port, self.process = root, free_port(), None
-        self.uri = f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.launch()
-        self.wait_up()
-
-    def launch(self) -> None:
-        with open(self.root / "server.log", "a") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "mpi_train.server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-                 "--root", str(self.root / "store")],
-                cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # one process less
-
-    def wait_up(self) -> None:
-        deadline = time.monotonic() + 150
-        while not self.answers():
-            log = (self.root / "server.log").read_text()[-2000:]
-            assert self.process.poll() is None and time.monotonic() < deadline, f"the mlflow server did not start:\n{log}"
-            time.sleep(0.2)
-
-    def answers(self) -> bool:
-        return server_answers(self.uri)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # mpi_train.server stops mlflow and its workers
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        assert not self.answers()
-
-
-def wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 class Job:
@@ -153,20 +106,19 @@ def outage(tmp_path_factory):
     while its sending thread carries on, so the outage meets A mid-run whatever the machine's speed.
     """
     root = tmp_path_factory.mktemp("outage")
-    server = RestartableServer(root)
-    server.launch()
+    server = MlflowServer(root)
     from mlflow import MlflowClient  # while the server starts
 
-    server.wait_up()
+    uri = server.uri()
     a_dir, b_dir, c_dir, d_dir = (root / name for name in ("a", "b", "c", "d"))
     for folder in (a_dir, b_dir, c_dir, d_dir):
         folder.mkdir()
-    job_a = Job(a_dir, "A", "--max-steps", str(STEPS_A), "--tracking-uri", server.uri,
+    job_a = Job(a_dir, "A", "--max-steps", str(STEPS_A), "--tracking-uri", uri,
                 "--checkpoint-dir", str(a_dir / "ck"), "--checkpoint-every", str(RESUME_AT),
                 "--system-metrics-every", "0.001")  # a host sample at every logged step
     rank1, jobs = None, [job_a]
     try:
-        client = MlflowClient(server.uri)
+        client = MlflowClient(uri)
         wait_for(lambda: job_a.step() >= 1 or job_a.process.poll() is not None, 120, "job A to train")
         _, a_children = runs_named(client, "outage", "A")
         rank1 = int(a_children[1].data.tags["pid"])
@@ -176,9 +128,9 @@ def outage(tmp_path_factory):
         # With the server away: B trains offline by choice; C did not choose to and is refused; D trains offline
         # and is stopped with SIGTERM.
         started = time.monotonic()
-        job_c = Job(c_dir, "C", "--max-steps", "4", "--tracking-uri", server.uri)
-        job_b = Job(b_dir, "B", "--max-steps", str(STEPS_B), "--tracking-uri", server.uri, "--tracking-spool")
-        job_d = Job(d_dir, "D", "--tracking-uri", server.uri, "--tracking-spool")
+        job_c = Job(c_dir, "C", "--max-steps", "4", "--tracking-uri", uri)
+        job_b = Job(b_dir, "B", "--max-steps", str(STEPS_B), "--tracking-uri", uri, "--tracking-spool")
+        job_d = Job(d_dir, "D", "--tracking-uri", uri, "--tracking-spool")
         jobs += [job_b, job_c, job_d]
         paused_at = job_a.step()
         os.kill(rank1, signal.SIGCONT)  # A trains on with the server away...
@@ -195,19 +147,19 @@ def outage(tmp_path_factory):
         os.kill(spooled_rank0_pid(d_spool), signal.SIGTERM)
         d_result = job_d.finish(60)
 
-        server.start()
+        server.restart()
         os.kill(rank1, signal.SIGCONT)
         # While A finishes, B's spool is replayed, and a job resumed from A's checkpoint names the run it continues.
         checkpoint = a_dir / "ck" / f"step-{RESUME_AT:08d}.pt"
         wait_for(lambda: checkpoint.exists() or job_a.process.poll() is not None, 60, "job A's checkpoint")
-        resumed = Job(a_dir, "A-resumed", "--max-steps", str(STEPS_A), "--tracking-uri", server.uri, "--resume", str(checkpoint))
+        resumed = Job(a_dir, "A-resumed", "--max-steps", str(STEPS_A), "--tracking-uri", uri, "--resume", str(checkpoint))
         jobs.append(resumed)
         replay_env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": ""}
-        replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", server.uri], cwd=b_dir,
+        replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", uri], cwd=b_dir,
                                 capture_output=True, text=True, timeout=120, env=replay_env)
-        again = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", server.uri], cwd=b_dir,
+        again = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", uri], cwd=b_dir,
                                capture_output=True, text=True, timeout=120, env=replay_env)
-        d_replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", server.uri], cwd=d_dir,
+        d_replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", uri], cwd=d_dir,
                                   capture_output=True, text=True, timeout=120, env=replay_env)
         yield {"server": server, "client": client, "root": root, "a": job_a.finish(120),
                "b": b_result, "c": (*c_result, c_seconds), "replay": replay, "again": again, "resumed": resumed.finish(120),
@@ -287,7 +239,7 @@ def test_a_write_the_server_took_but_never_acknowledged_is_not_sent_twice(outage
     """
     from mlflow.entities import Metric
 
-    client, uri = outage["client"], outage["server"].uri
+    client, uri = outage["client"], outage["server"].url
     experiment = client.get_experiment_by_name("outage").experiment_id
     run_id = client.create_run(experiment, run_name="lost-reply").info.run_id
     metrics = [Metric("loss", 1.0 / step, 1_700_000_000_000 + step, step) for step in range(1, 6)]
@@ -306,7 +258,7 @@ def test_a_run_creation_the_server_took_but_never_acknowledged_makes_one_run(out
     """The reply to a run's creation can be lost too; the replay finds the run by its local id instead of making another."""
     from mlflow.entities import Metric
 
-    client, uri = outage["client"], outage["server"].uri
+    client, uri = outage["client"], outage["server"].url
     local_id = OFFLINE_PREFIX + "lostcreate"
     create = {"kind": "create_run", "local_id": local_id, "experiment": "outage", "run_name": "lost-create",
               "tags": {OFFLINE_ID_TAG: local_id}, "start_time": 1_700_000_000_000}
@@ -327,7 +279,7 @@ def test_the_guard_spools_what_a_dead_rank_0_left_while_the_server_is_away(tmp_p
     """Rank 0 killed during an outage: its guard adds the metrics it had not handled and the runs' end to the spool."""
     from mlflow.entities import Metric
 
-    from mpi_train.tracking import RunGuard
+    from mpi_train.tracking.guard import RunGuard
 
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     spool = Spool(tmp_path / "job.jsonl")
@@ -366,9 +318,9 @@ def test_the_guard_finishes_a_run_the_job_created_offline_and_sent_itself(outage
     """Rank 0 dies after its offline runs reached the server: the guard finds them by their local id and ends them."""
     from mlflow.entities import Metric
 
-    from mpi_train.tracking import RunGuard
+    from mpi_train.tracking.guard import RunGuard
 
-    client, uri = outage["client"], outage["server"].uri
+    client, uri = outage["client"], outage["server"].url
     experiment = client.get_experiment_by_name("outage").experiment_id
     local_id = OFFLINE_PREFIX + "guardcheck"
     run_id = client.create_run(experiment, run_name="sent-offline", tags={OFFLINE_ID_TAG: local_id}).info.run_id

@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MPI_ENV, REPO, client_for, job_runs, mpirun, train
+from conftest import MPI_ENV, REPO, client_for, job_runs, mpirun, train, wait_for
 from mpi_train import launcher
 from mpi_train.config import TrainConfig, redact_uri
 from mpi_train.errors import UserError
-from mpi_train.tracking import BatchSender, HostSampler, _open
+from mpi_train.tracking.sampler import HostSampler
+from mpi_train.tracking.sender import BatchSender
+from mpi_train.tracking.store import open_store
 
-pytestmark = pytest.mark.e2e
+# Tests that run jobs or use the session's server are e2e; the URI, store-folder, sampler and sender checks run in-process.
 
 PARENT_STEP_METRICS = ("loss", "step_time_s", "compute_time_s", "sync_time_s", "throughput_samples_per_s", "lr")
 CHILD_STEP_METRICS = ("loss", "data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")
@@ -42,6 +44,7 @@ def allreduce_runs(mlflow_server, tracked_jobs):
     return (client, *job_runs(client, "tests-compare", "allreduce-np2-seed42"))
 
 
+@pytest.mark.e2e
 def test_one_parent_run_per_job_and_one_child_per_rank(allreduce_runs):
     client, parent, children = allreduce_runs
     assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"] * 2
@@ -57,6 +60,7 @@ def test_one_parent_run_per_job_and_one_child_per_rank(allreduce_runs):
     assert "Open MPI" in parent.data.tags["mpi_library_version"]
 
 
+@pytest.mark.e2e
 def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracked_jobs):
     client, parent, children = allreduce_runs
     logged_steps = [s["step"] for s in tracked_jobs["allreduce"]["steps"]]
@@ -67,7 +71,8 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
     assert losses == pytest.approx([s["loss"] for s in tracked_jobs["allreduce"]["steps"]])
     assert {"test_loss", "test_accuracy", "epoch_time_s", "sync_share", "mean_step_time_s", "total_step_time_s",
             "wall_time_s", "tracking_share", "steady_mean_step_time_s", "steady_throughput_samples_per_s"} <= set(parent.data.metrics)
-    assert 0 < parent.data.metrics["sync_share"] < 1
+    means = tracked_jobs["allreduce"]["mean_times"]
+    assert parent.data.metrics["sync_share"] == pytest.approx(means["sync_time_s"] / means["step_time_s"])
     assert any(key.startswith("system/") and key.endswith("/cpu_utilization_percentage") for key in parent.data.metrics)
     child_losses = []
     for child in children:
@@ -77,6 +82,7 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
     assert [sum(pair) / 2 for pair in zip(*child_losses)] == pytest.approx(losses)  # the parent's loss is the ranks' mean
 
 
+@pytest.mark.e2e
 def test_artifacts_hold_config_summary_console_environment_and_weights(allreduce_runs, tmp_path):
     client, parent, _ = allreduce_runs
     run_id = parent.info.run_id
@@ -90,6 +96,7 @@ def test_artifacts_hold_config_summary_console_environment_and_weights(allreduce
     assert "slots=2" in environment["hostfile"] and "Open MPI" in environment["mpi_library"]
 
 
+@pytest.mark.e2e
 def test_no_secret_reaches_params_tags_or_artifacts(allreduce_runs, tmp_path):
     client, parent, children = allreduce_runs
     texts = [json.dumps(parent.data.params), json.dumps(parent.data.tags)] + [json.dumps(c.data.tags) for c in children]
@@ -99,6 +106,7 @@ def test_no_secret_reaches_params_tags_or_artifacts(allreduce_runs, tmp_path):
     assert redact_uri("http://alice:pw@host:5000/x") == "http://alice:***@host:5000/x"
 
 
+@pytest.mark.e2e
 def test_a_failing_rank_marks_the_run_failed_with_its_traceback(mlflow_server, tmp_path):
     result = mpirun(2, [*QUICK, "--max-steps", "8", "--tracking-uri", mlflow_server, "--experiment", "tests-fail"],
                     env={"MPI_TRAIN_FAIL_AT": "1:3"})
@@ -113,6 +121,7 @@ def test_a_failing_rank_marks_the_run_failed_with_its_traceback(mlflow_server, t
     assert "Traceback" in traceback and "injected failure on rank 1 at 3" in traceback
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("target", ["mpirun", "rank0"])
 def test_sigterm_marks_the_run_killed(mlflow_server, target):
     client = client_for(mlflow_server)
@@ -121,14 +130,13 @@ def test_sigterm_marks_the_run_killed(mlflow_server, target):
                "--tracking-uri", mlflow_server, "--experiment", "tests-kill", "--run-name", run_name]
     with launcher.launched(command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)}, cwd=REPO,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as job:
-        deadline = time.monotonic() + 90
-        while True:  # wait until training has logged metrics to the server
-            assert job.poll() is None and time.monotonic() < deadline, "the job ended or never started training"
+        def logged_a_loss() -> bool:
+            assert job.poll() is None, "the job ended before it logged a step"
             experiment = client.get_experiment_by_name("tests-kill")
             runs = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{run_name}'") if experiment else []
-            if runs and "loss" in runs[0].data.metrics:
-                break
-            time.sleep(0.5)
+            return bool(runs) and "loss" in runs[0].data.metrics
+
+        wait_for(logged_a_loss, 90, "training to log metrics to the server", every_s=0.5)
         if target == "mpirun":
             job.send_signal(signal.SIGTERM)
         else:  # rank 0's pid is a tag of its child run
@@ -136,15 +144,16 @@ def test_sigterm_marks_the_run_killed(mlflow_server, target):
             os.kill(int(children[0].data.tags["pid"]), signal.SIGTERM)
         job.wait(timeout=60)
     assert job.returncode != 0
-    parent, children = job_runs(client, "tests-kill", run_name)
-    deadline = time.monotonic() + 30  # mpirun SIGKILLs ranks ~0.2 s after SIGTERM; the guard process may finish the job
-    while parent.info.status == "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.5)
+    def ended():  # mpirun SIGKILLs ranks ~0.2 s after SIGTERM; the guard process may finish the job
         parent, children = job_runs(client, "tests-kill", run_name)
+        return parent.info.status != "RUNNING" and (parent, children)
+
+    parent, children = wait_for(ended, 30, f"the runs of {run_name} to end", every_s=0.5)
     assert parent.info.status == "KILLED" and [c.info.status for c in children] == ["KILLED"] * 2
     assert parent.data.tags["mpi_train.killed_by"] == "SIGTERM"
 
 
+@pytest.mark.e2e
 def test_without_a_uri_the_embedded_sqlite_store_under_mlruns_is_used(tmp_path):
     summary = train(2, tmp_path, *QUICK, "--max-steps", "4", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": ""})
     assert summary["config"]["tracking_uri"] is None
@@ -156,6 +165,7 @@ def test_without_a_uri_the_embedded_sqlite_store_under_mlruns_is_used(tmp_path):
     assert "summary.json" in artifact_paths(client, parent.info.run_id)
 
 
+@pytest.mark.e2e
 def test_an_unreachable_server_is_reported_before_training(tmp_path):
     from conftest import free_port
 
@@ -178,7 +188,7 @@ def test_an_unreachable_server_is_reported_before_training(tmp_path):
 ])
 def test_malformed_uris_are_refused_with_the_fix(uri, needle):
     with pytest.raises(UserError, match="--tracking-uri") as caught:
-        _open(TrainConfig(tracking_uri=uri))
+        open_store(TrainConfig(tracking_uri=uri))
     message = str(caught.value)
     assert needle in message and ("http://HOST:PORT" in message or "sqlite:///" in message)
 
@@ -187,7 +197,7 @@ def test_an_unwritable_mlruns_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mlruns").write_text("a file where the store folder should be")
     with pytest.raises(UserError, match="not a writable folder") as caught:
-        _open(TrainConfig())
+        open_store(TrainConfig())
     assert str(tmp_path / "mlruns") in str(caught.value) and "--no-tracking" in str(caught.value)
 
 

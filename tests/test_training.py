@@ -174,7 +174,9 @@ def test_cifar10_image_folders_train_vgg11_on_four_ranks(tmp_path):
     summary = train(4, tmp_path, "--data-dir", str(tmp_path / "data"), "--batch-size", "32", "--log-every", "2", "--sync", "gather_scatter", "--no-tracking")
     assert summary["config"]["model"] == "vgg11" and summary["config"]["dataset"] == "cifar10"
     assert [s["step"] for s in summary["steps"]] == [2, 4]
-    assert summary["epochs"][0]["test_accuracy"] >= 0
+    scored = summary["epochs"][0]["test_accuracy"] * 40  # 40 test images over 4 ranks, each scored exactly once
+    assert scored == pytest.approx(round(scored), abs=1e-9) and 0 <= round(scored) <= 40
+    assert summary["epochs"][0]["test_loss"] > 0
 
 
 def test_max_steps_and_epochs_bound_the_run(tmp_path, quick_args):

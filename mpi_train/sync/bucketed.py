@@ -61,7 +61,6 @@ class Bucketed(SyncMethod):
         self.bucket_bytes = bucket_mb * 2**20
         self.buckets: list[Bucket] = []
         self.next_to_launch = 0  # buckets before this index are in flight (or done) this step
-        self.hooks: list = []
 
     @classmethod
     def from_config(cls, config) -> "Bucketed":
@@ -72,7 +71,7 @@ class Bucketed(SyncMethod):
         self.buckets = [Bucket(i, group) for i, group in enumerate(self.split(params))]
         for bucket in self.buckets:
             for p, view in zip(bucket.buffer.params, bucket.buffer.views):
-                self.hooks.append(p.register_post_accumulate_grad_hook(self.make_hook(bucket, view)))
+                p.register_post_accumulate_grad_hook(self.make_hook(bucket, view))
         return model
 
     def split(self, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:

@@ -50,6 +50,7 @@ from .collectives import allreduce_bandwidth
 from ..config import ENV_DEFAULTS, BACKENDS, LAUNCHERS, TrainConfig
 from ..costs import bus_bandwidth, cost_model_of, wire_bytes
 from ..data import SyntheticImages
+from ..placement import Clock, place
 from ..errors import UserError
 from ..models import INPUT_SHAPES, MODELS, build_model
 from ..report import write_json_atomically
@@ -191,12 +192,7 @@ def contenders(model_name: str, device: torch.device, bucket_mb: float, labels: 
 def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int,
             device: torch.device, progress) -> dict[str, dict[str, list[float]]]:
     """Per method, this rank's compute and sync seconds for each timed step, methods interleaved round-robin."""
-
-    def now() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
+    now = Clock(device)
     times = {entry.name: {"compute": [], "sync": []} for entry in entries}
     total = warmup + steps
     for step in range(total):
@@ -355,9 +351,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     settings = TrainConfig(model=args.model, batch_size=args.batch_size, tracking_uri=uri, experiment=args.experiment,
                            no_tracking=args.no_tracking)
     connection = tracking.connect(settings, cluster)  # rank 0 checks the store before any work
-    threads = clusters.configure_threads(info, args.threads)
-    backend, device_name = clusters.resolve_backend(cluster, args.backend)
-    device = torch.device(device_name)
+    placement = place(cluster, args.backend, args.threads)
+    backend, threads, device = placement.backend, placement.threads, placement.device
     clusters.init_process_group(cluster, backend, args.master_addr, args.timeout)
 
     entries, unavailable = contenders(args.model, device, args.bucket_mb, chosen(args.methods), backend, args.powersgd_rank)
@@ -386,7 +381,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     if not info.is_main:
         return
     result = {
-        "world_size": world, "backend": backend, "model": args.model, "batch_size": args.batch_size,
+        "world_size": world, "backend": placement.backend, "model": args.model, "batch_size": args.batch_size,
         "steps": args.steps, "warmup": args.warmup, "threads": threads, "gradient_bytes": gradient_bytes,
         "link": link, "hosts": list(cluster.hosts), "unavailable": unavailable,
         "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"], sent, cluster.hosts),

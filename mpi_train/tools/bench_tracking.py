@@ -22,11 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
 from .. import launcher
+from ..tracking.probe import wait_for_server
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,14 +51,8 @@ def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
                               cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)})
     uri = f"http://127.0.0.1:{port}"
-    for _ in range(240):
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                return server, uri
-        except OSError:
-            if server.poll() is not None:
-                break
-            time.sleep(0.5)
+    if wait_for_server(uri, 120, every_s=0.5, gave_up=lambda: server.poll() is not None) is None:
+        return server, uri
     server.terminate()
     raise SystemExit("bench_tracking: the MLflow server did not start")
 

@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..cli import format_error
 from ..config import ENV_DEFAULTS, redact_uri
-from ..errors import UserError
+from ..errors import UserError, format_error
 from ..sync import label
 
-PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
+PLOTTED_PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
 COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "samples/s", "final_loss", "test_acc", "speed-up")
 
 
@@ -144,7 +143,7 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
     bottom = [0.0] * len(jobs)
-    for phase in PHASES:
+    for phase in PLOTTED_PHASES:
         heights = [1000 * (timing(j.metrics, phase) or 0.0) for j in jobs]
         ax.bar([j.label for j in jobs], heights, bottom=bottom, label=phase.removesuffix("_time_s"))
         bottom = [b + h for b, h in zip(bottom, heights)]

@@ -31,14 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..cli import format_error
 from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
-from ..errors import UserError
+from ..errors import UserError, format_error
 from ..launcher import own_tmpdir, start, stop
 from .sweep import BenchPlan, PlannedRun, Sweep, load
 
 STEP_LINE = re.compile(r"step\s+(\d+)/(\d+)")  # training's and the bench's progress lines
-MPI_ENV = {"PYTHONUNBUFFERED": "1"}  # progress lines must arrive as they are printed
+UNBUFFERED_ENV = {"PYTHONUNBUFFERED": "1"}  # progress lines must arrive as they are printed
 DATASET_SIZES = {"cifar10": 50_000, "mnist": 60_000}  # training images, to estimate steps before a run starts
 
 
@@ -254,7 +253,7 @@ def execute(launch: Launch, progress: Progress, timeout: Optional[float]) -> Non
     with open(launch.log, "w") as log, own_tmpdir() as tmp_env:
         log.write("$ " + " ".join(launch.command) + "\n")
         log.flush()
-        process = start(launch.command, {**os.environ, **MPI_ENV, **launch.env, **tmp_env},
+        process = start(launch.command, {**os.environ, **UNBUFFERED_ENV, **launch.env, **tmp_env},
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         timer = threading.Timer(timeout, _stop, (process, launch)) if timeout else None
         if timer:
@@ -414,7 +413,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         check_setup(sweep, uri)
     except UserError as error:
-        print(format_error(str(error)).replace("mpi_train: error", "mpi_train.experiment: error", 1), file=sys.stderr)
+        print(format_error(str(error), prog="mpi_train.experiment"), file=sys.stderr)
         return error.exit_code
     print("\n".join(line for i, line in enumerate(describe_plan(sweep, launches, uri).splitlines())
                     if i == 0 or line.startswith("unavailable")), flush=True)

@@ -35,11 +35,15 @@ import dataclasses
 import difflib
 import itertools
 import re
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 
 from ..config import TrainConfig
 from ..errors import UserError

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..config import redact_uri
-from ..errors import UserError
+from ..errors import UserError, format_error
 from .spool import SPOOL_DIR, Spool, first_line
 
 WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
@@ -71,7 +71,8 @@ def target_uri(spool: Spool, override: Optional[str]) -> str:
 def replay_one(path: Path, override: Optional[str]) -> None:
     from mlflow import MlflowClient
 
-    from . import check_uri, probe_server
+    from .probe import ServerUnreachable, probe_server
+    from .store import check_uri
 
     spool = Spool(path)
     pending = len(spool)
@@ -83,8 +84,8 @@ def replay_one(path: Path, override: Optional[str]) -> None:
     check_uri(uri)
     try:
         probe_server(uri)
-    except UserError as error:
-        raise UserError(f"{str(error).split(' Start one')[0]} {path} is kept ({pending} write(s) to send). Start the "
+    except ServerUnreachable as error:
+        raise UserError(f"{error.what} {path} is kept ({pending} write(s) to send). Start the "
                         f"server (`python -m mpi_train.server`) or pass --tracking-uri http://HOST:PORT, and run this "
                         f"command again.") from None
     try:
@@ -111,8 +112,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 continue
             replay_one(path, override)
     except UserError as error:
-        from ..cli import format_error  # only now: it brings torch along
-
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
     return 0

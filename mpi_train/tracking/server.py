@@ -15,14 +15,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..cli import format_error
-from ..errors import UserError
-from . import DEFAULT_STORE_DIR, check_store_dir
+from ..errors import UserError, format_error
+from .probe import wait_for_server
+from .store import DEFAULT_STORE_DIR, check_store_dir
 
 START_TIMEOUT_S = 120.0  # a cold start (database migrations) takes ~15 s on two cores
 
@@ -44,18 +42,11 @@ def server_command(host: str, port: int, root: Path, workers: int) -> list[str]:
 
 
 def wait_until_healthy(url: str, process: subprocess.Popen, timeout_s: float = START_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise UserError(f"mlflow server exited with status {process.returncode} before it answered at {url} "
-                            f"(its messages are above). A port already in use is the usual cause: pick another --port.")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
+    if wait_for_server(url, timeout_s, every_s=0.5, gave_up=lambda: process.poll() is not None) is None:
+        return
+    if process.poll() is not None:
+        raise UserError(f"mlflow server exited with status {process.returncode} before it answered at {url} "
+                        f"(its messages are above). A port already in use is the usual cause: pick another --port.")
     raise UserError(f"mlflow server did not answer at {url} within {timeout_s:.0f} s. Its messages are above.")
 
 

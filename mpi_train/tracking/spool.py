@@ -6,7 +6,7 @@ the server answers, writes pass straight through. When one fails and the server'
 file instead, in order: `mlruns/spool/<job>.jsonl`, one JSON record per call (run id,
 metrics with step and timestamp, params, tags; or a run's end status, or a text
 artifact). Every few seconds the logging path asks /health again (bounded by
-PROBE_TIMEOUT_S) and, once the server is back, re-sends the spool in order, then
+OUTAGE_PROBE_S, probe.py) and, once the server is back, re-sends the spool in order, then
 carries on directly. Training never waits for this: metrics are sent from the batch
 sender's thread, and while the server is known to be down a write costs one append.
 
@@ -35,17 +35,15 @@ import shutil
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterable, Optional
-from urllib.parse import urlsplit, urlunsplit
 
 from ..config import redact_uri
+from .probe import server_answers
 
 SPOOL_DIR = Path("mlruns") / "spool"
-PROBE_TIMEOUT_S = 2.0  # one /health request while the server is thought to be down
 PROBE_EVERY_S = 3.0  # how often the logging path checks whether the server is back
 OFFLINE_PREFIX = "offline-"
 OFFLINE_ID_TAG = "mpi_train.offline_id"  # a replayed run keeps its local id here, so a checkpoint naming it can be traced
@@ -57,21 +55,6 @@ def server_run_id(client, experiment_id: str, run_id: Optional[str]) -> Optional
         return run_id
     found = client.search_runs([experiment_id], f"tags.`{OFFLINE_ID_TAG}` = '{run_id}'", max_results=1)
     return found[0].info.run_id if found else None
-
-
-def health_url(uri: str) -> str:
-    parts = urlsplit(uri)
-    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
-
-
-def server_answers(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """True if the server's /health answers 200 within `timeout_s`."""
-    try:
-        with urllib.request.urlopen(health_url(uri), timeout=timeout_s) as response:
-            return response.status == 200
-    except (OSError, ValueError):
-        return False
 
 
 def refused(error: BaseException, uri: str) -> bool:
@@ -276,7 +259,6 @@ class SpoolingClient:
         self.next_probe = 0.0 if online else time.monotonic() + PROBE_EVERY_S
         self.ids: dict[str, str] = {}  # local run id -> server run id, once a replay created the run
         self.warn = warn or _warn
-        self.spooled = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
@@ -352,7 +334,6 @@ class SpoolingClient:
             shutil.copyfile(record["local_path"], keep)
             record = {**record, "local_path": str(keep.resolve())}
         self.spool.add(record, self.uri)
-        self.spooled += 1
 
     def _catch_up(self) -> bool:
         """True if writes may go straight to the server: it is up and the spool has been re-sent."""

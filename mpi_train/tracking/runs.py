@@ -1,0 +1,365 @@
+"""Rank 0's tracker: the job's parent run and one child run per rank, fed from the loop, ended in exactly one status.
+
+The loop's calls only queue metrics (the sender's thread sends them); a failure on
+another rank arrives through the job's TCPStore, a signal through a wake-up pipe, and
+the guard process records the end if this process dies first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Optional
+
+from ..config import JobInfo, TrainConfig, redact_uri
+from ..errors import raised_in_collective
+from .sampler import HostSampler
+from .sender import BatchSender
+from .spool import OFFLINE_PREFIX, SpoolingClient, server_run_id
+from .store import Connection
+from .tracker import ACK_KEY, ENDED_KEY, FAILURE_KEY, NullTracker
+
+SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
+PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size", "batch_size_per_rank",
+          "model", "dataset", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_steps", "timing_warmup_steps", "epochs", "max_steps",
+          "seed", "hosts", "threads", "rendezvous")
+
+
+def job_metrics(summary: dict, global_batch: int) -> dict:
+    """The whole-job figures of a finished job's summary, under the parent run's metric names."""
+    means, steps = summary["mean_times"], summary["total_steps"]
+    return {
+        **{f"mean_{key}": value for key, value in means.items()},
+        **{f"total_{key}": value * steps for key, value in means.items()},
+        "sync_share": means["sync_time_s"] / means["step_time_s"] if means["step_time_s"] else 0.0,
+        "total_steps": steps, "wall_time_s": summary["wall_time_s"],
+        "mean_throughput_samples_per_s": global_batch / means["step_time_s"] if means["step_time_s"] else 0.0,
+        **({"final_loss": summary["final_loss"]} if summary["final_loss"] is not None else {}),
+        **steady_metrics(summary, global_batch),
+    }
+
+
+def steady_metrics(summary: dict, global_batch: int) -> dict:
+    """The means leaving out the first --timing-warmup-steps steps (absent from summaries older than them)."""
+    steady = summary.get("mean_times_after_warmup")
+    if not steady:
+        return {}
+    return {**{f"steady_mean_{key}": value for key, value in steady.items()},
+            "timing_warmup_steps": summary["timing_warmup_steps"],
+            "steady_throughput_samples_per_s": global_batch / steady["step_time_s"] if steady["step_time_s"] else 0.0}
+
+
+class MlflowTracker(NullTracker):
+    """Rank 0: the job's parent run and one child run per rank; ends them in exactly one terminal status."""
+
+    def __init__(self, connection: Connection, config: TrainConfig, cluster, job: JobInfo, ranks: list[dict]):
+        from mlflow.entities import Param
+
+        self.client, self.cluster, self.config = connection.client, cluster, config
+        self.info, self.hosts = cluster.info, list(cluster.hosts)
+        self.lock = threading.Lock()
+        self.status: Optional[str] = None
+        self.lines: list[str] = []
+        self.loop_time_s = 0.0  # time the training loop spent in this tracker: the overhead it pays
+        self.threads: list[threading.Thread] = []
+        self.stop = threading.Event()
+        self.wakeup: Optional[tuple[int, int]] = None
+
+        environment = describe_environment(cluster)
+        params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS}, **{k: v for k, v in job.as_dict().items() if k in PARAMS}}
+        params["hosts"] = ",".join(sorted(set(self.hosts)))
+        tags = {"mpi_train.role": "job", "torch_version": environment["torch"], "mpi4py_version": environment["mpi4py"],
+                "mpi_library_version": environment["mpi_library"].splitlines()[0] if environment["mpi_library"] else "unknown",
+                "mlflow_version": environment["mlflow"], "hosts": params["hosts"]}
+        if environment["git_commit"]:
+            tags["mlflow.source.git.commit"] = environment["git_commit"]
+        if job.resumed_from:  # the run this job continues, and where
+            resumed = job.resumed_from
+            tags.update({"resumed_from": self._continued_run(connection, resumed["run_id"]),
+                         "resumed_from_step": str(resumed["step"]), "resumed_from_checkpoint": resumed["checkpoint"]})
+        parent = self.client.create_run(connection.experiment_id, run_name=config.default_run_name(self.info.world_size), tags=tags)
+        self.parent_id, self.child_ids = parent.info.run_id, []
+        try:
+            self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in sorted(params.items())], synchronous=True)
+            for who in ranks:
+                child = self.client.create_run(connection.experiment_id, run_name=f"rank{who['rank']}", tags={
+                    "mlflow.parentRunId": self.parent_id, "mpi_train.role": "rank",
+                    **{key: str(who[key]) for key in ("rank", "local_rank", "host", "pid")}})
+                self.child_ids.append(child.info.run_id)
+                self.client.log_batch(child.info.run_id, params=[Param("seed", str(config.seed))], synchronous=True)
+            self.client.log_dict(self.parent_id, config.as_dict(), "config.json")
+            self.client.log_dict(self.parent_id, environment, "environment.json")
+        except BaseException:  # never leave a half-made job RUNNING
+            for run_id in [*self.child_ids, self.parent_id]:
+                try:
+                    self.client.set_terminated(run_id, "FAILED")
+                except Exception:  # noqa: BLE001 - the original error matters more
+                    pass
+            raise
+        self.uri = connection.uri
+        spool = self.client.spool.path if isinstance(self.client, SpoolingClient) else None
+        from .guard import RunGuard  # here, not at the top: the guard's own process imports this package first
+
+        self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids, spool, config.experiment)
+        self.sender = BatchSender(self.client, on_handled=self.guard.handled)
+        self.sampler = HostSampler(config.system_metrics_every) if config.system_metrics_every else None
+
+    def _continued_run(self, connection: Connection, run_id: Optional[str]) -> str:
+        """The resumed checkpoint's run, by the server's id once a job that trained offline has been replayed."""
+        if not run_id:
+            return "unknown (the checkpoint's job was not tracked)"
+        if not run_id.startswith(OFFLINE_PREFIX) or not connection.online:
+            return run_id
+        try:
+            found = server_run_id(self.client, connection.experiment_id, run_id)
+        except Exception:  # noqa: BLE001 - a lookup failure must not stop the job
+            found = None
+        return found or f"{run_id} (its job trained offline and has not been replayed yet)"
+
+    # -- the training loop's calls: queue only, never the network --------------------------------------
+
+    def _metrics(self, values: dict, step: int) -> list:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        return [Metric(key, float(value), now, step) for key, value in values.items() if isinstance(value, (int, float))]
+
+    def _put(self, run_id: str, metrics: list) -> None:
+        """Queue metrics for the sender, and give the guard a copy in case this process dies first."""
+        self.guard.keep(run_id, metrics)
+        self.sender.put(run_id, metrics)
+
+    def console(self, line: str) -> None:
+        self.lines.append(line)
+
+    def log_step(self, epoch, step, loss, times, throughput, per_rank, lr=None) -> None:
+        started = time.perf_counter()
+        self._put(self.parent_id, self._metrics({
+            "loss": loss, "step_time_s": times["step_time_s"], "compute_time_s": times["compute_time_s"],
+            "sync_time_s": times["sync_time_s"], "throughput_samples_per_s": throughput,
+            **({"lr": lr} if lr is not None else {})}, step))
+        for rank, record in enumerate(per_rank):
+            self._put(self.child_ids[rank], self._metrics({k: v for k, v in record.items() if k != "system"}, step))
+            if record.get("system"):
+                host = self.hosts[rank]
+                self._put(self.parent_id, self._metrics({f"system/{host}/{k}": v for k, v in record["system"].items()}, step))
+        self.loop_time_s += time.perf_counter() - started
+
+    def log_epoch(self, epoch, test_loss, test_accuracy, epoch_time_s) -> None:
+        self._put(self.parent_id, self._metrics(
+            {"test_loss": test_loss, "test_accuracy": test_accuracy, "epoch_time_s": epoch_time_s}, epoch))
+
+    def finish(self, summary: dict) -> None:
+        means, steps = summary["mean_times"], summary["total_steps"]
+        step_time_total = means["step_time_s"] * steps
+        self._put(self.parent_id, self._metrics({
+            **job_metrics(summary, self.config.batch_size),
+            "tracking_loop_time_s": self.loop_time_s,
+            "tracking_share": self.loop_time_s / step_time_total if step_time_total else 0.0,
+        }, steps))
+        for rank, rank_means in enumerate(summary["per_rank_mean_times"]):
+            self._put(self.child_ids[rank], self._metrics({f"mean_{k}": v for k, v in rank_means.items()}, steps))
+        self.client.log_dict(self.parent_id, summary, "summary.json")
+
+    def save_weights(self, model) -> None:
+        import torch
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "state_dict.pt"
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+            self.client.log_artifact(self.parent_id, str(path), "model")
+
+    # -- lifetime: started by `with`, ended once -------------------------------------------------------
+
+    def __enter__(self):
+        if self.info.world_size > 1 and self.cluster.store is not None:
+            self._thread(self._watch_failures, "mpi_train-failure-watch")
+        if threading.current_thread() is threading.main_thread():
+            self._catch_signals()
+        return self
+
+    def __exit__(self, kind, error, trace) -> bool:
+        if error is None:
+            self.end("FINISHED")
+        elif isinstance(error, KeyboardInterrupt):
+            self.end("KILLED", tags={"mpi_train.killed_by": "KeyboardInterrupt"})
+        else:
+            rank, host = self.info.rank, self.info.host
+            text = "".join(traceback.format_exception(kind, error, trace))
+            if raised_in_collective(error):  # rank 0 only saw a peer's failure: blame the rank that was behind
+                behind = self.cluster.laggards()
+                rank, host = (behind[0], self.cluster.hosts[behind[0]]) if behind else ("unknown", "unknown")
+                text = f"A collective failed on rank {self.info.rank} ({self.info.host}); rank {rank} was behind.\n{text}"
+            self.end("FAILED", failure={"rank": rank, "host": host, "traceback": text})
+        self._release_signals()
+        self._report_spool()
+        return False
+
+    def _report_spool(self, try_again: bool = True) -> None:
+        """One last try at sending what an outage spooled (unless there is no time for one: a signal); if the
+        server is still away, say how to send it later."""
+        if not hasattr(self.client, "retry") or (try_again and self.client.retry(now=True)) or not self.client.pending():
+            return
+        uri = redact_uri(self.uri)
+        print(f"mpi_train: warning: the MLflow server at {uri} is still unreachable; {self.client.pending()} "
+              f"write(s), the runs' end included, are kept in {self.client.spool.path}. Send them with "
+              f"`python -m mpi_train.replay --tracking-uri {uri}` once it is up.", file=sys.stderr, flush=True)
+
+    def end(self, status: str, tags: Optional[dict] = None, failure: Optional[dict] = None) -> bool:
+        """End the parent and child runs in `status` (the first call wins); True if this call ended them.
+
+        The outcome goes to the guard process first, so it is recorded even if mpirun kills
+        this process midway (it follows SIGTERM with SIGKILL within a fraction of a second).
+        """
+        with self.lock:
+            if self.status is not None:
+                return False
+            self.status = status
+        tags = dict(tags or {})
+        failed_rank = failure["rank"] if failure else None
+        if failure:
+            last_line = failure["traceback"].strip().splitlines()[-1] if failure["traceback"].strip() else ""
+            tags.update({"mpi_train.failed_rank": str(failed_rank), "mpi_train.failed_host": failure["host"],
+                         "mpi_train.error": last_line[:5000]})
+            self.lines.append(f"rank {failed_rank} on {failure['host']} failed:\n{failure['traceback']}")
+        child_statuses = [status if status != "FAILED" or rank == failed_rank else "KILLED" for rank in range(len(self.child_ids))]
+        self.guard.announce(status, tags, child_statuses)
+        self.stop.set()
+        try:
+            if status == "FINISHED":  # nothing is pressing: the last metrics first, then the status
+                self.sender.stop()
+            from mlflow.entities import RunTag
+
+            if tags:
+                self.client.log_batch(self.parent_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
+            for child_id, child_status in zip(self.child_ids, child_statuses):
+                self.client.set_terminated(child_id, child_status)
+            self.client.set_terminated(self.parent_id, status)
+            if failure:
+                self.client.log_text(self.parent_id, failure["traceback"], f"failure/traceback_rank{failed_rank}.txt")
+            self.client.log_text(self.parent_id, "\n".join(self.lines) + "\n", "console.log")
+            self.sender.stop()
+        except Exception as error:  # noqa: BLE001 - say so; the job's own outcome matters more
+            print(f"mpi_train: warning: could not record the MLflow run as {status}: {error}", file=sys.stderr)
+        self.guard.done()
+        if self.cluster.store is not None:
+            try:
+                self.cluster.store.set(ENDED_KEY, status)  # signalled ranks may go now (see RankTracker)
+            except Exception:  # noqa: BLE001 - the store is gone: nobody is waiting on it
+                pass
+        return True
+
+    def _thread(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _watch_failures(self) -> None:
+        """Poll the store for a failure posted by another rank (rank 0 itself may be stuck in a collective)."""
+        store = self.cluster.store
+        while not self.stop.wait(0.25):
+            try:
+                if not store.check([FAILURE_KEY]):
+                    continue
+                failure = json.loads(store.get(FAILURE_KEY))
+            except Exception:  # noqa: BLE001 - the store is gone: the job is ending anyway
+                return
+            self.end("FAILED", failure=failure)
+            store.set(ACK_KEY, "1")
+            return
+
+    def _catch_signals(self) -> None:
+        """SIGTERM/SIGINT end the runs KILLED from a helper thread: the main thread may sit in C code for minutes.
+
+        Python's C-level handler writes the signal number to a wakeup pipe from whatever thread
+        receives it; the helper reads it, ends the runs and aborts the MPI job.
+        """
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self.wakeup = (read_fd, write_fd, signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False))
+        self.old_handlers = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+        self._thread(self._wait_for_signal, "mpi_train-signal-watch")
+
+    def _wait_for_signal(self) -> None:
+        read_fd = self.wakeup[0]
+        while True:
+            try:
+                received = os.read(read_fd, 1)
+            except OSError:
+                return
+            if not received or received[0] == 0:  # closed, or the stop byte from _release_signals
+                return
+            number = received[0]
+            if number not in (signal.SIGTERM, signal.SIGINT):
+                continue
+            name = signal.Signals(number).name
+            if self.end("KILLED", tags={"mpi_train.killed_by": name}):
+                print(f"mpi_train: {name} received; run recorded as KILLED, stopping every rank.", file=sys.stderr)
+                self._report_spool(try_again=False)  # mpirun's SIGKILL follows within a second: no time to wait on the server
+            self.cluster.abort(128 + number)
+
+    def _release_signals(self) -> None:
+        if not self.wakeup:
+            return
+        read_fd, write_fd, old_fd = self.wakeup
+        signal.set_wakeup_fd(old_fd)
+        for sig, handler in self.old_handlers.items():
+            signal.signal(sig, handler)
+        os.write(write_fd, b"\0")
+        self.wakeup = None
+
+
+def git_commit() -> Optional[str]:
+    """The project's commit (with `-dirty` if tracked files changed), or None outside a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if commit.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return commit.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def describe_environment(cluster) -> dict:
+    """Versions, the job's hosts as a hostfile, the MPI library and launcher settings (no secrets)."""
+    import mlflow
+    import torch
+
+    try:
+        import mpi4py  # the package only: importing mpi4py.MPI would initialise MPI, which torchrun and srun jobs never do
+
+        mpi4py_version = mpi4py.__version__
+    except ImportError:
+        mpi4py_version = ""
+    library = ""
+    if "mpi4py.MPI" in sys.modules:
+        try:
+            library = sys.modules["mpi4py.MPI"].Get_library_version().replace("\0", "").strip()
+        except Exception:  # noqa: BLE001
+            pass
+    slots: dict[str, int] = {}
+    for host in cluster.hosts:
+        slots[host] = slots.get(host, 0) + 1
+    launcher = {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_COMM_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                 "GLOO_SOCKET_IFNAME", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_NUM_TASKS",
+                                 "SLURM_JOB_NODELIST"))
+                and not any(word in k.upper() for word in SECRET_WORDS)}
+    return {
+        "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+        "mpi4py": mpi4py_version, "launcher": cluster.environment.name, "mlflow": mlflow.__version__, "mpi_library": library,
+        "git_commit": git_commit(), "world_size": cluster.info.world_size, "hosts_by_rank": list(cluster.hosts),
+        "hostfile": "".join(f"{host} slots={n}\n" for host, n in slots.items()), "launcher_env": launcher,
+    }

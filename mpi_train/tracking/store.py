@@ -1,0 +1,133 @@
+"""Where a job's runs go: the tracking URI checked, the store or server opened on rank 0, before any work."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+from ..config import TrainConfig, redact_uri
+from ..errors import UserError, folder_write_error
+from .probe import ServerUnreachable, probe_server
+from .spool import SPOOL_DIR, Spool, SpoolingClient
+
+DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
+SERVER_SCHEMES = ("http", "https")
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+# Unless the user set them: a refused connection gives up after ~3 s (MLflow's defaults, 7 retries with
+# doubling back-off, take minutes), a hung server after 3 x 10 s. Writes that fail are spooled and re-sent (spool.py).
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+@dataclass(frozen=True)
+class Connection:
+    """A checked tracking destination on rank 0."""
+
+    client: Any  # mlflow.MlflowClient, or for a server a SpoolingClient around one
+    uri: str
+    experiment_id: Optional[str]  # None when started offline (--tracking-spool): the replay creates it
+
+    @property
+    def online(self) -> bool:
+        return self.experiment_id is not None
+
+
+def default_store_uri() -> str:
+    """The embedded store: SQLite under ./mlruns (MLflow 3 no longer accepts a folder of files)."""
+    return f"sqlite:///{DEFAULT_STORE_DIR}/mlflow.db"
+
+
+def check_store_dir(directory: Path, flag_hint: str) -> None:
+    """`directory` must be a writable folder (created if missing): the SQLite file and artifacts live there."""
+    reason = folder_write_error(directory)
+    if reason:
+        raise UserError(
+            f"The MLflow store folder {directory.resolve()} is not a writable folder ({reason}). "
+            f"The job's runs and artifacts are kept there. Make it a writable folder, run from another working "
+            f"directory, {flag_hint}, or pass --no-tracking."
+        ) from None
+
+
+def check_uri(uri: str) -> str:
+    """Reject URIs MLflow 3 cannot use, with the fix; returns the scheme."""
+    try:
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError as error:
+        raise UserError(f"--tracking-uri {redact_uri(uri)!r} is malformed ({error}). {_URI_FORMS}") from None
+    scheme = parts.scheme.lower()
+    if scheme in ("", "file"):
+        raise UserError(
+            f"--tracking-uri {redact_uri(uri)!r} names a folder of files, which MLflow 3 no longer accepts as a "
+            f"tracking store. Use a SQLite file instead, e.g. --tracking-uri sqlite:///mlruns/mlflow.db, "
+            f"or a tracking server."
+        )
+    if scheme in SERVER_SCHEMES and not parts.hostname:
+        raise UserError(f"--tracking-uri {redact_uri(uri)!r} has no host. {_URI_FORMS}")
+    if scheme not in SERVER_SCHEMES + DATABASE_SCHEMES + ("databricks",):
+        raise UserError(f"--tracking-uri {redact_uri(uri)!r} has an unknown scheme {scheme!r}. {_URI_FORMS}")
+    return scheme
+
+
+_URI_FORMS = ("Give a tracking server as http://HOST:PORT (start one with `python -m mpi_train.server`), "
+              "or a database such as sqlite:///mlruns/mlflow.db; the flag overrides $MLFLOW_TRACKING_URI.")
+
+
+def open_store(config: TrainConfig) -> Connection:
+    uri = config.tracking_uri or default_store_uri()
+    scheme = check_uri(uri)
+    if scheme == "sqlite":
+        database = urlsplit(uri).path[1:]  # sqlite:///relative/path or sqlite:////absolute/path
+        if database and database != ":memory:":
+            check_store_dir(Path(database).parent, "point --tracking-uri at another sqlite:/// file")
+        check_store_dir(Path(DEFAULT_STORE_DIR), "point --tracking-uri at a server")  # where artifacts land
+    if scheme in SERVER_SCHEMES:
+        for variable, value in HTTP_LIMITS.items():  # a server that dies mid-job must not hold the job's end for minutes
+            os.environ.setdefault(variable, value)
+        try:
+            probe_server(uri)
+        except ServerUnreachable as error:
+            if not config.tracking_spool:
+                raise UserError(f"{error} To train now and send the runs later, pass --tracking-spool.") from None
+            return _offline(config, uri, error)
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri)
+    if scheme in SERVER_SCHEMES:
+        client = SpoolingClient(client, uri, Spool(job_spool_path()), config.experiment)
+    try:
+        experiment = client.get_experiment_by_name(config.experiment)
+        if experiment is not None:
+            return Connection(client, uri, experiment.experiment_id)
+        try:
+            return Connection(client, uri, client.create_experiment(config.experiment))
+        except MlflowException:  # another job created it a moment ago
+            return Connection(client, uri, client.get_experiment_by_name(config.experiment).experiment_id)
+    except Exception as error:  # noqa: BLE001 - any store failure here is the user's setup
+        raise UserError(
+            f"The MLflow store at {redact_uri(uri)} could not open experiment {config.experiment!r}: "
+            f"{str(error).splitlines()[0] if str(error) else type(error).__name__}. Check --tracking-uri, "
+            f"the server's log and its permissions, or pass --no-tracking."
+        ) from None
+
+
+def job_spool_path() -> Path:
+    return SPOOL_DIR / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
+
+
+def _offline(config: TrainConfig, uri: str, error: ServerUnreachable) -> Connection:
+    """--tracking-spool with no server: runs get local ids and everything goes to the spool."""
+    from mlflow import MlflowClient
+
+    check_store_dir(SPOOL_DIR, "run from another working directory")
+    spool = Spool(job_spool_path())
+    print(f"mpi_train: warning: {error.what} Training anyway (--tracking-spool): the runs "
+          f"are kept in {spool.path}; send them with `python -m mpi_train.replay --tracking-uri {redact_uri(uri)}`.",
+          file=sys.stderr, flush=True)
+    return Connection(SpoolingClient(MlflowClient(tracking_uri=uri), uri, spool, config.experiment, online=False), uri, None)

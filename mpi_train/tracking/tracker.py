@@ -1,0 +1,83 @@
+"""What every rank holds: the tracker interface that does nothing, and the one of ranks other than 0 (host samples, failure reports)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+from datetime import timedelta
+from typing import Optional
+
+from ..errors import UserError
+from .sampler import HostSampler
+
+FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
+ACK_WAIT_S = 10.0  # a failing rank waits this long for rank 0 to record its failure before aborting
+ENDED_KEY = "mpi_train/ended"  # set by rank 0 once the runs' end is recorded
+ENDED_WAIT_S = 20.0  # how long a signalled rank waits for that under srun or torchrun before exiting
+
+
+class NullTracker:
+    """Tracking off, or nothing for this rank to do; also the interface the others implement."""
+
+    parent_id: Optional[str] = None  # the job's MLflow run, stored in checkpoints so a resumed job can link to it
+    sampler: Optional[HostSampler] = None  # set on the first rank of each host when system metrics are on
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace) -> bool:
+        return False
+
+    def host_sample(self) -> dict:
+        """What this rank adds to the logged-step gather (system metrics of its host, if it samples them)."""
+        return self.sampler.sample() if self.sampler else {}
+
+    def console(self, line: str) -> None: ...
+    def log_step(self, epoch: int, step: int, loss: float, times: dict, throughput: float, per_rank: list[dict],
+                 lr: Optional[float] = None) -> None: ...
+    def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
+    def finish(self, summary: dict) -> None: ...
+    def save_weights(self, model) -> None: ...
+
+
+class RankTracker(NullTracker):
+    """A rank other than 0: samples its host if it is that host's first rank, and reports its own failure."""
+
+    def __init__(self, store, info, sampler: Optional[HostSampler], signalled_together: bool = False):
+        self.store, self.info, self.sampler = store, info, sampler
+        self.signalled_together = signalled_together  # srun, torchrun: SIGTERM reaches every rank at once
+
+    def __enter__(self):
+        """Under srun or torchrun a signal reaches every rank, and a rank that dies at once makes the
+        launcher kill rank 0 before it has recorded the run: wait for rank 0 to say it has (ENDED_KEY),
+        or for its store to go away, then exit. mpirun signals only rank 0 first."""
+        if self.signalled_together and self.store is not None and threading.current_thread() is threading.main_thread():
+            self.old_handler = signal.signal(signal.SIGTERM, self._await_rank0)
+        return self
+
+    def _await_rank0(self, number, frame) -> None:
+        try:
+            self.store.wait([ENDED_KEY], timedelta(seconds=ENDED_WAIT_S))
+        except Exception:  # noqa: BLE001 - rank 0 (and its store) gone, or too slow: leave now
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + number)
+
+    def __exit__(self, kind, error, trace) -> bool:
+        if getattr(self, "old_handler", None) is not None:
+            signal.signal(signal.SIGTERM, self.old_handler)
+        if error is None or isinstance(error, KeyboardInterrupt) or (isinstance(error, UserError) and error.collective):
+            return False  # a clean end, a signal (rank 0 records those), or an error rank 0 raised too
+        failure = {"rank": self.info.rank, "host": self.info.host,
+                   "traceback": "".join(traceback.format_exception(kind, error, trace))}
+        try:  # rank 0's watcher ends the run FAILED and acknowledges; then cli.guarded aborts the job
+            self.store.set(FAILURE_KEY, json.dumps(failure))
+            self.store.wait([ACK_KEY], timedelta(seconds=ACK_WAIT_S))
+        except Exception:  # noqa: BLE001 - rank 0 unreachable or slow: aborting matters more
+            pass
+        return False
