@@ -405,7 +405,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def console_main() -> None:
     """The `mpi-train-bench` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
-    from .cluster import exit_process
+    from ..cluster import exit_process
 
     exit_process(main())
 
