@@ -40,7 +40,7 @@ class OptimizerDefaults:
 # Measured in docs/results.md ("Learning-rate defaults"): one epoch at batch 256 on 4 ranks.
 MODEL_DEFAULTS = {
     "vgg11": OptimizerDefaults(lr=0.01, momentum=0.9, weight_decay=5e-4, warmup_steps=20),
-    "mnist_cnn": OptimizerDefaults(lr=0.05, momentum=0.9, weight_decay=5e-4, warmup_steps=20),
+    "mnist_cnn": OptimizerDefaults(lr=0.1, momentum=0.9, weight_decay=5e-4, warmup_steps=20),
 }
 
 
