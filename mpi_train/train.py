@@ -23,8 +23,8 @@ from .errors import UserError
 from .faults import injected
 from .models import build_model
 from .randomness import seed_rank_streams
-from .schedule import LearningRate
 from .report import PHASES, Reporter, SilentReporter
+from .schedule import LearningRate
 from .sync import SYNC_METHODS
 
 
