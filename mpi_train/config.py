@@ -44,7 +44,7 @@ class TrainConfig:
     batch_size: int = _opt(256, "global batch size, split evenly across ranks")
     epochs: int = _opt(1, "passes over the training set")
     max_steps: Optional[int] = _opt(None, "stop after this many optimizer steps (default: run all epochs)")
-    lr: Optional[float] = _opt(None, "peak SGD learning rate (default: the model's, 0.01 for vgg11, 0.05 for mnist_cnn)")
+    lr: Optional[float] = _opt(None, "peak SGD learning rate (default: the model's, 0.01 for vgg11, 0.1 for mnist_cnn)")
     momentum: Optional[float] = _opt(None, "SGD momentum (default: the model's, 0.9)")
     weight_decay: Optional[float] = _opt(None, "SGD weight decay (default: the model's, 5e-4)")
     seed: int = _opt(42, "seed of the model's initial weights (the same on every rank) and of the data order; augmentation and dropout draw from (seed, rank)")

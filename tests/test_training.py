@@ -7,7 +7,7 @@ from disk_formats import write_cifar10_folders, write_mnist
 from mpi_train.sync import SYNC_METHODS
 
 pytestmark = pytest.mark.e2e
-COURSE_SETTINGS = ["--lr-schedule", "constant", "--warmup-steps", "0"]  # one rate from step 1: 12 steps learn visibly
+COURSE_SETTINGS = ["--lr", "0.05", "--lr-schedule", "constant", "--warmup-steps", "0"]  # one rate from step 1: 12 steps learn visibly
 
 
 def relative_gap(a: list[float], b: list[float]) -> float:
