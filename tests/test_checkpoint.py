@@ -9,7 +9,7 @@ from conftest import mpirun, train
 from mpi_train.checkpoint import check_compatible, list_checkpoints, read_checkpoint, save_atomically
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
-from mpi_train.sync import SYNC_METHODS
+from resume_check import ON_GLOO
 
 # 256 samples at a global batch of 64: 4 steps an epoch. The MNIST CNN has dropout, so each
 # rank's random state matters; the resume point (step 6) is in the middle of epoch 2.
@@ -26,10 +26,10 @@ def all_runs(tmp_path_factory):
     assert result.returncode == 0, result.stdout + result.stderr
     return {sync: {"tmp": tmp, "ck": tmp / f"{sync}-ck",
                    **{job: json.loads((tmp / f"{sync}-{job}.json").read_text()) for job in ("whole", "first", "resumed")}}
-            for sync in SYNC_METHODS}
+            for sync in ON_GLOO}
 
 
-@pytest.fixture(params=list(SYNC_METHODS))
+@pytest.fixture(params=ON_GLOO)
 def three_runs(request, all_runs):
     return {"sync": request.param, **all_runs[request.param]}
 
