@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, MlflowServer, client_for, job_runs, losses, train
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the first test also waits for the cluster and the server
 
 PREFIX, SUBNET = "slm", "10.82.0"  # apart from tests/test_testhosts.py (mpitest, 10.78.0) and by-hand hosts
 BRIDGE_ADDRESS = f"{SUBNET}.1"
