@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from typing import Optional, Sequence
 
 import torch
@@ -16,17 +17,14 @@ def host_of_each_rank() -> list[int]:
     """For each rank, the lowest rank on its host: MPI's shared-memory split (as in cluster.py) when MPI launched
     the job, else the host names. Collective."""
     world = dist.get_world_size()
-    try:
-        from mpi4py import MPI
-
+    MPI = sys.modules.get("mpi4py.MPI")  # only if the job's launcher already initialised MPI: torchrun and srun jobs never do
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         comm = MPI.COMM_WORLD
         if comm.Get_size() == world:  # ranks numbered as the process group's (cluster.init_process_group)
             local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
             leader = local.bcast(comm.Get_rank(), root=0)
             local.Free()
             return comm.allgather(leader)
-    except ImportError:
-        pass
     names: list = [None] * world
     dist.all_gather_object(names, socket.gethostname())
     return [names.index(name) for name in names]
