@@ -388,3 +388,35 @@ class JobModel:
         again = predict(name, SYNC_METHODS[name], self.tensor_bytes, self.placement, self.network,
                         backward_s=BACKWARD_SHARE * compute_s, bucket_mb=self.bucket_mb)
         return again.sync_s
+
+
+QUICK_CALIBRATION_BYTES = 1 << 20  # a job's own ping-pong stops at 1 MB: well under a second even at 100 Mbit/s
+QUICK_CALIBRATION_ITERS = 2
+
+
+def job_model(config, cluster, model, device) -> Optional[JobModel]:
+    """The prediction a training job logs beside its measured sync time; None on one rank or for an unmodelled method.
+
+    Links come from --calibration (a bench JSON) when given, else from a short ping-pong now. Collective."""
+    from .sync import SYNC_METHODS
+
+    hosts = list(cluster.hosts)
+    if len(hosts) == 1:
+        return None
+    if config.calibration:
+        network = load_calibration(config.calibration)  # every rank reads it, so a bad file stops all of them together
+    else:
+        measured = calibrate(hosts, QUICK_CALIBRATION_BYTES, QUICK_CALIBRATION_ITERS, device)
+        network = cluster.bcast(Network.from_dict(measured["network"]) if measured else None)
+    sizes = tensor_sizes(model)
+    placement = Placement.of_hosts(hosts)
+    prediction = predict(config.sync, SYNC_METHODS[config.sync], sizes, placement, network, bucket_mb=config.bucket_mb)
+    if prediction is None:
+        return None
+    return JobModel(prediction, network, placement, sizes, config.bucket_mb)
+
+
+def job_placement(hosts: Sequence[str]) -> dict:
+    """Params every job records: how many hosts it spans and the most ranks on one of them."""
+    placement = Placement.of_hosts(list(hosts))
+    return {"num_hosts": len(set(hosts)), "ranks_per_host": placement.ranks_per_host}
