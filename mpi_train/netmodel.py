@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -73,24 +74,18 @@ class Link:
 
     @classmethod
     def fit(cls, sizes: Sequence[float], seconds: Sequence[float], source: str = "fitted") -> "Link":
-        """Least squares of seconds = alpha + beta·size, weighted by 1/seconds so small messages count as much as large
-        ones (relative errors); alpha and beta are kept non-negative."""
+        """beta: the least-squares slope of seconds against size (large messages dominate, as they do a gradient sync);
+        alpha: the median of what the smaller half of the sizes take beyond beta·m (their latency), at least 0.
+        A plain least-squares intercept would let the noise of a large message swamp the latency of a small one."""
         if len(sizes) != len(seconds) or len(sizes) < 2:
             raise ValueError("a link fit needs at least two (size, seconds) points")
-        weights = [1 / max(t, 1e-12) ** 2 for t in seconds]
-        sw = sum(weights)
-        sx = sum(w * x for w, x in zip(weights, sizes))
-        sy = sum(w * y for w, y in zip(weights, seconds))
-        sxx = sum(w * x * x for w, x in zip(weights, sizes))
-        sxy = sum(w * x * y for w, x, y in zip(weights, sizes, seconds))
-        det = sw * sxx - sx * sx
-        beta = (sw * sxy - sx * sy) / det if det else 0.0
-        alpha = (sy - beta * sx) / sw
-        if beta < 0:  # noise on a link too fast to see: latency only
-            beta, alpha = 0.0, sy / sw
-        if alpha < 0:  # through the origin
-            alpha, beta = 0.0, sxy / sxx
-        error = math.sqrt(sum(((alpha + beta * x) / y - 1) ** 2 for x, y in zip(sizes, seconds)) / len(sizes))
+        n = len(sizes)
+        mean_x, mean_y = sum(sizes) / n, sum(seconds) / n
+        sxx = sum((x - mean_x) ** 2 for x in sizes)
+        beta = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes, seconds)) / sxx) if sxx else 0.0
+        small = sorted(zip(sizes, seconds))[: max(1, n // 2)]
+        alpha = max(0.0, statistics.median(y - beta * x for x, y in small))
+        error = math.sqrt(sum(((alpha + beta * x) / y - 1) ** 2 for x, y in zip(sizes, seconds)) / n)
         return cls(alpha, beta, error, source)
 
 
