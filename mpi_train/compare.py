@@ -299,8 +299,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
     table = format_table(table_rows(jobs))
+    predictions = prediction_rows(jobs)
+    predicted = any(row["predicted_s"] is not None for row in predictions)
+    if predicted:  # jobs on several ranks: predicted (alpha-beta model) against measured sync
+        table += "\n\nsync time, measured against predicted:\n" + format_prediction_table(predictions)
     print(table)
-    paths = plot(jobs, Path(args.out))
+    paths = plot(jobs, Path(args.out)) + ([plot_predictions(predictions, Path(args.out))] if predicted else [])
     print("plots: " + ", ".join(str(p) for p in paths))
     if args.log_artifacts:
         print(f"logged as run {log_comparison(client, experiment.experiment_id, jobs, table, paths)}")

@@ -392,7 +392,9 @@ QUICK_CALIBRATION_ITERS = 2
 def job_model(config, cluster, model, device) -> Optional[JobModel]:
     """The prediction a training job logs beside its measured sync time; None on one rank or for an unmodelled method.
 
-    Links come from --calibration (a bench JSON) when given, else from a short ping-pong now. Collective."""
+    Links come from --calibration (a bench JSON) when given, else from a short ping-pong now. A --link rate caps the
+    inter-host bandwidth: a shaper lets a burst through at full speed (tc tbf: 10 ms of traffic, 1.25 MB at 1 Gbit/s),
+    so messages of at most 1 MB can see a shaped link as faster than it is. Collective."""
     from .sync import SYNC_METHODS
 
     hosts = list(cluster.hosts)
@@ -403,6 +405,10 @@ def job_model(config, cluster, model, device) -> Optional[JobModel]:
     else:
         measured = calibrate(hosts, QUICK_CALIBRATION_BYTES, QUICK_CALIBRATION_ITERS, device)
         network = cluster.bcast(Network.from_dict(measured["network"]) if measured else None)
+    rate = rate_bytes_per_s(config.link) if config.link else None
+    if rate is not None and network.inter.beta < 1 / rate:
+        network = Network(network.intra, Link(network.inter.alpha, 1 / rate, network.inter.fit_error,
+                                              f"{network.inter.source}; bandwidth capped at --link {config.link}"))
     sizes = tensor_sizes(model)
     placement = Placement.of_hosts(hosts)
     prediction = predict(config.sync, SYNC_METHODS[config.sync], sizes, placement, network, bucket_mb=config.bucket_mb)

@@ -1,6 +1,8 @@
 """The network lab: [network] in experiment files, the plan it makes, the refusals, and a real sweep over test hosts."""
 
+import json
 import os
+import statistics
 import shutil
 import subprocess
 import sys
@@ -116,7 +118,7 @@ dataset = "synthetic"
 model = "mnist_cnn"
 synthetic_size = 256
 batch_size = 16
-max_steps = 3
+max_steps = 4
 log_every = 1
 system_metrics_every = 0
 [[sweep]]
@@ -150,10 +152,12 @@ subnet = "{SUBNET}"
         assert (params["num_hosts"], params["ranks_per_host"], params["world_size"]) == ("2", "2", "4")
         assert params["link"] in ("1gbit", "100mbit") and run.info.run_name.endswith(params["link"])
         history = client.get_metric_history(run.info.run_id, "predicted_sync_time_s")
-        assert len(history) >= 3 and metrics["predicted_sync_time_s"] > 0
-        measured[params["sync"], params["link"]] = (metrics["mean_sync_time_s"], metrics["predicted_sync_time_s"])
-    for (sync, link), (seconds, predicted) in measured.items():
-        assert predicted / 3 < seconds < predicted * 3, (sync, link, seconds, predicted)  # loose: a shared CPU
+        assert len(history) >= 4 and metrics["predicted_sync_time_s"] > 0
+        summary = json.loads((out / "runs" / f"{run.info.run_name}.json").read_text())
+        after_first = statistics.median(step["sync_time_s"] for step in summary["steps"][1:])  # step 1 opens connections
+        measured[params["sync"], params["link"]] = (after_first, metrics["predicted_sync_time_s"])
+    for (sync, link), (seconds, predicted) in measured.items():  # loose: the CPU is shared, the model is not that rough
+        assert predicted / 4 < seconds < predicted * 4, (sync, link, seconds, predicted)
     for sync in ("ring", "gather_scatter"):  # the shaping is real: a tenth of the rate costs several times the time
         assert measured[sync, "100mbit"][0] > 3 * measured[sync, "1gbit"][0], measured
     report = (out / "report.txt").read_text()
