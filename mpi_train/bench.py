@@ -93,7 +93,7 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per rank (default: this host's cores divided by its ranks)")
     parser.add_argument("--bucket-mb", type=float, default=TrainConfig.bucket_mb, help=f"bucket size for the bucketed method (default: {TrainConfig.bucket_mb:g})")
     parser.add_argument("--link-iters", type=int, default=3, help="timed repetitions per message size of the link calibration (default: 3)")
-    parser.add_argument("--link", help="the link rate the hosts were shaped to (e.g. 1gbit), recorded with the results")
+    parser.add_argument("--link", help="the link rate the hosts were shaped to (e.g. 1gbit): recorded, and the calibrated inter-host bandwidth is capped at it")
     parser.add_argument("--master-addr", default=None, help="rendezvous address (default: $MASTER_ADDR, else chosen)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait (default: 300)")
     parser.add_argument("--tracking-uri", help="MLflow server or database (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)")
@@ -112,6 +112,11 @@ def validate(args: argparse.Namespace, world: int) -> None:
         raise UserError(f"--warmup must not be negative, got {args.warmup}.")
     if args.bucket_mb <= 0:
         raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}.")
+    if args.link:
+        try:
+            netmodel.rate_bytes_per_s(args.link)
+        except ValueError as error:
+            raise UserError(f"--link: {error}.") from None
     if args.batch_size % world:
         raise UserError(f"--batch-size {args.batch_size} is the global batch and must split evenly across the {world} "
                         f"ranks. Use a multiple of {world}.")
@@ -374,7 +379,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         allreduce_fit = allreduce_calibration(gradient_bytes, args.link_iters, device)
         if info.is_main:
             calibration["allreduce"] = allreduce_fit
-            network = netmodel.Network.from_dict(calibration["network"])
+            network = netmodel.capped(netmodel.Network.from_dict(calibration["network"]), args.link)
+            calibration["network"] = network.as_dict()
             crossed = network.inter if placement.hosts > 1 else network.intra
             link["bandwidth_bytes_per_s"] = crossed.bandwidth
             link["measured_by"] = crossed.source + (", between hosts" if placement.hosts > 1 else ", on one host")

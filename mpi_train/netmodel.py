@@ -405,16 +405,22 @@ def job_model(config, cluster, model, device) -> Optional[JobModel]:
     else:
         measured = calibrate(hosts, QUICK_CALIBRATION_BYTES, QUICK_CALIBRATION_ITERS, device)
         network = cluster.bcast(Network.from_dict(measured["network"]) if measured else None)
-    rate = rate_bytes_per_s(config.link) if config.link else None
-    if rate is not None and network.inter.beta < 1 / rate:
-        network = Network(network.intra, Link(network.inter.alpha, 1 / rate, network.inter.fit_error,
-                                              f"{network.inter.source}; bandwidth capped at --link {config.link}"))
+    network = capped(network, config.link)
     sizes = tensor_sizes(model)
     placement = Placement.of_hosts(hosts)
     prediction = predict(config.sync, SYNC_METHODS[config.sync], sizes, placement, network, bucket_mb=config.bucket_mb)
     if prediction is None:
         return None
     return JobModel(prediction, network, placement, sizes, config.bucket_mb)
+
+
+def capped(network: Network, link: Optional[str]) -> Network:
+    """The network with its inter-host bandwidth at most the shaped rate `link` (a burst can look faster)."""
+    rate = rate_bytes_per_s(link) if link else None
+    if rate is None or network.inter.beta >= 1 / rate:
+        return network
+    return Network(network.intra, Link(network.inter.alpha, 1 / rate, network.inter.fit_error,
+                                       f"{network.inter.source}; bandwidth capped at the {link} link"))
 
 
 def job_placement(hosts: Sequence[str]) -> dict:

@@ -88,3 +88,10 @@ def test_a_calibration_file_round_trips_and_a_bad_one_is_refused(tmp_path):
     bad.write_text("{}")
     with pytest.raises(netmodel.UserError, match="no fitted links"):
         netmodel.load_calibration(bad)
+
+
+def test_a_shaped_rate_caps_the_inter_host_bandwidth_a_burst_overstates():
+    fast = Network(intra=NET.intra, inter=Link(alpha=100e-6, beta=1 / 155e6))
+    assert netmodel.capped(fast, "1gbit").inter.beta == pytest.approx(1 / 125e6)
+    assert netmodel.capped(fast, "10gbit") == fast and netmodel.capped(fast, None) == fast
+    assert netmodel.capped(fast, "1gbit").intra == fast.intra
