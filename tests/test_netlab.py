@@ -162,3 +162,16 @@ subnet = "{SUBNET}"
         assert measured[sync, "100mbit"][0] > 3 * measured[sync, "1gbit"][0], measured
     report = (out / "report.txt").read_text()
     assert "against the alpha-beta model" in report and "100mbit" in report
+
+
+def test_the_shipped_network_file_plans_what_the_lab_promises():
+    from mpi_train.sweep import load
+    from mpi_train.sync import SYNC_METHODS
+
+    sweep = load(REPO / "experiments/network.toml")
+    assert sweep.network.hosts == (1, 2, 4) and sweep.network.links == ("1gbit", "100mbit")
+    assert {(r.np, r.network.hosts) for r in sweep.runs} == {(2, 1), (4, 2), (8, 4)}
+    for model in ("vgg11", "mnist_cnn"):
+        mine = [r for r in sweep.runs if r.config.model == model]
+        assert len(mine) == len(SYNC_METHODS) * 5 and all(r.config.dataset == "synthetic" for r in mine)
+    assert sweep.bench and sweep.bench.model == "vgg11"
