@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import cluster as clusters
+from . import netmodel
 from . import tracking
 from .checkpoint import Checkpointer, Position, load_for_resume, restore_rank_state
 from .cluster import Cluster
@@ -123,6 +124,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     check_replicas_agree(cluster, model, "at start")
     method = SYNC_METHODS[config.sync].from_config(config)
     net = method.wrap(model)
+    sync_model = netmodel.job_model(config, cluster, model, device)  # the sync time the alpha-beta model expects
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
     steps_per_epoch = len(train_loader)
@@ -135,11 +137,13 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     job = {
         "world_size": info.world_size, "backend": backend, "hosts": list(cluster.hosts), "threads": threads, "rendezvous": rendezvous,
         "batch_size_per_rank": batch_per_rank, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
+        **netmodel.job_placement(cluster.hosts),
     }
     if resume:
         job["resumed_from"] = {"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id}
     tracker = tracking.start(connection, config, cluster, job)
-    reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker) if info.is_main else SilentReporter()
+    reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker,
+                        predict_sync=sync_model.sync_time if sync_model else None) if info.is_main else SilentReporter()
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
         reporter.start(job)
         clock = Clock(device)

@@ -57,7 +57,8 @@ FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
 ACK_WAIT_S = 10.0  # a failing rank waits this long for rank 0 to record its failure before aborting
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
 PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
-          "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts", "threads", "rendezvous")
+          "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts", "threads", "rendezvous",
+          "link", "num_hosts", "ranks_per_host")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +223,7 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
         "total_steps": steps, "wall_time_s": summary["wall_time_s"],
         "mean_throughput_samples_per_s": global_batch / means["step_time_s"] if means["step_time_s"] else 0.0,
         **({"final_loss": summary["final_loss"]} if summary["final_loss"] is not None else {}),
+        **({"predicted_sync_time_s": summary["predicted_sync_time_s"]} if "predicted_sync_time_s" in summary else {}),
     }
 
 
@@ -438,7 +440,8 @@ class MlflowTracker(NullTracker):
         started = time.perf_counter()
         self._put(self.parent_id, self._metrics({
             "loss": loss, "step_time_s": times["step_time_s"], "compute_time_s": times["compute_time_s"],
-            "sync_time_s": times["sync_time_s"], "throughput_samples_per_s": throughput}, step))
+            "sync_time_s": times["sync_time_s"], "throughput_samples_per_s": throughput,
+            **{k: times[k] for k in ("predicted_sync_time_s",) if k in times}}, step))
         for rank, record in enumerate(per_rank):
             self._put(self.child_ids[rank], self._metrics({k: v for k, v in record.items() if k != "system"}, step))
             if record.get("system"):
