@@ -62,6 +62,10 @@ class TrainConfig:
                                       "else this host's address); torchrun and srun jobs meet at MASTER_ADDR:MASTER_PORT")
     timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before the job fails")
     threads: Optional[int] = _opt(None, "CPU threads per rank (default: this host's cores divided by its ranks)")
+    # Network model (the predicted_sync_time_s metric beside the measured sync_time_s).
+    link: Optional[str] = _opt(None, "rate of the links between hosts as shaped or known (e.g. 1gbit), recorded as param link; no effect on training")
+    calibration: Optional[str] = _opt(None, "a JSON of python -m mpi_train.bench whose fitted links predict this job's sync time (default: a ping-pong of 1 KB .. 1 MB at start)", metavar="PATH")
+
     check_every: int = _opt(100, "every N steps (and at the end) ranks compare a checksum of their weights; 0: only at start and end")
 
     # Output.
@@ -132,6 +136,13 @@ class TrainConfig:
             raise UserError("--save-model stores the weights in the job's MLflow run, which --no-tracking turns off. Drop one of the two flags.")
         if self.checkpoint_every is not None and not self.checkpoint_dir:
             raise UserError(f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir to say where checkpoints go.")
+        if self.link is not None:
+            from .netmodel import rate_bytes_per_s
+
+            try:
+                rate_bytes_per_s(self.link)
+            except ValueError as error:
+                raise UserError(f"--link: {error}.") from None
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}.")
         if self.batch_size % world_size:
@@ -181,6 +192,8 @@ class JobInfo:
     steps_per_epoch: int
     total_steps: int
     compression: str = "none"  # the compression in effect (fp16 for flat_fp16)
+    num_hosts: int = 1
+    ranks_per_host: int = 1  # the most ranks on one host
     resumed_from: Optional[dict] = None  # checkpoint, step and run id of the job this one continues
 
     def as_dict(self) -> dict:

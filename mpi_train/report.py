@@ -65,11 +65,12 @@ class Reporter(SilentReporter):
     """Rank 0: prints progress, collects the summary written at the end, and forwards both to the tracker."""
 
     def __init__(self, config_dict: dict, global_batch: int, summary_path: Optional[str], print_fn=print,
-                 tracker: Optional[NullTracker] = None):
+                 tracker: Optional[NullTracker] = None, predict_sync: Optional[Callable[[float], float]] = None):
         self.config = config_dict
         self.global_batch = global_batch
         self.summary_path = summary_path
         self.tracker = tracker or NullTracker()
+        self.predict_sync = predict_sync  # compute seconds -> predicted sync seconds (netmodel), None on one rank
         self._print = print_fn
         self.job: dict = {}  # the JobInfo's fields, as the summary carries them
         self.steps: list[dict] = []
@@ -93,6 +94,8 @@ class Reporter(SilentReporter):
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict], lr: Optional[float] = None) -> None:
         loss = mean_over_ranks(per_rank, "loss")
         times = {key: mean_over_ranks(per_rank, key) for key in PHASES}
+        if self.predict_sync:
+            times["predicted_sync_time_s"] = self.predict_sync(times["compute_time_s"])
         self.steps.append({"step": step, "epoch": epoch, "loss": loss, **({"lr": lr} if lr is not None else {}), **times})
         self.tracker.log_step(epoch, step, loss, times, self.global_batch / times["step_time_s"], per_rank, lr=lr)
         self.print(
@@ -129,6 +132,7 @@ class Reporter(SilentReporter):
             "timing_warmup_steps": timing_warmup_steps,
             "mean_times_after_warmup": steady,
             "final_loss": self.steps[-1]["loss"] if self.steps else None,
+            **({"predicted_sync_time_s": self.predict_sync(overall["compute_time_s"])} if self.predict_sync else {}),
             "wall_time_s": wall_time_s,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import cluster as clusters
+from . import netmodel
 from . import tracking
 from .checkpoint import Checkpointer, Position, Resume, load_for_resume, restore_rank_state
 from .cluster import Cluster
@@ -101,6 +102,7 @@ class Job:
     method: SyncMethod
     optimizer: torch.optim.Optimizer
     learning_rate: LearningRate
+    sync_model: Optional[netmodel.JobModel]  # the sync time the alpha-beta model expects (None on one host)
     train_loader: Any
     sampler: Any
     test_loader: Any
@@ -135,6 +137,7 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
     seed_rank_streams(config.seed, info.rank)  # augmentation and dropout: a stream of each rank's own
     method = SYNC_METHODS[config.sync].from_config(config)
     net = method.wrap(model)
+    sync_model = netmodel.job_model(config, cluster, model, method, device)
     settings = config.optimizer  # the flags given, else the model's defaults
     optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
 
@@ -151,10 +154,10 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
     job = JobInfo(
         world_size=info.world_size, backend=placement.backend, hosts=tuple(cluster.hosts), threads=placement.threads,
         rendezvous=rendezvous, batch_size_per_rank=batch_per_rank, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-        compression=SYNC_METHODS[config.sync].compression_name(config.compression),
+        compression=SYNC_METHODS[config.sync].compression_name(config.compression), **netmodel.job_placement(cluster.hosts),
         resumed_from={"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id} if resume else None,
     )
-    return Job(job, device, model, net, method, optimizer, learning_rate, train_loader, sampler, test_loader, checkpoints, resume, connection, fault)
+    return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, train_loader, sampler, test_loader, checkpoints, resume, connection, fault)
 
 
 def train_step(job: Job, batches, clock: Clock) -> Optional[tuple[torch.Tensor, float, dict]]:
@@ -211,7 +214,9 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     job = setup(config, cluster)
     rank, total_steps = cluster.info.rank, job.info.total_steps
     tracker = tracking.start(job.connection, config, cluster, job.info)
-    reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker) if cluster.info.is_main else SilentReporter()
+    predict_sync = job.sync_model.sync_time if job.sync_model else None
+    reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker,
+                        predict_sync=predict_sync) if cluster.info.is_main else SilentReporter()
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
         reporter.start(job.info)
         clock, after_step = Clock(job.device), AfterStep(config, cluster, job, reporter, tracker)

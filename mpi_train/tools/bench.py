@@ -17,9 +17,17 @@ alike. Per method it reports:
 - bytes sent/received per rank from the method's cost model (mpi_train/costs.py), for S
   as the method sends it (half the gradients' bytes for fp16/bf16, PowerSGD's factors);
 - bus bandwidth S/t·2(N-1)/N and the floor the cost model allows on a link of bandwidth B,
-  where B is measured at start by a ping-pong of S bytes between ranks 0 and 1;
-- efficiency = floor / t. Here t is the larger of sync and exposed time: what the step pays
-  for communication. Above 1 means overlap hides communication behind backward.
+  where B is the calibrated link the method's traffic crosses (between hosts when the job
+  spans hosts);
+- efficiency = floor / sync time, at most 1; n/a for methods that overlap backward (ddp,
+  bucketed), whose communication time cannot be told apart from backward's;
+- predicted: the alpha-beta model's sync time (mpi_train/netmodel.py), to hold against the
+  measured sync time, or the exposed time for an overlapped method.
+
+Calibration first: ping-pong between rank 0 and a rank on its host and one on another host,
+and allreduce over all ranks, over message sizes from 1 KB to S, fitted by least squares to
+alpha + beta·m (kept in the JSON under "calibration", with the fit errors; `--calibration`
+of a training job and of `python -m mpi_train.predict` reads it from there).
 
 Medians over the timed steps (after warm-up), of the slowest rank in each step. The
 table goes to stdout, --json writes every figure, and rank 0 logs a run to MLflow
@@ -49,6 +57,7 @@ from ..cluster import Cluster
 from .collectives import allreduce_bandwidth
 from ..config import ENV_DEFAULTS, BACKENDS, LAUNCHERS, TrainConfig
 from ..costs import bus_bandwidth, cost_model_of, wire_bytes
+from .. import netmodel
 from ..data import SyntheticImages
 from ..placement import Clock, place
 from ..errors import UserError
@@ -57,7 +66,8 @@ from ..report import write_json_atomically
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, combination_error, label
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
-COLUMNS = ("method", "model", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s", "floor_ms", "efficiency")
+COLUMNS = ("method", "model", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s", "floor_ms",
+           "efficiency", "predicted_ms", "pred_err")
 
 
 class NoSync(SyncMethod):
@@ -90,7 +100,8 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                         "ddp,bucketed,bucketed+powersgd (default: every method with every compression it carries)")
     parser.add_argument("--powersgd-rank", type=int, default=TrainConfig.powersgd_rank,
                         help=f"rank of PowerSGD's factors (default: {TrainConfig.powersgd_rank}); it compresses from the first step here")
-    parser.add_argument("--link-iters", type=int, default=5, help="ping-pong round trips that measure the link bandwidth (default: 5)")
+    parser.add_argument("--link-iters", type=int, default=3, help="timed repetitions per message size of the link calibration (default: 3)")
+    parser.add_argument("--link", help="the link rate the hosts were shaped to (e.g. 1gbit): recorded, and the calibrated inter-host bandwidth is capped at it")
     parser.add_argument("--master-addr", default=None, help="rendezvous address (default: $MASTER_ADDR, else chosen)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait (default: 300)")
     parser.add_argument("--tracking-uri", help="MLflow server or database (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)")
@@ -112,6 +123,11 @@ def validate(args: argparse.Namespace, world: int) -> None:
     if args.powersgd_rank <= 0:
         raise UserError(f"--powersgd-rank must be positive, got {args.powersgd_rank}.")
     chosen(args.methods)
+    if args.link:
+        try:
+            netmodel.rate_bytes_per_s(args.link)
+        except ValueError as error:
+            raise UserError(f"--link: {error}.") from None
     if args.batch_size % world:
         raise UserError(f"--batch-size {args.batch_size} is the global batch and must split evenly across the {world} "
                         f"ranks. Use a multiple of {world}.")
@@ -119,25 +135,28 @@ def validate(args: argparse.Namespace, world: int) -> None:
 
 # ---------------------------------------------------------------------------------------------
 
-def link_bandwidth(size_bytes: int, iters: int, device: torch.device) -> float:
-    """Bytes/s of one link: rank 0 and rank 1 bounce `size_bytes` back and forth while the others wait. Collective."""
-    rank = dist.get_rank()
-    buffer = torch.zeros(max(1, size_bytes // 4), device=device)
+def allreduce_calibration(largest: int, iters: int, device: torch.device) -> dict:
+    """allreduce over all ranks for 1 KB .. `largest` bytes, fitted to alpha + beta·m: the collective as the methods
+    meet it (its beta folds in the 2(N-1)/N factor and the reductions). Collective; every rank gets the fit."""
+    sizes = netmodel.calibration_sizes(largest)
     seconds = []
-    for _ in range(iters + 1):  # the first round trip opens the pair's connection: not timed
-        dist.barrier()
-        started = time.perf_counter()
-        if rank == 0:
-            dist.send(buffer, dst=1)
-            dist.recv(buffer, src=1)
-        elif rank == 1:
-            dist.recv(buffer, src=0)
-            dist.send(buffer, dst=0)
-        seconds.append(time.perf_counter() - started)
-    # rank 0's clock covers the whole round trip: two transfers of the buffer
-    seconds_by_rank = [None] * dist.get_world_size()
-    dist.all_gather_object(seconds_by_rank, statistics.median(seconds[1:]))
-    return 2 * buffer.numel() * 4 / seconds_by_rank[0]
+    for size in sizes:
+        buffer = torch.zeros(max(1, size // 4), device=device)
+        times = []
+        for i in range(iters + 1):
+            dist.barrier()
+            started = time.perf_counter()
+            dist.all_reduce(buffer)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i:
+                times.append(time.perf_counter() - started)
+        seconds.append(statistics.median(times))
+    slowest = [None] * dist.get_world_size()
+    dist.all_gather_object(slowest, seconds)
+    seconds = [max(column) for column in zip(*slowest)]
+    fit = netmodel.Link.fit(sizes, seconds, source="allreduce")
+    return {"alpha": fit.alpha, "beta": fit.beta, "fit_error": fit.fit_error, "sizes": sizes, "seconds": seconds}
 
 
 def every_label() -> list[str]:
@@ -224,8 +243,10 @@ def spread(values: list[float]) -> float:
 
 
 def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: float,
-              sent: Optional[dict[str, float]] = None, hosts: Optional[tuple[str, ...]] = None) -> list[dict]:
-    """One row per method: medians over steps of the slowest rank, bytes and floor from the cost model.
+              sent: Optional[dict[str, float]] = None, hosts: Optional[tuple[str, ...]] = None,
+              model_of: Optional["ModelInputs"] = None) -> list[dict]:
+    """One row per method: medians over steps of the slowest rank, bytes and floor from the cost model, and the
+    alpha-beta model's prediction when `model_of` gives the links, placement and tensor sizes.
 
     `sent` is S per method label as it sends it (default: the gradients' bytes in the class's wire dtype);
     `hosts` each rank's host, for the models that depend on placement."""
@@ -246,24 +267,48 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
                "sent_bytes": None, "received_bytes": None, "busbw_bytes_per_s": None, "floor_s": None, "efficiency": None}
         model = None if name == NO_SYNC else cost_model_of(method_class)
         if model is not None:
-            comm = max(sync, exposed)
+            schedule = split_label(name)[0]
+            overlapped = netmodel.schedule_of(schedule, method_class).overlapped
+            comm = None if overlapped else sync
             size = sent[name] if sent and name in sent else wire_bytes(method_class, gradient_bytes)
             traffic = [model.traffic(size, world, rank, hosts) for rank in range(world)]
             floor = model.floor(size, world, bandwidth, hosts) if world > 1 else 0.0
             row.update({
-                "cost_model": method_class.cost_model, "comm_s": comm, "wire_bytes": size,
+                "cost_model": method_class.cost_model, "comm_s": comm, "overlapped": overlapped, "wire_bytes": size,
                 "sent_bytes": [sent_ for sent_, _ in traffic], "received_bytes": [received for _, received in traffic],
-                "busbw_bytes_per_s": bus_bandwidth(size, world, comm) if world > 1 else None,
-                "floor_s": floor, "efficiency": floor / comm if world > 1 and comm > 0 else None,
+                "busbw_bytes_per_s": bus_bandwidth(size, world, comm) if world > 1 and comm else None,
+                # an overlapped method's communication hides in backward: no time to hold the floor against (n/a)
+                "floor_s": floor, "efficiency": min(1.0, floor / comm) if world > 1 and comm else None,
             })
+        if model_of is not None and name != NO_SYNC:
+            backward = netmodel.BACKWARD_SHARE * statistics.median(slowest(NO_SYNC, "compute"))
+            ratio = sent[name] / gradient_bytes if sent and name in sent else None  # what its compressor sends
+            prediction = netmodel.predict(split_label(name)[0], method_class, model_of.tensor_bytes, model_of.placement,
+                                          model_of.network, backward_s=backward, bucket_mb=model_of.bucket_mb, ratio=ratio)
+            if prediction is not None:
+                measured = exposed if prediction.overlapped else sync
+                row.update({"predicted_s": prediction.sync_s, "predicted_comm_s": prediction.comm_s,
+                            "measured_s": measured, "messages": prediction.messages,
+                            "prediction_error": (prediction.sync_s - measured) / measured if measured > 0 else None})
         rows.append(row)
     return rows
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What the alpha-beta model needs to predict a method's sync in this benchmark."""
+
+    network: netmodel.Network
+    placement: netmodel.Placement
+    tensor_bytes: tuple
+    bucket_mb: float
 
 
 def format_table(rows: list[dict]) -> str:
     def cell(row: dict, column: str) -> str:
         scale = {"compute_ms": ("compute_s", 1e3), "sync_ms": ("sync_s", 1e3), "exposed_ms": ("exposed_s", 1e3), "±ms": ("noise_s", 1e3),
-                 "floor_ms": ("floor_s", 1e3), "busbw_GB/s": ("busbw_bytes_per_s", 1e-9), "efficiency": ("efficiency", 1)}
+                 "floor_ms": ("floor_s", 1e3), "busbw_GB/s": ("busbw_bytes_per_s", 1e-9), "efficiency": ("efficiency", 1),
+                 "predicted_ms": ("predicted_s", 1e3), "pred_err": ("prediction_error", 100)}
         if column == "method":
             return row["method"]
         if column == "model":
@@ -281,8 +326,12 @@ def format_table(rows: list[dict]) -> str:
             return f"{high:.{digits}f} ({'r0' if values[0] == high else 'max'}) / {low:.{digits}f}"
         key, factor = scale[column]
         value = row.get(key)
+        if column == "efficiency" and row.get("overlapped"):
+            return "n/a"
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return "-"
+        if column == "pred_err":
+            return f"{value * factor:+.0f}%"
         return f"{value * factor:.2f}" if column in ("efficiency", "busbw_GB/s") else f"{value * factor:.1f}"
 
     cells = [list(COLUMNS)] + [[cell(row, c) for c in COLUMNS] for row in rows]
@@ -295,15 +344,27 @@ def format_table(rows: list[dict]) -> str:
 def describe(result: dict) -> str:
     """The table with the setting above it and notes under it, as printed and stored."""
     link = result["link"]
+    calibration = result.get("calibration")
+    placement = result.get("placement")
     lines = [
-        f"sync cost: {result['world_size']} rank(s), backend {result['backend']}, {result['model']} "
+        f"sync cost: {result['world_size']} rank(s)"
+        + (f" on {placement['hosts']} host(s), {placement['ranks_per_host']} per host" if placement else "")
+        + (f", link {result['network_link']}" if result.get("network_link") else "")
+        + f", backend {result['backend']}, {result['model']} "
         f"({result['gradient_bytes'] / 1e6:.1f} MB of gradients), batch {result['batch_size']}, "
         f"{result['steps']} timed steps per method (medians, slowest rank per step)",
-        f"link bandwidth B = {link['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (ping-pong rank 0 <-> 1); "
-        f"allreduce bus bandwidth {link['allreduce_busbw_bytes_per_s'] / 1e9:.2f} GB/s"
+        f"link bandwidth B = {link['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s ({link.get('measured_by', 'ping-pong rank 0 <-> 1')}); "
+        f"allreduce bus bandwidth {link['allreduce_busbw_bytes_per_s'] / 1e9:.3f} GB/s"
         if result["world_size"] > 1 else "one rank: no link to measure, floors are zero",
-        format_table(result["methods"]),
     ]
+    if calibration:
+        lines.append("calibration (alpha + beta·m, least squares over 1 KB .. S): "
+                     + netmodel.describe_network(netmodel.Network.from_dict(calibration["network"])))
+        fit = calibration.get("allreduce")
+        if fit:
+            lines.append(f"allreduce of m bytes on all {result['world_size']} ranks: {fit['alpha'] * 1e3:.2f} ms + "
+                         f"m / {1 / fit['beta'] / 1e6 if fit['beta'] else math.inf:,.0f} MB/s (fit error {100 * fit['fit_error']:.0f}%)")
+    lines.append(format_table(result["methods"]))
     missing = [row["method"] for row in result["methods"] if row["method"] != NO_SYNC and row["cost_model"] is None]
     if missing:
         lines.append(f"n/a: {', '.join(missing)} declare(s) no cost_model (mpi_train/costs.py), so bytes and floor "
@@ -312,7 +373,9 @@ def describe(result: dict) -> str:
         lines.append(f"unavailable: {name}: {why}")
     lines.append("S = bytes summed per step as the method sends them (cost model's S); "
                  "exposed = step minus the no-sync step in the same round (± half its interquartile range over steps: "
-                 "the machine's noise); efficiency = floor / max(sync, exposed).")
+                 "the machine's noise); efficiency = floor / sync (at most 1; n/a where communication overlaps backward); "
+                 "predicted = the alpha-beta model (mpi_train/netmodel.py), pred_err against sync, or against exposed "
+                 "for overlapped methods.")
     return "\n".join(lines)
 
 
@@ -327,10 +390,14 @@ def log_run(connection: tracking.Connection, run_name: str, result: dict, text: 
     run_id = run.info.run_id
     try:
         params = {key: result[key] for key in ("world_size", "backend", "model", "batch_size", "steps", "warmup", "gradient_bytes")}
+        if result.get("placement"):
+            params.update(link=result.get("network_link") or "unlimited", num_hosts=result["placement"]["hosts"],
+                          ranks_per_host=result["placement"]["ranks_per_host"])
         stamp = int(time.time() * 1000)
         metrics = [Metric("link_bandwidth_bytes_per_s", result["link"]["bandwidth_bytes_per_s"], stamp, 0)] if result["world_size"] > 1 else []
         for row in result["methods"]:
-            for key in ("compute_s", "sync_s", "step_s", "exposed_s", "busbw_bytes_per_s", "floor_s", "efficiency"):
+            for key in ("compute_s", "sync_s", "step_s", "exposed_s", "busbw_bytes_per_s", "floor_s", "efficiency", "predicted_s",
+                        "prediction_error"):
                 if isinstance(row.get(key), (int, float)) and math.isfinite(row[key]):
                     metrics.append(Metric(f"{row['method'].replace('+', '.')}/{key}", float(row[key]), stamp, 0))
         client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()], synchronous=True)
@@ -359,8 +426,20 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     gradient_bytes = sum(p.numel() * p.element_size() for p in entries[0].model.parameters() if p.requires_grad)
     sent = {entry.name: entry.method.wire_bytes(list(entry.model.parameters())) for entry in entries[1:]}
     link = {"bandwidth_bytes_per_s": None, "allreduce_busbw_bytes_per_s": None}  # one rank has no link
+    layout = netmodel.Placement.of_hosts(list(cluster.hosts))
+    calibration = None
     if world > 1:
-        link["bandwidth_bytes_per_s"] = link_bandwidth(gradient_bytes, args.link_iters, device)
+        if info.is_main:
+            print(f"bench: calibrating the links (ping-pong and allreduce, 1 KB .. {gradient_bytes / 1e6:.1f} MB)", flush=True)
+        calibration = netmodel.calibrate(cluster.hosts, gradient_bytes, args.link_iters, device)
+        allreduce_fit = allreduce_calibration(gradient_bytes, args.link_iters, device)
+        if info.is_main:
+            calibration["allreduce"] = allreduce_fit
+            network = netmodel.capped(netmodel.Network.from_dict(calibration["network"]), args.link)
+            calibration["network"] = network.as_dict()
+            crossed = network.inter if layout.hosts > 1 else network.intra
+            link["bandwidth_bytes_per_s"] = crossed.bandwidth
+            link["measured_by"] = crossed.source + (", between hosts" if layout.hosts > 1 else ", on one host")
         measured = allreduce_bandwidth(world, device, gradient_bytes / 2**20, args.link_iters)
         link["allreduce_busbw_bytes_per_s"] = measured["busbw_gb_s"] * 1e9
 
@@ -380,11 +459,17 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     dist.destroy_process_group()
     if not info.is_main:
         return
+    inputs = None
+    if calibration:
+        inputs = ModelInputs(netmodel.Network.from_dict(calibration["network"]), layout,
+                             tuple(netmodel.tensor_sizes(entries[0].model)), args.bucket_mb)
     result = {
-        "world_size": world, "backend": placement.backend, "model": args.model, "batch_size": args.batch_size,
+        "world_size": world, "backend": backend, "model": args.model, "batch_size": args.batch_size,
         "steps": args.steps, "warmup": args.warmup, "threads": threads, "gradient_bytes": gradient_bytes,
         "link": link, "hosts": list(cluster.hosts), "unavailable": unavailable,
-        "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"], sent, cluster.hosts),
+        "placement": {"hosts": layout.hosts, "ranks_per_host": layout.ranks_per_host, "host_of_rank": list(cluster.hosts)},
+        "network_link": args.link, "calibration": calibration,
+        "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"], sent, cluster.hosts, inputs),
         "per_rank_times": per_rank,
     }
     text = describe(result)

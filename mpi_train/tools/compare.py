@@ -37,6 +37,7 @@ class Job:
     metrics: dict
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
     rank_step_times: list[list[float]] = field(default_factory=list)  # per rank, every logged window
+    params: dict = field(default_factory=dict)  # the parent run's params (link, num_hosts, ranks_per_host, ...)
 
     @property
     def label(self) -> str:
@@ -58,7 +59,7 @@ def load_jobs(client, experiment_id: str, since_ms: Optional[int] = None, names:
             continue
         params, metrics = run.data.params, run.data.metrics
         sync = label(params.get("sync", "?"), params.get("compression", "none"))  # bucketed+powersgd apart from bucketed
-        job = Job(run.info.run_id, run.info.run_name, sync, int(params.get("world_size", 0)), metrics)
+        job = Job(run.info.run_id, run.info.run_name, sync, int(params.get("world_size", 0)), metrics, params=dict(params))
         job.loss_curve = [(m.step, m.value) for m in sorted(client.get_metric_history(job.run_id, "loss"), key=lambda m: m.step)]
         children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{job.run_id}'", max_results=1000)
         for child in sorted(children, key=lambda c: int(c.data.tags.get("rank", 0))):
@@ -77,7 +78,9 @@ def job_from_summary(name: str, summary: dict) -> Job:
     sync = label(summary["config"]["sync"], summary["config"].get("compression", "none"))
     return Job(run_id="", name=name, sync=sync, world_size=summary["world_size"], metrics=metrics,
                loss_curve=[(step["step"], step["loss"]) for step in summary["steps"]],
-               rank_step_times=[[rank["step_time_s"]] for rank in summary["per_rank_mean_times"]])
+               rank_step_times=[[rank["step_time_s"]] for rank in summary["per_rank_mean_times"]],
+               params={"link": summary["config"].get("link"), "num_hosts": summary.get("num_hosts"),
+                       "ranks_per_host": summary.get("ranks_per_host")})
 
 
 def timing(metrics: dict, phase: str) -> Optional[float]:
@@ -169,7 +172,69 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
     return written
 
 
-def plot_sync_costs(bench: dict, out: Path) -> Path:
+PREDICTION_COLUMNS = ("sync", "np", "hosts", "link", "measured_ms", "predicted_ms", "error")
+HIDDEN_IN_BACKWARD = ("ddp",)  # its communication runs inside backward: its sync time cannot be measured apart
+
+
+def prediction_rows(jobs: list[Job]) -> list[dict]:
+    """Predicted (mpi_train/netmodel.py) against measured sync time per job, with the relative error."""
+    rows = []
+    for job in jobs:
+        m = job.metrics
+        predicted, measured = m.get("predicted_sync_time_s"), m.get("mean_sync_time_s")
+        hidden = job.sync in HIDDEN_IN_BACKWARD
+        rows.append({"sync": job.sync, "np": job.world_size, "hosts": job.params.get("num_hosts"),
+                     "link": job.params.get("link") or "-", "measured_s": measured, "predicted_s": predicted,
+                     "error": None if hidden or not predicted or not measured else (predicted - measured) / measured,
+                     "hidden": hidden})
+    return sorted(rows, key=lambda r: (str(r["link"]), int(r["hosts"] or 0), r["np"], r["sync"]))
+
+
+def format_prediction_table(rows: list[dict]) -> str:
+    def cell(row: dict, column: str) -> str:
+        if column == "measured_ms":
+            value = row["measured_s"]
+            return "in compute" if row["hidden"] else ("-" if value is None else f"{1000 * value:.1f}")
+        if column == "predicted_ms":
+            return "-" if row["predicted_s"] is None else f"{1000 * row['predicted_s']:.1f}"
+        if column == "error":
+            return "n/a" if row["error"] is None else f"{100 * row['error']:+.0f}%"
+        return "-" if row[column] is None else str(row[column])
+
+    cells = [list(PREDICTION_COLUMNS)] + [[cell(row, c) for c in PREDICTION_COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(PREDICTION_COLUMNS))]
+    lines = ["  ".join(v.ljust(w) if i < 1 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def plot_predictions(rows: list[dict], out: Path) -> Path:
+    """Measured against predicted sync time, one marker per method; on the diagonal the model is exact."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    points = [r for r in rows if r["predicted_s"] and r["measured_s"] and not r["hidden"]]
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for sync in sorted({r["sync"] for r in points}):
+        mine = [r for r in points if r["sync"] == sync]
+        ax.scatter([1000 * r["predicted_s"] for r in mine], [1000 * r["measured_s"] for r in mine], label=sync, s=40)
+    if points:
+        low = min(min(r["predicted_s"], r["measured_s"]) for r in points) * 1000 / 1.5
+        high = max(max(r["predicted_s"], r["measured_s"]) for r in points) * 1000 * 1.5
+        ax.plot([low, high], [low, high], color="black", linewidth=1, label="measured = predicted")
+        ax.fill_between([low, high], [low * 0.8, high * 0.8], [low * 1.2, high * 1.2], color="grey", alpha=0.2, label="±20%")
+        ax.set(xscale="log", yscale="log")
+    ax.set(xlabel="predicted sync time per step (ms, alpha-beta model)", ylabel="measured sync time per step (ms)",
+           title="Sync time: model against measurement")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, out / "predicted_vs_measured.png")
+
+
+def plot_sync_costs(bench: dict, out: Path, name: str = "sync_cost_vs_floor.png") -> Path:
     """Each method's measured communication time beside the floor its cost model allows (from mpi_train.bench)."""
     import matplotlib
 
@@ -190,7 +255,7 @@ def plot_sync_costs(bench: dict, out: Path) -> Path:
                                        f"{bench['gradient_bytes'] / 1e6:.0f} MB of gradients")
     ax.legend()
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, out / "sync_cost_vs_floor.png")
+    return _save(fig, out / name)
 
 
 def log_comparison(client, experiment_id: str, jobs: list[Job], text: str, paths: list[Path], run_name: Optional[str] = None) -> str:
@@ -247,8 +312,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
     table = format_table(table_rows(jobs))
+    predictions = prediction_rows(jobs)
+    predicted = any(row["predicted_s"] is not None for row in predictions)
+    if predicted:  # jobs on several ranks: predicted (alpha-beta model) against measured sync
+        table += "\n\nsync time, measured against predicted:\n" + format_prediction_table(predictions)
     print(table)
-    paths = plot(jobs, Path(args.out))
+    paths = plot(jobs, Path(args.out)) + ([plot_predictions(predictions, Path(args.out))] if predicted else [])
     print("plots: " + ", ".join(str(p) for p in paths))
     if args.log_artifacts:
         print(f"logged as run {log_comparison(client, experiment.experiment_id, jobs, table, paths)}")

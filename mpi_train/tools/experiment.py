@@ -12,6 +12,12 @@ at the end. The report (compare.py's table and plots, the bench's cost table and
 against the cost-model floor) is printed and written to OUT/report.txt; with tracking on it
 is also stored as a comparison run. Exit status: 0 if every run succeeded, 1 if any failed,
 2 if the file or the setup is wrong.
+
+With a [network] table the runs are grouped by network setting (hosts × link): the test
+hosts come up once (mpi_train/tools/netlab.py), each setting's links are shaped before its runs,
+its [bench] runs first (its fitted links become the runs' --calibration), and the hosts are
+taken down at the end, on failure and on Ctrl-C. The report adds predicted against measured
+sync time per method and setting.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -34,7 +41,7 @@ from typing import Optional, Sequence
 from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
 from ..errors import UserError, format_error
 from ..launcher import own_tmpdir, start, stop
-from .sweep import BenchPlan, PlannedRun, Sweep, load
+from .sweep import BenchPlan, NetworkSetting, PlannedRun, Sweep, load
 
 STEP_LINE = re.compile(r"step\s+(\d+)/(\d+)")  # training's and the bench's progress lines
 UNBUFFERED_ENV = {"PYTHONUNBUFFERED": "1"}  # progress lines must arrive as they are printed
@@ -92,6 +99,10 @@ def check_setup(sweep: Sweep, uri: Optional[str]) -> None:
         raise UserError(f"the hostfile {sweep.hostfile!r} (from [launch] hostfile in {sweep.path}) does not exist in "
                         f"{Path.cwd()}. Run from the repository root, pass --hostfile PATH, or --hostfile \"\" to "
                         f"let mpirun run every rank here. Nothing was launched.")
+    if sweep.network:
+        from .netlab import check_can_run
+
+        check_can_run(sweep.network, sweep.path)
     if uri:
         from ..tracking import check_uri, probe_server
 
@@ -105,14 +116,27 @@ def check_setup(sweep: Sweep, uri: Optional[str]) -> None:
 # ---------------------------------------------------------------------------------------------
 # Commands.
 
-def mpirun_prefix(sweep: Sweep, np: int) -> list[str]:
+def mpirun_prefix(sweep: Sweep, np: int, setting: Optional[NetworkSetting] = None) -> list[str]:
     """mpirun with the hostfile and Open MPI's settings for this machine, as the README's launch line has them."""
     command = ["mpirun", "-np", str(np)]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-run-as-root")  # Open MPI refuses root (containers) without it
-    if sweep.hostfile:
-        command += ["--hostfile", sweep.hostfile]
+    hostfile = str(lab_hostfile(sweep, setting)) if setting and setting.hosts > 1 else sweep.hostfile
+    if hostfile:
+        command += ["--hostfile", hostfile]
     return command + list(sweep.mpirun_args)
+
+
+def lab_folder(sweep: Sweep) -> Path:
+    return sweep.out / "network"
+
+
+def lab_hostfile(sweep: Sweep, setting: NetworkSetting) -> Path:
+    return lab_folder(sweep) / f"hostfile-{setting.hosts}"  # written by netlab.TestHosts.hostfile
+
+
+def bench_json(sweep: Sweep, setting: Optional[NetworkSetting]) -> Path:
+    return sweep.out / (f"bench-{setting.label}.json" if setting else "bench.json")
 
 
 def train_flags(config: TrainConfig) -> list[str]:
@@ -134,17 +158,20 @@ def train_flags(config: TrainConfig) -> list[str]:
 def run_command(sweep: Sweep, run: PlannedRun, uri: Optional[str], summary: Path) -> list[str]:
     tracking = {"experiment": sweep.name, "tracking_uri": uri, "run_name": run.name} if uri else {"no_tracking": True}
     config = dataclasses.replace(run.config, summary_json=str(summary), **tracking)
-    return [*mpirun_prefix(sweep, run.np), sys.executable, "-m", "mpi_train", *train_flags(config)]
+    return [*mpirun_prefix(sweep, run.np, run.network), sys.executable, "-m", "mpi_train", *train_flags(config)]
 
 
-def bench_command(sweep: Sweep, bench: BenchPlan, uri: Optional[str], json_path: Path) -> list[str]:
-    command = [*mpirun_prefix(sweep, bench.np), sys.executable, "-m", "mpi_train.bench", "--model", bench.model,
+def bench_command(sweep: Sweep, bench: BenchPlan, uri: Optional[str], json_path: Path,
+                  setting: Optional[NetworkSetting] = None) -> list[str]:
+    np = setting.slots if setting else bench.np
+    command = [*mpirun_prefix(sweep, np, setting), sys.executable, "-m", "mpi_train.bench", "--model", bench.model,
                "--batch-size", str(bench.batch_size), "--steps", str(bench.steps), "--warmup", str(bench.warmup),
-               "--json", str(json_path)]
+               "--json", str(json_path)] + (["--link", setting.link] if setting else [])
     if bench.methods:
         command += ["--methods", ",".join(bench.methods)]
     if uri:
-        return command + ["--experiment", sweep.name, "--tracking-uri", uri, "--run-name", f"bench-{sweep.name}"]
+        name = f"bench-{sweep.name}" + (f"-{setting.label}" if setting else "")
+        return command + ["--experiment", sweep.name, "--tracking-uri", uri, "--run-name", name]
     return command + ["--no-tracking"]
 
 
@@ -171,6 +198,8 @@ class Launch:
     steps: int
     log: Path
     env: dict = field(default_factory=dict)
+    network: Optional[NetworkSetting] = None  # the hosts and link it runs on ([network] table)
+    calibration: Optional[Path] = None  # a bench JSON whose links predict its sync, passed if the bench wrote it
     returncode: Optional[int] = None
     seconds: float = 0.0
     steps_done: int = 0
@@ -250,10 +279,13 @@ def execute(launch: Launch, progress: Progress, timeout: Optional[float]) -> Non
     started = time.monotonic()
     tail: list[str] = []
     print(f"[{launch.index}/{len(progress.launches)}] {launch.name}: starting", flush=True)
+    command = launch.command
+    if launch.calibration and launch.calibration.is_file():
+        command = command + ["--calibration", str(launch.calibration)]
     with open(launch.log, "w") as log, own_tmpdir() as tmp_env:
-        log.write("$ " + " ".join(launch.command) + "\n")
+        log.write("$ " + " ".join(command) + "\n")
         log.flush()
-        process = start(launch.command, {**os.environ, **UNBUFFERED_ENV, **launch.env, **tmp_env},
+        process = start(command, {**os.environ, **UNBUFFERED_ENV, **launch.env, **tmp_env},
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         timer = threading.Timer(timeout, _stop, (process, launch)) if timeout else None
         if timer:
@@ -297,6 +329,8 @@ def _stop(process: subprocess.Popen, launch: Launch, reason: str = "") -> None:
 # Planning and reporting.
 
 def plan(sweep: Sweep, uri: Optional[str]) -> list[Launch]:
+    if sweep.network:
+        return plan_network(sweep, uri)
     out = sweep.out
     launches = [Launch(run.index, run.name, run_command(sweep, run, uri, out / "runs" / f"{run.name}.json"),
                        estimated_steps(run), out / "logs" / f"{run.index:02d}-{run.name}.log", run.env)
@@ -305,6 +339,28 @@ def plan(sweep: Sweep, uri: Optional[str]) -> list[Launch]:
         b = sweep.bench
         launches.append(Launch(len(launches) + 1, f"bench-np{b.np}", bench_command(sweep, b, uri, out / "bench.json"),
                                b.steps + b.warmup, out / "logs" / f"{len(launches) + 1:02d}-bench.log"))
+    return launches
+
+
+def plan_network(sweep: Sweep, uri: Optional[str]) -> list[Launch]:
+    """Per network setting: its bench first (the runs' calibration), then its runs; settings in [network] order."""
+    from .netlab import TestHosts
+
+    out, launches = sweep.out, []
+    for setting in sweep.network.settings:
+        env = TestHosts.launch_env(setting)
+        calibration = None
+        if sweep.bench:
+            b, index = sweep.bench, len(launches) + 1
+            calibration = bench_json(sweep, setting)
+            launches.append(Launch(index, f"bench-np{setting.slots}-{setting.label}",
+                                   bench_command(sweep, b, uri, calibration, setting), b.steps + b.warmup,
+                                   out / "logs" / f"{index:02d}-bench-{setting.label}.log", env, setting))
+        for run in (r for r in sweep.runs if r.network == setting):
+            index = len(launches) + 1
+            launches.append(Launch(index, run.name, run_command(sweep, run, uri, out / "runs" / f"{run.name}.json"),
+                                   estimated_steps(run), out / "logs" / f"{index:02d}-{run.name}.log",
+                                   {**env, **run.env}, setting, calibration))
     return launches
 
 
@@ -344,23 +400,32 @@ def collect_jobs(sweep: Sweep, uri: Optional[str], launches: list[Launch], since
 
 def report(sweep: Sweep, uri: Optional[str], launches: list[Launch], since_ms: int) -> None:
     """compare.py's table and plots for the sweep's jobs, and the bench's cost table and plot; printed and stored."""
-    from .compare import format_table, log_comparison, plot, plot_sync_costs, table_rows
+    from .compare import (format_prediction_table, format_table, log_comparison, plot, plot_predictions, plot_sync_costs,
+                          prediction_rows, table_rows)
 
     jobs, client, experiment_id = collect_jobs(sweep, uri, launches, since_ms)
     sections, paths = [], []
     if jobs:
         sections.append(f"Runs of {sweep.name!r} ({len(jobs)} finished):\n{format_table(table_rows(jobs))}")
         paths += plot(jobs, sweep.out / "plots")
+        predictions = prediction_rows(jobs)
+        if any(row["predicted_s"] is not None for row in predictions):
+            sections.append("Sync time per step, measured (mean over ranks and steps) against the alpha-beta model "
+                            "(mpi_train/netmodel.py), per method and setting; error = (predicted - measured) / measured:\n"
+                            + format_prediction_table(predictions))
+            paths.append(plot_predictions(predictions, sweep.out / "plots"))
     else:
         sections.append(f"Runs of {sweep.name!r}: none finished, nothing to compare.")
-    bench_json = sweep.out / "bench.json"
-    bench_ran = any(l.name.startswith("bench-") and l.returncode == 0 for l in launches)
-    if bench_ran and bench_json.is_file():
-        from .bench import describe
+    settings = sweep.network.settings if sweep.network else (None,)
+    for setting in settings:
+        path = bench_json(sweep, setting)
+        bench_ran = any(l.name.startswith("bench-") and l.network == setting and l.returncode == 0 for l in launches)
+        if bench_ran and path.is_file():
+            from .bench import describe
 
-        result = json.loads(bench_json.read_text())
-        sections.append(describe(result))
-        paths.append(plot_sync_costs(result, sweep.out / "plots"))
+            result = json.loads(path.read_text())
+            sections.append(describe(result))
+            paths.append(plot_sync_costs(result, sweep.out / "plots", name=path.stem.replace("bench", "sync_cost_vs_floor") + ".png"))
     text = "\n\n".join(sections)
     print("\n" + text)
     if paths:
@@ -375,13 +440,19 @@ def report(sweep: Sweep, uri: Optional[str], launches: list[Launch], since_ms: i
 def run_sweep(sweep: Sweep, launches: list[Launch], uri: Optional[str]) -> int:
     since_ms = int(time.time() * 1000) - 1000
     progress = Progress(launches)
-    interrupted = False
+    interrupted = failed_setup = False
     try:
-        for launch in launches:
-            execute(launch, progress, sweep.timeout)
+        with lab(sweep) as hosts:  # test hosts down on every way out of here
+            for launch in launches:
+                if hosts is not None and launch.network is not None:
+                    hosts.apply(launch.network)
+                execute(launch, progress, sweep.timeout)
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: the current run was stopped; reporting what finished.", file=sys.stderr)
+    except UserError as error:  # the test hosts could not be set up or shaped: the remaining runs cannot be made
+        print(format_error(f"{error} The sweep stopped; reporting what finished."), file=sys.stderr)
+        failed_setup = True
     try:
         report(sweep, uri, launches, since_ms)
     except Exception as error:  # noqa: BLE001 - the runs are done; say why the report is missing
@@ -399,7 +470,28 @@ def run_sweep(sweep: Sweep, launches: list[Launch], uri: Optional[str]) -> int:
         print(f"not run [{launch.index}/{len(launches)}] {launch.name}")
     if interrupted:
         return 130
-    return 1 if failed else 0
+    return 1 if failed or failed_setup else 0
+
+
+def lab(sweep: Sweep):
+    """The sweep's test hosts as a context (None without a [network] table or with loopback only)."""
+    import contextlib
+
+    if not sweep.network or sweep.network.max_hosts <= 1:
+        return contextlib.nullcontext(None)
+    from .netlab import TestHosts
+
+    hosts = TestHosts(sweep.network, lab_folder(sweep))
+
+    @contextlib.contextmanager
+    def managed():
+        with hosts:
+            for count in sweep.network.hosts:
+                if count > 1:
+                    hosts.hostfile(count)
+            yield hosts
+
+    return managed()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -418,7 +510,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n".join(line for i, line in enumerate(describe_plan(sweep, launches, uri).splitlines())
                     if i == 0 or line.startswith("unavailable")), flush=True)
     sweep.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # a killed runner still stops its run and takes its test hosts down
     return run_sweep(sweep, launches, uri)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -26,6 +26,18 @@
     np = 4
     steps = 20
 
+    [network]                         # optional: hosts and links as sweep dimensions (test hosts, as root)
+    hosts = [1, 2, 4]                 # 1: plain loopback (the [launch] hostfile); more: scripts/testhosts.sh hosts
+    ranks_per_host = 2                # slots per test host; a sweep without np runs hosts × ranks_per_host ranks
+    link = ["1gbit", "100mbit"]       # tc rate of every host's link, or "unlimited" (default)
+    prefix = "mpilab"                 # test hosts' names and /24 network (default: mpilab, 10.80.0)
+    subnet = "10.80.0"
+
+With [network] every grid is crossed with each setting (hosts × link; one host is loopback,
+run once, unshaped); a world size is planned on a number of hosts only if it fills them
+(more than (hosts - 1) × ranks_per_host ranks, at most hosts × ranks_per_host), and [bench]
+runs once per setting, before its runs.
+
 Every mistake is reported with the file, line and key, before anything is launched.
 """
 
@@ -74,6 +86,13 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "mpirun_args": Key((list,), "a list of strings", each=(str,)),
         "timeout": Key(NUMBER, "a number of seconds"),
     },
+    "network": {
+        "hosts": Key((int, list), "an integer or a list of integers", each=(int,)),
+        "ranks_per_host": Key((int,), "an integer"),
+        "link": Key((str, list), 'a rate like "1gbit", "unlimited", or a list of them', each=(str,)),
+        "prefix": Key((str,), "a string (at most 10 letters and digits)"),
+        "subnet": Key((str,), 'a string (the first three numbers of a /24 network, e.g. "10.80.0")'),
+    },
     "bench": {
         "np": Key((int,), "an integer"), "steps": Key((int,), "an integer"), "warmup": Key((int,), "an integer"),
         "batch_size": Key((int,), "an integer"), "model": Key((str,), "a string"),
@@ -90,6 +109,48 @@ SWEEP_KEYS = {
 
 
 @dataclass(frozen=True)
+class NetworkSetting:
+    """One point of the [network] grid: how many hosts, and the rate of each host's link."""
+
+    hosts: int
+    link: str
+    ranks_per_host: int
+
+    @property
+    def label(self) -> str:
+        return f"h{self.hosts}-{self.link}"
+
+    @property
+    def slots(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+    def fits(self, np: int) -> bool:
+        """Whether np ranks fill exactly these hosts (mpirun fills a host's slots before the next)."""
+        return (self.hosts - 1) * self.ranks_per_host < np <= self.slots if self.hosts > 1 else True
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    """The [network] table, checked."""
+
+    hosts: tuple[int, ...]
+    ranks_per_host: int
+    links: tuple[str, ...]
+    prefix: str = "mpilab"
+    subnet: str = "10.80.0"
+
+    @property
+    def settings(self) -> tuple[NetworkSetting, ...]:
+        """Loopback once (no link to shape), then every number of test hosts with every link."""
+        one = (NetworkSetting(1, "unlimited", self.ranks_per_host),) if 1 in self.hosts else ()
+        return one + tuple(NetworkSetting(h, link, self.ranks_per_host) for h in self.hosts if h > 1 for link in self.links)
+
+    @property
+    def max_hosts(self) -> int:
+        return max(self.hosts)
+
+
+@dataclass(frozen=True)
 class PlannedRun:
     """One mpirun launch of the sweep."""
 
@@ -98,6 +159,7 @@ class PlannedRun:
     np: int
     config: TrainConfig  # every training option of the run; tracking fields are filled in by the runner
     env: dict = field(default_factory=dict)
+    network: Optional[NetworkSetting] = None  # with a [network] table: the hosts and link it runs on
 
 
 @dataclass(frozen=True)
@@ -126,6 +188,7 @@ class Sweep:
     runs: tuple[PlannedRun, ...]
     bench: Optional[BenchPlan]
     unavailable: tuple[tuple[str, str], ...] = ()  # (method label, why) left out of a sync = "all" grid
+    network: Optional[NetworkPlan] = None
 
 
 class SweepError(UserError):
@@ -280,6 +343,8 @@ def parse(text: str, path: Path) -> Sweep:
         for key, value in table.items():
             reader.check_type(value, keys[key], (section, key))
 
+    network = _network(reader, data["network"]) if "network" in data else None
+    settings = network.settings if network else (None,)
     experiment = data.get("experiment", {})
     if "name" not in experiment or not experiment["name"].strip():
         raise reader.fail(("experiment", "name"), "is required: the MLflow experiment every run is filed under, "
@@ -296,7 +361,7 @@ def parse(text: str, path: Path) -> Sweep:
     for number, grid in enumerate(sweeps):
         where = ("sweep", number)
         reader.check_keys(grid, [*SWEEP_KEYS, *TRAIN_FIELDS], where)
-        if "sync" not in grid or "np" not in grid:
+        if "sync" not in grid or ("np" not in grid and network is None):
             missing = "sync" if "sync" not in grid else "np"
             raise reader.fail(where + (missing,), "is required in every [[sweep]] (the grid is sync × np × seed).",
                               line_of=where)
@@ -314,7 +379,7 @@ def parse(text: str, path: Path) -> Sweep:
                 raise reader.fail(where + ("sync",), f"unknown sync method {method!r}."
                                   f"{f' Did you mean {close[0]!r}?' if close else ''} Registered methods: "
                                   f"{', '.join(SYNC_METHODS)} (or \"{ALL_METHODS}\" for every one).")
-        for np in _as_list(grid["np"]):
+        for np in _as_list(grid.get("np", [])):
             if np < 1:
                 raise reader.fail(where + ("np",), f"world sizes must be at least 1, got {np}.")
         compressions = _as_list(grid.get("compression", train.get("compression", "none")))
@@ -329,8 +394,17 @@ def parse(text: str, path: Path) -> Sweep:
             import torch
 
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-        for method, compression, np, seed in itertools.product(methods, compressions, _as_list(grid["np"]),
-                                                               _as_list(grid.get("seed", DEFAULT_SEED))):
+        grid_runs = []
+        for setting in settings:
+            sizes = _as_list(grid["np"]) if "np" in grid else [setting.slots]
+            grid_runs += [(setting, np) for np in sizes if setting is None or setting.fits(np)]
+        if not grid_runs:
+            raise reader.fail(where + ("np",), f"no world size fits the [network] hosts: np must fill them, more than "
+                              f"(hosts - 1) × ranks_per_host and at most hosts × ranks_per_host "
+                              f"({', '.join(f'{s.hosts} host(s): {(s.hosts - 1) * s.ranks_per_host + 1}..{s.slots}' for s in settings)}).",
+                              line_of=where)
+        for method, compression, (setting, np), seed in itertools.product(methods, compressions, grid_runs,
+                                                                          _as_list(grid.get("seed", DEFAULT_SEED))):
             refused = combination_error(method, compression)
             if every_method and SYNC_METHODS[method].fixed_compression and compression != "none":
                 continue  # flat_fp16 and the like: already in the grid once, with their own compression
@@ -341,15 +415,16 @@ def parse(text: str, path: Path) -> Sweep:
                 continue
             if refused:
                 raise reader.fail(where + ("compression" if "compression" in grid else "sync",), refused)
-            config = TrainConfig(**{**train, **overrides, "sync": method, "compression": compression, "seed": seed})
+            link = {"link": setting.link} if setting else {}
+            config = TrainConfig(**{**train, **overrides, "sync": method, "compression": compression, "seed": seed, **link})
             try:
                 config.validate(np)
             except UserError as error:  # the options do not suit this world size (e.g. the batch does not split)
                 raise reader.fail(where + ("np",), f"the run {method} at np {np} cannot start: {error}") from None
-            name = f"{label(method, compression)}-np{np}-seed{seed}"
+            name = f"{label(method, compression)}-np{np}-seed{seed}" + (f"-{setting.label}" if setting else "")
             if any(run.name == name for run in runs):  # the same triple in two grids with different options
                 name += f"-run{len(runs) + 1}"
-            runs.append(PlannedRun(len(runs) + 1, name, np, config, dict(env)))
+            runs.append(PlannedRun(len(runs) + 1, name, np, config, dict(env), setting))
 
     if not runs:
         raise reader.fail(("sweep",), "no run is left to launch: every method in the grid is unavailable here ("
@@ -369,8 +444,9 @@ def parse(text: str, path: Path) -> Sweep:
         for key in ("np", "steps", "batch_size"):
             if getattr(bench, key) < 1:
                 raise reader.fail(("bench", key), f"must be at least 1, got {getattr(bench, key)}.")
-        if bench.batch_size % bench.np:
-            raise reader.fail(("bench", "batch_size"), f"{bench.batch_size} must split evenly across np {bench.np}.")
+        for np in [bench.np] if network is None else [setting.slots for setting in network.settings]:
+            if bench.batch_size % np:
+                raise reader.fail(("bench", "batch_size"), f"{bench.batch_size} must split evenly across np {np}.")
         from ..models import MODELS
 
         if bench.model not in MODELS:
@@ -384,9 +460,37 @@ def parse(text: str, path: Path) -> Sweep:
         out=Path(experiment.get("out", f"results/{name}")),
         hostfile=launch.get("hostfile", "hostfile") or None,
         mpirun_args=tuple(launch.get("mpirun_args", ("--bind-to", "none"))),
-        timeout=launch.get("timeout"), runs=tuple(runs), bench=bench,
+        timeout=launch.get("timeout"), runs=tuple(runs), bench=bench, network=network,
         unavailable=tuple(unavailable),
     )
+
+
+def _network(reader: _Reader, table: dict) -> NetworkPlan:
+    """The [network] table: hosts, ranks per host, link rates and where the test hosts live."""
+    from ..netmodel import rate_bytes_per_s
+
+    hosts = _as_list(table.get("hosts", [1]))
+    for count in hosts:
+        if not 1 <= count <= 250:
+            raise reader.fail(("network", "hosts"), f"numbers of hosts must be 1 to 250, got {count}.")
+    ranks_per_host = table.get("ranks_per_host", 2)
+    if ranks_per_host < 1:
+        raise reader.fail(("network", "ranks_per_host"), f"must be at least 1, got {ranks_per_host}.")
+    links = _as_list(table.get("link", "unlimited"))
+    for link in links:
+        try:
+            rate_bytes_per_s(link)
+        except ValueError as error:
+            raise reader.fail(("network", "link"), f"{error}.") from None
+    prefix = table.get("prefix", NetworkPlan.prefix)
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,9}", prefix):
+        raise reader.fail(("network", "prefix"), f"{prefix!r} must be 1 to 10 lower-case letters and digits, starting "
+                          f"with a letter (interface names allow 15 characters).")
+    subnet = table.get("subnet", NetworkPlan.subnet)
+    if not re.fullmatch(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) or any(int(x) > 255 for x in subnet.split(".")):
+        raise reader.fail(("network", "subnet"), f"{subnet!r} must be the first three numbers of a /24 network, e.g. "
+                          f'"10.80.0".')
+    return NetworkPlan(tuple(dict.fromkeys(hosts)), ranks_per_host, tuple(dict.fromkeys(l.lower() for l in links)), prefix, subnet)
 
 
 def load(path: str | Path) -> Sweep:

@@ -31,7 +31,7 @@ from .tracker import ACK_KEY, ENDED_KEY, FAILURE_KEY, NullTracker
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
 PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size", "batch_size_per_rank",
           "model", "dataset", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_steps", "timing_warmup_steps", "epochs", "max_steps",
-          "seed", "hosts", "threads", "rendezvous")
+          "seed", "hosts", "threads", "rendezvous", "link", "num_hosts", "ranks_per_host")
 
 
 def job_metrics(summary: dict, global_batch: int) -> dict:
@@ -45,6 +45,7 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
         "mean_throughput_samples_per_s": global_batch / means["step_time_s"] if means["step_time_s"] else 0.0,
         **({"final_loss": summary["final_loss"]} if summary["final_loss"] is not None else {}),
         **steady_metrics(summary, global_batch),
+        **({"predicted_sync_time_s": summary["predicted_sync_time_s"]} if "predicted_sync_time_s" in summary else {}),
     }
 
 
@@ -146,7 +147,8 @@ class MlflowTracker(NullTracker):
         self._put(self.parent_id, self._metrics({
             "loss": loss, "step_time_s": times["step_time_s"], "compute_time_s": times["compute_time_s"],
             "sync_time_s": times["sync_time_s"], "throughput_samples_per_s": throughput,
-            **({"lr": lr} if lr is not None else {})}, step))
+            **({"lr": lr} if lr is not None else {}),
+            **{k: times[k] for k in ("predicted_sync_time_s",) if k in times}}, step))
         for rank, record in enumerate(per_rank):
             self._put(self.child_ids[rank], self._metrics({k: v for k, v in record.items() if k != "system"}, step))
             if record.get("system"):

@@ -1,0 +1,446 @@
+"""The alpha-beta time model of gradient sync: a link costs alpha + beta·m for an m-byte message.
+
+Calibrated links (fitted by least squares from ping-pong times over message sizes, one
+for ranks on the same host and one for ranks on different hosts) and a placement (N
+ranks, R per host, numbered host by host as mpirun fills a hostfile) give each sync
+method's predicted time per step from its declared `cost_model`:
+
+- `ring`: each message (a tensor, a bucket or the whole flat buffer) takes 2(N-1) steps of
+  S/N bytes: 2(N-1)·alpha + 2(N-1)/N·S·beta. With more than one host every step waits
+  for the edge that crosses hosts, so alpha and beta are the inter-host link's.
+- `root`: rank 0 gathers then scatters: 2(N-1) messages' latency, and its host's link
+  carries (N-R)·S in and then (N-R)·S out, while its host's other R-1 ranks use memory:
+  2(N-1)·alpha + 2·((N-R)·S·beta_inter + (R-1)·S·beta_intra).
+
+S is what the method sends: the gradients' bytes times its compression ratio (half for a
+float16 wire). How many messages a method sends (one per tensor: L latencies; one
+buffer; or buckets) and whether it overlaps backward is its `Schedule`. For an
+overlapped method the exposed time is what is left after backward: buckets become ready
+as backward produces them (backward time shared among buckets by their bytes, last layer
+first) and are sent one after the other; exposed = last bucket's end - backward's end.
+
+- `hierarchical`: a binomial-tree reduce to each host's leader and, at the end, a broadcast
+  back, each ceil(log2 R) intra-host messages of S; between them a ring among the H host
+  leaders: 2·ceil(log2 R)·(alpha_intra + S·beta_intra) + 2(H-1)·alpha + 2(H-1)/H·S·beta.
+  On one host, or with one rank per host, it is `ring`.
+
+A cost model is one function in TIME_MODELS, keyed like costs.COST_MODELS.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from .errors import UserError
+
+UNLIMITED = "unlimited"
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
+_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+
+
+def rate_bytes_per_s(link: str) -> Optional[float]:
+    """Bytes/s of a tc-style rate ('1gbit', '100mbit'); None for 'unlimited'. ValueError for anything else."""
+    text = link.strip().lower()
+    if text == UNLIMITED:
+        return None
+    match = _RATE.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"link {link!r} is not a rate: give bits per second like 10gbit, 1gbit or 100mbit, or "
+                         f"{UNLIMITED!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)] / 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Links and their calibration.
+
+@dataclass(frozen=True)
+class Link:
+    """One message of m bytes takes alpha + beta·m seconds; fit_error is the fit's relative RMS error."""
+
+    alpha: float  # seconds: latency per message
+    beta: float  # seconds per byte: 1 / bandwidth
+    fit_error: float = 0.0
+    source: str = "assumed"
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha + self.beta * nbytes
+
+    @property
+    def bandwidth(self) -> float:
+        return 1 / self.beta if self.beta > 0 else math.inf
+
+    @classmethod
+    def fit(cls, sizes: Sequence[float], seconds: Sequence[float], source: str = "fitted") -> "Link":
+        """beta: the least-squares slope of seconds against size (large messages dominate, as they do a gradient sync);
+        alpha: the median of what the smaller half of the sizes take beyond beta·m (their latency), at least 0.
+        A plain least-squares intercept would let the noise of a large message swamp the latency of a small one."""
+        if len(sizes) != len(seconds) or len(sizes) < 2:
+            raise ValueError("a link fit needs at least two (size, seconds) points")
+        n = len(sizes)
+        mean_x, mean_y = sum(sizes) / n, sum(seconds) / n
+        sxx = sum((x - mean_x) ** 2 for x in sizes)
+        beta = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes, seconds)) / sxx) if sxx else 0.0
+        small = sorted(zip(sizes, seconds))[: max(1, n // 2)]
+        alpha = max(0.0, statistics.median(y - beta * x for x, y in small))
+        error = math.sqrt(sum(((alpha + beta * x) / y - 1) ** 2 for x, y in zip(sizes, seconds)) / n)
+        return cls(alpha, beta, error, source)
+
+
+LOOPBACK = Link(alpha=50e-6, beta=1 / 2e9, source="assumed loopback: 50 us, 2 GB/s")  # Gloo over TCP on one host, CPU-bound
+DEFAULT_ALPHA = 100e-6  # a switched network's per-message latency (TCP, one hop), when no calibration says otherwise
+
+
+def nominal_link(link: str) -> Link:
+    """The link a rate names: beta from the rate, an assumed latency; 'unlimited' is the loopback."""
+    rate = rate_bytes_per_s(link)
+    if rate is None:
+        return LOOPBACK
+    return Link(DEFAULT_ALPHA, 1 / rate, source=f"nominal {link}: {DEFAULT_ALPHA * 1e6:.0f} us, {rate / 1e6:g} MB/s")
+
+
+@dataclass(frozen=True)
+class Network:
+    """The links of a cluster: between ranks on one host, and between hosts."""
+
+    intra: Link = LOOPBACK
+    inter: Link = LOOPBACK
+
+    def as_dict(self) -> dict:
+        return {"intra": asdict(self.intra), "inter": asdict(self.inter)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Network":
+        return cls(Link(**data["intra"]), Link(**data["inter"]))
+
+
+def load_calibration(path: str | Path) -> Network:
+    """The fitted links of a bench JSON (python -m mpi_train.bench --json), as a Network."""
+    try:
+        data = json.loads(Path(path).read_text())
+        links = data["calibration"]["network"]
+        return Network.from_dict(links)
+    except OSError as error:
+        raise UserError(f"cannot read the calibration file {path}: {error.strerror or error}. Give a JSON written by "
+                        f"python -m mpi_train.bench --json PATH.") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"the calibration file {path} holds no fitted links ({type(error).__name__}: {error}); write one "
+                        f"with python -m mpi_train.bench --json PATH (a bench JSON of this version).") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Placement and schedules.
+
+@dataclass(frozen=True)
+class Placement:
+    """N ranks, R on each host (the last host may hold fewer), numbered host by host."""
+
+    world: int
+    ranks_per_host: int
+
+    def __post_init__(self):
+        if self.world < 1 or self.ranks_per_host < 1:
+            raise ValueError(f"ranks ({self.world}) and ranks per host ({self.ranks_per_host}) must be at least 1")
+
+    @property
+    def hosts(self) -> int:
+        return math.ceil(self.world / self.ranks_per_host)
+
+    @property
+    def local(self) -> int:
+        """Ranks on rank 0's host."""
+        return min(self.world, self.ranks_per_host)
+
+    @classmethod
+    def of_hosts(cls, hosts: Sequence[str]) -> "Placement":
+        """The placement of a running job, from the host of each rank."""
+        return cls(len(hosts), max(hosts.count(h) for h in set(hosts)))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a method cuts its gradients into messages, and whether they overlap backward."""
+
+    messages: str = "flat"  # "flat": one buffer; "per_tensor": one call per gradient (L latencies); "buckets"
+    overlapped: bool = False  # sends while backward runs: only the part after backward is exposed
+    bucket_mb: float = 25.0
+
+
+SCHEDULES: dict[str, Schedule] = {  # by --sync name; a method not listed sends one flat buffer after backward
+    "gather_scatter": Schedule("per_tensor"),
+    "allreduce": Schedule("per_tensor"),
+    "ddp": Schedule("buckets", overlapped=True),  # DistributedDataParallel's default bucket_cap_mb
+    "bucketed": Schedule("buckets", overlapped=True),
+}
+
+
+def schedule_of(name: str, method_class: type, bucket_mb: Optional[float] = None) -> Schedule:
+    """A method's schedule: its class's `schedule` attribute if it declares one, else the table above."""
+    schedule = getattr(method_class, "schedule", None) or SCHEDULES.get(name, Schedule())
+    if bucket_mb is not None and schedule.messages == "buckets" and name != "ddp":
+        schedule = Schedule(schedule.messages, schedule.overlapped, bucket_mb)
+    return schedule
+
+
+def messages(tensor_bytes: Sequence[float], schedule: Schedule) -> list[float]:
+    """Message sizes in the order they are sent. Buckets fill in backward order (last tensor first)."""
+    if schedule.messages == "per_tensor":
+        return list(tensor_bytes)
+    if schedule.messages == "flat":
+        return [float(sum(tensor_bytes))]
+    cap = schedule.bucket_mb * 2**20
+    buckets: list[float] = []
+    for nbytes in reversed(tensor_bytes):
+        if buckets and buckets[-1] + nbytes <= cap:
+            buckets[-1] += nbytes
+        else:
+            buckets.append(float(nbytes))
+    return buckets
+
+
+def compression_ratio(method_class: type) -> float:
+    """Bytes on the wire per gradient byte: `compression_ratio` if declared, else from `wire_dtype` (float16: 0.5)."""
+    declared = getattr(method_class, "compression_ratio", None)
+    if declared is not None:
+        return float(declared)
+    from .costs import wire_bytes
+
+    return wire_bytes(method_class, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Time per message, by cost model.
+
+def ring_time(size: float, placement: Placement, network: Network) -> float:
+    n = placement.world
+    if n == 1:
+        return 0.0
+    link = network.inter if placement.hosts > 1 else network.intra
+    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * size * link.beta
+
+
+def root_time(size: float, placement: Placement, network: Network) -> float:
+    n, local = placement.world, placement.local
+    if n == 1:
+        return 0.0
+    alpha = network.inter.alpha if placement.hosts > 1 else network.intra.alpha
+    return 2 * (n - 1) * alpha + 2 * ((n - local) * size * network.inter.beta + (local - 1) * size * network.intra.beta)
+
+
+def hierarchical_time(size: float, placement: Placement, network: Network) -> float:
+    hosts, local = placement.hosts, placement.local
+    if hosts == 1 or local == 1:
+        return ring_time(size, placement, network)
+    levels = math.ceil(math.log2(local))
+    inside = 2 * levels * (network.intra.alpha + size * network.intra.beta)  # reduce to the leader, broadcast back
+    return inside + 2 * (hosts - 1) * network.inter.alpha + 2 * (hosts - 1) / hosts * size * network.inter.beta
+
+
+TIME_MODELS: dict[str, Callable[[float, Placement, Network], float]] = {
+    "ring": ring_time,
+    "root": root_time,
+    "hierarchical": hierarchical_time,
+}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A method's predicted communication per step, and what of it the step pays (exposed)."""
+
+    method: str
+    cost_model: str
+    messages: int
+    wire_bytes: float
+    comm_s: float  # all its messages, one after the other
+    overlapped: bool
+    exposed_s: Optional[float] = None  # overlapped methods, given a backward time
+
+    @property
+    def sync_s(self) -> float:
+        """What the step pays for communication: exposed for an overlapped method (comm when backward is unknown)."""
+        return self.exposed_s if self.exposed_s is not None else self.comm_s
+
+
+def exposed_time(message_times: Sequence[float], message_bytes: Sequence[float], backward_s: float) -> float:
+    """Messages sent one after the other, each once backward has produced its bytes (backward time shared among
+    them by bytes); what runs past the end of backward."""
+    total = sum(message_bytes) or 1.0
+    ready, finish = 0.0, 0.0
+    for seconds, nbytes in zip(message_times, message_bytes):
+        ready += backward_s * nbytes / total
+        finish = max(finish, ready) + seconds
+    return max(0.0, finish - backward_s)
+
+
+def predict(name: str, method_class: type, tensor_bytes: Sequence[float], placement: Placement, network: Network,
+            backward_s: Optional[float] = None, bucket_mb: Optional[float] = None,
+            ratio: Optional[float] = None) -> Optional[Prediction]:
+    """The method's predicted sync per step; None when it declares no cost model this module knows. `ratio`
+    (bytes on the wire per gradient byte) is the compressor's, when the method carries one (PowerSGD's factors)."""
+    model = getattr(method_class, "cost_model", None)
+    if model not in TIME_MODELS:
+        return None
+    schedule = schedule_of(name, method_class, bucket_mb)
+    ratio = compression_ratio(method_class) if ratio is None else ratio
+    sizes = [m * ratio for m in messages(tensor_bytes, schedule)]
+    times = [TIME_MODELS[model](size, placement, network) for size in sizes]
+    exposed = exposed_time(times, sizes, backward_s) if schedule.overlapped and backward_s is not None else None
+    return Prediction(name, model, len(sizes), sum(sizes), sum(times), schedule.overlapped, exposed)
+
+
+def tensor_sizes(model) -> list[int]:
+    """Bytes of each trainable parameter's gradient, in registration order."""
+    return [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+
+
+BACKWARD_SHARE = 2 / 3  # of forward + backward: backward does about twice forward's work
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring links inside a job (collective: every rank calls these).
+
+def calibration_sizes(largest: int, smallest: int = 1024, factor: int = 4) -> list[int]:
+    """1 KB, 4 KB, ... and `largest` itself: the message sizes a calibration times."""
+    sizes, size = [], smallest
+    while size < largest:
+        sizes.append(size)
+        size *= factor
+    return sizes + [max(largest, smallest)]
+
+
+def ping_pong(peer: int, sizes: Sequence[int], iters: int, device) -> Optional[list[float]]:
+    """One-way seconds per size between rank 0 and `peer` (median round trip / 2), on rank 0; None elsewhere. Collective."""
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    result = []
+    for size in sizes:
+        buffer = torch.zeros(max(1, size // 4), device=device)
+        seconds = []
+        for i in range(iters + 1):  # the first round trip may open the connection: not timed
+            dist.barrier()
+            started = time.perf_counter()
+            if rank == 0:
+                dist.send(buffer, dst=peer)
+                dist.recv(buffer, src=peer)
+            elif rank == peer:
+                dist.recv(buffer, src=0)
+                dist.send(buffer, dst=0)
+            if i:
+                seconds.append(time.perf_counter() - started)
+        result.append(statistics.median(seconds) / 2)
+    return result if rank == 0 else None
+
+
+def peers(hosts: Sequence[str]) -> dict[str, Optional[int]]:
+    """The rank rank 0 measures each link against: one on its own host (intra) and one on another host (inter)."""
+    same = next((r for r in range(1, len(hosts)) if hosts[r] == hosts[0]), None)
+    other = next((r for r in range(1, len(hosts)) if hosts[r] != hosts[0]), None)
+    return {"intra": same, "inter": other}
+
+
+def calibrate(hosts: Sequence[str], largest: int, iters: int, device) -> Optional[dict]:
+    """Fit both links by ping-pong over 1 KB .. `largest`; rank 0 gets {"network": ..., "points": ...}. Collective.
+
+    A link with no pair of ranks to measure it (one host; one rank per host) takes the other's fit."""
+    sizes = calibration_sizes(largest)
+    found: dict[str, Link] = {}
+    points: dict[str, dict] = {}
+    for kind, peer in peers(hosts).items():
+        if peer is None:
+            continue
+        seconds = ping_pong(peer, sizes, iters, device)
+        if seconds is not None:
+            found[kind] = Link.fit(sizes, seconds, source=f"ping-pong rank 0 <-> {peer}")
+            points[kind] = {"peer": peer, "sizes": sizes, "seconds": seconds}
+    if not found:
+        return None
+    intra = found.get("intra", found.get("inter"))
+    inter = found.get("inter", intra)
+    return {"network": Network(intra, inter).as_dict(), "points": points}
+
+
+def describe_network(network: Network) -> str:
+    def one(link: Link) -> str:
+        return (f"alpha {link.alpha * 1e6:.0f} us, beta -> {link.bandwidth / 1e6:,.0f} MB/s "
+                f"(fit error {100 * link.fit_error:.0f}%, {link.source})")
+
+    return f"intra-host: {one(network.intra)}; inter-host: {one(network.inter)}"
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """What a training job predicts for its own sync each step."""
+
+    prediction: Prediction
+    network: Network
+    placement: Placement
+    tensor_bytes: list = field(default_factory=list)
+    bucket_mb: Optional[float] = None
+    ratio: Optional[float] = None  # the compressor's bytes on the wire per gradient byte
+
+    def sync_time(self, compute_s: float) -> float:
+        """Predicted sync seconds per step; for an overlapped method its exposed time behind this measured compute."""
+        from .sync import SYNC_METHODS
+
+        if not self.prediction.overlapped:
+            return self.prediction.comm_s
+        name = self.prediction.method
+        again = predict(name, SYNC_METHODS[name], self.tensor_bytes, self.placement, self.network,
+                        backward_s=BACKWARD_SHARE * compute_s, bucket_mb=self.bucket_mb, ratio=self.ratio)
+        return again.sync_s
+
+
+QUICK_CALIBRATION_BYTES = 1 << 20  # a job's own ping-pong stops at 1 MB: well under a second even at 100 Mbit/s
+QUICK_CALIBRATION_ITERS = 2
+
+
+def job_model(config, cluster, model, method, device) -> Optional[JobModel]:
+    """The prediction a training job logs beside its measured sync time; None on one rank or for an unmodelled method.
+
+    Links come from --calibration (a bench JSON) when given, else from a short ping-pong now. A --link rate caps the
+    inter-host bandwidth: a shaper lets a burst through at full speed (tc tbf: 10 ms of traffic, 1.25 MB at 1 Gbit/s),
+    so messages of at most 1 MB can see a shaped link as faster than it is. Collective."""
+    from .sync import SYNC_METHODS
+
+    hosts = list(cluster.hosts)
+    if len(hosts) == 1:
+        return None
+    if config.calibration:
+        network = load_calibration(config.calibration)  # every rank reads it, so a bad file stops all of them together
+    else:
+        measured = calibrate(hosts, QUICK_CALIBRATION_BYTES, QUICK_CALIBRATION_ITERS, device)
+        network = cluster.bcast(Network.from_dict(measured["network"]) if measured else None)
+    network = capped(network, config.link)
+    sizes = tensor_sizes(model)
+    placement = Placement.of_hosts(hosts)
+    ratio = method.wire_bytes(list(model.parameters())) / sum(sizes)  # what its compressor sends
+    prediction = predict(config.sync, SYNC_METHODS[config.sync], sizes, placement, network, bucket_mb=config.bucket_mb,
+                         ratio=ratio)
+    if prediction is None:
+        return None
+    return JobModel(prediction, network, placement, sizes, config.bucket_mb, ratio)
+
+
+def capped(network: Network, link: Optional[str]) -> Network:
+    """The network with its inter-host bandwidth at most the shaped rate `link` (a burst can look faster)."""
+    rate = rate_bytes_per_s(link) if link else None
+    if rate is None or network.inter.beta >= 1 / rate:
+        return network
+    return Network(network.intra, Link(network.inter.alpha, 1 / rate, network.inter.fit_error,
+                                       f"{network.inter.source}; bandwidth capped at the {link} link"))
+
+
+def job_placement(hosts: Sequence[str]) -> dict:
+    """Params every job records: how many hosts it spans and the most ranks on one of them."""
+    placement = Placement.of_hosts(list(hosts))
+    return {"num_hosts": len(set(hosts)), "ranks_per_host": placement.ranks_per_host}

@@ -1,0 +1,177 @@
+"""The network lab: [network] in experiment files, the plan it makes, the refusals, and a real sweep over test hosts."""
+
+import json
+import os
+import statistics
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import MPI_ENV, REPO
+from mpi_train import launcher
+from mpi_train.experiment import plan
+from mpi_train.sweep import SweepError, parse
+
+PREFIX, SUBNET = "nettest", "10.84.0"  # apart from every other user of scripts/testhosts.sh
+
+LAB = """\
+[experiment]
+name = "lab"
+tracking = false
+out = "{out}"
+
+[train]
+dataset = "synthetic"
+batch_size = 32
+
+[[sweep]]
+sync = ["ring", "gather_scatter"]
+
+[network]
+hosts = [1, 2, 4]
+ranks_per_host = 2
+link = ["1gbit", "100mbit"]
+prefix = "nettest"
+subnet = "10.84.0"
+
+[bench]
+steps = 2
+batch_size = 32
+model = "mnist_cnn"
+"""
+
+
+def test_network_settings_cross_the_grid_with_a_bench_first_in_each(tmp_path):
+    sweep = parse(LAB.format(out=tmp_path), Path("lab.toml"))
+    settings = [(s.hosts, s.link) for s in sweep.network.settings]
+    assert settings == [(1, "unlimited"), (2, "1gbit"), (2, "100mbit"), (4, "1gbit"), (4, "100mbit")]
+    assert [(r.config.sync, r.np, r.network.hosts, r.config.link) for r in sweep.runs[:4]] == [
+        ("ring", 2, 1, "unlimited"), ("ring", 4, 2, "1gbit"), ("ring", 4, 2, "100mbit"), ("ring", 8, 4, "1gbit")]
+    launches = plan(sweep, None)
+    names = [launch.name for launch in launches]
+    assert len(names) == 5 * 3 and names[0] == "bench-np2-h1-unlimited" and names[3] == "bench-np4-h2-1gbit"
+    run = launches[4]  # ring on 2 hosts at 1gbit: its setting's hostfile, the namespace agent, the bench's links
+    assert run.name == "ring-np4-seed42-h2-1gbit" and "--link" in run.command and "1gbit" in run.command
+    assert str(tmp_path / "network" / "hostfile-2") in run.command
+    assert run.env["PRTE_MCA_plm_ssh_agent"].endswith("scripts/netns-agent")
+    assert run.calibration == tmp_path / "bench-h2-1gbit.json"
+    assert "PRTE_MCA_plm_ssh_agent" not in launches[1].env and "--hostfile" in launches[1].command  # loopback
+
+
+@pytest.mark.parametrize("change, key, words", [
+    (("link = [\"1gbit\", \"100mbit\"]", "link = [\"fast\"]"), "network.link", "not a rate"),
+    (("hosts = [1, 2, 4]", "hosts = [0]"), "network.hosts", "1 to 250"),
+    (("prefix = \"nettest\"", "prefix = \"NetTest-Too-Long\""), "network.prefix", "lower-case"),
+    (("sync = [\"ring\", \"gather_scatter\"]\n\n[network]\nhosts = [1, 2, 4]",
+      "sync = \"ring\"\nnp = 8\n\n[network]\nhosts = [2]"), "sweep[1].np", "fill them"),
+])
+def test_a_bad_network_table_is_named_by_key(tmp_path, change, key, words):
+    with pytest.raises(SweepError) as caught:
+        parse(LAB.format(out=tmp_path).replace(*change), Path("lab.toml"))
+    assert caught.value.key == key and words in str(caught.value)
+
+
+def test_hosts_are_refused_up_front_without_ip_and_tc(tmp_path):
+    """No ip/tc on PATH: exit 2 with the reason and the fix, before anything starts or is written."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("mpirun",):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    path = tmp_path / "lab.toml"
+    path.write_text(LAB.format(out=tmp_path / "out"))
+    result = subprocess.run([sys.executable, "-m", "mpi_train.experiment", str(path)], capture_output=True, text=True,
+                            timeout=120, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": str(bin_dir)})
+    assert result.returncode == 2, result.stdout + result.stderr
+    message = " ".join(result.stderr.split())
+    if os.geteuid() != 0:
+        assert "needs root" in message
+    else:
+        assert "the ip and tc command(s) are missing" in message and "apt-get install iproute2" in message
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def _namespaces() -> list[str]:
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in listing.splitlines() if line.startswith(PREFIX)]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"), reason="test hosts need root, ip and tc")
+def test_a_network_sweep_over_two_hosts_and_two_links_tracks_params_and_predicts_sync(tmp_path):
+    from mlflow import MlflowClient
+
+    out, store = tmp_path / "out", f"sqlite:///{tmp_path}/mlflow.db"
+    path = tmp_path / "net.toml"
+    path.write_text(f"""
+[experiment]
+name = "nettest"
+tracking_uri = "{store}"
+out = "{out}"
+[launch]
+timeout = 240
+[train]
+dataset = "synthetic"
+model = "mnist_cnn"
+synthetic_size = 256
+batch_size = 16
+max_steps = 4
+log_every = 1
+system_metrics_every = 0
+[[sweep]]
+sync = ["ring", "gather_scatter"]
+[network]
+hosts = [2]
+ranks_per_host = 2
+link = ["1gbit", "100mbit"]
+prefix = "{PREFIX}"
+subnet = "{SUBNET}"
+""")
+    try:
+        result = launcher.run([sys.executable, "-m", "mpi_train.experiment", str(path)], timeout=840, cwd=REPO,
+                              env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)})  # stopped as a group past it
+    finally:
+        left = _namespaces()
+        if left:
+            subprocess.run([str(REPO / "scripts" / "testhosts.sh"), "down"], env={**os.environ, "TESTHOSTS_PREFIX": PREFIX,
+                           "TESTHOSTS_SUBNET": SUBNET, "TESTHOSTS_HOSTFILE": str(tmp_path / "h")}, timeout=60)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert left == [], f"the runner left test hosts behind: {left}"
+    assert "network: every test host's link now 100mbit" in result.stdout
+
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("nettest")
+    runs = client.search_runs([experiment.experiment_id], "tags.`mpi_train.role` = 'job'")
+    assert len(runs) == 4
+    measured = {}
+    for run in runs:
+        params, metrics = run.data.params, run.data.metrics
+        assert (params["num_hosts"], params["ranks_per_host"], params["world_size"]) == ("2", "2", "4")
+        assert params["link"] in ("1gbit", "100mbit") and run.info.run_name.endswith(params["link"])
+        history = client.get_metric_history(run.info.run_id, "predicted_sync_time_s")
+        assert len(history) >= 4 and metrics["predicted_sync_time_s"] > 0
+        summary = json.loads((out / "runs" / f"{run.info.run_name}.json").read_text())
+        after_first = statistics.median(step["sync_time_s"] for step in summary["steps"][1:])  # step 1 opens connections
+        measured[params["sync"], params["link"]] = (after_first, metrics["predicted_sync_time_s"])
+    for (sync, link), (seconds, predicted) in measured.items():  # loose: the CPU is shared, the model is not that rough
+        assert predicted / 4 < seconds < predicted * 4, (sync, link, seconds, predicted)
+    for sync in ("ring", "gather_scatter"):  # the shaping is real: a tenth of the rate costs several times the time
+        assert measured[sync, "100mbit"][0] > 3 * measured[sync, "1gbit"][0], measured
+    report = (out / "report.txt").read_text()
+    assert "against the alpha-beta model" in report and "100mbit" in report
+
+
+def test_the_shipped_network_file_plans_what_the_lab_promises():
+    from mpi_train.sweep import load
+    from mpi_train.sync import SYNC_METHODS
+
+    sweep = load(REPO / "experiments/network.toml")
+    assert sweep.network.hosts == (1, 2, 4) and sweep.network.links == ("1gbit", "100mbit")
+    assert {(r.np, r.network.hosts) for r in sweep.runs} == {(2, 1), (4, 2), (8, 4)}
+    for model in ("vgg11", "mnist_cnn"):
+        mine = [r for r in sweep.runs if r.config.model == model]
+        assert len(mine) == len(SYNC_METHODS) * 5 and all(r.config.dataset == "synthetic" for r in mine)
+    assert sweep.bench and sweep.bench.model == "vgg11"
