@@ -175,6 +175,8 @@ SCHEDULES: dict[str, Schedule] = {  # by --sync name; a method not listed sends 
     "gather_scatter": Schedule("per_tensor"),
     "allreduce": Schedule("per_tensor"),
     "ddp": Schedule("buckets", overlapped=True),  # DistributedDataParallel's default bucket_cap_mb
+    "ddp_fp16": Schedule("buckets", overlapped=True),
+    "ddp_powersgd": Schedule("buckets", overlapped=True),
     "bucketed": Schedule("buckets", overlapped=True),
 }
 
@@ -182,7 +184,7 @@ SCHEDULES: dict[str, Schedule] = {  # by --sync name; a method not listed sends 
 def schedule_of(name: str, method_class: type, bucket_mb: Optional[float] = None) -> Schedule:
     """A method's schedule: its class's `schedule` attribute if it declares one, else the table above."""
     schedule = getattr(method_class, "schedule", None) or SCHEDULES.get(name, Schedule())
-    if bucket_mb is not None and schedule.messages == "buckets" and name != "ddp":
+    if bucket_mb is not None and schedule.messages == "buckets" and not name.startswith("ddp"):  # DDP keeps its own
         schedule = Schedule(schedule.messages, schedule.overlapped, bucket_mb)
     return schedule
 

@@ -16,7 +16,7 @@ from typing import Optional
 from ..errors import UserError
 from .sweep import NetworkPlan, NetworkSetting
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "testhosts.sh"
 AGENT = REPO / "scripts" / "netns-agent"
 
