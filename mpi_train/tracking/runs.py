@@ -23,7 +23,7 @@ from typing import Optional
 from ..config import JobInfo, TrainConfig, redact_uri
 from ..errors import raised_in_collective
 from .sampler import HostSampler
-from .sender import BatchSender
+from .sender import END_TIMEOUT_S, BatchSender
 from .spool import OFFLINE_PREFIX, SpoolingClient, server_run_id
 from .store import Connection
 from .tracker import ACK_KEY, ENDED_KEY, FAILURE_KEY, NullTracker
@@ -73,6 +73,7 @@ class MlflowTracker(NullTracker):
         self.loop_time_s = 0.0  # time the training loop spent in this tracker: the overhead it pays
         self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
+        self.ended = threading.Event()  # set once end() has recorded the outcome and sent the last metrics
         self.wakeup: Optional[tuple[int, int]] = None
 
         environment = describe_environment(cluster)
@@ -253,6 +254,7 @@ class MlflowTracker(NullTracker):
         except Exception as error:  # noqa: BLE001 - say so; the job's own outcome matters more
             print(f"mpi_train: warning: could not record the MLflow run as {status}: {error}", file=sys.stderr)
         self.guard.done()
+        self.ended.set()
         if self.cluster.store is not None:
             try:
                 self.cluster.store.set(ENDED_KEY, status)  # signalled ranks may go now (see RankTracker)
@@ -307,6 +309,8 @@ class MlflowTracker(NullTracker):
             if self.end("KILLED", tags={"mpi_train.killed_by": name}):
                 print(f"mpi_train: {name} received; run recorded as KILLED, stopping every rank.", file=sys.stderr)
                 self._report_spool(try_again=False)  # mpirun's SIGKILL follows within a second: no time to wait on the server
+            else:  # the loop is recording a failure: let it send the metrics it holds (torchrun and srun give time to)
+                self.ended.wait(END_TIMEOUT_S)
             self.cluster.abort(128 + number)
 
     def _release_signals(self) -> None:
