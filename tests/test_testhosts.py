@@ -128,3 +128,25 @@ def test_every_sync_method_is_right_across_hosts_and_hierarchical_finds_them(tes
         assert f"{name}: one update and error feedback kept on every rank" in result.stdout
     assert "WRONG" not in result.stdout
 
+
+
+def test_the_bench_times_what_an_overlapped_method_cannot_hide_on_a_slow_link(testhosts, tmp_path):
+    # At 50 Mbit/s the MNIST CNN's 4.8 MB of gradients take about a second to sum across the two hosts, far
+    # longer than its backward: `bucketed`, which starts sending during backward, must pay nearly all of it,
+    # as `allreduce` does after backward. (Gloo's barrier waits for collectives in flight, so a barrier between
+    # backward and sync once hid that wait from the bench's timing.)
+    env = {"TESTHOSTS_PREFIX": PREFIX, "TESTHOSTS_SUBNET": SUBNET, "TESTHOSTS_HOSTFILE": str(testhosts.hostfile)}
+    shaped = subprocess.run([str(SCRIPT), "shape", "50mbit"], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    assert shaped.returncode == 0, shaped.stderr
+    try:
+        out = tmp_path / "bench.json"
+        result = mpirun(4, ["--model", "mnist_cnn", "--batch-size", "64", "--methods", "bucketed,allreduce", "--steps", "3",
+                            "--warmup", "1", "--link-iters", "1", "--no-tracking", "--json", str(out)],
+                        module="mpi_train.bench", timeout=180, **testhosts.mpirun_options())
+    finally:
+        subprocess.run([str(SCRIPT), "unshape"], env={**os.environ, **env}, capture_output=True, timeout=60)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    rows = {row["method"]: row for row in json.loads(out.read_text())["methods"]}
+    floor = 1.5 * rows["allreduce"]["wire_bytes"] / 6.25e6  # 2(N-1)/N·S per rank over 6.25 MB/s
+    assert rows["allreduce"]["sync_s"] > 0.7 * floor, rows["allreduce"]
+    assert rows["bucketed"]["exposed_s"] > 0.7 * floor, (rows["bucketed"], floor)

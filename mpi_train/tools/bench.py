@@ -11,7 +11,11 @@ alike. Per method it reports:
 
 - compute: forward + backward (for methods that communicate inside backward, like ddp,
   this includes the communication they could not hide);
-- sync: the sync call alone, timed between two barriers so no rank's lateness is counted;
+- sync: the sync call alone, timed between two barriers so no rank's lateness is counted.
+  For a method that overlaps backward (ddp, bucketed) there is no barrier between
+  backward and sync: Gloo's barrier waits for every collective in flight, so it would swallow
+  the very communication the method overlaps; its sync is then the wait for what backward
+  could not hide, and any rank's lateness with it;
 - exposed: step time minus the no-sync baseline's step time in the same round, i.e. the
   communication the step really pays;
 - bytes sent/received per rank from the method's cost model (mpi_train/costs.py), for S
@@ -83,6 +87,7 @@ class Contender:
     method: SyncMethod
     model: nn.Module  # its own replica: a method may hook into its model's backward
     net: nn.Module
+    overlapped: bool = False  # sends during backward: sync() waits for what is still in flight
 
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
@@ -204,7 +209,8 @@ def contenders(model_name: str, device: torch.device, bucket_mb: float, labels: 
         config = TrainConfig(sync=name if text != NO_SYNC else "allreduce", compression=compression, bucket_mb=bucket_mb,
                              powersgd_rank=powersgd_rank, powersgd_start_step=0)
         method = NoSync() if text == NO_SYNC else SYNC_METHODS[name].from_config(config)
-        entries.append(Contender(text, method, model, method.wrap(model)))
+        overlapped = text != NO_SYNC and netmodel.schedule_of(name, SYNC_METHODS[name]).overlapped
+        entries.append(Contender(text, method, model, method.wrap(model), overlapped))
     return entries, unavailable
 
 
@@ -222,7 +228,8 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
             entry.model.zero_grad(set_to_none=True)
             F.cross_entropy(entry.net(images), labels).backward()
             t1 = now()
-            dist.barrier()  # sync starts with every rank ready, so lateness is not counted as sync
+            if not entry.overlapped:  # (a barrier would also wait for an overlapped method's sends in flight)
+                dist.barrier()  # sync starts with every rank ready, so lateness is not counted as sync
             t2 = now()
             entry.method.sync(entry.model)
             dist.barrier()
