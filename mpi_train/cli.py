@@ -75,13 +75,24 @@ def parse_config(argv: Optional[Sequence[str]], quiet: bool = False) -> TrainCon
 def collective_failure(cluster: Cluster, error: BaseException, timeout_s: Optional[float]) -> str:
     info = cluster.info
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    behind = ", ".join(f"rank {rank} on {cluster.hosts[rank]}" for rank in cluster.laggards())
-    cause = (f"Behind the others: {behind}; it failed, is stuck, or is too slow there." if behind else
-             "Another rank most likely failed first; its own message is above or below.")
+    cut_off, silent = cluster.liveness.cut_off_s(), cluster.liveness.silent()
     limit = f" (now {timeout_s:g} s)" if timeout_s else ""
+    if cut_off:
+        cause = (f"This host has not reached rank 0's host ({cluster.hosts[0]}) for {cut_off:.0f} s: its network link "
+                 f"is down, or rank 0's host is gone.")
+        advice = "Check this host's network link; with --checkpoint-every, --resume continues the job once it is back."
+    elif silent:
+        cause = "Unreachable: " + "; ".join(stall.describe() for stall in silent) + ": its network link is down, or the host is gone."
+        if len(silent) == len(set(cluster.hosts)) - 1:  # every other host: the cut may as well be on this side
+            cause += f" (Every other host went silent: the link of this host, {info.host}, may be the one down.)"
+        advice = "Check that host's network link; with --checkpoint-every, --resume continues the job once it is back."
+    else:
+        behind = ", ".join(f"rank {rank} on {cluster.hosts[rank]}" for rank in cluster.laggards())
+        cause = (f"Behind the others: {behind}; it failed, is stuck, or is too slow there." if behind else
+                 "Another rank most likely failed first; its own message is above or below.")
+        advice = f"If a rank is only slow (first-time data loading, a busy host), raise --timeout{limit}."
     return (f"rank {info.rank} on {info.host}: a collective operation failed ({first_line}). {cause} "
-            f"Stopping every rank. If a rank is only slow (first-time data loading, a busy host), "
-            f"raise --timeout{limit}.")
+            f"Stopping every rank. {advice}")
 
 
 def guarded(cluster: Cluster, body: Callable[[], None], timeout_s: Optional[float] = None) -> int:

@@ -11,15 +11,18 @@ import datetime
 import os
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from . import environments
 from .environments import ClusterEnvironment
 from .errors import UserError
+from .liveness import Liveness, NoLiveness
 
 LOOPBACK = "127.0.0.1"
 PROGRESS_KEY = "mpi_train/progress"  # store key prefix: the step each rank has reached
+ABORT_GRACE_S = 5.0  # an abort the launcher has not carried out by then: the process exits by itself
 
 
 def exit_process(code: int) -> None:
@@ -37,6 +40,13 @@ def exit_process(code: int) -> None:
 
         if MPI.Is_initialized() and not MPI.Is_finalized():
             MPI.Finalize()
+    os._exit(code)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without MPI's say: what is left when MPI itself cannot end the process."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(code)
 
 
@@ -74,6 +84,9 @@ class Cluster:
         self.info = info
         self.hosts = hosts  # host of each rank, indexed by rank
         self.store = None  # the TCPStore once init_process_group has run; its server lives in rank 0's process
+        self.store_address: Optional[str] = None  # its host:port, for the heartbeat's own connections
+        self.step_reached = 0.0  # what note_progress last recorded
+        self.liveness: Liveness = NoLiveness()  # heartbeats, once the training loop starts them (liveness.py)
 
     @classmethod
     def discover(cls, launcher: str = "auto") -> "Cluster":
@@ -143,7 +156,15 @@ class Cluster:
         return self.channel.gather(value)
 
     def abort(self, code: int) -> None:
-        """End every rank of the job now (a peer may be blocked in a collective)."""
+        """End every rank of the job now (a peer may be blocked in a collective).
+
+        If the launcher cannot carry the abort out within ABORT_GRACE_S (this host's daemon cut
+        off from mpirun by a link that went down), this process exits on its own."""
+        if self.liveness.cut_off_s():  # the launcher cannot hear this host: ask nothing of it, leave (its daemon too)
+            self.environment.leave_cut_off(code)
+        deadline = threading.Timer(ABORT_GRACE_S, _exit_now, (code,))
+        deadline.daemon = True
+        deadline.start()
         self.channel.abort(code)
 
     def agree(self, outcome: Optional[str], what: str) -> None:
@@ -157,6 +178,7 @@ class Cluster:
     def note_progress(self, step: float) -> None:
         """Record how far this rank has got (the step whose sync it is at; +0.5 in evaluation), so a failed
         collective can name who is behind."""
+        self.step_reached = step
         if self.store is not None:
             self.store.set(f"{PROGRESS_KEY}/{self.info.rank}", str(step))
 
@@ -165,7 +187,7 @@ class Cluster:
 
         Empty when the store cannot tell (rank 0, which serves it, is gone) or nobody is behind.
         """
-        if self.store is None:
+        if self.store is None or self.liveness.cut_off_s():  # cut off, the store would only make us wait
             return []
         try:
             self.store.set_timeout(datetime.timedelta(seconds=5))
@@ -314,6 +336,7 @@ def init_process_group(cluster: Cluster, backend: str, master_addr: Optional[str
     if store is None:
         store = TCPStore(host, int(port), info.world_size, is_master=False, timeout=timeout)
     cluster.store = store  # also the channel a failing rank uses to reach rank 0 (see tracking.py)
+    cluster.store_address = f"{host}:{port}"
     if cluster.spans_hosts and "GLOO_SOCKET_IFNAME" not in os.environ:
         interface = _interface_of(_route_address(socket.gethostbyname(host)))
         if interface:

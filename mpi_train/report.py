@@ -59,6 +59,7 @@ class SilentReporter:
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: Optional[list[dict]] = None,
                timing_warmup_steps: int = 0) -> None: ...
     def save_weights(self, model) -> None: ...
+    def note_stall(self, stall) -> None: ...
 
 
 class Reporter(SilentReporter):
@@ -75,6 +76,7 @@ class Reporter(SilentReporter):
         self.job: dict = {}  # the JobInfo's fields, as the summary carries them
         self.steps: list[dict] = []
         self.epochs: list[dict] = []
+        self.stalls: list[dict] = []  # hosts that went silent and came back (liveness.Stall)
 
     def print(self, line: str) -> None:
         """Console output, also kept by the tracker as the run's console log."""
@@ -106,6 +108,12 @@ class Reporter(SilentReporter):
             f"{self.global_batch / times['step_time_s']:.0f} samples/s"
         )
 
+    def note_stall(self, stall) -> None:
+        """A host that went silent and came back; called from the heartbeat watch's thread."""
+        self.stalls.append({"host": stall.host, "ranks": list(stall.ranks), "step": stall.step, "seconds": stall.seconds})
+        self.tracker.log_stall(stall)
+        self.print(f"mpi_train: network stall: {stall.describe()}; it answers again and the job goes on.")
+
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None:
         self.epochs.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_accuracy, "epoch_time_s": epoch_time_s})
         self.tracker.log_epoch(epoch, test_loss, test_accuracy, epoch_time_s)
@@ -132,6 +140,7 @@ class Reporter(SilentReporter):
             "timing_warmup_steps": timing_warmup_steps,
             "mean_times_after_warmup": steady,
             "final_loss": self.steps[-1]["loss"] if self.steps else None,
+            "network_stalls": self.stalls,
             **({"predicted_sync_time_s": self.predict_sync(overall["compute_time_s"])} if self.predict_sync else {}),
             "wall_time_s": wall_time_s,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -24,6 +24,7 @@ from .data import load_datasets, make_loaders
 from .placement import Clock, place
 from .errors import UserError
 from .faults import injected
+from .liveness import Liveness
 from .models import build_model
 from .randomness import seed_rank_streams
 from .schedule import LearningRate
@@ -217,6 +218,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     predict_sync = job.sync_model.sync_time if job.sync_model else None
     reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker,
                         predict_sync=predict_sync) if cluster.info.is_main else SilentReporter()
+    cluster.liveness = Liveness(cluster, on_stall=reporter.note_stall)  # heartbeats, when the job spans hosts
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
         reporter.start(job.info)
         clock, after_step = Clock(job.device), AfterStep(config, cluster, job, reporter, tracker)
@@ -249,6 +251,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
             reporter.log_epoch(epoch, test_loss, test_accuracy, time.perf_counter() - epoch_started)
 
         check_replicas_agree(cluster, job.model, f"after step {step}")
+        cluster.liveness.close()  # ranks may now leave at different times: silence is no longer news
         steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals  # a job too short to leave any out
         reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,
                         cluster.gather(steady.means()), config.timing_warmup_steps if after_step.after_warmup.steps else 0)

@@ -8,6 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -171,3 +175,65 @@ def tracked_jobs(mlflow_server, tmp_path_factory):
         "gather_scatter": train(2, tmp, *args, "--sync", "gather_scatter", name="gather_scatter",
                                 env={"MLFLOW_TRACKING_URI": mlflow_server}),
     }
+
+
+TESTHOSTS_SCRIPT = REPO / "scripts" / "testhosts.sh"
+NETNS_AGENT = REPO / "scripts" / "netns-agent"
+
+
+def why_no_namespaces(prefix: str) -> str | None:
+    """The reason test hosts cannot be made here, or None when they can."""
+    if os.geteuid() != 0:
+        return "test hosts need root: they create network namespaces (CI runs as root)"
+    if shutil.which("ip") is None:
+        return "network namespaces cannot be created: the ip command (iproute2) is missing"
+    probe = f"{prefix}probe{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode:
+        return f"network namespaces cannot be created here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@dataclass
+class TestHosts:
+    """Test hosts of scripts/testhosts.sh, each a network namespace with a link to a bridge here."""
+
+    __test__ = False  # not a test class, whatever its name
+    prefix: str
+    subnet: str
+    hostfile: Path
+
+    def script(self, *args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TESTHOSTS_PREFIX": self.prefix, "TESTHOSTS_SUBNET": self.subnet, "TESTHOSTS_HOSTFILE": str(self.hostfile)}
+        done = subprocess.run([str(TESTHOSTS_SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"testhosts.sh {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    def host(self, number: int) -> str:
+        return f"{self.prefix}{number}"
+
+    def link(self, number: int, state: str) -> None:
+        """Take host `number`'s link down or bring it up (the bridge's end of its cable)."""
+        subprocess.run(["ip", "link", "set", f"{self.prefix}{number}v", state], check=True, timeout=10)
+
+    def mpirun_options(self) -> dict:
+        """What places a job on the test hosts, as a cluster's hostfile and ssh would."""
+        return {"hostfile": self.hostfile, "env": {"PRTE_MCA_plm_ssh_agent": str(NETNS_AGENT)}}
+
+
+@contextmanager
+def hosts_brought_up(root: Path, prefix: str, subnet: str, count: int = 2):
+    """`count` test hosts with 2 slots each, always torn down (and checked gone), also when a test fails."""
+    reason = why_no_namespaces(prefix)
+    if reason:
+        pytest.skip(reason)
+    hosts = TestHosts(prefix, subnet, root / "hostfile")
+    try:
+        hosts.script("up", str(count))
+        yield hosts
+    finally:
+        hosts.script("down")
+        left = [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+                if line.startswith(prefix)]
+        assert not left, f"test hosts left behind: {left}"

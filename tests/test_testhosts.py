@@ -6,72 +6,44 @@ server listens on an address its nodes reach. Needs root to create namespaces.
 """
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, MlflowServer, mpirun, train
+from conftest import MlflowServer, TestHosts, mpirun, hosts_brought_up, train
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = REPO / "scripts" / "testhosts.sh"
-AGENT = REPO / "scripts" / "netns-agent"
 PREFIX, SUBNET = "mpitest", "10.78.0"  # apart from test hosts brought up by hand (testhost*, 10.77.0.*)
 HOSTS = ("mpitest1", "mpitest2")
 QUICK = ["--dataset", "synthetic", "--synthetic-size", "512", "--batch-size", "64", "--log-every", "2"]
 
 
-def why_no_namespaces() -> str | None:
-    """The reason test hosts cannot be made here, or None when they can."""
-    if os.geteuid() != 0:
-        return "test hosts need root: they create network namespaces (CI runs as root)"
-    if shutil.which("ip") is None:
-        return "network namespaces cannot be created: the ip command (iproute2) is missing"
-    probe = f"{PREFIX}probe{uuid.uuid4().hex[:6]}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode:
-        return f"network namespaces cannot be created here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
 @dataclass
 class TwoHosts:
-    hostfile: Path
+    hosts: TestHosts
     server: MlflowServer  # on the bridge: the hosts' side of mpirun's machine, like a cluster's tracking server
 
+    @property
+    def hostfile(self) -> Path:
+        return self.hosts.hostfile
+
     def mpirun_options(self) -> dict:
-        """What places a job on the test hosts, as a cluster's hostfile and ssh would."""
-        return {"hostfile": self.hostfile, "env": {"PRTE_MCA_plm_ssh_agent": str(AGENT)}}
+        return self.hosts.mpirun_options()
 
 
 @pytest.fixture(scope="module")
 def testhosts(tmp_path_factory):
     """Two test hosts with 2 slots each and a tracking server they reach; always torn down, also when a test fails."""
-    reason = why_no_namespaces()
-    if reason:
-        pytest.skip(reason)
     root = tmp_path_factory.mktemp("testhosts")
-    env = {**os.environ, "TESTHOSTS_PREFIX": PREFIX, "TESTHOSTS_SUBNET": SUBNET, "TESTHOSTS_HOSTFILE": str(root / "hostfile")}
-    server = None
-    try:
-        up = subprocess.run([str(SCRIPT), "up", "2"], env=env, capture_output=True, text=True, timeout=60)
-        assert up.returncode == 0, f"testhosts.sh up failed:\n{up.stdout}\n{up.stderr}"
+    with hosts_brought_up(root, PREFIX, SUBNET) as hosts:
         server = MlflowServer(root, host=f"{SUBNET}.1")  # starts while the first jobs run
-        yield TwoHosts(root / "hostfile", server)
-    finally:
-        if server:
+        try:
+            yield TwoHosts(hosts, server)
+        finally:
             server.stop()
-        down = subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=60)
-        assert down.returncode == 0, down.stderr
-        assert not any(line.startswith(PREFIX) for line in subprocess.run(
-            ["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines())
 
 
 def test_the_hostfile_names_each_host_with_its_slots(testhosts):
@@ -135,16 +107,14 @@ def test_the_bench_times_what_an_overlapped_method_cannot_hide_on_a_slow_link(te
     # longer than its backward: `bucketed`, which starts sending during backward, must pay nearly all of it,
     # as `allreduce` does after backward. (Gloo's barrier waits for collectives in flight, so a barrier between
     # backward and sync once hid that wait from the bench's timing.)
-    env = {"TESTHOSTS_PREFIX": PREFIX, "TESTHOSTS_SUBNET": SUBNET, "TESTHOSTS_HOSTFILE": str(testhosts.hostfile)}
-    shaped = subprocess.run([str(SCRIPT), "shape", "50mbit"], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
-    assert shaped.returncode == 0, shaped.stderr
+    testhosts.hosts.script("shape", "50mbit")
     try:
         out = tmp_path / "bench.json"
         result = mpirun(4, ["--model", "mnist_cnn", "--batch-size", "64", "--methods", "bucketed,allreduce", "--steps", "3",
                             "--warmup", "1", "--link-iters", "1", "--no-tracking", "--json", str(out)],
                         module="mpi_train.bench", timeout=180, **testhosts.mpirun_options())
     finally:
-        subprocess.run([str(SCRIPT), "unshape"], env={**os.environ, **env}, capture_output=True, timeout=60)
+        testhosts.hosts.script("unshape")
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     rows = {row["method"]: row for row in json.loads(out.read_text())["methods"]}
     floor = 1.5 * rows["allreduce"]["wire_bytes"] / 6.25e6  # 2(N-1)/N·S per rank over 6.25 MB/s

@@ -8,6 +8,7 @@ one never starts anything; the constructor is where an environment connects.
 from __future__ import annotations
 
 import os
+import sys
 from abc import ABC, abstractmethod
 from typing import Any, Mapping, Optional
 
@@ -80,3 +81,11 @@ class ClusterEnvironment(ABC):
     def store(self):
         """The torch store the ranks share from the start (env://), or None if the process group must open one."""
         return None
+
+    def leave_cut_off(self, code: int) -> None:
+        """End this process when its host is cut off from the job (its link down): the launcher cannot be
+        told, so nothing is asked of it."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+

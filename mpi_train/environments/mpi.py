@@ -8,6 +8,7 @@ MPI starts as a singleton and the job is one rank.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any, Mapping, Optional
 
@@ -41,6 +42,9 @@ class MpiChannel(ObjectChannel):
         os._exit(code)
 
 
+LAUNCH_DAEMONS = ("prted", "orted")  # what Open MPI's mpirun starts on each host, the ranks' parent there
+
+
 class MpiEnvironment(ClusterEnvironment):
     name = "mpi"
 
@@ -60,6 +64,22 @@ class MpiEnvironment(ClusterEnvironment):
     @staticmethod
     def detect(env: Mapping[str, str] = os.environ) -> bool:
         return any(name in env for name in MPI_VARIABLES)
+
+    def leave_cut_off(self, code: int) -> None:
+        """A host cut off from mpirun keeps its launch daemon, waiting for orders that cannot arrive, after its
+        ranks are gone; so the daemon that started this rank is ended too (SIGTERM, which ends its other ranks)."""
+        parent = os.getppid()
+        try:
+            with open(f"/proc/{parent}/comm") as handle:
+                name = handle.read().strip()
+        except OSError:
+            name = ""
+        if name in LAUNCH_DAEMONS:
+            try:
+                os.kill(parent, signal.SIGTERM)
+            except OSError:
+                pass
+        super().leave_cut_off(code)
 
     def world_size(self) -> int:
         return self.comm.Get_size()

@@ -59,4 +59,4 @@ def start(connection: Optional[Connection], config: TrainConfig, cluster, job: J
         return MlflowTracker(connection, config, cluster, job, ranks)
     samples_host = info.local_rank == 0 and config.system_metrics_every > 0
     return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None,
-                       signalled_together=cluster.environment.name != "mpi")
+                       signalled_together=cluster.environment.name != "mpi", cut_off=lambda: cluster.liveness.cut_off_s())

@@ -70,6 +70,7 @@ class MlflowTracker(NullTracker):
         self.lock = threading.Lock()
         self.status: Optional[str] = None
         self.lines: list[str] = []
+        self.stalls: list[str] = []  # hosts that went silent and came back (log_stall)
         self.loop_time_s = 0.0  # time the training loop spent in this tracker: the overhead it pays
         self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
@@ -143,6 +144,13 @@ class MlflowTracker(NullTracker):
     def console(self, line: str) -> None:
         self.lines.append(line)
 
+    def log_stall(self, stall) -> None:
+        """A host that went silent and came back (liveness.Stall): a metric at its step on the job and its ranks,
+        and a tag listing every stall when the run ends."""
+        self.stalls.append(stall.describe())
+        for run_id in [self.parent_id, *(self.child_ids[rank] for rank in stall.ranks)]:
+            self._put(run_id, self._metrics({"network_stall_s": stall.seconds}, stall.step))
+
     def log_step(self, epoch, step, loss, times, throughput, per_rank, lr=None) -> None:
         started = time.perf_counter()
         self._put(self.parent_id, self._metrics({
@@ -198,7 +206,12 @@ class MlflowTracker(NullTracker):
         else:
             rank, host = self.info.rank, self.info.host
             text = "".join(traceback.format_exception(kind, error, trace))
-            if raised_in_collective(error):  # rank 0 only saw a peer's failure: blame the rank that was behind
+            silent = self.cluster.liveness.silent()
+            if raised_in_collective(error) and silent:  # a host went silent: its link is down, or it is gone
+                rank, host = silent[0].ranks[0], silent[0].host
+                text = f"A collective failed on rank {self.info.rank} ({self.info.host}); unreachable: " \
+                       f"{'; '.join(stall.describe() for stall in silent)}.\n{text}"
+            elif raised_in_collective(error):  # rank 0 only saw a peer's failure: blame the rank that was behind
                 behind = self.cluster.laggards()
                 rank, host = (behind[0], self.cluster.hosts[behind[0]]) if behind else ("unknown", "unknown")
                 text = f"A collective failed on rank {self.info.rank} ({self.info.host}); rank {rank} was behind.\n{text}"
@@ -228,13 +241,25 @@ class MlflowTracker(NullTracker):
                 return False
             self.status = status
         tags = dict(tags or {})
+        if self.stalls:
+            tags["mpi_train.network_stalls"] = "; ".join(self.stalls)[:5000]
+        silent = self.cluster.liveness.silent() if status == "FAILED" else []
+        failed_ranks = {rank for stall in silent for rank in stall.ranks}
+        if failure and silent:  # whoever reported the failure, the cause is the host that went silent
+            tags.update({"mpi_train.unreachable_hosts": ",".join(stall.host for stall in silent),
+                         "mpi_train.unreachable_ranks": ",".join(map(str, sorted(failed_ranks)))})
+            if failure["host"] not in {stall.host for stall in silent}:
+                failure = {**failure, "rank": silent[0].ranks[0], "host": silent[0].host,
+                           "traceback": f"Unreachable: {'; '.join(stall.describe() for stall in silent)} "
+                                        f"(reported by rank {failure['rank']} on {failure['host']}).\n{failure['traceback']}"}
         failed_rank = failure["rank"] if failure else None
+        failed_ranks = failed_ranks or {failed_rank}
         if failure:
             last_line = failure["traceback"].strip().splitlines()[-1] if failure["traceback"].strip() else ""
             tags.update({"mpi_train.failed_rank": str(failed_rank), "mpi_train.failed_host": failure["host"],
                          "mpi_train.error": last_line[:5000]})
             self.lines.append(f"rank {failed_rank} on {failure['host']} failed:\n{failure['traceback']}")
-        child_statuses = [status if status != "FAILED" or rank == failed_rank else "KILLED" for rank in range(len(self.child_ids))]
+        child_statuses = [status if status != "FAILED" or rank in failed_ranks else "KILLED" for rank in range(len(self.child_ids))]
         self.guard.announce(status, tags, child_statuses)
         self.stop.set()
         try:
@@ -306,8 +331,14 @@ class MlflowTracker(NullTracker):
             if number not in (signal.SIGTERM, signal.SIGINT):
                 continue
             name = signal.Signals(number).name
-            if self.end("KILLED", tags={"mpi_train.killed_by": name}):
-                print(f"mpi_train: {name} received; run recorded as KILLED, stopping every rank.", file=sys.stderr)
+            silent = self.cluster.liveness.silent()
+            if silent:  # a launcher that lost a host's daemon stops the job: that host failed, nobody killed it
+                recorded = self.end("FAILED", failure={"rank": silent[0].ranks[0], "host": silent[0].host, "traceback":
+                                                       f"{name} from the launcher; unreachable: {'; '.join(s.describe() for s in silent)}"})
+            else:
+                recorded = self.end("KILLED", tags={"mpi_train.killed_by": name})
+            if recorded:
+                print(f"mpi_train: {name} received; run recorded as {self.status}, stopping every rank.", file=sys.stderr)
                 self._report_spool(try_again=False)  # mpirun's SIGKILL follows within a second: no time to wait on the server
             else:  # the loop is recording a failure: let it send the metrics it holds (torchrun and srun give time to)
                 self.ended.wait(END_TIMEOUT_S)

@@ -9,7 +9,7 @@ import sys
 import threading
 import traceback
 from datetime import timedelta
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import UserError
 from .sampler import HostSampler
@@ -37,6 +37,7 @@ class NullTracker:
         return self.sampler.sample() if self.sampler else {}
 
     def console(self, line: str) -> None: ...
+    def log_stall(self, stall) -> None: ...
     def log_step(self, epoch: int, step: int, loss: float, times: dict, throughput: float, per_rank: list[dict],
                  lr: Optional[float] = None) -> None: ...
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
@@ -47,8 +48,10 @@ class NullTracker:
 class RankTracker(NullTracker):
     """A rank other than 0: samples its host if it is that host's first rank, and reports its own failure."""
 
-    def __init__(self, store, info, sampler: Optional[HostSampler], signalled_together: bool = False):
+    def __init__(self, store, info, sampler: Optional[HostSampler], signalled_together: bool = False,
+                 cut_off: Callable[[], float] = lambda: 0.0):
         self.store, self.info, self.sampler = store, info, sampler
+        self.cut_off = cut_off  # seconds rank 0's host has not answered this rank's heartbeat (liveness.py)
         self.signalled_together = signalled_together  # srun, torchrun: SIGTERM reaches every rank at once
 
     def __enter__(self):
@@ -73,6 +76,8 @@ class RankTracker(NullTracker):
             signal.signal(signal.SIGTERM, self.old_handler)
         if error is None or isinstance(error, KeyboardInterrupt) or (isinstance(error, UserError) and error.collective):
             return False  # a clean end, a signal (rank 0 records those), or an error rank 0 raised too
+        if self.cut_off():  # rank 0 cannot hear us: it names this host itself, and the store would only make us wait
+            return False
         failure = {"rank": self.info.rank, "host": self.info.host,
                    "traceback": "".join(traceback.format_exception(kind, error, trace))}
         try:  # rank 0's watcher ends the run FAILED and acknowledges; then cli.guarded aborts the job

@@ -1,0 +1,57 @@
+"""Heartbeats: rank 0 names a host that went silent, and reports its return as a stall; a rank that loses the
+store knows it is cut off. (The real thing, a test host's link taken down, is in test_network_faults.py.)"""
+
+import datetime
+import time
+
+from torch.distributed import TCPStore
+
+from mpi_train.liveness import SILENT_S, Heartbeat, Stall, Watch
+
+HOSTS = ("a", "a", "b", "b", "c")
+
+
+def watch(stalls: list, step=lambda: 7) -> Watch:
+    return Watch(None, HOSTS, step, stalls.append)
+
+
+def test_a_host_whose_every_rank_stops_beating_is_silent_and_its_return_is_a_stall():
+    stalls = []
+    w = watch(stalls)
+    t0 = time.monotonic()
+    w.update({2: 1, 3: 1, 4: 1}, t0)
+    w.update({2: 1, 3: 1, 4: 2}, t0 + SILENT_S + 1)  # b quiet for SILENT_S + 1 s; c beat
+    assert [(s.host, s.ranks, s.step) for s in w.silent()] == [("b", (2, 3), 7)]
+    assert stalls == []
+    w.update({2: 2, 3: 1, 4: 3}, t0 + 10)  # one of b's ranks beats again: b is back
+    assert w.silent() == []
+    assert stalls == [Stall("b", (2, 3), 7, 10.0)]
+
+
+def test_one_quiet_rank_of_a_host_is_not_a_silent_host_nor_is_rank_0s_own_host():
+    stalls = []
+    w = watch(stalls)
+    t0 = time.monotonic()
+    w.update({2: 1, 3: 1, 4: 1}, t0)
+    for k in range(1, 10):
+        w.update({2: 1, 3: 1 + k, 4: 1 + k}, t0 + k)  # rank 2 stuck (SIGSTOP, say), rank 3 beats
+    assert w.silent() == [] and stalls == []
+    assert set(w.ranks_of) == {"b", "c"}  # rank 0's host "a" is not watched: rank 1 shares rank 0's machine
+
+
+def test_a_rank_knows_it_is_cut_off_once_the_store_stops_answering():
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    beat = Heartbeat(f"127.0.0.1:{server.port}", 3)
+    try:
+        deadline = time.monotonic() + 10
+        while not server.check(["mpi_train/heartbeat/3"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert int(server.get("mpi_train/heartbeat/3")) >= 1
+        assert beat.cut_off_s() == 0.0
+        del server  # rank 0's store gone, as when its host's link goes down
+        deadline = time.monotonic() + SILENT_S + 5
+        while not beat.cut_off_s() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert beat.cut_off_s() >= SILENT_S
+    finally:
+        beat.close()

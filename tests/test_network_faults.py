@@ -1,0 +1,152 @@
+"""What a network does to a job, made real on two test hosts: a link that goes down for good, and one that blinks.
+
+Each host's link is a veth cable to a bridge here; `ip link set ... down` on the bridge's end
+cuts the host off as a pulled cable would (no reset reaches either side). The links are
+shaped to 50 Mbit/s so that a step takes about a second and the cut lands mid-training.
+Needs root, like every test-host test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import MPI_ENV, REPO, MlflowServer, client_for, hosts_brought_up, losses, train
+from mpi_train import launcher
+
+pytestmark = pytest.mark.e2e
+
+PREFIX, SUBNET = "netfault", "10.88.0"
+TIMEOUT_S = 15
+STEPS = 12
+JOB = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "1",
+       "--max-steps", str(STEPS), "--timeout", str(TIMEOUT_S), "--sync", "allreduce"]
+
+
+class LiveJob:
+    """An mpirun job whose output is read while it runs, so a test can act at a given step."""
+
+    def __init__(self, hosts, args: list[str], cwd: Path):
+        options = hosts.mpirun_options()
+        command = ["mpirun", "-np", "4", "--hostfile", str(options["hostfile"]), sys.executable, "-m", "mpi_train", *args]
+        env = {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **options["env"]}
+        self.tmp = launcher.own_tmpdir()
+        env.update(self.tmp.__enter__())
+        self.process = launcher.start(command, env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        self.reader.start()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_step(self, step: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not re.search(rf"step\s+{step}/{STEPS}\b", self.output):
+            assert self.process.poll() is None, f"the job ended before step {step}:\n{self.output}"
+            assert time.monotonic() < deadline, f"no step {step} after {timeout_s} s:\n{self.output}"
+            time.sleep(0.05)
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.process.wait(timeout_s)
+        finally:
+            launcher.stop(self.process)
+            self.reader.join(10)
+            self.tmp.__exit__(None, None, None)
+
+
+def left_behind(marker: str) -> list[str]:
+    """Processes of a job still alive anywhere on this machine (every test host shares its process table)."""
+    table = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in table if marker in line or re.search(r"\bprted\b", line)]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("netfault")
+    with hosts_brought_up(root, PREFIX, SUBNET) as made:
+        made.script("shape", "50mbit")
+        made.server = MlflowServer(root, host=f"{SUBNET}.1")
+        try:
+            yield made
+        finally:
+            made.server.stop()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(hosts, tmp_path_factory):
+    """The job's losses with nothing going wrong: what a blink and a resume must reproduce bit for bit."""
+    return losses(train(4, tmp_path_factory.mktemp("whole"), *JOB, "--no-tracking", timeout=180, **hosts.mpirun_options()))
+
+
+def test_a_host_that_loses_its_link_ends_the_job_named_and_resume_continues_exactly(hosts, uninterrupted, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    uri = hosts.server.uri()
+    job = LiveJob(hosts, [*JOB, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2", "--tracking-uri", uri,
+                          "--experiment", "linkdown", "--summary-json", str(tmp_path / "cut.json")], tmp_path)
+    try:
+        job.wait_for_step(5)
+        hosts.link(2, "down")
+        cut = time.monotonic()
+        code = job.wait(TIMEOUT_S + 60)
+        ended = time.monotonic() - cut
+    finally:
+        hosts.link(2, "up")
+    output = job.output
+    assert code != 0, output
+    assert ended <= TIMEOUT_S + 15, f"the job took {ended:.0f} s to end after the link went down:\n{output}"
+    assert f"Unreachable: host {hosts.host(2)} (ranks 2, 3)" in output, output
+    time.sleep(2)
+    assert left_behind(str(checkpoints)) == []
+
+    client = client_for(uri)
+    experiment_id = client.get_experiment_by_name("linkdown").experiment_id
+    parent = client.search_runs([experiment_id], "tags.`mpi_train.role` = 'job'")[0]
+    assert parent.info.status == "FAILED"
+    assert parent.data.tags["mpi_train.unreachable_hosts"] == hosts.host(2)
+    assert parent.data.tags["mpi_train.unreachable_ranks"] == "2,3"
+    logged = [m.step for m in client.get_metric_history(parent.info.run_id, "loss")]
+    printed = [int(s) for s in re.findall(rf"step\s+(\d+)/{STEPS}\b", output)]
+    assert logged == printed and len(logged) >= 5  # every step logged before the cut is kept
+
+    resumed = train(4, tmp_path, *JOB, "--no-tracking", "--resume", str(checkpoints), name="resumed", timeout=180,
+                    **hosts.mpirun_options())
+    first = resumed["steps"][0]["step"]
+    assert first > 1
+    assert losses(resumed) == uninterrupted[first - 1:]
+
+
+def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_path):
+    uri = hosts.server.uri()
+    job = LiveJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "blink", "--summary-json", str(tmp_path / "blink.json")], tmp_path)
+    job.wait_for_step(4)
+    hosts.link(2, "down")
+    time.sleep(6)
+    hosts.link(2, "up")
+    code = job.wait(180)
+    output = job.output
+    assert code == 0, output
+    summary = json.loads((tmp_path / "blink.json").read_text())
+    assert losses(summary) == uninterrupted
+    stalls = summary["network_stalls"]
+    assert len(stalls) == 1 and stalls[0]["host"] == hosts.host(2) and stalls[0]["ranks"] == [2, 3], stalls
+    assert 4 <= stalls[0]["seconds"] <= 12 and 4 <= stalls[0]["step"] <= 6, stalls
+    assert re.search(rf"network stall: host {hosts.host(2)} \(ranks 2, 3\) silent for [\d.]+ s from step \d+", output), output
+
+    client = client_for(uri)
+    experiment_id = client.get_experiment_by_name("blink").experiment_id
+    parent = client.search_runs([experiment_id], "tags.`mpi_train.role` = 'job'")[0]
+    assert parent.info.status == "FINISHED"
+    assert hosts.host(2) in parent.data.tags["mpi_train.network_stalls"]
+    history = client.get_metric_history(parent.info.run_id, "network_stall_s")
+    assert [(m.step, round(m.value, 3)) for m in history] == [(stalls[0]["step"], round(stalls[0]["seconds"], 3))]
