@@ -126,11 +126,16 @@ class Watch:
         for stall in back:
             self.on_stall(stall)
 
-    def silent(self) -> list[Stall]:
-        """The hosts silent now, each with how long so far."""
-        now = time.monotonic()
+    def silent(self, now: Optional[float] = None) -> list[Stall]:
+        """The hosts silent now, each with how long so far (from the last reading: the watch may lag a little)."""
+        now = time.monotonic() if now is None else now
         with self.lock:
-            return [Stall(host, self.ranks_of[host], step, now - began) for host, (began, step) in self.silent_from.items()]
+            stalls = []
+            for host, ranks in self.ranks_of.items():
+                last = max(self.changed[rank] for rank in ranks)
+                if now - last >= SILENT_S:
+                    stalls.append(Stall(host, ranks, self.silent_from.get(host, (last, int(self.step())))[1], now - last))
+            return stalls
 
     def close(self) -> None:
         self.stop.set()

@@ -21,10 +21,10 @@ def test_a_host_whose_every_rank_stops_beating_is_silent_and_its_return_is_a_sta
     t0 = time.monotonic()
     w.update({2: 1, 3: 1, 4: 1}, t0)
     w.update({2: 1, 3: 1, 4: 2}, t0 + SILENT_S + 1)  # b quiet for SILENT_S + 1 s; c beat
-    assert [(s.host, s.ranks, s.step) for s in w.silent()] == [("b", (2, 3), 7)]
+    assert [(s.host, s.ranks, s.step, s.seconds) for s in w.silent(t0 + SILENT_S + 1)] == [("b", (2, 3), 7, SILENT_S + 1)]
     assert stalls == []
     w.update({2: 2, 3: 1, 4: 3}, t0 + 10)  # one of b's ranks beats again: b is back
-    assert w.silent() == []
+    assert w.silent(t0 + 10) == []
     assert stalls == [Stall("b", (2, 3), 7, 10.0)]
 
 
@@ -35,7 +35,7 @@ def test_one_quiet_rank_of_a_host_is_not_a_silent_host_nor_is_rank_0s_own_host()
     w.update({2: 1, 3: 1, 4: 1}, t0)
     for k in range(1, 10):
         w.update({2: 1, 3: 1 + k, 4: 1 + k}, t0 + k)  # rank 2 stuck (SIGSTOP, say), rank 3 beats
-    assert w.silent() == [] and stalls == []
+    assert w.silent(t0 + 9) == [] and stalls == []
     assert set(w.ranks_of) == {"b", "c"}  # rank 0's host "a" is not watched: rank 1 shares rank 0's machine
 
 

@@ -103,6 +103,7 @@ def test_a_host_that_loses_its_link_ends_the_job_named_and_resume_continues_exac
     finally:
         hosts.link(2, "up")
     output = job.output
+    print(f"link down at step 5: the job ended {ended:.1f} s later with exit status {code}")  # shown with pytest -s
     assert code != 0, output
     assert ended <= TIMEOUT_S + 15, f"the job took {ended:.0f} s to end after the link went down:\n{output}"
     assert f"Unreachable: host {hosts.host(2)} (ranks 2, 3)" in output, output

@@ -20,7 +20,8 @@ from typing import Optional, Sequence
 
 from ..config import ENV_DEFAULTS, redact_uri
 from ..errors import UserError, format_error
-from ..sync import label
+from ..sync import SYNC_METHODS, label
+from ..sync.ddp import DDP
 
 PLOTTED_PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
 COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "samples/s", "final_loss", "test_acc", "speed-up")
@@ -173,7 +174,9 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
 
 
 PREDICTION_COLUMNS = ("sync", "np", "hosts", "link", "measured_ms", "predicted_ms", "error")
-HIDDEN_IN_BACKWARD = ("ddp",)  # its communication runs inside backward: its sync time cannot be measured apart
+def hidden_in_backward(sync: str) -> bool:
+    """DDP and its hooked variants communicate inside backward: their sync time cannot be measured apart."""
+    return sync in SYNC_METHODS and issubclass(SYNC_METHODS[sync], DDP)
 
 
 def prediction_rows(jobs: list[Job]) -> list[dict]:
@@ -182,7 +185,7 @@ def prediction_rows(jobs: list[Job]) -> list[dict]:
     for job in jobs:
         m = job.metrics
         predicted, measured = m.get("predicted_sync_time_s"), m.get("mean_sync_time_s")
-        hidden = job.sync in HIDDEN_IN_BACKWARD
+        hidden = hidden_in_backward(job.sync)
         rows.append({"sync": job.sync, "np": job.world_size, "hosts": job.params.get("num_hosts"),
                      "link": job.params.get("link") or "-", "measured_s": measured, "predicted_s": predicted,
                      "error": None if hidden or not predicted or not measured else (predicted - measured) / measured,
