@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,8 @@ class LiveJob:
         options = hosts.mpirun_options()
         command = ["mpirun", "-np", "4", "--hostfile", str(options["hostfile"]), sys.executable, "-m", "mpi_train", *args]
         env = {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **options["env"]}
-        self.tmp = launcher.own_tmpdir()
-        env.update(self.tmp.__enter__())
+        self.cleanup = ExitStack()  # the launch's own TMPDIR, removed once it has ended (see launcher.py)
+        env.update(self.cleanup.enter_context(launcher.own_tmpdir()))
         self.process = launcher.start(command, env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
@@ -62,7 +63,7 @@ class LiveJob:
         finally:
             launcher.stop(self.process)
             self.reader.join(10)
-            self.tmp.__exit__(None, None, None)
+            self.cleanup.close()
 
 
 def left_behind(marker: str) -> list[str]:
