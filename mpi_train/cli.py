@@ -78,8 +78,8 @@ def collective_failure(cluster: Cluster, error: BaseException, timeout_s: Option
     cut_off, silent = cluster.liveness.cut_off_s(), cluster.liveness.silent()
     limit = f" (now {timeout_s:g} s)" if timeout_s else ""
     if cut_off:
-        cause = (f"This host has not reached rank 0's host ({cluster.hosts[0]}) for {cut_off:.0f} s: its network link "
-                 f"is down, or rank 0's host is gone.")
+        cause = (f"Rank 0 (on {cluster.hosts[0]}) has not answered this rank's heartbeat for {cut_off:.0f} s: this host's "
+                 f"network link is down, or rank 0 is gone.")
         advice = "Check this host's network link; with --checkpoint-every, --resume continues the job once it is back."
     elif silent:
         cause = "Unreachable: " + "; ".join(stall.describe() for stall in silent) + ": its network link is down, or the host is gone."
