@@ -147,13 +147,12 @@ class Liveness:
     def __init__(self, cluster, on_stall: Callable[[Stall], None]):
         self.watch: Optional[Watch] = None
         self.heartbeat: Optional[Heartbeat] = None
-        address = getattr(cluster, "store_address", None)
-        if not cluster.spans_hosts or address is None:
+        if not cluster.spans_hosts or cluster.store_address is None:
             return
         if cluster.info.is_main:
-            self.watch = Watch(address, cluster.hosts, lambda: cluster.step_reached, on_stall)
+            self.watch = Watch(cluster.store_address, cluster.hosts, lambda: cluster.step_reached, on_stall)
         else:
-            self.heartbeat = Heartbeat(address, cluster.info.rank)
+            self.heartbeat = Heartbeat(cluster.store_address, cluster.info.rank)
 
     def silent(self) -> list[Stall]:
         """Rank 0: the hosts silent now (else empty)."""

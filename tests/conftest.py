@@ -23,10 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 MPI_ENV = {**launcher.OPEN_MPI_ENV, "PYTHONUNBUFFERED": "1"}
 
 
-def mpirun(np: int, args: list[str], *, module: str = "mpi_train", timeout: float = 240,
-           env: dict | None = None, cwd: Path | None = None, hostfile: Path | None = None,
-           rank_prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """Run `python -m module args` under a real `mpirun -np N` and return the finished process.
+def mpirun_launch(np: int, args: list[str], *, module: str = "mpi_train", env: dict | None = None,
+                  hostfile: Path | None = None, rank_prefix: tuple[str, ...] = ()) -> tuple[list[str], dict]:
+    """The command line and environment of `python -m module args` under a real `mpirun -np N`.
 
     Without a hostfile every rank runs here (oversubscribed); with one, its slots place the ranks
     (--oversubscribe would let mpirun put them all on the first host). `rank_prefix` is a command
@@ -34,8 +33,15 @@ def mpirun(np: int, args: list[str], *, module: str = "mpi_train", timeout: floa
     """
     placement = ["--hostfile", str(hostfile)] if hostfile else ["--oversubscribe"]
     command = ["mpirun", "-np", str(np), *placement, *rank_prefix, sys.executable, "-m", module, *args]
-    return launcher.run(command, env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **(env or {})},
-                        timeout=timeout, cwd=cwd or REPO)
+    return command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **(env or {})}
+
+
+def mpirun(np: int, args: list[str], *, module: str = "mpi_train", timeout: float = 240,
+           env: dict | None = None, cwd: Path | None = None, hostfile: Path | None = None,
+           rank_prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Run `python -m module args` under a real `mpirun -np N` (see mpirun_launch) and return the finished process."""
+    command, launch_env = mpirun_launch(np, args, module=module, env=env, hostfile=hostfile, rank_prefix=rank_prefix)
+    return launcher.run(command, env=launch_env, timeout=timeout, cwd=cwd or REPO)
 
 
 def train(np: int, tmp_path: Path, *args: str, name: str = "summary", **kwargs) -> dict:

@@ -9,10 +9,8 @@ Needs root, like every test-host test.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from contextlib import ExitStack
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MPI_ENV, REPO, MlflowServer, client_for, hosts_brought_up, losses, train
+from conftest import MlflowServer, client_for, hosts_brought_up, losses, mpirun_launch, train
 from mpi_train import launcher
 
 pytestmark = pytest.mark.e2e
@@ -36,9 +34,7 @@ class LiveJob:
     """An mpirun job whose output is read while it runs, so a test can act at a given step."""
 
     def __init__(self, hosts, args: list[str], cwd: Path):
-        options = hosts.mpirun_options()
-        command = ["mpirun", "-np", "4", "--hostfile", str(options["hostfile"]), sys.executable, "-m", "mpi_train", *args]
-        env = {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **options["env"]}
+        command, env = mpirun_launch(4, args, **hosts.mpirun_options())
         self.cleanup = ExitStack()  # the launch's own TMPDIR, removed once it has ended (see launcher.py)
         env.update(self.cleanup.enter_context(launcher.own_tmpdir()))
         self.process = launcher.start(command, env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
