@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from . import stragglers
 from .errors import UserError
 
 UNLIMITED = "unlimited"
@@ -106,17 +107,31 @@ def nominal_link(link: str) -> Link:
 
 @dataclass(frozen=True)
 class Network:
-    """The links of a cluster: between ranks on one host, and between hosts."""
+    """The links of a cluster: between ranks on one host, and between hosts; `slow` is a straggler host's link
+    (stragglers.py), `slow_is_root` whether that host is rank 0's."""
 
     intra: Link = LOOPBACK
     inter: Link = LOOPBACK
+    slow: Optional[Link] = None
+    slow_is_root: bool = False
+
+    @property
+    def slowest(self) -> Link:
+        """The inter-host link a ring waits for at every step."""
+        return self.slow or self.inter
+
+    def without_slow(self) -> "Network":
+        return Network(self.intra, self.inter)
 
     def as_dict(self) -> dict:
-        return {"intra": asdict(self.intra), "inter": asdict(self.inter)}
+        return {"intra": asdict(self.intra), "inter": asdict(self.inter),
+                **({"slow": asdict(self.slow), "slow_is_root": self.slow_is_root} if self.slow else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Network":
-        return cls(Link(**data["intra"]), Link(**data["inter"]))
+        slow = data.get("slow")
+        return cls(Link(**data["intra"]), Link(**data["inter"]), Link(**slow) if slow else None,
+                   bool(data.get("slow_is_root")))
 
 
 def load_calibration(path: str | Path) -> Network:
@@ -222,7 +237,7 @@ def ring_time(size: float, placement: Placement, network: Network) -> float:
     n = placement.world
     if n == 1:
         return 0.0
-    link = network.inter if placement.hosts > 1 else network.intra
+    link = network.slowest if placement.hosts > 1 else network.intra
     return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * size * link.beta
 
 
@@ -230,8 +245,12 @@ def root_time(size: float, placement: Placement, network: Network) -> float:
     n, local = placement.world, placement.local
     if n == 1:
         return 0.0
-    alpha = network.inter.alpha if placement.hosts > 1 else network.intra.alpha
-    return 2 * (n - 1) * alpha + 2 * ((n - local) * size * network.inter.beta + (local - 1) * size * network.intra.beta)
+    alpha = network.slowest.alpha if placement.hosts > 1 else network.intra.alpha
+    across = (n - local) * size * network.inter.beta  # rank 0's host link, each way
+    if network.slow and placement.hosts > 1:  # a straggler: its own link carries its ranks' share, or all of it
+        across = ((n - local) * size * network.slow.beta if network.slow_is_root
+                  else max(across, placement.ranks_per_host * size * network.slow.beta))
+    return 2 * (n - 1) * alpha + 2 * (across + (local - 1) * size * network.intra.beta)
 
 
 def hierarchical_time(size: float, placement: Placement, network: Network) -> float:
@@ -240,7 +259,8 @@ def hierarchical_time(size: float, placement: Placement, network: Network) -> fl
         return ring_time(size, placement, network)
     levels = math.ceil(math.log2(local))
     inside = 2 * levels * (network.intra.alpha + size * network.intra.beta)  # reduce to the leader, broadcast back
-    return inside + 2 * (hosts - 1) * network.inter.alpha + 2 * (hosts - 1) / hosts * size * network.inter.beta
+    leaders = network.slowest  # the leaders' ring waits for the slowest host's link
+    return inside + 2 * (hosts - 1) * leaders.alpha + 2 * (hosts - 1) / hosts * size * leaders.beta
 
 
 TIME_MODELS: dict[str, Callable[[float, Placement, Network], float]] = {
@@ -315,8 +335,10 @@ def calibration_sizes(largest: int, smallest: int = 1024, factor: int = 4) -> li
     return sizes + [max(largest, smallest)]
 
 
-def ping_pong(peer: int, sizes: Sequence[int], iters: int, device) -> Optional[list[float]]:
-    """One-way seconds per size between rank 0 and `peer` (median round trip / 2), on rank 0; None elsewhere. Collective."""
+def ping_pong(peer: int, sizes: Sequence[int], iters: int, device, origin: int = 0,
+              fastest: bool = False) -> Optional[list[float]]:
+    """One-way seconds per size between `origin` and `peer` (median round trip / 2; the fastest with `fastest`), on
+    `origin`; None elsewhere. Collective."""
     import statistics
     import time
 
@@ -331,16 +353,16 @@ def ping_pong(peer: int, sizes: Sequence[int], iters: int, device) -> Optional[l
         for i in range(iters + 1):  # the first round trip may open the connection: not timed
             dist.barrier()
             started = time.perf_counter()
-            if rank == 0:
+            if rank == origin:
                 dist.send(buffer, dst=peer)
                 dist.recv(buffer, src=peer)
             elif rank == peer:
-                dist.recv(buffer, src=0)
-                dist.send(buffer, dst=0)
+                dist.recv(buffer, src=origin)
+                dist.send(buffer, dst=origin)
             if i:
                 seconds.append(time.perf_counter() - started)
-        result.append(statistics.median(seconds) / 2)
-    return result if rank == 0 else None
+        result.append((min(seconds) if fastest else statistics.median(seconds)) / 2)
+    return result if rank == origin else None
 
 
 def peers(hosts: Sequence[str]) -> dict[str, Optional[int]]:
@@ -350,25 +372,82 @@ def peers(hosts: Sequence[str]) -> dict[str, Optional[int]]:
     return {"intra": same, "inter": other}
 
 
-def calibrate(hosts: Sequence[str], largest: int, iters: int, device) -> Optional[dict]:
-    """Fit both links by ping-pong over 1 KB .. `largest`; rank 0 gets {"network": ..., "points": ...}. Collective.
+def time_pairs(pairs: Sequence[tuple[int, int]], sizes: Sequence[int], iters: int, device,
+               fastest: bool = False) -> list[tuple[Link, list]]:
+    """Each pair's fitted link and one-way seconds per size, on every rank. Collective."""
+    import torch.distributed as dist
 
-    A link with no pair of ranks to measure it (one host; one rank per host) takes the other's fit."""
+    found = []
+    for a, b in pairs:
+        seconds = ping_pong(b, sizes, iters, device, origin=a, fastest=fastest)
+        shared = [(Link.fit(sizes, seconds, source=f"ping-pong rank {a} <-> {b}"), seconds) if dist.get_rank() == a else None]
+        dist.broadcast_object_list(shared, src=a)
+        found.append(shared[0])
+    return found
+
+
+def find_straggler(hosts: Sequence[str], pairs: list, links: list, largest: int, iters: int, device,
+                   cap: Optional[float]) -> tuple[dict, Optional[stragglers.Straggler]]:
+    """Each host's bandwidth (at most `cap`, the shaped rate, since a burst can look faster) and the straggler, if
+    any. A suspect's pairs are timed again, keeping the fastest round trip: a busy moment (or a shaper whose burst
+    allowance ran out) only ever slows one. Collective; `links` is updated in place with the re-timed fits."""
+    def per_host() -> dict:
+        return stragglers.host_bandwidths(hosts, pairs, [min(link.bandwidth, cap or math.inf) for link in links])
+
+    suspect = stragglers.find(hosts, per_host())
+    if suspect is None:
+        return per_host(), None
+    through = [i for i in range(len(pairs)) if i not in stragglers.pairs_without(suspect, hosts, pairs)]
+    again = time_pairs([pairs[i] for i in through], [max(1024, largest // 4), largest], iters + 2, device, fastest=True)
+    for i, (link, _) in zip(through, again):
+        if link.bandwidth > links[i].bandwidth:
+            links[i] = link
+    return per_host(), stragglers.find(hosts, per_host())
+
+
+def calibrate(hosts: Sequence[str], largest: int, iters: int, device, link: Optional[str] = None) -> Optional[dict]:
+    """Fit both links by ping-pong over 1 KB .. `largest`; rank 0 gets {"network", "points", "host_links",
+    "straggler"}. Collective.
+
+    Intra-host: rank 0 with a rank on its host. Inter-host: every pair of stragglers.host_pairs (the hosts' first
+    ranks, around the ring of hosts); the inter-host link is the slowest pair's, leaving out a straggler's pairs,
+    which give the network's `slow` link.
+    A link with no pair of ranks to measure it (one host; one rank per host) takes the other's fit. `link`, the rate
+    the hosts were shaped to, caps the bandwidths compared to find a straggler."""
+    import torch.distributed as dist
+
     sizes = calibration_sizes(largest)
     found: dict[str, Link] = {}
     points: dict[str, dict] = {}
-    for kind, peer in peers(hosts).items():
-        if peer is None:
-            continue
-        seconds = ping_pong(peer, sizes, iters, device)
+    intra_peer = peers(hosts)["intra"]
+    if intra_peer is not None:
+        seconds = ping_pong(intra_peer, sizes, iters, device)
         if seconds is not None:
-            found[kind] = Link.fit(sizes, seconds, source=f"ping-pong rank 0 <-> {peer}")
-            points[kind] = {"peer": peer, "sizes": sizes, "seconds": seconds}
+            found["intra"] = Link.fit(sizes, seconds, source=f"ping-pong rank 0 <-> {intra_peer}")
+            points["intra"] = {"peer": intra_peer, "sizes": sizes, "seconds": seconds}
+    pairs = stragglers.host_pairs(hosts)
+    timed = time_pairs(pairs, sizes, iters, device)
+    for (a, b), (_, seconds) in zip(pairs, timed):
+        points[f"inter {a}<->{b}"] = {"origin": a, "peer": b, "sizes": sizes, "seconds": seconds}
+    pair_links = [fit for fit, _ in timed]
+    per_host, straggler = find_straggler(hosts, pairs, pair_links, largest, iters, device,
+                                         rate_bytes_per_s(link) if link else None)
+    if dist.get_rank() != 0:
+        return None
+    slow = None
+    if straggler:  # the others' pairs give the inter-host link, the straggler's its own
+        others = stragglers.pairs_without(straggler, hosts, pairs)
+        slow = max((fit for i, fit in enumerate(pair_links) if i not in others), key=lambda fit: fit.time(largest))
+        pair_links = [pair_links[i] for i in others]
+    if pair_links:
+        found["inter"] = max(pair_links, key=lambda fit: fit.time(largest))
     if not found:
         return None
     intra = found.get("intra", found.get("inter"))
     inter = found.get("inter", intra)
-    return {"network": Network(intra, inter).as_dict(), "points": points}
+    network = Network(intra, inter, slow, straggler is not None and straggler.host == hosts[0])
+    return {"network": network.as_dict(), "points": points, "host_links": per_host,
+            "straggler": straggler.as_dict() if straggler else None}
 
 
 def describe_network(network: Network) -> str:
@@ -381,7 +460,7 @@ def describe_network(network: Network) -> str:
 
 @dataclass(frozen=True)
 class JobModel:
-    """What a training job predicts for its own sync each step."""
+    """What a training job predicts for its own sync each step, and what a straggler host costs it."""
 
     prediction: Prediction
     network: Network
@@ -389,17 +468,25 @@ class JobModel:
     tensor_bytes: list = field(default_factory=list)
     bucket_mb: Optional[float] = None
     ratio: Optional[float] = None  # the compressor's bytes on the wire per gradient byte
+    host_links: dict = field(default_factory=dict)  # host -> bytes/s its link reached (empty with --calibration)
+    straggler: Optional[stragglers.Straggler] = None
 
-    def sync_time(self, compute_s: float) -> float:
+    def sync_time(self, compute_s: float, network: Optional[Network] = None) -> float:
         """Predicted sync seconds per step; for an overlapped method its exposed time behind this measured compute."""
         from .sync import SYNC_METHODS
 
-        if not self.prediction.overlapped:
+        if not self.prediction.overlapped and network is None:
             return self.prediction.comm_s
         name = self.prediction.method
-        again = predict(name, SYNC_METHODS[name], self.tensor_bytes, self.placement, self.network,
+        again = predict(name, SYNC_METHODS[name], self.tensor_bytes, self.placement, network or self.network,
                         backward_s=BACKWARD_SHARE * compute_s, bucket_mb=self.bucket_mb, ratio=self.ratio)
         return again.sync_s
+
+    def straggler_cost(self, compute_s: float) -> Optional[float]:
+        """Seconds per step the straggler adds: the predicted sync with the measured links minus with the others'."""
+        if self.straggler is None:
+            return None
+        return self.sync_time(compute_s) - self.sync_time(compute_s, self.network.without_slow())
 
 
 QUICK_CALIBRATION_BYTES = 1 << 20  # a job's own ping-pong stops at 1 MB: well under a second even at 100 Mbit/s
@@ -409,20 +496,23 @@ QUICK_CALIBRATION_ITERS = 2
 def job_model(config, cluster, model, method, device) -> Optional[JobModel]:
     """The prediction a training job logs beside its measured sync time; None on one rank or for an unmodelled method.
 
-    Links come from --calibration (a bench JSON) when given, else from a short ping-pong now. A --link rate caps the
-    inter-host bandwidth: a shaper lets a burst through at full speed (tc tbf: 10 ms of traffic, 1.25 MB at 1 Gbit/s),
-    so messages of at most 1 MB can see a shaped link as faster than it is. Collective."""
+    Links come from --calibration (a bench JSON) when given, else from a short ping-pong now, which also finds a
+    straggler host (stragglers.py). A --link rate caps the inter-host bandwidth: a shaper lets a burst through at
+    full speed (tc tbf: 10 ms of traffic, 1.25 MB at 1 Gbit/s), so messages of at most 1 MB can see a shaped link as
+    faster than it is. Collective."""
     from .sync import SYNC_METHODS
 
     hosts = list(cluster.hosts)
     if len(hosts) == 1:
         return None
+    measured = {}
     if config.calibration:
         network = load_calibration(config.calibration)  # every rank reads it, so a bad file stops all of them together
     else:
-        measured = calibrate(hosts, QUICK_CALIBRATION_BYTES, QUICK_CALIBRATION_ITERS, device)
-        network = cluster.bcast(Network.from_dict(measured["network"]) if measured else None)
+        measured = cluster.bcast(calibrate(hosts, QUICK_CALIBRATION_BYTES, QUICK_CALIBRATION_ITERS, device, config.link)) or {}
+        network = Network.from_dict(measured["network"]) if measured else None
     network = capped(network, config.link)
+    straggler = stragglers.Straggler.from_dict(measured["straggler"]) if measured.get("straggler") else None
     sizes = tensor_sizes(model)
     placement = Placement.of_hosts(hosts)
     ratio = method.wire_bytes(list(model.parameters())) / sum(sizes)  # what its compressor sends
@@ -430,7 +520,8 @@ def job_model(config, cluster, model, method, device) -> Optional[JobModel]:
                          ratio=ratio)
     if prediction is None:
         return None
-    return JobModel(prediction, network, placement, sizes, config.bucket_mb, ratio)
+    return JobModel(prediction, network, placement, sizes, config.bucket_mb, ratio, measured.get("host_links", {}),
+                    straggler)
 
 
 def capped(network: Network, link: Optional[str]) -> Network:
@@ -439,7 +530,8 @@ def capped(network: Network, link: Optional[str]) -> Network:
     if rate is None or network.inter.beta >= 1 / rate:
         return network
     return Network(network.intra, Link(network.inter.alpha, 1 / rate, network.inter.fit_error,
-                                       f"{network.inter.source}; bandwidth capped at the {link} link"))
+                                       f"{network.inter.source}; bandwidth capped at the {link} link"),
+                   network.slow, network.slow_is_root)
 
 
 def job_placement(hosts: Sequence[str]) -> dict:

@@ -66,12 +66,12 @@ class Reporter(SilentReporter):
     """Rank 0: prints progress, collects the summary written at the end, and forwards both to the tracker."""
 
     def __init__(self, config_dict: dict, global_batch: int, summary_path: Optional[str], print_fn=print,
-                 tracker: Optional[NullTracker] = None, predict_sync: Optional[Callable[[float], float]] = None):
+                 tracker: Optional[NullTracker] = None, sync_model=None):
         self.config = config_dict
         self.global_batch = global_batch
         self.summary_path = summary_path
         self.tracker = tracker or NullTracker()
-        self.predict_sync = predict_sync  # compute seconds -> predicted sync seconds (netmodel), None on one rank
+        self.sync_model = sync_model  # the alpha-beta model's view of this job (netmodel.JobModel), None on one host
         self._print = print_fn
         self.job: dict = {}  # the JobInfo's fields, as the summary carries them
         self.steps: list[dict] = []
@@ -92,12 +92,21 @@ class Reporter(SilentReporter):
             f"{self.config['dataset']}, batch {self.global_batch} ({job.batch_size_per_rank} per rank), "
             f"{job.threads} thread(s) per rank, {job.total_steps} steps, rendezvous {job.rendezvous}"
         )
+        model = self.sync_model
+        if model and model.host_links:
+            self.print("mpi_train: host links measured: " + ", ".join(
+                f"{host} {rate / 1e6:,.1f} MB/s" for host, rate in model.host_links.items()))
+        if model and model.straggler:
+            cost = model.straggler_cost(0.0)  # no compute measured yet: as if nothing hid behind backward
+            self.tracker.log_straggler(model.straggler)
+            self.print(f"mpi_train: slow host: {model.straggler.describe()}; every rank waits for it, about "
+                       f"+{cost:.3f} s of sync per step by the model")
 
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict], lr: Optional[float] = None) -> None:
         loss = mean_over_ranks(per_rank, "loss")
         times = {key: mean_over_ranks(per_rank, key) for key in PHASES}
-        if self.predict_sync:
-            times["predicted_sync_time_s"] = self.predict_sync(times["compute_time_s"])
+        if self.sync_model:
+            times["predicted_sync_time_s"] = self.sync_model.sync_time(times["compute_time_s"])
         self.steps.append({"step": step, "epoch": epoch, "loss": loss, **({"lr": lr} if lr is not None else {}), **times})
         self.tracker.log_step(epoch, step, loss, times, self.global_batch / times["step_time_s"], per_rank, lr=lr)
         self.print(
@@ -113,6 +122,15 @@ class Reporter(SilentReporter):
         self.stalls.append({"host": stall.host, "ranks": list(stall.ranks), "step": stall.step, "seconds": stall.seconds})
         self.tracker.log_stall(stall)
         self.print(f"mpi_train: network stall: {stall.describe()}; it answers again and the job goes on.")
+
+    def slow_host(self, means: dict) -> dict:
+        """The straggler and what it cost each step, by the model given the measured compute; printed too."""
+        model = self.sync_model
+        cost = model.straggler_cost(means["compute_time_s"])
+        without = model.sync_time(means["compute_time_s"], model.network.without_slow())
+        self.print(f"mpi_train: slow host {model.straggler.host} cost about {cost:.3f} s per step (model: sync "
+                   f"{without + cost:.3f} s with its link, {without:.3f} s without; measured sync {means['sync_time_s']:.3f} s)")
+        return {**model.straggler.as_dict(), "cost_s": cost, "predicted_sync_without_s": without}
 
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None:
         self.epochs.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_accuracy, "epoch_time_s": epoch_time_s})
@@ -141,7 +159,8 @@ class Reporter(SilentReporter):
             "mean_times_after_warmup": steady,
             "final_loss": self.steps[-1]["loss"] if self.steps else None,
             "network_stalls": self.stalls,
-            **({"predicted_sync_time_s": self.predict_sync(overall["compute_time_s"])} if self.predict_sync else {}),
+            **({"predicted_sync_time_s": self.sync_model.sync_time(overall["compute_time_s"])} if self.sync_model else {}),
+            **({"slow_host": self.slow_host(steady)} if self.sync_model and self.sync_model.straggler else {}),
             "wall_time_s": wall_time_s,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }

@@ -215,9 +215,8 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     job = setup(config, cluster)
     rank, total_steps = cluster.info.rank, job.info.total_steps
     tracker = tracking.start(job.connection, config, cluster, job.info)
-    predict_sync = job.sync_model.sync_time if job.sync_model else None
     reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker,
-                        predict_sync=predict_sync) if cluster.info.is_main else SilentReporter()
+                        sync_model=job.sync_model) if cluster.info.is_main else SilentReporter()
     cluster.liveness = Liveness(cluster, on_stall=reporter.note_stall)  # heartbeats, when the job spans hosts
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
         reporter.start(job.info)

@@ -5,7 +5,8 @@
 #   scripts/testhosts.sh up N        create hosts 1..N (again: the same N hosts, nothing twice)
 #                                    and write the hostfile
 #   scripts/testhosts.sh down        remove them all, with their hostfile
-#   scripts/testhosts.sh shape RATE  limit every host's link to RATE each way (tc tbf: 1gbit, 100mbit)
+#   scripts/testhosts.sh shape RATE [I..]  limit every host's link (or hosts I..: 3 is ${PREFIX}3) to RATE
+#                                    each way (tc tbf: 1gbit, 100mbit); a straggler: shape 1gbit, then shape 100mbit 3
 #   scripts/testhosts.sh unshape     remove the limits
 #   scripts/testhosts.sh status      list the hosts, their addresses and limits
 #
@@ -28,7 +29,7 @@ say() { echo "testhosts: $*"; }
 die() { echo "testhosts: $*" >&2; exit 1; }
 
 usage() {
-    sed -n '5,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '5,11p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -110,17 +111,23 @@ rate_bytes() {  # tc rate (e.g. 1gbit, 100mbit, 500kbit) -> bytes per second
 }
 
 shape() {
-    local rate=$1 bytes burst ns
+    local rate=$1 bytes burst ns i chosen=()
+    shift
     command -v tc >/dev/null || die "needs the tc command, which is missing. Install iproute2 (apt-get install iproute2)."
     bytes=$(rate_bytes "$rate")
     burst=$((bytes / 100))  # 10 ms worth; never below one 64 KiB segment, which tbf would otherwise drop
     [ "$burst" -ge 131072 ] || burst=131072
     [ -n "$(namespaces)" ] || die "no test hosts to shape; run $0 up N first."
-    for ns in $(namespaces); do  # both ends: into the host (root side) and out of it (its eth0)
+    for i in "$@"; do
+        [ -e "/run/netns/$PREFIX$i" ] || die "there is no test host $PREFIX$i to shape (hosts: $(namespaces | tr '\n' ' ')); give host numbers, e.g. $0 shape $rate 2."
+        chosen+=("$PREFIX$i")
+    done
+    [ ${#chosen[@]} -gt 0 ] || mapfile -t chosen < <(namespaces)
+    for ns in "${chosen[@]}"; do  # both ends: into the host (root side) and out of it (its eth0)
         tc qdisc replace dev "$(veth_of "$ns")" root tbf rate "$rate" burst "$burst" latency 50ms
         ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms
     done
-    say "every host's link limited to $rate each way"
+    if [ $# -gt 0 ]; then say "link of ${chosen[*]} limited to $rate each way"; else say "every host's link limited to $rate each way"; fi
 }
 
 unshape() {
@@ -145,7 +152,7 @@ require_tools "$@"
 case $1 in
     up) [ $# -eq 2 ] || usage; up "$2" ;;
     down) down; say "removed" ;;
-    shape) [ $# -eq 2 ] || usage; shape "$2" ;;
+    shape) [ $# -ge 2 ] || usage; shift; shape "$@" ;;
     unshape) unshape ;;
     status) status ;;
     *) usage ;;

@@ -209,9 +209,11 @@ class TestHosts:
     prefix: str
     subnet: str
     hostfile: Path
+    slots: int = 2
 
     def script(self, *args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "TESTHOSTS_PREFIX": self.prefix, "TESTHOSTS_SUBNET": self.subnet, "TESTHOSTS_HOSTFILE": str(self.hostfile)}
+        env = {**os.environ, "TESTHOSTS_PREFIX": self.prefix, "TESTHOSTS_SUBNET": self.subnet, "TESTHOSTS_HOSTFILE": str(self.hostfile),
+               "TESTHOSTS_SLOTS": str(self.slots)}
         done = subprocess.run([str(TESTHOSTS_SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, f"testhosts.sh {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
         return done
@@ -229,12 +231,12 @@ class TestHosts:
 
 
 @contextmanager
-def hosts_brought_up(root: Path, prefix: str, subnet: str, count: int = 2):
-    """`count` test hosts with 2 slots each, always torn down (and checked gone), also when a test fails."""
+def hosts_brought_up(root: Path, prefix: str, subnet: str, count: int = 2, slots: int = 2):
+    """`count` test hosts with `slots` slots each, always torn down (and checked gone), also when a test fails."""
     reason = why_no_namespaces(prefix)
     if reason:
         pytest.skip(reason)
-    hosts = TestHosts(prefix, subnet, root / "hostfile")
+    hosts = TestHosts(prefix, subnet, root / "hostfile", slots)
     try:
         hosts.script("up", str(count))
         yield hosts

@@ -438,7 +438,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     if world > 1:
         if info.is_main:
             print(f"bench: calibrating the links (ping-pong and allreduce, 1 KB .. {gradient_bytes / 1e6:.1f} MB)", flush=True)
-        calibration = netmodel.calibrate(cluster.hosts, gradient_bytes, args.link_iters, device)
+        calibration = netmodel.calibrate(cluster.hosts, gradient_bytes, args.link_iters, device, args.link)
         allreduce_fit = allreduce_calibration(gradient_bytes, args.link_iters, device)
         if info.is_main:
             calibration["allreduce"] = allreduce_fit

@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 from ..config import ENV_DEFAULTS, redact_uri
 from ..errors import UserError, format_error
 from ..sync import SYNC_METHODS, label
+from ..stragglers import Straggler
 from ..sync.ddp import DDP
 
 PLOTTED_PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
@@ -39,6 +40,7 @@ class Job:
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
     rank_step_times: list[list[float]] = field(default_factory=list)  # per rank, every logged window
     params: dict = field(default_factory=dict)  # the parent run's params (link, num_hosts, ranks_per_host, ...)
+    slow_host: Optional[str] = None  # a straggler host found at its start (stragglers.Straggler.describe)
 
     @property
     def label(self) -> str:
@@ -60,7 +62,8 @@ def load_jobs(client, experiment_id: str, since_ms: Optional[int] = None, names:
             continue
         params, metrics = run.data.params, run.data.metrics
         sync = label(params.get("sync", "?"), params.get("compression", "none"))  # bucketed+powersgd apart from bucketed
-        job = Job(run.info.run_id, run.info.run_name, sync, int(params.get("world_size", 0)), metrics, params=dict(params))
+        job = Job(run.info.run_id, run.info.run_name, sync, int(params.get("world_size", 0)), metrics, params=dict(params),
+                  slow_host=run.data.tags.get("mpi_train.slow_host_link"))
         job.loss_curve = [(m.step, m.value) for m in sorted(client.get_metric_history(job.run_id, "loss"), key=lambda m: m.step)]
         children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{job.run_id}'", max_results=1000)
         for child in sorted(children, key=lambda c: int(c.data.tags.get("rank", 0))):
@@ -81,7 +84,21 @@ def job_from_summary(name: str, summary: dict) -> Job:
                loss_curve=[(step["step"], step["loss"]) for step in summary["steps"]],
                rank_step_times=[[rank["step_time_s"]] for rank in summary["per_rank_mean_times"]],
                params={"link": summary["config"].get("link"), "num_hosts": summary.get("num_hosts"),
-                       "ranks_per_host": summary.get("ranks_per_host")})
+                       "ranks_per_host": summary.get("ranks_per_host")},
+               slow_host=Straggler.from_dict(summary["slow_host"]).describe() if summary.get("slow_host") else None)
+
+
+def slow_host_lines(jobs: list[Job]) -> list[str]:
+    """One line per job that ran with a straggler host: which, its link, and what it cost per step."""
+    lines = []
+    for job in jobs:
+        if job.slow_host:
+            cost = job.metrics.get("slow_host_cost_s")
+            sync = timing(job.metrics, "sync_time_s")
+            lines.append(f"  {job.name} ({job.label}): slow {job.slow_host}; it costs "
+                         + (f"about {1000 * cost:.0f} ms per step by the model" if cost is not None else "an unknown time per step")
+                         + (f" (measured sync {1000 * sync:.0f} ms per step)" if sync is not None else ""))
+    return lines
 
 
 def timing(metrics: dict, phase: str) -> Optional[float]:
@@ -319,6 +336,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     predicted = any(row["predicted_s"] is not None for row in predictions)
     if predicted:  # jobs on several ranks: predicted (alpha-beta model) against measured sync
         table += "\n\nsync time, measured against predicted:\n" + format_prediction_table(predictions)
+    slow = slow_host_lines(jobs)
+    if slow:
+        table += "\n\nslow hosts (every rank waits for the slowest link):\n" + "\n".join(slow)
     print(table)
     paths = plot(jobs, Path(args.out)) + ([plot_predictions(predictions, Path(args.out))] if predicted else [])
     print("plots: " + ", ".join(str(p) for p in paths))

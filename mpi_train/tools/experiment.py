@@ -401,7 +401,7 @@ def collect_jobs(sweep: Sweep, uri: Optional[str], launches: list[Launch], since
 def report(sweep: Sweep, uri: Optional[str], launches: list[Launch], since_ms: int) -> None:
     """compare.py's table and plots for the sweep's jobs, and the bench's cost table and plot; printed and stored."""
     from .compare import (format_prediction_table, format_table, log_comparison, plot, plot_predictions, plot_sync_costs,
-                          prediction_rows, table_rows)
+                          prediction_rows, slow_host_lines, table_rows)
 
     jobs, client, experiment_id = collect_jobs(sweep, uri, launches, since_ms)
     sections, paths = [], []
@@ -414,6 +414,8 @@ def report(sweep: Sweep, uri: Optional[str], launches: list[Launch], since_ms: i
                             "(mpi_train/netmodel.py), per method and setting; error = (predicted - measured) / measured:\n"
                             + format_prediction_table(predictions))
             paths.append(plot_predictions(predictions, sweep.out / "plots"))
+        if slow_host_lines(jobs):
+            sections.append("Slow hosts (every rank waits for the slowest link):\n" + "\n".join(slow_host_lines(jobs)))
     else:
         sections.append(f"Runs of {sweep.name!r}: none finished, nothing to compare.")
     settings = sweep.network.settings if sweep.network else (None,)

@@ -46,6 +46,8 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
         **({"final_loss": summary["final_loss"]} if summary["final_loss"] is not None else {}),
         **steady_metrics(summary, global_batch),
         **({"predicted_sync_time_s": summary["predicted_sync_time_s"]} if "predicted_sync_time_s" in summary else {}),
+        **({"slow_host_cost_s": summary["slow_host"]["cost_s"],
+            "slow_host_link_mb_s": summary["slow_host"]["bandwidth"] / 1e6} if summary.get("slow_host") else {}),
     }
 
 
@@ -71,6 +73,7 @@ class MlflowTracker(NullTracker):
         self.status: Optional[str] = None
         self.lines: list[str] = []
         self.stalls: list[str] = []  # hosts that went silent and came back (log_stall)
+        self.straggler = None  # a host whose link is far slower than the others' (log_straggler)
         self.loop_time_s = 0.0  # time the training loop spent in this tracker: the overhead it pays
         self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
@@ -150,6 +153,10 @@ class MlflowTracker(NullTracker):
         self.stalls.append(stall.describe())
         for run_id in [self.parent_id, *(self.child_ids[rank] for rank in stall.ranks)]:
             self._put(run_id, self._metrics({"network_stall_s": stall.seconds}, stall.step))
+
+    def log_straggler(self, straggler) -> None:
+        """A slow host found at start (stragglers.Straggler): tags naming it when the run ends."""
+        self.straggler = straggler
 
     def log_step(self, epoch, step, loss, times, throughput, per_rank, lr=None) -> None:
         started = time.perf_counter()
@@ -243,6 +250,10 @@ class MlflowTracker(NullTracker):
         tags = dict(tags or {})
         if self.stalls:
             tags["mpi_train.network_stalls"] = "; ".join(self.stalls)[:5000]
+        if self.straggler:
+            tags.update({"mpi_train.slow_host": self.straggler.host,
+                         "mpi_train.slow_host_ranks": ",".join(map(str, self.straggler.ranks)),
+                         "mpi_train.slow_host_link": self.straggler.describe()})
         silent = self.cluster.liveness.silent() if status == "FAILED" else []
         failed_ranks = {rank for stall in silent for rank in stall.ranks}
         if failure and silent:  # whoever reported the failure, the cause is the host that went silent
