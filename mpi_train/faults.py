@@ -6,6 +6,10 @@ Set MPI_TRAIN_FAIL_AT="RANK:POINT[:HOW]" on the launch:
          N           step N, just before its gradient sync: the other ranks are inside the collective
          eval        at the start of the first evaluation
   HOW    raise (default): a Python exception; kill: SIGKILL to itself; hang: sleep forever
+
+`python -m mpi_train.faults soak --trials N` makes faults from outside instead: short jobs on test
+hosts, each with a random rank killed or stopped, a link taken down or the server stopped
+(tools/soak.py).
 """
 
 from __future__ import annotations
@@ -73,3 +77,9 @@ class NoFault:
 
 def injected() -> Union[Fault, NoFault]:
     return Fault.from_env() or NoFault()
+
+
+if __name__ == "__main__":
+    from .tools.soak import main
+
+    sys.exit(main())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from typing import Any, Mapping, Optional
 
@@ -42,6 +43,7 @@ class MpiChannel(ObjectChannel):
         os._exit(code)
 
 
+DAEMON_END_DELAY_S = 3  # after a cut-off rank's exit: time for its daemon to report it, if it can
 LAUNCH_DAEMONS = ("prted", "orted")  # what Open MPI's mpirun starts on each host, the ranks' parent there
 
 
@@ -67,7 +69,10 @@ class MpiEnvironment(ClusterEnvironment):
 
     def leave_cut_off(self, code: int) -> None:
         """A host cut off from mpirun keeps its launch daemon, waiting for orders that cannot arrive, after its
-        ranks are gone; so the daemon that started this rank is ended too (SIGTERM, which ends its other ranks)."""
+        ranks are gone; so the daemon that started this rank is ended too (SIGTERM, which ends its other ranks).
+        This rank exits first and the daemon is ended a moment later, by a detached sleeper: a daemon that can
+        still reach mpirun (rank 0 stopped, not the link) reports the rank's exit status, and mpirun exits
+        non-zero rather than with the 0 of a job whose daemon just vanished."""
         parent = os.getppid()
         try:
             with open(f"/proc/{parent}/comm") as handle:
@@ -76,9 +81,14 @@ class MpiEnvironment(ClusterEnvironment):
             name = ""
         if name in LAUNCH_DAEMONS:
             try:
-                os.kill(parent, signal.SIGTERM)
-            except OSError:
-                pass
+                subprocess.Popen(["/bin/sh", "-c", f"sleep {DAEMON_END_DELAY_S}; kill -TERM {parent} 2>/dev/null"],
+                                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, close_fds=True)
+            except OSError:  # no sleeper to be had: end the daemon now
+                try:
+                    os.kill(parent, signal.SIGTERM)
+                except OSError:
+                    pass
         super().leave_cut_off(code)
 
     def world_size(self) -> int:
