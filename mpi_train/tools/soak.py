@@ -4,7 +4,7 @@ Each trial trains a few steps on test hosts (network namespaces with tc-shaped l
 root, see the README's "Test hosts") with an MLflow server on the hosts' bridge, and at a
 random step does one of:
 
-  kill    SIGKILL to a random rank            the job must end FAILED, naming it
+  kill    SIGKILL to a random rank            the job must end FAILED (KILLED: rank 0, which cannot tell)
   stop    SIGSTOP to a random rank            a hang: the others must give up after --timeout
   link    a random host's link taken down     a pulled cable: the host must be named unreachable
   server  the MLflow server stopped, restarted OUTAGE_S later: the job must finish, and once what it
@@ -45,8 +45,11 @@ from .sweep import NetworkPlan, NetworkSetting
 FAULTS = ("kill", "stop", "link", "server")
 GRACE_S = 15  # a failed job must end within --timeout + GRACE_S of the fault
 OUTAGE_S = 8  # the server is away this long, plus its restart (~15 s)
-EXPECTED = {"kill": ("failed", "FAILED"), "stop": ("failed", "FAILED"), "link": ("failed", "FAILED"),
-            "server": ("finished", "FINISHED")}
+# How each fault's job must end, and its run. A killed rank 0 cannot say why it died: its run guard ends the run
+# KILLED, as for a kill by hand or an out-of-memory kill (see tracking/guard.py).
+EXPECTED = {"kill": ("failed", ("FAILED", "KILLED")), "stop": ("failed", ("FAILED",)), "link": ("failed", ("FAILED",)),
+            "server": ("finished", ("FINISHED",))}
+SETTLE_S = 60  # for the run guard of a killed rank 0 to end its runs
 
 
 @dataclass
@@ -66,7 +69,7 @@ class Trial:
     note: str = ""
 
     def verdict(self, timeout_s: int) -> str:
-        outcome, status = EXPECTED[self.fault]
+        outcome, statuses = EXPECTED[self.fault]
         problems = []
         if self.exit is None:
             problems.append("HANG")
@@ -74,7 +77,7 @@ class Trial:
             problems.append("LATE" if self.exit else "NOT FAILED")
         elif outcome == "finished" and self.exit != 0:
             problems.append("FAILED")
-        if self.run_status != status:
+        if self.run_status not in statuses:
             problems.append(f"RUN {self.run_status}")
         if self.logged < self.printed:
             problems.append("LOST METRICS")
@@ -94,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--link", default="50mbit", help="every host's link rate: about a second per step at 50mbit (default: 50mbit)")
     parser.add_argument("--steps", type=int, default=12, help="training steps of each job (default: 12)")
     parser.add_argument("--timeout", type=int, default=15, help="the jobs' --timeout in seconds (default: 15)")
+    parser.add_argument("--prefix", default="soak", help="the test hosts' names (default: soak, so soak1, soak2, ...)")
+    parser.add_argument("--subnet", default="10.87.0", help="the test hosts' /24 network (default: 10.87.0)")
     parser.add_argument("--out", default="soak", help="folder for the jobs' output, the MLflow store and the table (default: soak)")
     return parser
 
@@ -151,8 +156,10 @@ class Server:
             stop_server(self.process)
 
 
-def processes_of(marker: str) -> list[int]:
-    """Pids of the job's ranks (their command line names the trial's folder) and of any prted daemon."""
+def processes_of(marker: str, launcher_pid: Optional[int] = None) -> list[int]:
+    """Pids of the job's ranks (their command line names the trial's folder) and of its launch daemons (prted,
+    whose command line names mpirun's job as prterun-HOST-PID@N)."""
+    daemon = re.compile(rf"(^|/)prted .*-{launcher_pid}@\d") if launcher_pid else None
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -161,7 +168,7 @@ def processes_of(marker: str) -> list[int]:
             args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if marker in args or re.search(r"(^|/)prted\b", args.split(" ")[0]):
+        if marker in args or daemon and daemon.search(args):
             found.append(int(entry.name))
     return found
 
@@ -192,7 +199,10 @@ def run_trial(trial: Trial, args, hosts: TestHosts, setting: NetworkSetting, ser
     lines: list[str] = []
     with ExitStack() as stack:
         env.update(stack.enter_context(launcher.own_tmpdir()))
+        if trial.fault == "link":
+            stack.callback(hosts_link, hosts, trial.target.split()[-1], "up")
         process = launcher.start(command, env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stack.callback(end_leftovers, marker, process.pid)  # on every way out (Ctrl-C included), after the stop
         stack.callback(launcher.stop, process)
         reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
         reader.start()
@@ -213,25 +223,26 @@ def run_trial(trial: Trial, args, hosts: TestHosts, setting: NetworkSetting, ser
             trial.note = f"still running {bound} s after the fault; stopped"
         launcher.stop(process)
         reader.join(10)
-        if trial.fault == "link":
-            hosts_link(hosts, trial.target.split()[-1], "up")
         time.sleep(2)  # what mpirun's end leaves to exit on its own
-        left = processes_of(marker)
-        trial.left = len(left)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        trial.left = len(processes_of(marker, process.pid))
     (folder / "output.txt").write_text("".join(lines))
     server.wait_up()
     spool = folder / "mlruns" / "spool"
     if any(spool.glob("*.jsonl")):  # written while the server was away: sent as the job's message says to
         replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", server.uri, str(spool)],
-                                capture_output=True, text=True, timeout=300, env=env)
+                                capture_output=True, text=True, timeout=300, env={k: v for k, v in env.items() if k != "TMPDIR"})
         trial.note = "spool replayed" if replay.returncode == 0 else f"replay failed: {replay.stderr.strip()[-200:]}"
     trial.printed = len(set(printed()))
     trial.run_status, trial.logged = tracked(server.uri, f"trial-{trial.number:02d}", set(printed()))
+
+
+def end_leftovers(marker: str, launcher_pid: int) -> None:
+    """SIGKILL whatever of the job is still alive (counted before, as left behind)."""
+    for pid in processes_of(marker, launcher_pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def hosts_link(hosts: TestHosts, name: str, state: str) -> None:
@@ -252,12 +263,19 @@ def inject(trial: Trial, marker: str, hosts: TestHosts, server: Server) -> None:
 
 
 def tracked(uri: str, run_name: str, printed: set) -> tuple[str, int]:
-    """The job's parent run status, and how many printed steps have their loss in MLflow."""
+    """The job's parent run status once it has one (or RUNNING after SETTLE_S), and how many printed steps have
+    their loss in MLflow."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name("soak")
-    runs = client.search_runs([experiment.experiment_id], f"tags.`mpi_train.role` = 'job' and attributes.run_name = '{run_name}'") if experiment else []
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        experiment = client.get_experiment_by_name("soak")
+        where = f"tags.`mpi_train.role` = 'job' and attributes.run_name = '{run_name}'"
+        runs = client.search_runs([experiment.experiment_id], where) if experiment else []
+        if runs and runs[0].info.status != "RUNNING" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     if not runs:
         return "none", 0
     logged = {m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")}
@@ -268,7 +286,7 @@ def draw(number: int, rng: random.Random, faults: list[str], args) -> Trial:
     fault = rng.choice(faults)
     target = {"kill": lambda: f"rank {rng.randrange(args.hosts * args.ranks_per_host)}",
               "stop": lambda: f"rank {rng.randrange(args.hosts * args.ranks_per_host)}",
-              "link": lambda: f"host soak{rng.randrange(1, args.hosts + 1)}", "server": lambda: "server"}[fault]()
+              "link": lambda: f"host {args.prefix}{rng.randrange(1, args.hosts + 1)}", "server": lambda: "server"}[fault]()
     return Trial(number, fault, target, rng.randint(2, args.steps - 3))
 
 
@@ -297,7 +315,7 @@ def totals(trials: list[Trial], timeout_s: int) -> str:
 def soak(args: argparse.Namespace) -> int:
     faults = validate(args)
     out = Path(args.out).resolve()
-    plan = NetworkPlan((args.hosts,), args.ranks_per_host, (args.link,), prefix="soak", subnet="10.87.0")
+    plan = NetworkPlan((args.hosts,), args.ranks_per_host, (args.link,), prefix=args.prefix, subnet=args.subnet)
     check_can_run(plan, Path("python -m mpi_train.faults soak"))
     setting = NetworkSetting(args.hosts, args.link, args.ranks_per_host)
     rng = random.Random(args.seed)
