@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from . import environments
 from .environments import ClusterEnvironment
+from .environments.base import DAEMON_END_DELAY_S
 from .errors import UserError
 from .liveness import Liveness, NoLiveness
 
@@ -158,10 +159,12 @@ class Cluster:
     def abort(self, code: int) -> None:
         """End every rank of the job now (a peer may be blocked in a collective).
 
-        If the launcher cannot carry the abort out within ABORT_GRACE_S (this host's daemon cut
-        off from mpirun by a link that went down), this process exits on its own."""
-        if self.liveness.cut_off_s():  # the launcher cannot hear this host: ask nothing of it, leave (its daemon too)
-            self.environment.leave_cut_off(code)
+        If the launcher cannot carry the abort out within ABORT_GRACE_S, this process exits on its own. A host
+        that lost the job (a rank whose heartbeat rank 0 no longer answers; rank 0 when every other host is
+        silent) may be the one cut off from mpirun by a link gone down, and its launch daemon would then wait
+        for orders forever: if it cannot reach mpirun, it is ended once this process has had its chance to report."""
+        if self.liveness.cut_off_s() or self.liveness.alone():
+            self.environment.end_daemon_if_cut_off(DAEMON_END_DELAY_S)
         deadline = threading.Timer(ABORT_GRACE_S, _exit_now, (code,))
         deadline.daemon = True
         deadline.start()

@@ -162,6 +162,10 @@ class Liveness:
         """Other ranks: how long rank 0's host has not answered, when that is past SILENT_S (else 0)."""
         return self.heartbeat.cut_off_s() if self.heartbeat else 0.0
 
+    def alone(self) -> bool:
+        """Rank 0: every other host is silent, so the link cut may as well be this host's own."""
+        return bool(self.watch and self.watch.ranks_of) and len(self.watch.silent()) == len(self.watch.ranks_of)
+
     def close(self) -> None:
         for part in (self.watch, self.heartbeat):
             if part:

@@ -24,6 +24,11 @@ first) and are sent one after the other; exposed = last bucket's end - backward'
   leaders: 2·ceil(log2 R)·(alpha_intra + S·beta_intra) + 2(H-1)·alpha + 2(H-1)/H·S·beta.
   On one host, or with one rank per host, it is `ring`.
 
+A straggler host (stragglers.py: one link far slower than the others') is the network's `slow`
+link: a ring, and the host leaders' ring of `hierarchical`, wait for it at every step; through
+rank 0 (`root`) its link carries its own ranks' share (R·S each way), unless it is rank 0's
+host, whose link carries everything.
+
 A cost model is one function in TIME_MODELS, keyed like costs.COST_MODELS.
 """
 
@@ -198,8 +203,10 @@ SCHEDULES: dict[str, Schedule] = {  # by --sync name; a method not listed sends 
 
 def schedule_of(name: str, method_class: type, bucket_mb: Optional[float] = None) -> Schedule:
     """A method's schedule: its class's `schedule` attribute if it declares one, else the table above."""
+    from .sync.ddp import DDP
+
     schedule = getattr(method_class, "schedule", None) or SCHEDULES.get(name, Schedule())
-    if bucket_mb is not None and schedule.messages == "buckets" and not name.startswith("ddp"):  # DDP keeps its own
+    if bucket_mb is not None and schedule.messages == "buckets" and not issubclass(method_class, DDP):  # DDP keeps its own
         schedule = Schedule(schedule.messages, schedule.overlapped, bucket_mb)
     return schedule
 
@@ -455,7 +462,8 @@ def describe_network(network: Network) -> str:
         return (f"alpha {link.alpha * 1e6:.0f} us, beta -> {link.bandwidth / 1e6:,.0f} MB/s "
                 f"(fit error {100 * link.fit_error:.0f}%, {link.source})")
 
-    return f"intra-host: {one(network.intra)}; inter-host: {one(network.inter)}"
+    slow = f"; a straggler host's: {one(network.slow)}" if network.slow else ""
+    return f"intra-host: {one(network.intra)}; inter-host: {one(network.inter)}{slow}"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import time
 
 from torch.distributed import TCPStore
 
-from mpi_train.liveness import SILENT_S, Heartbeat, Stall, Watch
+from mpi_train.liveness import SILENT_S, Heartbeat, NoLiveness, Stall, Watch
 
 HOSTS = ("a", "a", "b", "b", "c")
 
@@ -55,3 +55,16 @@ def test_a_rank_knows_it_is_cut_off_once_the_store_stops_answering():
         assert beat.cut_off_s() >= SILENT_S
     finally:
         beat.close()
+
+
+def test_rank_0_is_alone_only_when_every_other_host_is_silent():
+    live = NoLiveness()
+    assert not live.alone()  # one host, or no process group yet: nothing watched
+    now = time.monotonic()
+    live.watch = watch([])
+    live.watch.update({2: 1, 3: 1, 4: 1}, now - 10 * SILENT_S)
+    live.watch.update({2: 1, 3: 1, 4: 2}, now)  # c beats, b has been silent for long
+    assert [s.host for s in live.watch.silent()] == ["b"] and not live.alone()
+    live.watch = watch([])
+    live.watch.update({2: 1, 3: 1, 4: 1}, now - 10 * SILENT_S)  # nobody since: this host's own link may be the cut one
+    assert {s.host for s in live.watch.silent()} == {"b", "c"} and live.alone()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MPI_ENV, REPO
+from conftest import MPI_ENV, REPO, why_no_namespaces
 from mpi_train import launcher
 from mpi_train.tools.experiment import plan
 from mpi_train.tools.sweep import SweepError, parse
@@ -100,9 +100,12 @@ def _namespaces() -> list[str]:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"), reason="test hosts need root, ip and tc")
 def test_a_network_sweep_over_two_hosts_and_two_links_tracks_params_and_predicts_sync(tmp_path):
     from mlflow import MlflowClient
+
+    reason = why_no_namespaces(PREFIX) or (None if shutil.which("tc") else "shaped links need the tc command (iproute2)")
+    if reason:
+        pytest.skip(reason)
 
     out, store = tmp_path / "out", f"sqlite:///{tmp_path}/mlflow.db"
     path = tmp_path / "net.toml"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import threading
 import time
 from contextlib import ExitStack
@@ -122,6 +123,40 @@ def test_a_host_that_loses_its_link_ends_the_job_named_and_resume_continues_exac
     first = resumed["steps"][0]["step"]
     assert first > 1
     assert losses(resumed) == uninterrupted[first - 1:]
+
+
+def test_when_rank_0s_own_host_loses_its_link_every_side_still_ends(hosts, tmp_path):
+    """Rank 0 cannot tell its own cut from every other host's; nor can mpirun reach rank 0's daemon or the others'
+    ranks reach rank 0. Both sides end, mpirun exits non-zero, and what rank 0 could not send is replayed after."""
+    uri = hosts.server.uri()
+    job = LiveJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "rank0cut", "--summary-json", str(tmp_path / "cut.json")],
+                  tmp_path)
+    try:
+        job.wait_for_step(5)
+        hosts.link(1, "down")
+        cut = time.monotonic()
+        code = job.wait(TIMEOUT_S + 60)
+        ended = time.monotonic() - cut
+    finally:
+        hosts.link(1, "up")
+    output = job.output
+    print(f"rank 0's link down at step 5: the job ended {ended:.1f} s later with exit status {code}")  # pytest -s
+    assert code != 0, output
+    assert ended <= TIMEOUT_S + 15, f"the job took {ended:.0f} s to end after rank 0's link went down:\n{output}"
+    assert f"Rank 0 (on {hosts.host(1)}) has not answered this rank's heartbeat" in " ".join(output.split()), output
+    time.sleep(2)
+    assert left_behind(str(tmp_path / "cut.json")) == []
+
+    spool = tmp_path / "mlruns" / "spool"  # rank 0 could not reach the server: its end waits in the spool
+    replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", uri, str(spool)],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    client = client_for(uri)
+    experiment_id = client.get_experiment_by_name("rank0cut").experiment_id
+    parent = client.search_runs([experiment_id], "tags.`mpi_train.role` = 'job'")[0]
+    assert parent.info.status == "FAILED"
+    logged = [m.step for m in client.get_metric_history(parent.info.run_id, "loss")]
+    assert logged == [int(s) for s in re.findall(rf"step\s+(\d+)/{STEPS}\b", output)] and len(logged) >= 5
 
 
 def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_path):

@@ -7,8 +7,6 @@ A real MLflow server listens on the hosts' bridge address. Needs root, like the 
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, MlflowServer, client_for, job_runs, losses, train
+from conftest import REPO, MlflowServer, client_for, job_runs, losses, train, why_no_namespaces
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the first test also waits for the cluster and the server
 
@@ -25,9 +23,8 @@ BRIDGE_ADDRESS = f"{SUBNET}.1"
 QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2", "--sync", "allreduce"]
 ENDS_WITHIN_S = 60
 
-if os.geteuid() != 0 or not shutil.which("ip"):
-    pytest.skip("the Slurm cluster runs its nodes in network namespaces, which needs root and the ip command "
-                "(iproute2)", allow_module_level=True)
+if why_no_namespaces(PREFIX):  # the Slurm cluster runs its nodes in network namespaces
+    pytest.skip(why_no_namespaces(PREFIX), allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,10 @@ one never starts anything; the constructor is where an environment connects.
 from __future__ import annotations
 
 import os
-import sys
 from abc import ABC, abstractmethod
 from typing import Any, Mapping, Optional
+
+DAEMON_END_DELAY_S = 1  # a cut-off host's daemon is ended this long after its rank's abort: its console lines go first
 
 
 class ObjectChannel(ABC):
@@ -82,10 +83,6 @@ class ClusterEnvironment(ABC):
         """The torch store the ranks share from the start (env://), or None if the process group must open one."""
         return None
 
-    def leave_cut_off(self, code: int) -> None:
-        """End this process when its host is cut off from the job (its link down): the launcher cannot be
-        told, so nothing is asked of it."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    def end_daemon_if_cut_off(self, delay_s: float) -> None:
+        """End this host's launch daemon `delay_s` from now if it can no longer reach the launcher (mpi.py)."""
 

@@ -8,9 +8,12 @@ MPI starts as a singleton and the job is one rank.
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from .base import ClusterEnvironment, ObjectChannel
@@ -43,7 +46,26 @@ class MpiChannel(ObjectChannel):
         os._exit(code)
 
 
-DAEMON_END_DELAY_S = 3  # after a cut-off rank's exit: time for its daemon to report it, if it can
+DAEMON_KILL_AFTER_S = 5
+REACH_TIMEOUT_S = 2.0  # a TCP connect to mpirun that has not succeeded by then: the link is down
+_LAUNCHER_URI = re.compile(r'[op]rte_hnp_uri\s+"?[^;\s]*;tcp://([0-9.,]+):(\d+)')  # mpirun's address in a daemon's arguments
+
+
+def launcher_reachable(daemon_arguments: str) -> Optional[bool]:
+    """Whether mpirun (its address from a launch daemon's command line) answers a TCP connect now; None if the
+    command line does not say where it is."""
+    found = _LAUNCHER_URI.search(daemon_arguments)
+    if not found:
+        return None
+    port = int(found.group(2))
+    for address in found.group(1).split(","):
+        try:
+            socket.create_connection((address, port), timeout=REACH_TIMEOUT_S).close()
+            return True
+        except OSError:
+            continue
+    return False
+  # SIGKILL after SIGTERM: a daemon whose orderly exit waits for mpirun across the cut link
 LAUNCH_DAEMONS = ("prted", "orted")  # what Open MPI's mpirun starts on each host, the ranks' parent there
 
 
@@ -67,29 +89,32 @@ class MpiEnvironment(ClusterEnvironment):
     def detect(env: Mapping[str, str] = os.environ) -> bool:
         return any(name in env for name in MPI_VARIABLES)
 
-    def leave_cut_off(self, code: int) -> None:
+    def end_daemon_if_cut_off(self, delay_s: float) -> None:
         """A host cut off from mpirun keeps its launch daemon, waiting for orders that cannot arrive, after its
-        ranks are gone; so the daemon that started this rank is ended too (SIGTERM, which ends its other ranks).
-        This rank exits first and the daemon is ended a moment later, by a detached sleeper: a daemon that can
-        still reach mpirun (rank 0 stopped, not the link) reports the rank's exit status, and mpirun exits
-        non-zero rather than with the 0 of a job whose daemon just vanished."""
+        ranks are gone. So if the daemon that started this rank cannot reach mpirun's address now, it is ended
+        `delay_s` from now by a detached sleeper, whatever becomes of this process (SIGTERM, which ends its other
+        ranks; SIGKILL 5 s later, as a daemon may wait on mpirun, across the cut link, to exit in order). A daemon
+        that can reach mpirun is left alone: mpirun ends it, and a daemon lost on the wrong side would make
+        mpirun end the job with exit status 0."""
         parent = os.getppid()
         try:
-            with open(f"/proc/{parent}/comm") as handle:
-                name = handle.read().strip()
+            name = Path(f"/proc/{parent}/comm").read_text().strip()
+            arguments = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
-            name = ""
-        if name in LAUNCH_DAEMONS:
+            return
+        if name not in LAUNCH_DAEMONS or launcher_reachable(arguments) is not False:
+            return
+        still = f'[ "$(cat /proc/{parent}/comm 2>/dev/null)" = {name} ]'  # not a process that took its pid since
+        script = (f"sleep {delay_s:g}; {still} && kill -TERM {parent} || exit 0; "
+                  f"for i in $(seq {DAEMON_KILL_AFTER_S}); do sleep 1; {still} || exit 0; done; kill -KILL {parent}")
+        try:
+            subprocess.Popen(["/bin/sh", "-c", script], start_new_session=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+        except OSError:  # no sleeper to be had: end the daemon now
             try:
-                subprocess.Popen(["/bin/sh", "-c", f"sleep {DAEMON_END_DELAY_S}; kill -TERM {parent} 2>/dev/null"],
-                                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, close_fds=True)
-            except OSError:  # no sleeper to be had: end the daemon now
-                try:
-                    os.kill(parent, signal.SIGTERM)
-                except OSError:
-                    pass
-        super().leave_cut_off(code)
+                os.kill(parent, signal.SIGTERM)
+            except OSError:
+                pass
 
     def world_size(self) -> int:
         return self.comm.Get_size()

@@ -444,7 +444,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
             calibration["allreduce"] = allreduce_fit
             network = netmodel.capped(netmodel.Network.from_dict(calibration["network"]), args.link)
             calibration["network"] = network.as_dict()
-            crossed = network.inter if layout.hosts > 1 else network.intra
+            crossed = network.slowest if layout.hosts > 1 else network.intra
             link["bandwidth_bytes_per_s"] = crossed.bandwidth
             link["measured_by"] = crossed.source + (", between hosts" if layout.hosts > 1 else ", on one host")
         measured = allreduce_bandwidth(world, device, gradient_bytes / 2**20, args.link_iters)
