@@ -107,3 +107,17 @@ def test_store_collectives_between_two_ranks():
         thread.join(30)
     assert results[0] == ([("host", 0), ("host", 1)], "from 0", [0, 10], "zero", [0, 1])
     assert results[1] == ([("host", 0), ("host", 1)], "from 0", None, "one", [0, 1])
+
+
+def test_a_launch_daemon_knows_whether_mpirun_still_answers():
+    import socket
+
+    from mpi_train.environments.mpi import launcher_reachable
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    arguments = f'prted --prtemca prte_hnp_uri "prterun-vm-1@0.0;tcp://192.0.2.2,127.0.0.1:{port}:64,24,24" --prtemca x y'
+    assert launcher_reachable(arguments) is True  # the second address answers
+    listener.close()
+    assert launcher_reachable(arguments) is False  # nothing listens there any more
+    assert launcher_reachable("prted --prtemca ess env") is None  # the command line does not say: leave it be
