@@ -162,7 +162,7 @@ class Cluster:
         If the launcher cannot carry the abort out within ABORT_GRACE_S, this process exits on its own. A host
         that lost the job (a rank whose heartbeat rank 0 no longer answers; rank 0 when every other host is
         silent) may be the one cut off from mpirun by a link gone down, and its launch daemon would then wait
-        for orders forever: if it cannot reach mpirun, it is ended once this process has had its chance to report."""
+        for orders forever: if it cannot reach mpirun, it is ended once this rank has had its chance to report."""
         if self.liveness.cut_off_s() or self.liveness.alone():
             self.environment.end_daemon_if_cut_off(DAEMON_END_DELAY_S)
         deadline = threading.Timer(ABORT_GRACE_S, _exit_now, (code,))

@@ -46,7 +46,7 @@ class MpiChannel(ObjectChannel):
         os._exit(code)
 
 
-DAEMON_KILL_AFTER_S = 5
+DAEMON_KILL_AFTER_S = 5  # SIGKILL after SIGTERM: a daemon whose orderly exit waits for mpirun across the cut link
 REACH_TIMEOUT_S = 2.0  # a TCP connect to mpirun that has not succeeded by then: the link is down
 _LAUNCHER_URI = re.compile(r'[op]rte_hnp_uri\s+"?[^;\s]*;tcp://([0-9.,]+):(\d+)')  # mpirun's address in a daemon's arguments
 
@@ -65,7 +65,8 @@ def launcher_reachable(daemon_arguments: str) -> Optional[bool]:
         except OSError:
             continue
     return False
-  # SIGKILL after SIGTERM: a daemon whose orderly exit waits for mpirun across the cut link
+
+
 LAUNCH_DAEMONS = ("prted", "orted")  # what Open MPI's mpirun starts on each host, the ranks' parent there
 
 
