@@ -213,12 +213,8 @@ class MlflowTracker(NullTracker):
         else:
             rank, host = self.info.rank, self.info.host
             text = "".join(traceback.format_exception(kind, error, trace))
-            silent = self.cluster.liveness.silent()
-            if raised_in_collective(error) and silent:  # a host went silent: its link is down, or it is gone
-                rank, host = silent[0].ranks[0], silent[0].host
-                text = f"A collective failed on rank {self.info.rank} ({self.info.host}); unreachable: " \
-                       f"{'; '.join(stall.describe() for stall in silent)}.\n{text}"
-            elif raised_in_collective(error):  # rank 0 only saw a peer's failure: blame the rank that was behind
+            if raised_in_collective(error) and not self.cluster.liveness.silent():
+                # rank 0 only saw a peer's failure: blame the rank that was behind (a silent host, end() blames)
                 behind = self.cluster.laggards()
                 rank, host = (behind[0], self.cluster.hosts[behind[0]]) if behind else ("unknown", "unknown")
                 text = f"A collective failed on rank {self.info.rank} ({self.info.host}); rank {rank} was behind.\n{text}"
@@ -342,10 +338,10 @@ class MlflowTracker(NullTracker):
             if number not in (signal.SIGTERM, signal.SIGINT):
                 continue
             name = signal.Signals(number).name
-            silent = self.cluster.liveness.silent()
-            if silent:  # a launcher that lost a host's daemon stops the job: that host failed, nobody killed it
-                recorded = self.end("FAILED", failure={"rank": silent[0].ranks[0], "host": silent[0].host, "traceback":
-                                                       f"{name} from the launcher; unreachable: {'; '.join(s.describe() for s in silent)}"})
+            if self.cluster.liveness.silent():  # a launcher that lost a host's daemon stops the job: that host
+                # failed, nobody killed it (end() names it)
+                recorded = self.end("FAILED", failure={"rank": self.info.rank, "host": self.info.host,
+                                                       "traceback": f"{name} from the launcher"})
             else:
                 recorded = self.end("KILLED", tags={"mpi_train.killed_by": name})
             if recorded:
