@@ -83,7 +83,7 @@ def collective_failure(cluster: Cluster, error: BaseException, timeout_s: Option
         advice = "Check this host's network link; with --checkpoint-every, --resume continues the job once it is back."
     elif silent:
         cause = "Unreachable: " + "; ".join(stall.describe() for stall in silent) + ": its network link is down, or the host is gone."
-        if len(silent) == len(set(cluster.hosts)) - 1:  # every other host: the cut may as well be on this side
+        if cluster.liveness.alone():  # every other host: the cut may as well be on this side
             cause += f" (Every other host went silent: the link of this host, {info.host}, may be the one down.)"
         advice = "Check that host's network link; with --checkpoint-every, --resume continues the job once it is back."
     else:

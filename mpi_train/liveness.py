@@ -31,8 +31,12 @@ class Stall:
     seconds: float
 
     def describe(self) -> str:
-        ranks = ", ".join(map(str, self.ranks))
-        return f"host {self.host} (rank{'s' if len(self.ranks) > 1 else ''} {ranks}) silent for {self.seconds:.1f} s from step {self.step}"
+        return f"{host_with_ranks(self.host, self.ranks)} silent for {self.seconds:.1f} s from step {self.step}"
+
+
+def host_with_ranks(host: str, ranks: tuple[int, ...]) -> str:
+    """How messages name a host: `host node2 (ranks 2, 3)`."""
+    return f"host {host} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
 
 
 def _client(address: str, timeout_s: float):

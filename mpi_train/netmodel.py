@@ -401,15 +401,17 @@ def find_straggler(hosts: Sequence[str], pairs: list, links: list, largest: int,
     def per_host() -> dict:
         return stragglers.host_bandwidths(hosts, pairs, [min(link.bandwidth, cap or math.inf) for link in links])
 
-    suspect = stragglers.find(hosts, per_host())
+    measured = per_host()
+    suspect = stragglers.find(hosts, measured)
     if suspect is None:
-        return per_host(), None
+        return measured, None
     through = [i for i in range(len(pairs)) if i not in stragglers.pairs_without(suspect, hosts, pairs)]
     again = time_pairs([pairs[i] for i in through], [max(1024, largest // 4), largest], iters + 2, device, fastest=True)
     for i, (link, _) in zip(through, again):
         if link.bandwidth > links[i].bandwidth:
             links[i] = link
-    return per_host(), stragglers.find(hosts, per_host())
+    measured = per_host()
+    return measured, stragglers.find(hosts, measured)
 
 
 def calibrate(hosts: Sequence[str], largest: int, iters: int, device, link: Optional[str] = None) -> Optional[dict]:

@@ -15,6 +15,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
+from .liveness import host_with_ranks
+
 SLOW_FACTOR = 0.5  # a host whose link is under half the median of the others' is named
 
 
@@ -55,9 +57,8 @@ class Straggler:
     others_bandwidth: float
 
     def describe(self) -> str:
-        ranks = ", ".join(map(str, self.ranks))
-        return (f"host {self.host} (rank{'s' if len(self.ranks) > 1 else ''} {ranks}): its link measured "
-                f"{self.bandwidth / 1e6:,.1f} MB/s against {self.others_bandwidth / 1e6:,.1f} MB/s for the other hosts")
+        return (f"{host_with_ranks(self.host, self.ranks)}: its link measured {self.bandwidth / 1e6:,.1f} MB/s against "
+                f"{self.others_bandwidth / 1e6:,.1f} MB/s for the other hosts")
 
     def as_dict(self) -> dict:
         return {**asdict(self), "ranks": list(self.ranks)}

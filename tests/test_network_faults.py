@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MlflowServer, client_for, hosts_brought_up, losses, mpirun_launch, train
+from conftest import MlflowServer, client_for, hosts_brought_up, job_runs, losses, mpirun_launch, train
 from mpi_train import launcher
 
 pytestmark = pytest.mark.e2e
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.e2e
 PREFIX, SUBNET = "netfault", "10.88.0"
 TIMEOUT_S = 15
 STEPS = 12
+RUN_NAME = "allreduce-np4-seed42"  # the job's default run name
 JOB = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "1",
        "--max-steps", str(STEPS), "--timeout", str(TIMEOUT_S), "--sync", "allreduce"]
 
@@ -62,6 +63,21 @@ class LiveJob:
             self.reader.join(10)
             self.cleanup.close()
 
+    def cut_link_at_step(self, hosts, number: int, step: int) -> tuple[int, float]:
+        """Take test host `number`'s link down at `step` for good: the job's exit status, and seconds from the cut
+        to its end. The link comes back afterwards, whatever happened."""
+        try:
+            self.wait_for_step(step)
+            hosts.link(number, "down")
+            cut = time.monotonic()
+            code = self.wait(TIMEOUT_S + 60)
+            return code, time.monotonic() - cut
+        finally:
+            hosts.link(number, "up")
+
+    def printed_steps(self) -> list[int]:
+        return [int(s) for s in re.findall(rf"step\s+(\d+)/{STEPS}\b", self.output)]
+
 
 def left_behind(marker: str) -> list[str]:
     """Processes of a job still alive anywhere on this machine (every test host shares its process table)."""
@@ -92,14 +108,7 @@ def test_a_host_that_loses_its_link_ends_the_job_named_and_resume_continues_exac
     uri = hosts.server.uri()
     job = LiveJob(hosts, [*JOB, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2", "--tracking-uri", uri,
                           "--experiment", "linkdown", "--summary-json", str(tmp_path / "cut.json")], tmp_path)
-    try:
-        job.wait_for_step(5)
-        hosts.link(2, "down")
-        cut = time.monotonic()
-        code = job.wait(TIMEOUT_S + 60)
-        ended = time.monotonic() - cut
-    finally:
-        hosts.link(2, "up")
+    code, ended = job.cut_link_at_step(hosts, 2, step=5)
     output = job.output
     print(f"link down at step 5: the job ended {ended:.1f} s later with exit status {code}")  # shown with pytest -s
     assert code != 0, output
@@ -109,14 +118,12 @@ def test_a_host_that_loses_its_link_ends_the_job_named_and_resume_continues_exac
     assert left_behind(str(checkpoints)) == []
 
     client = client_for(uri)
-    experiment_id = client.get_experiment_by_name("linkdown").experiment_id
-    parent = client.search_runs([experiment_id], "tags.`mpi_train.role` = 'job'")[0]
+    parent, _ = job_runs(client, "linkdown", RUN_NAME)
     assert parent.info.status == "FAILED"
     assert parent.data.tags["mpi_train.unreachable_hosts"] == hosts.host(2)
     assert parent.data.tags["mpi_train.unreachable_ranks"] == "2,3"
     logged = [m.step for m in client.get_metric_history(parent.info.run_id, "loss")]
-    printed = [int(s) for s in re.findall(rf"step\s+(\d+)/{STEPS}\b", output)]
-    assert logged == printed and len(logged) >= 5  # every step logged before the cut is kept
+    assert logged == job.printed_steps() and len(logged) >= 5  # every step logged before the cut is kept
 
     resumed = train(4, tmp_path, *JOB, "--no-tracking", "--resume", str(checkpoints), name="resumed", timeout=180,
                     **hosts.mpirun_options())
@@ -131,14 +138,7 @@ def test_when_rank_0s_own_host_loses_its_link_every_side_still_ends(hosts, tmp_p
     uri = hosts.server.uri()
     job = LiveJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "rank0cut", "--summary-json", str(tmp_path / "cut.json")],
                   tmp_path)
-    try:
-        job.wait_for_step(5)
-        hosts.link(1, "down")
-        cut = time.monotonic()
-        code = job.wait(TIMEOUT_S + 60)
-        ended = time.monotonic() - cut
-    finally:
-        hosts.link(1, "up")
+    code, ended = job.cut_link_at_step(hosts, 1, step=5)
     output = job.output
     print(f"rank 0's link down at step 5: the job ended {ended:.1f} s later with exit status {code}")  # pytest -s
     assert code != 0, output
@@ -152,11 +152,10 @@ def test_when_rank_0s_own_host_loses_its_link_every_side_still_ends(hosts, tmp_p
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     client = client_for(uri)
-    experiment_id = client.get_experiment_by_name("rank0cut").experiment_id
-    parent = client.search_runs([experiment_id], "tags.`mpi_train.role` = 'job'")[0]
+    parent, _ = job_runs(client, "rank0cut", RUN_NAME)
     assert parent.info.status == "FAILED"
     logged = [m.step for m in client.get_metric_history(parent.info.run_id, "loss")]
-    assert logged == [int(s) for s in re.findall(rf"step\s+(\d+)/{STEPS}\b", output)] and len(logged) >= 5
+    assert logged == job.printed_steps() and len(logged) >= 5
 
 
 def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_path):
@@ -177,8 +176,7 @@ def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_
     assert re.search(rf"network stall: host {hosts.host(2)} \(ranks 2, 3\) silent for [\d.]+ s from step \d+", output), output
 
     client = client_for(uri)
-    experiment_id = client.get_experiment_by_name("blink").experiment_id
-    parent = client.search_runs([experiment_id], "tags.`mpi_train.role` = 'job'")[0]
+    parent, _ = job_runs(client, "blink", RUN_NAME)
     assert parent.info.status == "FINISHED"
     assert hosts.host(2) in parent.data.tags["mpi_train.network_stalls"]
     history = client.get_metric_history(parent.info.run_id, "network_stall_s")

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, client_for, hosts_brought_up, mpirun
+from conftest import REPO, client_for, hosts_brought_up, job_runs, mpirun
 from mpi_train import netmodel, stragglers
 from mpi_train.netmodel import Link, Network, Placement
 
@@ -96,8 +96,7 @@ def test_a_host_at_a_tenth_of_the_others_rate_is_named_and_its_cost_predicted(ho
     assert 0.6 <= measured / predicted <= 1.6, (measured, predicted)
 
     client = client_for(uri)
-    experiment_id = client.get_experiment_by_name("straggler").experiment_id
-    parent = client.search_runs([experiment_id], "tags.`mpi_train.role` = 'job'")[0]
+    parent, _ = job_runs(client, "straggler", "ring-np3-seed42")  # the job's default run name
     assert parent.data.tags["mpi_train.slow_host"] == name and parent.data.tags["mpi_train.slow_host_ranks"] == "2"
     assert parent.data.metrics["slow_host_cost_s"] == pytest.approx(predicted)
 

@@ -414,8 +414,9 @@ def report(sweep: Sweep, uri: Optional[str], launches: list[Launch], since_ms: i
                             "(mpi_train/netmodel.py), per method and setting; error = (predicted - measured) / measured:\n"
                             + format_prediction_table(predictions))
             paths.append(plot_predictions(predictions, sweep.out / "plots"))
-        if slow_host_lines(jobs):
-            sections.append("Slow hosts (every rank waits for the slowest link):\n" + "\n".join(slow_host_lines(jobs)))
+        slow = slow_host_lines(jobs)
+        if slow:
+            sections.append("Slow hosts (every rank waits for the slowest link):\n" + "\n".join(slow))
     else:
         sections.append(f"Runs of {sweep.name!r}: none finished, nothing to compare.")
     settings = sweep.network.settings if sweep.network else (None,)

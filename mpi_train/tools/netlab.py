@@ -95,6 +95,10 @@ class TestHosts:
         print(f"network: every test host's link now {setting.link}", flush=True)
         self.shaped = setting.link
 
+    def link(self, host: str, state: str) -> None:
+        """Take a test host's link down or bring it up (the bridge's end of its cable), as a pulled cable would."""
+        subprocess.run(["ip", "link", "set", f"{host}v", state], check=True, timeout=10)
+
     @staticmethod
     def launch_env(setting: Optional[NetworkSetting]) -> dict:
         """How mpirun reaches the test hosts: the namespace agent in place of ssh."""

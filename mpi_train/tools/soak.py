@@ -200,7 +200,7 @@ def run_trial(trial: Trial, args, hosts: TestHosts, setting: NetworkSetting, ser
     with ExitStack() as stack:
         env.update(stack.enter_context(launcher.own_tmpdir()))
         if trial.fault == "link":
-            stack.callback(hosts_link, hosts, trial.target.split()[-1], "up")
+            stack.callback(hosts.link, trial.target.split()[-1], "up")
         process = launcher.start(command, env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         stack.callback(end_leftovers, marker, process.pid)  # on every way out (Ctrl-C included), after the stop
         stack.callback(launcher.stop, process)
@@ -245,10 +245,6 @@ def end_leftovers(marker: str, launcher_pid: int) -> None:
             pass
 
 
-def hosts_link(hosts: TestHosts, name: str, state: str) -> None:
-    subprocess.run(["ip", "link", "set", f"{name}v", state], check=True, timeout=10)
-
-
 def inject(trial: Trial, marker: str, hosts: TestHosts, server: Server) -> None:
     if trial.fault in ("kill", "stop"):
         pid = rank_pid(marker, int(trial.target.split()[-1]))
@@ -257,7 +253,7 @@ def inject(trial: Trial, marker: str, hosts: TestHosts, server: Server) -> None:
             return
         os.kill(pid, signal.SIGKILL if trial.fault == "kill" else signal.SIGSTOP)
     elif trial.fault == "link":
-        hosts_link(hosts, trial.target.split()[-1], "down")
+        hosts.link(trial.target.split()[-1], "down")
     else:
         server.outage()
 
