@@ -189,6 +189,7 @@ class Schedule:
     messages: str = "flat"  # "flat": one buffer; "per_tensor": one call per gradient (L latencies); "buckets"
     overlapped: bool = False  # sends while backward runs: only the part after backward is exposed
     bucket_mb: float = 25.0
+    first_bucket_mb: float = 1.0  # DDP's (and bucketed's) first bucket, at most bucket_mb
 
 
 SCHEDULES: dict[str, Schedule] = {  # by --sync name; a method not listed sends one flat buffer after backward
@@ -217,14 +218,11 @@ def messages(tensor_bytes: Sequence[float], schedule: Schedule) -> list[float]:
         return list(tensor_bytes)
     if schedule.messages == "flat":
         return [float(sum(tensor_bytes))]
-    cap = schedule.bucket_mb * 2**20
-    buckets: list[float] = []
-    for nbytes in reversed(tensor_bytes):
-        if buckets and buckets[-1] + nbytes <= cap:
-            buckets[-1] += nbytes
-        else:
-            buckets.append(float(nbytes))
-    return buckets
+    from .sync.bucketed import fill_buckets
+
+    backward_order = list(reversed(tensor_bytes))
+    groups = fill_buckets(backward_order, schedule.bucket_mb * 2**20, min(schedule.first_bucket_mb, schedule.bucket_mb) * 2**20)
+    return [float(sum(backward_order[i] for i in group)) for group in groups]
 
 
 def compression_ratio(method_class: type) -> float:

@@ -105,6 +105,9 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
             assert 0 < row["efficiency"] <= 1
         assert row["predicted_s"] > 0 and row["measured_s"] is not None
         assert len(data["per_rank_times"][0][row["method"]]["sync"]) == 4
+        # the compressor's own CPU time: timed for every compressed method, absent for the rest
+        compressed = compression != "none" or row["method"] == "flat_fp16"
+        assert (row["codec_s"] is not None and row["codec_s"] > 0) if compressed else row["codec_s"] is None, row["method"]
 
 
 def test_methods_named_for_the_bench_are_checked_before_it_starts():

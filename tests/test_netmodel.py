@@ -57,12 +57,30 @@ def test_a_float16_wire_halves_the_bytes():
 
 
 def test_buckets_fill_in_backward_order_and_hide_behind_backward():
-    assert netmodel.messages([10, 20, 30, 40], Schedule("buckets", bucket_mb=60 / 2**20)) == [40.0, 60.0]  # 40 | 30+20+10
+    # DDP's rule: a bucket closes once it reaches its cap (60 bytes here, the first one too), last tensor first
+    assert netmodel.messages([10, 20, 30, 40], Schedule("buckets", bucket_mb=60 / 2**20)) == [70.0, 30.0]  # 40+30 | 20+10
+    first_small = Schedule("buckets", bucket_mb=100 / 2**20, first_bucket_mb=30 / 2**20)
+    assert netmodel.messages([10, 20, 30, 40], first_small) == [40.0, 60.0]  # 40 | 30+20+10
     # two buckets of 1 s each, backward 2 s: the first is ready at 1 s, ends at 2 s; the second ready at 2, ends at 3
     assert netmodel.exposed_time([1.0, 1.0], [1, 1], 2.0) == pytest.approx(1.0)
     assert netmodel.exposed_time([0.1, 0.1], [1, 1], 2.0) == pytest.approx(0.1)  # only the last bucket shows
     bucketed = predict("bucketed", SYNC_METHODS["bucketed"], [1 * MB] * 4, Placement(2, 1), NET, backward_s=10.0)
     assert bucketed.overlapped and bucketed.exposed_s < bucketed.comm_s and bucketed.sync_s == bucketed.exposed_s
+
+
+@pytest.mark.parametrize("model_name", ["vgg11", "mnist_cnn"])
+def test_bucketed_cuts_buckets_as_ddp_does(model_name):
+    """The same buckets as DistributedDataParallel's default (1 MB first, then 25 MB), so the two compare fairly."""
+    import torch.distributed as dist
+
+    from mpi_train.models import build_model
+    from mpi_train.sync.bucketed import Bucketed
+
+    params = [p for p in build_model(model_name).parameters()][::-1]
+    ddp_buckets, _ = dist._compute_bucket_assignment_by_size(params, [2**20, 25 * 2**20], [False] * len(params))
+    ours = Bucketed().split(params)
+    assert [[id(p) for p in group] for group in ours] == [[id(params[i]) for i in group] for group in ddp_buckets]
+    assert len(ours) > 1
 
 
 def test_a_method_without_a_known_cost_model_gets_no_prediction():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -10,6 +12,28 @@ from .base import EVERY_COMPRESSION, SyncMethod
 from .flat import FlatBuffer
 
 DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's default bucket_cap_mb
+FIRST_BUCKET_MB = 1.0  # and its first bucket's cap (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
+
+
+def fill_buckets(sizes: Sequence[float], bucket_bytes: float, first_bucket_bytes: float,
+                 kinds: Optional[Sequence] = None) -> list[list[int]]:
+    """DistributedDataParallel's bucket rule, as indices into `sizes` (taken in backward order).
+
+    A bucket closes once it holds at least its cap, so the tensor that crosses the cap
+    travels in it; the first bucket's cap is small, so the last layer's gradients leave
+    as soon as backward has them rather than waiting for 25 MB to follow. A bucket also
+    closes before a tensor of another kind (dtype, device), which cannot share its buffer.
+    """
+    groups: list[list[int]] = []
+    size = 0.0
+    for i, nbytes in enumerate(sizes):
+        cap = first_bucket_bytes if len(groups) == 1 else bucket_bytes
+        if not groups or size >= cap or (kinds is not None and kinds[i] != kinds[groups[-1][0]]):
+            groups.append([])
+            size = 0.0
+        groups[-1].append(i)
+        size += nbytes
+    return groups
 
 
 class Bucket:
@@ -28,7 +52,7 @@ class Bucketed(SyncMethod):
 
     wrap() cuts the parameters, in reverse registration order (roughly the order
     backward produces their gradients: last layer first), into buckets of about
-    `bucket_mb` megabytes. A post-accumulate-grad hook on each parameter copies its
+    `bucket_mb` megabytes, the first of at most 1 MB, by DDP's rule (fill_buckets). A post-accumulate-grad hook on each parameter copies its
     finished gradient into its bucket's buffer; when a bucket's last gradient arrives
     its all_reduce(SUM) is started asynchronously and backward carries on with the
     earlier layers while the bytes travel. Buckets are launched strictly in index
@@ -59,6 +83,7 @@ class Bucketed(SyncMethod):
         if bucket_mb <= 0:
             raise ValueError(f"bucket size must be positive, got {bucket_mb} MB")
         self.bucket_bytes = bucket_mb * 2**20
+        self.first_bucket_bytes = min(FIRST_BUCKET_MB, bucket_mb) * 2**20
         self.buckets: list[Bucket] = []
         self.next_to_launch = 0  # buckets before this index are in flight (or done) this step
 
@@ -75,18 +100,10 @@ class Bucketed(SyncMethod):
         return model
 
     def split(self, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
-        """Consecutive groups of at most bucket_bytes (a larger tensor gets a bucket of its own)."""
-        groups: list[list[nn.Parameter]] = [[]]
-        size = 0
-        for p in params:
-            nbytes = p.numel() * p.element_size()
-            starts_new = groups[-1] and (size + nbytes > self.bucket_bytes or (p.dtype, p.device) != (groups[-1][0].dtype, groups[-1][0].device))
-            if starts_new:
-                groups.append([])
-                size = 0
-            groups[-1].append(p)
-            size += nbytes
-        return [g for g in groups if g]
+        """The parameters (in backward order) grouped into buckets by fill_buckets."""
+        sizes = [p.numel() * p.element_size() for p in params]
+        kinds = [(p.dtype, p.device) for p in params]
+        return [[params[i] for i in group] for group in fill_buckets(sizes, self.bucket_bytes, self.first_bucket_bytes, kinds)]
 
     def make_hook(self, bucket: Bucket, view: torch.Tensor):
         def gradient_ready(param: nn.Parameter) -> None:

@@ -26,7 +26,10 @@ alike. Per method it reports:
 - efficiency = floor / sync time, at most 1; n/a for methods that overlap backward (ddp,
   bucketed), whose communication time cannot be told apart from backward's;
 - predicted: the alpha-beta model's sync time (mpi_train/netmodel.py), to hold against the
-  measured sync time, or the exposed time for an overlapped method.
+  measured sync time, or the exposed time for an overlapped method;
+- codec: a compressed method's own CPU work per step (casts, PowerSGD's products and
+  residuals), timed on every rank at once with nothing sent: what the model, which
+  charges only the wire, leaves out.
 
 Calibration first: ping-pong between rank 0 and a rank on its host and one on another host,
 and allreduce over all ranks, over message sizes from 1 KB to S, fitted by least squares to
@@ -68,10 +71,13 @@ from ..errors import UserError
 from ..models import INPUT_SHAPES, MODELS, build_model
 from ..report import write_json_atomically
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, combination_error, label
+from ..sync.ddp import DDP
+from ..sync.flat import FlatBuffer
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
 COLUMNS = ("method", "model", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s", "floor_ms",
-           "efficiency", "predicted_ms", "pred_err")
+           "efficiency", "predicted_ms", "pred_err", "codec_ms")
+CODEC_REPEATS = 3
 
 
 class NoSync(SyncMethod):
@@ -241,6 +247,31 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
     return times
 
 
+def codec_times(entries: list[Contender], device: torch.device, powersgd_rank: int) -> dict[str, float]:
+    """Per compressed method, this rank's seconds per step for its compressor's own work with nothing sent.
+
+    The casts, PowerSGD's products, orthogonalisation and residuals, run by a fresh
+    compressor on the gradients the last step left, by every rank at once as in training:
+    the CPU time the alpha-beta model, which charges only the wire, leaves out.
+    """
+    now, world, seconds = Clock(device), dist.get_world_size(), {}
+    for entry in entries:
+        if entry.method.compressor.name == "none" or isinstance(entry.method, DDP):  # DDP compresses in torch's hooks
+            continue
+        params = [p for p in entry.model.parameters() if p.grad is not None]
+        buffer = FlatBuffer(params)
+        buffer.pack()
+        codec = type(entry.method.compressor).from_config(TrainConfig(powersgd_rank=powersgd_rank, powersgd_start_step=0))
+        for repeat in range(CODEC_REPEATS + 1):  # the first allocates the compressor's buffers: untimed
+            dist.barrier()
+            start = now()
+            for _ in codec.rounds(params, buffer.data, buffer.views, world):
+                pass  # nothing summed: the compressor's work alone
+            if repeat:
+                seconds[entry.name] = seconds.get(entry.name, 0.0) + (now() - start) / CODEC_REPEATS
+    return seconds
+
+
 def spread(values: list[float]) -> float:
     """Half the interquartile range: how far a typical step's figure strays from the median on this machine."""
     if len(values) < 4:
@@ -251,12 +282,13 @@ def spread(values: list[float]) -> float:
 
 def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: float,
               sent: Optional[dict[str, float]] = None, hosts: Optional[tuple[str, ...]] = None,
-              model_of: Optional["ModelInputs"] = None) -> list[dict]:
+              model_of: Optional["ModelInputs"] = None, codec: Optional[list[dict[str, float]]] = None) -> list[dict]:
     """One row per method: medians over steps of the slowest rank, bytes and floor from the cost model, and the
     alpha-beta model's prediction when `model_of` gives the links, placement and tensor sizes.
 
     `sent` is S per method label as it sends it (default: the gradients' bytes in the class's wire dtype);
-    `hosts` each rank's host, for the models that depend on placement."""
+    `hosts` each rank's host, for the models that depend on placement; `codec` each rank's compressor time per
+    method (codec_times), of which the slowest rank's is reported."""
     names = list(per_rank[0])
 
     def slowest(name: str, phase: str) -> list[float]:
@@ -271,7 +303,8 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
         exposed = statistics.median(differences)
         row = {"method": name, "compute_s": compute, "sync_s": sync, "step_s": statistics.median(steps[name]),
                "exposed_s": exposed, "noise_s": spread(differences), "cost_model": None, "wire_bytes": None,
-               "sent_bytes": None, "received_bytes": None, "busbw_bytes_per_s": None, "floor_s": None, "efficiency": None}
+               "sent_bytes": None, "received_bytes": None, "busbw_bytes_per_s": None, "floor_s": None, "efficiency": None,
+               "codec_s": max(rank[name] for rank in codec) if codec and name in codec[0] else None}
         model = None if name == NO_SYNC else cost_model_of(method_class)
         if model is not None:
             schedule = split_label(name)[0]
@@ -315,7 +348,7 @@ def format_table(rows: list[dict]) -> str:
     def cell(row: dict, column: str) -> str:
         scale = {"compute_ms": ("compute_s", 1e3), "sync_ms": ("sync_s", 1e3), "exposed_ms": ("exposed_s", 1e3), "±ms": ("noise_s", 1e3),
                  "floor_ms": ("floor_s", 1e3), "busbw_GB/s": ("busbw_bytes_per_s", 1e-9), "efficiency": ("efficiency", 1),
-                 "predicted_ms": ("predicted_s", 1e3), "pred_err": ("prediction_error", 100)}
+                 "predicted_ms": ("predicted_s", 1e3), "pred_err": ("prediction_error", 100), "codec_ms": ("codec_s", 1e3)}
         if column == "method":
             return row["method"]
         if column == "model":
@@ -382,7 +415,8 @@ def describe(result: dict) -> str:
                  "exposed = step minus the no-sync step in the same round (± half its interquartile range over steps: "
                  "the machine's noise); efficiency = floor / sync (at most 1; n/a where communication overlaps backward); "
                  "predicted = the alpha-beta model (mpi_train/netmodel.py), pred_err against sync, or against exposed "
-                 "for overlapped methods.")
+                 "for overlapped methods; codec = the compressor's own CPU work per step, timed with nothing sent "
+                 "(the model charges only the wire).")
     return "\n".join(lines)
 
 
@@ -404,7 +438,7 @@ def log_run(connection: tracking.Connection, run_name: str, result: dict, text: 
         metrics = [Metric("link_bandwidth_bytes_per_s", result["link"]["bandwidth_bytes_per_s"], stamp, 0)] if result["world_size"] > 1 else []
         for row in result["methods"]:
             for key in ("compute_s", "sync_s", "step_s", "exposed_s", "busbw_bytes_per_s", "floor_s", "efficiency", "predicted_s",
-                        "prediction_error"):
+                        "prediction_error", "codec_s"):
                 if isinstance(row.get(key), (int, float)) and math.isfinite(row[key]):
                     metrics.append(Metric(f"{row['method'].replace('+', '.')}/{key}", float(row[key]), stamp, 0))
         client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()], synchronous=True)
@@ -463,6 +497,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         print(f"bench: {world} rank(s), {threads} thread(s) each, methods {', '.join(e.name for e in entries)}", flush=True)
     times = measure(entries, images, labels, args.steps, args.warmup, device, progress)
     per_rank = cluster.gather(times)
+    codec = cluster.gather(codec_times(entries, device, args.powersgd_rank))
     dist.destroy_process_group()
     if not info.is_main:
         return
@@ -476,7 +511,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         "link": link, "hosts": list(cluster.hosts), "unavailable": unavailable,
         "placement": {"hosts": layout.hosts, "ranks_per_host": layout.ranks_per_host, "host_of_rank": list(cluster.hosts)},
         "network_link": args.link, "calibration": calibration,
-        "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"], sent, cluster.hosts, inputs),
+        "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"], sent, cluster.hosts, inputs, codec),
         "per_rank_times": per_rank,
     }
     text = describe(result)

@@ -134,10 +134,9 @@ class PowerSGD(Compressor):
             torch.matmul(gradient.t(), m.p, out=m.q)
         yield memory.second  # round 2: the Qs
         memory.second.div_(world)
-        for m, gradient in zip(memory.matrices, gradients):
-            update = m.p @ m.q.t()  # the same on every rank
-            torch.sub(gradient, update, out=m.residual)  # what this rank's M has not delivered
-            gradient.copy_(update)
+        for m, gradient in zip(memory.matrices, gradients):  # two passes over each gradient, no temporary
+            torch.addmm(gradient, m.p, m.q.t(), alpha=-1, out=m.residual)  # e = M - P Q^T: what this rank's M has not delivered
+            torch.mm(m.p, m.q.t(), out=gradient)  # the update, the same on every rank
 
     def residual_of(self, param: nn.Parameter) -> torch.Tensor | None:
         """This rank's residual for `param` (shaped like it), or None if it is sent whole (for the tests)."""
