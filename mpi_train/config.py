@@ -33,7 +33,7 @@ class TrainConfig:
     bucket_mb: float = _opt(25.0, "bucket size in megabytes for --sync bucketed: smaller buckets start communicating earlier in backward, larger ones make fewer calls")
     compression: str = _opt("none", "what the sync method's messages carry: none (float32), fp16 or bf16 (half the bytes), powersgd (rank-r factors of each gradient matrix); for allreduce, flat, bucketed, ring, hierarchical", choices="compression")
     powersgd_rank: int = _opt(2, "rank r of PowerSGD's factors (--compression powersgd, ddp_powersgd): an n x m gradient travels as (n + m)·r numbers")
-    powersgd_start_step: int = _opt(10, "steps of plain (uncompressed) averaging before PowerSGD starts (ddp_powersgd: at least 2, torch's minimum)")
+    powersgd_start_step: int = _opt(100, "steps of plain (uncompressed) averaging before PowerSGD starts (ddp_powersgd: at least 2, torch's minimum)")
     dataset: str = _opt("cifar10", "data set", choices=tuple(DATASET_DEFAULT_MODEL))
     model: Optional[str] = _opt(None, "model (default: vgg11 for cifar10, mnist_cnn otherwise)", choices="model")
     data_dir: str = _opt("data", "where data sets are read from (and downloaded to)")

@@ -6,7 +6,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel
 
-from .compression.powersgd import PowerSGD
+from .compression.powersgd import MIN_COMPRESSION, PowerSGD
 from .ddp import DDP
 
 TORCH_FIRST_COMPRESSED_STEP = 2  # powerSGD_hook refuses start_powerSGD_iter <= 1 with error feedback or warm start
@@ -21,7 +21,7 @@ GLOO_FAILURE = (
 
 
 class DDPPowerSGD(DDP):
-    """DDP plus torch's PowerSGD hook with our rank and start step, error feedback and warm start on."""
+    """DDP plus torch's PowerSGD hook with our rank, start step and least compression, error feedback and warm start on."""
 
     fixed_compression = "powersgd"
     unsupported_backends = {"gloo": GLOO_FAILURE}
@@ -33,5 +33,6 @@ class DDPPowerSGD(DDP):
         state = powersgd.PowerSGDState(
             process_group=None, matrix_approximation_rank=self.compressor.rank,
             start_powerSGD_iter=max(TORCH_FIRST_COMPRESSED_STEP, self.compressor.start_step),
+            min_compression_rate=MIN_COMPRESSION,
             use_error_feedback=True, warm_start=True)
         wrapped.register_comm_hook(state, powersgd.powerSGD_hook)
