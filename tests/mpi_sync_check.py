@@ -13,8 +13,9 @@ runs with its levels placed by hand (hosts of 2 ranks), as across real hosts. Ev
 schedule that takes a compression runs with each: fp16 and bf16 within their
 precision; PowerSGD (rank 1, plain first step) must give the exact mean on its plain
 step, the same update on every rank, and keep the error-feedback invariant: applied
-update + mean of the new residuals == mean gradient + mean of the previous residuals.
-The model's 53 parameters do not divide into 2, 3 or 4 equal chunks, which `ring`
+update + mean of the new residuals == mean gradient + mean of the previous residuals,
+with at least one matrix factored (not all sent whole).
+The model's 785 parameters do not divide into 2, 3 or 4 equal chunks, which `ring`
 must handle. A method that cannot run on Gloo is listed as unavailable.
 Prints one line per case on rank 0; exits non-zero if any rank saw a wrong gradient.
 """
@@ -39,13 +40,16 @@ STEPS = 3
 COMPRESSING = ("allreduce", "flat", "bucketed", "ring", "hierarchical")
 
 
+WIDTH = 23  # a 23 x 23 weight is the one matrix PowerSGD factors at rank 1 (529 numbers > 10 x 46); the rest go whole
+
+
 class SharedAndUnused(nn.Module):
     """`hidden` runs twice per forward; `unused` never runs."""
 
     def __init__(self):
         super().__init__()
         self.unused = nn.Linear(5, 2)  # registered first, so it is the last bucket in backward order
-        self.inp, self.hidden, self.out = nn.Linear(6, 5), nn.Linear(5, 5), nn.Linear(5, 3)
+        self.inp, self.hidden, self.out = nn.Linear(6, WIDTH), nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, 3)
 
     def forward(self, x):
         return self.out(torch.tanh(self.hidden(torch.tanh(self.hidden(torch.tanh(self.inp(x)))))))
@@ -53,7 +57,7 @@ class SharedAndUnused(nn.Module):
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+    return nn.Sequential(nn.Linear(6, WIDTH), nn.Tanh(), nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 3))
 
 
 def make_shared_and_unused() -> nn.Module:
@@ -173,7 +177,8 @@ def main() -> int:
             per_rank = every_ranks_gradients(make, world, step)
             differs_from_local = any(g is not None and not torch.equal(p.grad, g) for p, g in zip(model.parameters(), per_rank[rank]))
             if powersgd and step >= method.compressor.start_step:
-                right = keeps_error_feedback(cluster, method, model, previous, per_rank)
+                factored = any(method.compressor.residual_of(p) is not None for p in model.parameters())
+                right = factored and keeps_error_feedback(cluster, method, model, previous, per_rank)
             else:
                 right = gradients_are(model, per_rank, method.wire_dtype)
             if not (right and (differs_from_local or world == 1)):

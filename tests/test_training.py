@@ -15,7 +15,7 @@ def relative_gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("np", [2, 3, 4])  # 3: the 53-element test model splits into unequal ring chunks
+@pytest.mark.parametrize("np", [2, 3, 4])  # 3: the 785-element test model splits into unequal ring chunks
 def test_every_sync_method_leaves_the_hand_computed_mean_on_every_rank(np):
     result = mpirun(np, [], module="tests.mpi_sync_check")
     assert result.returncode == 0, result.stdout + result.stderr
