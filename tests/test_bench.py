@@ -43,7 +43,8 @@ def test_a_method_without_a_cost_model_shows_na_and_says_how_to_fix_it(monkeypat
             pass
 
     monkeypatch.setitem(SYNC_METHODS, "unmodelled", Unmodelled)
-    times = {name: {"compute": [1.0, 1.1, 1.0, 1.2], "sync": [0.1, 0.2, 0.1, 0.1]} for name in (bench.NO_SYNC, "allreduce", "unmodelled")}
+    times = {name: {"compute": [1.0, 1.1, 1.0, 1.2], "sync": [0.1, 0.2, 0.1, 0.1], "step": [1.1, 1.3, 1.1, 1.3]}
+             for name in (bench.NO_SYNC, "allreduce", "unmodelled")}
     rows = bench.summarise([times, times], 1000, 2, 1e6)
     by_name = {row["method"]: row for row in rows}
     assert by_name["unmodelled"]["sent_bytes"] is None and by_name["allreduce"]["sent_bytes"] == [1000, 1000]
@@ -52,6 +53,19 @@ def test_a_method_without_a_cost_model_shows_na_and_says_how_to_fix_it(monkeypat
                            "methods": rows})
     line = next(l for l in text.splitlines() if l.startswith("unmodelled"))
     assert line.split()[1] == "n/a" and "unmodelled declare(s) no cost_model" in text
+
+
+def test_an_overlapped_step_is_timed_barrier_to_barrier_not_as_the_slowest_compute_plus_the_slowest_sync():
+    """Rank 0 ends backward at 2.0 s and waits 0.4 s for its buckets; rank 1 ends backward at 2.4 s and waits for
+    nothing: both end the step at 2.4 s, which is what the step costs, not 2.4 + 0.4."""
+    def rank(compute, sync):
+        return {bench.NO_SYNC: {"compute": [2.0] * 4, "sync": [0.0] * 4, "step": [2.0] * 4},
+                "bucketed": {"compute": [compute] * 4, "sync": [sync] * 4, "step": [2.4] * 4}}
+
+    rows = {row["method"]: row for row in bench.summarise([rank(2.0, 0.4), rank(2.4, 0.0)], 1000, 2, 1e6)}
+    assert rows["bucketed"]["step_s"] == pytest.approx(2.4)
+    assert rows["bucketed"]["exposed_s"] == pytest.approx(0.4)
+    assert rows["bucketed"]["compute_s"] == pytest.approx(2.4) and rows["bucketed"]["sync_s"] == pytest.approx(0.4)
 
 
 @pytest.mark.e2e

@@ -52,16 +52,46 @@ def test_network_settings_cross_the_grid_with_a_bench_first_in_each(tmp_path):
         ("ring", 2, 1, "unlimited"), ("ring", 4, 2, "1gbit"), ("ring", 4, 2, "100mbit"), ("ring", 8, 4, "1gbit")]
     launches = plan(sweep, None)
     names = [launch.name for launch in launches]
-    assert len(names) == 5 * 3 and names[0] == "bench-np2-h1-unlimited" and names[3] == "bench-np4-h2-1gbit"
+    assert len(names) == 5 * 3 and names[0] == "bench-np2-h1x2-unlimited" and names[3] == "bench-np4-h2x2-1gbit"
     run = launches[4]  # ring on 2 hosts at 1gbit: its setting's hostfile, the namespace agent, the bench's links
-    assert run.name == "ring-np4-seed42-h2-1gbit" and "--link" in run.command and "1gbit" in run.command
-    assert str(tmp_path / "network" / "hostfile-2") in run.command
+    assert run.name == "ring-np4-seed42-h2x2-1gbit" and "--link" in run.command and "1gbit" in run.command
+    assert str(tmp_path / "network" / "hostfile-2x2") in run.command
     assert run.env["PRTE_MCA_plm_ssh_agent"].endswith("scripts/netns-agent")
-    assert run.calibration == tmp_path / "bench-h2-1gbit.json"
+    assert run.calibration == tmp_path / "bench-h2x2-1gbit.json"
     assert "PRTE_MCA_plm_ssh_agent" not in launches[1].env and "--hostfile" in launches[1].command  # loopback
 
 
+def test_ranks_per_host_is_a_dimension_and_the_bench_np_picks_settings(tmp_path):
+    text = LAB.format(out=tmp_path).replace("ranks_per_host = 2", "ranks_per_host = [1, 2, 4]").replace(
+        "[[sweep]]\nsync = [\"ring\", \"gather_scatter\"]", "[[sweep]]\nsync = \"ring\"\nnp = [2, 4]").replace(
+        "steps = 2", "steps = 2\nnp = [4, 8]").replace('link = ["1gbit", "100mbit"]', 'link = "1gbit"')
+    sweep = parse(text, Path("lab.toml"))
+    layouts = [(s.hosts, s.ranks_per_host) for s in sweep.network.settings]
+    assert layouts == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4)]
+    # a world size runs only where it fills the hosts: np 2 on 2 hosts of 1, np 4 on 2 hosts of 2 and 4 hosts of 1
+    assert [(r.np, r.network.hosts, r.network.ranks_per_host) for r in sweep.runs] == [
+        (2, 1, 2), (4, 1, 4), (2, 2, 1), (4, 2, 2), (4, 4, 1)]
+    assert [(s.hosts, s.ranks_per_host) for s in sweep.bench.settings] == [(1, 4), (2, 2), (2, 4), (4, 1), (4, 2)]
+    launches = plan(sweep, None)
+    bench = next(l for l in launches if l.name == "bench-np8-h2x4-1gbit")
+    assert str(tmp_path / "network" / "hostfile-2x4") in bench.command and bench.command[2] == "8"
+    assert not any(l.name.startswith("bench-np2") for l in launches)  # np 2 is not in [bench] np
+
+
+def test_a_lab_may_measure_with_the_bench_alone(tmp_path):
+    text = LAB.format(out=tmp_path).replace("[[sweep]]\nsync = [\"ring\", \"gather_scatter\"]\n", "")
+    sweep = parse(text, Path("lab.toml"))
+    assert sweep.runs == ()
+    assert [l.name for l in plan(sweep, None)] == ["bench-np2-h1x2-unlimited", "bench-np4-h2x2-1gbit",
+                                                   "bench-np4-h2x2-100mbit", "bench-np8-h4x2-1gbit", "bench-np8-h4x2-100mbit"]
+    with pytest.raises(SweepError) as caught:  # without [network] an experiment still needs its runs
+        parse(f'[experiment]\nname = "lab"\nout = "{tmp_path}"\n[bench]\nsteps = 2\n', Path("lab.toml"))
+    assert caught.value.key == "sweep" and "at least one [[sweep]]" in str(caught.value)
+
+
 @pytest.mark.parametrize("change, key, words", [
+    (("steps = 2", "steps = 2\nnp = [3]"), "bench.np", "no [network] setting has 3 ranks"),
+    (("ranks_per_host = 2", "ranks_per_host = [2, 0]"), "network.ranks_per_host", "at least 1"),
     (("link = [\"1gbit\", \"100mbit\"]", "link = [\"fast\"]"), "network.link", "not a rate"),
     (("hosts = [1, 2, 4]", "hosts = [0]"), "network.hosts", "1 to 250"),
     (("prefix = \"nettest\"", "prefix = \"NetTest-Too-Long\""), "network.prefix", "lower-case"),

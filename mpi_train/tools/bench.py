@@ -222,9 +222,10 @@ def contenders(model_name: str, device: torch.device, bucket_mb: float, labels: 
 
 def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int,
             device: torch.device, progress) -> dict[str, dict[str, list[float]]]:
-    """Per method, this rank's compute and sync seconds for each timed step, methods interleaved round-robin."""
+    """Per method, this rank's compute, sync and whole-step seconds for each timed step, methods interleaved
+    round-robin. A step runs from one barrier to the next, so its time is the slowest rank's on every rank."""
     now = Clock(device)
-    times = {entry.name: {"compute": [], "sync": []} for entry in entries}
+    times = {entry.name: {"compute": [], "sync": [], "step": []} for entry in entries}
     total = warmup + steps
     for step in range(total):
         shift = step % len(entries)
@@ -243,6 +244,7 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
             if step >= warmup:
                 times[entry.name]["compute"].append(t1 - t0)
                 times[entry.name]["sync"].append(t3 - t2)
+                times[entry.name]["step"].append(t3 - t0)
         progress(step + 1, total, step < warmup)
     return times
 
@@ -294,7 +296,9 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
     def slowest(name: str, phase: str) -> list[float]:
         return [max(values) for values in zip(*(rank[name][phase] for rank in per_rank))]
 
-    steps = {name: [c + s for c, s in zip(slowest(name, "compute"), slowest(name, "sync"))] for name in names}
+    # The step from barrier to barrier, not the slowest compute plus the slowest sync: where no barrier parts them
+    # (overlapped methods), the rank that finishes backward first waits longest in sync, and that sum counts both.
+    steps = {name: slowest(name, "step") for name in names}
     rows = []
     for name in names:
         method_class = NoSync if name == NO_SYNC else SYNC_METHODS[split_label(name)[0]]

@@ -289,8 +289,9 @@ def log_comparison(client, experiment_id: str, jobs: list[Job], text: str, paths
     return run.info.run_id
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+def _save(fig, path: Path, rect: Optional[tuple] = None) -> Path:
+    """Lay the figure out (inside `rect`, leaving room for a legend or title outside the axes), write it, close it."""
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
 

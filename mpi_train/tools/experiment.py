@@ -132,7 +132,7 @@ def lab_folder(sweep: Sweep) -> Path:
 
 
 def lab_hostfile(sweep: Sweep, setting: NetworkSetting) -> Path:
-    return lab_folder(sweep) / f"hostfile-{setting.hosts}"  # written by netlab.TestHosts.hostfile
+    return lab_folder(sweep) / f"hostfile-{setting.hosts}x{setting.ranks_per_host}"  # written by netlab.TestHosts.hostfile
 
 
 def bench_json(sweep: Sweep, setting: Optional[NetworkSetting]) -> Path:
@@ -350,7 +350,7 @@ def plan_network(sweep: Sweep, uri: Optional[str]) -> list[Launch]:
     for setting in sweep.network.settings:
         env = TestHosts.launch_env(setting)
         calibration = None
-        if sweep.bench:
+        if sweep.bench and setting in sweep.bench.settings:
             b, index = sweep.bench, len(launches) + 1
             calibration = bench_json(sweep, setting)
             launches.append(Launch(index, f"bench-np{setting.slots}-{setting.label}",
@@ -417,9 +417,10 @@ def report(sweep: Sweep, uri: Optional[str], launches: list[Launch], since_ms: i
         slow = slow_host_lines(jobs)
         if slow:
             sections.append("Slow hosts (every rank waits for the slowest link):\n" + "\n".join(slow))
-    else:
+    elif sweep.runs:
         sections.append(f"Runs of {sweep.name!r}: none finished, nothing to compare.")
     settings = sweep.network.settings if sweep.network else (None,)
+    benches = []
     for setting in settings:
         path = bench_json(sweep, setting)
         bench_ran = any(l.name.startswith("bench-") and l.network == setting and l.returncode == 0 for l in launches)
@@ -427,8 +428,16 @@ def report(sweep: Sweep, uri: Optional[str], launches: list[Launch], since_ms: i
             from .bench import describe
 
             result = json.loads(path.read_text())
+            benches.append(result)
             sections.append(describe(result))
             paths.append(plot_sync_costs(result, sweep.out / "plots", name=path.stem.replace("bench", "sync_cost_vs_floor") + ".png"))
+    if sweep.network and benches:  # the lab: every setting's bench against the model, in one table and two plots
+        from . import labreport
+
+        lab = labreport.report(benches)
+        if lab:
+            sections.append(lab)
+            paths += labreport.plot(benches, sweep.out / "plots")
     text = "\n\n".join(sections)
     print("\n" + text)
     if paths:
@@ -489,9 +498,9 @@ def lab(sweep: Sweep):
     @contextlib.contextmanager
     def managed():
         with hosts:
-            for count in sweep.network.hosts:
-                if count > 1:
-                    hosts.hostfile(count)
+            for setting in sweep.network.settings:
+                if setting.hosts > 1:
+                    hosts.hostfile(setting.hosts, setting.ranks_per_host)
             yield hosts
 
     return managed()

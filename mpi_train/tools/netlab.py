@@ -47,7 +47,8 @@ class TestHosts:
     def __init__(self, network: NetworkPlan, folder: Path):
         self.network, self.folder = network, folder
         self.env = {**os.environ, "TESTHOSTS_PREFIX": network.prefix, "TESTHOSTS_SUBNET": network.subnet,
-                    "TESTHOSTS_SLOTS": str(network.ranks_per_host), "TESTHOSTS_HOSTFILE": str(folder / "hostfile.testhosts")}
+                    "TESTHOSTS_SLOTS": str(max(network.ranks_per_host)),
+                    "TESTHOSTS_HOSTFILE": str(folder / "hostfile.testhosts")}
         self.shaped: Optional[str] = None
         self.is_up = False
 
@@ -61,7 +62,7 @@ class TestHosts:
         if self.network.max_hosts > 1:
             self.folder.mkdir(parents=True, exist_ok=True)
             print(f"network: bringing up {self.network.max_hosts} test hosts ({self.network.prefix}1.., "
-                  f"{self.network.subnet}.0/24, {self.network.ranks_per_host} slots each)", flush=True)
+                  f"{self.network.subnet}.0/24)", flush=True)
             self.is_up = True  # a failed `up` removes what it made; `down` again is harmless
             self._script("up", str(self.network.max_hosts))
         return self
@@ -77,10 +78,10 @@ class TestHosts:
                       f"scripts/testhosts.sh down", flush=True)
             self.is_up = False
 
-    def hostfile(self, hosts: int) -> Path:
-        """A hostfile with the first `hosts` test hosts (mpirun fills the first host's slots first)."""
-        path = self.folder / f"hostfile-{hosts}"
-        lines = [f"{self.network.subnet}.{i + 1} slots={self.network.ranks_per_host}" for i in range(1, hosts + 1)]
+    def hostfile(self, hosts: int, slots: int) -> Path:
+        """A hostfile with the first `hosts` test hosts, `slots` ranks each (mpirun fills the first host's slots first)."""
+        path = self.folder / f"hostfile-{hosts}x{slots}"
+        lines = [f"{self.network.subnet}.{i + 1} slots={slots}" for i in range(1, hosts + 1)]
         path.write_text("# test hosts of scripts/testhosts.sh, written by python -m mpi_train.experiment\n" + "\n".join(lines) + "\n")
         return path
 

@@ -189,7 +189,7 @@ def run_trial(trial: Trial, args, hosts: TestHosts, setting: NetworkSetting, ser
     folder.mkdir(parents=True, exist_ok=True)
     marker = str(folder)
     world = args.hosts * args.ranks_per_host
-    command = ["mpirun", "-np", str(world), "--hostfile", str(hosts.hostfile(args.hosts)), sys.executable, "-m", "mpi_train",
+    command = ["mpirun", "-np", str(world), "--hostfile", str(hosts.hostfile(args.hosts, args.ranks_per_host)), sys.executable, "-m", "mpi_train",
                "--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "1",
                "--max-steps", str(args.steps), "--timeout", str(args.timeout), "--sync", "allreduce",
                "--tracking-uri", server.uri, "--experiment", "soak", "--run-name", f"trial-{trial.number:02d}",
@@ -311,7 +311,7 @@ def totals(trials: list[Trial], timeout_s: int) -> str:
 def soak(args: argparse.Namespace) -> int:
     faults = validate(args)
     out = Path(args.out).resolve()
-    plan = NetworkPlan((args.hosts,), args.ranks_per_host, (args.link,), prefix=args.prefix, subnet=args.subnet)
+    plan = NetworkPlan((args.hosts,), (args.ranks_per_host,), (args.link,), prefix=args.prefix, subnet=args.subnet)
     check_can_run(plan, Path("python -m mpi_train.faults soak"))
     setting = NetworkSetting(args.hosts, args.link, args.ranks_per_host)
     rng = random.Random(args.seed)

@@ -28,15 +28,17 @@
 
     [network]                         # optional: hosts and links as sweep dimensions (test hosts, as root)
     hosts = [1, 2, 4]                 # 1: plain loopback (the [launch] hostfile); more: scripts/testhosts.sh hosts
-    ranks_per_host = 2                # slots per test host; a sweep without np runs hosts × ranks_per_host ranks
+    ranks_per_host = [1, 2]           # slots per host (or one number); a sweep without np runs hosts × ranks_per_host
     link = ["1gbit", "100mbit"]       # tc rate of every host's link, or "unlimited" (default)
     prefix = "mpilab"                 # test hosts' names and /24 network (default: mpilab, 10.80.0)
     subnet = "10.80.0"
 
-With [network] every grid is crossed with each setting (hosts × link; one host is loopback,
-run once, unshaped); a world size is planned on a number of hosts only if it fills them
-(more than (hosts - 1) × ranks_per_host ranks, at most hosts × ranks_per_host), and [bench]
-runs once per setting, before its runs.
+With [network] every grid is crossed with each setting (hosts × ranks per host × link; one
+host is loopback, unshaped); a world size is planned on a setting only if it fills its
+hosts (more than (hosts - 1) × ranks_per_host ranks, at most hosts × ranks_per_host), and
+[bench] runs once per setting, before its runs: on every setting, or on those of the world
+sizes its `np` names. With [bench] and [network] the [[sweep]] tables may be left out: the
+lab then measures each setting with the benchmark alone.
 
 Every mistake is reported with the file, line and key, before anything is launched.
 """
@@ -88,13 +90,14 @@ SECTIONS: dict[str, dict[str, Key]] = {
     },
     "network": {
         "hosts": Key((int, list), "an integer or a list of integers", each=(int,)),
-        "ranks_per_host": Key((int,), "an integer"),
+        "ranks_per_host": Key((int, list), "an integer or a list of integers", each=(int,)),
         "link": Key((str, list), 'a rate like "1gbit", "unlimited", or a list of them', each=(str,)),
         "prefix": Key((str,), "a string (at most 10 letters and digits)"),
         "subnet": Key((str,), 'a string (the first three numbers of a /24 network, e.g. "10.80.0")'),
     },
     "bench": {
-        "np": Key((int,), "an integer"), "steps": Key((int,), "an integer"), "warmup": Key((int,), "an integer"),
+        "np": Key((int, list), "an integer (a list of them with [network])", each=(int,)), "steps": Key((int,), "an integer"),
+        "warmup": Key((int,), "an integer"),
         "batch_size": Key((int,), "an integer"), "model": Key((str,), "a string"),
         "methods": Key((list,), 'a list of method labels, e.g. ["ddp", "bucketed+powersgd"]', each=(str,)),
     },
@@ -110,7 +113,7 @@ SWEEP_KEYS = {
 
 @dataclass(frozen=True)
 class NetworkSetting:
-    """One point of the [network] grid: how many hosts, and the rate of each host's link."""
+    """One point of the [network] grid: how many hosts, ranks on each, and the rate of each host's link."""
 
     hosts: int
     link: str
@@ -118,14 +121,16 @@ class NetworkSetting:
 
     @property
     def label(self) -> str:
-        return f"h{self.hosts}-{self.link}"
+        """h2x4-1gbit: 2 hosts of 4 ranks each, every link at 1 Gbit/s."""
+        return f"h{self.hosts}x{self.ranks_per_host}-{self.link}"
 
     @property
     def slots(self) -> int:
         return self.hosts * self.ranks_per_host
 
     def fits(self, np: int) -> bool:
-        """Whether np ranks fill exactly these hosts (mpirun fills a host's slots before the next)."""
+        """Whether np ranks fill exactly these hosts (mpirun fills a host's slots before the next); one host holds
+        any number."""
         return (self.hosts - 1) * self.ranks_per_host < np <= self.slots if self.hosts > 1 else True
 
 
@@ -134,20 +139,31 @@ class NetworkPlan:
     """The [network] table, checked."""
 
     hosts: tuple[int, ...]
-    ranks_per_host: int
+    ranks_per_host: tuple[int, ...]
     links: tuple[str, ...]
     prefix: str = "mpilab"
     subnet: str = "10.80.0"
 
     @property
     def settings(self) -> tuple[NetworkSetting, ...]:
-        """Loopback once (no link to shape), then every number of test hosts with every link."""
-        one = (NetworkSetting(1, "unlimited", self.ranks_per_host),) if 1 in self.hosts else ()
-        return one + tuple(NetworkSetting(h, link, self.ranks_per_host) for h in self.hosts if h > 1 for link in self.links)
+        """Loopback (no link to shape) for each number of ranks, then every number of test hosts with every number
+        of ranks on each and every link."""
+        one = tuple(NetworkSetting(1, "unlimited", r) for r in self.ranks_per_host) if 1 in self.hosts else ()
+        return one + tuple(NetworkSetting(h, link, r) for h in self.hosts if h > 1 for r in self.ranks_per_host
+                           for link in self.links)
 
     @property
     def max_hosts(self) -> int:
         return max(self.hosts)
+
+    def holds(self, setting: NetworkSetting, np: int) -> bool:
+        """Whether np ranks run on `setting`: it fits them, and no setting of the same hosts and link with fewer
+        ranks per host does (np 4 on one host runs with 4 ranks per host, not with 8; on 2 hosts with 2 each)."""
+        def fitting(s: NetworkSetting) -> bool:
+            return s.fits(np) and (s.hosts > 1 or np <= s.slots or s.ranks_per_host == max(self.ranks_per_host))
+
+        peers = [s for s in self.settings if (s.hosts, s.link) == (setting.hosts, setting.link) and fitting(s)]
+        return bool(peers) and min(peers, key=lambda s: s.ranks_per_host) == setting
 
 
 @dataclass(frozen=True)
@@ -164,12 +180,13 @@ class PlannedRun:
 
 @dataclass(frozen=True)
 class BenchPlan:
-    np: int
+    np: int  # its world size without [network]; with it, each setting's own
     steps: int = 20
     warmup: int = 2
     batch_size: int = 256
     model: str = "vgg11"
     methods: Optional[tuple[str, ...]] = None  # labels for the bench's --methods (default: every method and compression)
+    settings: Optional[tuple[NetworkSetting, ...]] = None  # with [network]: where it runs (default: every setting)
 
 
 @dataclass(frozen=True)
@@ -353,9 +370,10 @@ def parse(text: str, path: Path) -> Sweep:
     reader.check_keys(train, TRAIN_FIELDS, ("train",))
     train = reader.check_train(train, ("train",))
 
-    sweeps = data.get("sweep")
-    if not isinstance(sweeps, list) or not sweeps:
-        raise reader.fail(("sweep",), "at least one [[sweep]] table is needed, e.g. [[sweep]] sync = \"all\" np = [4].")
+    sweeps = data.get("sweep", [] if network and "bench" in data else None)  # a lab may measure with the bench alone
+    if not isinstance(sweeps, list) or (not sweeps and "sweep" in data):
+        raise reader.fail(("sweep",), "at least one [[sweep]] table is needed, e.g. [[sweep]] sync = \"all\" np = [4] "
+                          "(or, with [network], a [bench] table alone).")
     runs: list[PlannedRun] = []
     unavailable: list[tuple[str, str]] = []
     for number, grid in enumerate(sweeps):
@@ -397,7 +415,7 @@ def parse(text: str, path: Path) -> Sweep:
         grid_runs = []
         for setting in settings:
             sizes = _as_list(grid["np"]) if "np" in grid else [setting.slots]
-            grid_runs += [(setting, np) for np in sizes if setting is None or setting.fits(np)]
+            grid_runs += [(setting, np) for np in sizes if setting is None or network.holds(setting, np)]
         if not grid_runs:
             raise reader.fail(where + ("np",), f"no world size fits the [network] hosts: np must fill them, more than "
                               f"(hosts - 1) × ranks_per_host and at most hosts × ranks_per_host "
@@ -426,13 +444,22 @@ def parse(text: str, path: Path) -> Sweep:
                 name += f"-run{len(runs) + 1}"
             runs.append(PlannedRun(len(runs) + 1, name, np, config, dict(env), setting))
 
-    if not runs:
+    if not runs and sweeps:
         raise reader.fail(("sweep",), "no run is left to launch: every method in the grid is unavailable here ("
                           + "; ".join(f"{name}: {why}" for name, why in unavailable) + ").")
     bench = None
     if "bench" in data:
-        table = data["bench"]
-        defaults = {"np": max(run.np for run in runs), "batch_size": train.get("batch_size", 256)}
+        table = dict(data["bench"])
+        if network:  # np picks the settings the bench runs on
+            sizes = _as_list(table.pop("np", [s.slots for s in settings]))
+            chosen = tuple(s for s in settings if s.slots in sizes)
+            if not chosen:
+                raise reader.fail(("bench", "np"), f"no [network] setting has {' or '.join(map(str, sizes))} ranks; "
+                                  f"they have {', '.join(sorted({str(s.slots) for s in settings}, key=int))}.")
+            table.update(np=max(s.slots for s in chosen), settings=chosen)
+        elif isinstance(table.get("np"), list):
+            raise reader.fail(("bench", "np"), "must be one integer without [network] (a list picks network settings).")
+        defaults = {"np": max(run.np for run in runs) if runs else 1, "batch_size": train.get("batch_size", 256)}
         bench = BenchPlan(**{**defaults, **table, **({"methods": tuple(table["methods"])} if "methods" in table else {})})
         if bench.methods:
             from .bench import chosen
@@ -444,7 +471,7 @@ def parse(text: str, path: Path) -> Sweep:
         for key in ("np", "steps", "batch_size"):
             if getattr(bench, key) < 1:
                 raise reader.fail(("bench", key), f"must be at least 1, got {getattr(bench, key)}.")
-        for np in [bench.np] if network is None else [setting.slots for setting in network.settings]:
+        for np in [bench.np] if network is None else [setting.slots for setting in bench.settings]:
             if bench.batch_size % np:
                 raise reader.fail(("bench", "batch_size"), f"{bench.batch_size} must split evenly across np {np}.")
         from ..models import MODELS
@@ -473,9 +500,10 @@ def _network(reader: _Reader, table: dict) -> NetworkPlan:
     for count in hosts:
         if not 1 <= count <= 250:
             raise reader.fail(("network", "hosts"), f"numbers of hosts must be 1 to 250, got {count}.")
-    ranks_per_host = table.get("ranks_per_host", 2)
-    if ranks_per_host < 1:
-        raise reader.fail(("network", "ranks_per_host"), f"must be at least 1, got {ranks_per_host}.")
+    ranks_per_host = _as_list(table.get("ranks_per_host", 2))
+    for count in ranks_per_host:
+        if count < 1:
+            raise reader.fail(("network", "ranks_per_host"), f"must be at least 1, got {count}.")
     links = _as_list(table.get("link", "unlimited"))
     for link in links:
         try:
@@ -490,7 +518,8 @@ def _network(reader: _Reader, table: dict) -> NetworkPlan:
     if not re.fullmatch(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) or any(int(x) > 255 for x in subnet.split(".")):
         raise reader.fail(("network", "subnet"), f"{subnet!r} must be the first three numbers of a /24 network, e.g. "
                           f'"10.80.0".')
-    return NetworkPlan(tuple(dict.fromkeys(hosts)), ranks_per_host, tuple(dict.fromkeys(l.lower() for l in links)), prefix, subnet)
+    return NetworkPlan(tuple(dict.fromkeys(hosts)), tuple(dict.fromkeys(ranks_per_host)),
+                       tuple(dict.fromkeys(l.lower() for l in links)), prefix, subnet)
 
 
 def load(path: str | Path) -> Sweep:

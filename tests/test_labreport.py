@@ -1,0 +1,45 @@
+"""The network lab's report: predicted against measured per setting, the targets judged, the plots drawn."""
+
+from mpi_train.tools import labreport
+
+
+def bench(np, hosts, link, methods):
+    """The part of a bench JSON the report reads: (label, overlapped, measured s, predicted s) per method."""
+    return {"world_size": np, "placement": {"hosts": hosts, "ranks_per_host": np // hosts}, "network_link": link,
+            "methods": [{"method": "no-sync"}] + [
+                {"method": name, "overlapped": overlapped, "measured_s": measured, "predicted_s": predicted,
+                 "prediction_error": (predicted - measured) / measured} for name, overlapped, measured, predicted in methods]}
+
+
+RESULTS = [
+    bench(2, 2, "1gbit", [("ring", False, 0.30, 0.29), ("ddp", True, 0.10, 0.12)]),
+    bench(4, 2, "1gbit", [("ring", False, 0.45, 0.30), ("ddp", True, 0.20, 0.25)]),
+    bench(4, 2, "100mbit", [("ring", False, 4.5, 4.4), ("ddp", True, 4.0, 4.1)]),
+    bench(4, 1, "unlimited", [("ring", False, 0.05, 0.01)]),  # one host: shown, not judged
+]
+
+
+def test_each_prediction_is_judged_against_its_own_target():
+    rows = labreport.rows_of(RESULTS)
+    assert [(r["link"], r["np"], r["method"]) for r in rows][:3] == [("unlimited", 4, "ring"), ("1gbit", 2, "ddp"),
+                                                                     ("1gbit", 2, "ring")]
+    within = {(r["method"], r["np"], r["link"]): r["within"] for r in rows}
+    assert within[("ring", 4, "1gbit")] is False  # -33%: outside ±20%
+    assert within[("ddp", 4, "1gbit")] is True  # +25%: inside ±30% for an overlapped method
+    assert within[("ring", 2, "1gbit")] is True
+    text = labreport.report(RESULTS)
+    assert "sync after backward: 2 of 3 predictions within ±20%" in text
+    assert "worst: ring at np 4 on 2 host(s), 1gbit: -33%" in text
+    assert "exposed time of overlapped methods: 3 of 3" in text
+    assert "MISSED" in text and "(exposed)" in text
+
+
+def test_a_bench_without_predictions_gives_no_report(tmp_path):
+    one_rank = [{"world_size": 1, "methods": [{"method": "no-sync"}, {"method": "ring", "predicted_s": None}]}]
+    assert labreport.report(one_rank) is None and labreport.plot(one_rank, tmp_path) == []
+
+
+def test_the_plots_show_ranks_and_link_rates(tmp_path):
+    paths = labreport.plot(RESULTS, tmp_path)
+    assert [p.name for p in paths] == ["sync_vs_ranks.png", "sync_vs_link.png"]
+    assert all(p.stat().st_size > 10_000 for p in paths)
