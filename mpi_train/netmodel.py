@@ -15,9 +15,11 @@ method's predicted time per step from its declared `cost_model`:
 S is what the method sends: the gradients' bytes times its compression ratio (half for a
 float16 wire). How many messages a method sends (one per tensor: L latencies; one
 buffer; or buckets) and whether it overlaps backward is its `Schedule`. For an
-overlapped method the exposed time is what is left after backward: buckets become ready
-as backward produces them (backward time shared among buckets by their bytes, last layer
-first) and are sent one after the other; exposed = last bucket's end - backward's end.
+overlapped method the exposed time is what is left after backward: a bucket can leave
+once backward has produced its last gradient (when, the bench measures: `Backward`;
+without a measurement, backward time is shared among the tensors by their bytes, last
+layer first), and buckets are sent one after the other; exposed = last bucket's end -
+backward's end.
 
 - `hierarchical`: a binomial-tree reduce to each host's leader and, at the end, a broadcast
   back, each ceil(log2 R) intra-host messages of S; between them a ring among the H host
@@ -141,10 +143,21 @@ class Network:
 
 def load_calibration(path: str | Path) -> Network:
     """The fitted links of a bench JSON (python -m mpi_train.bench --json), as a Network."""
+    return _calibration(path)[0]
+
+
+def load_backward(path: str | Path, tensors: int) -> "Backward":
+    """When a bench JSON's model had each gradient ready in backward, if it timed one of `tensors` tensors; else
+    the assumed profile."""
+    backward = _calibration(path)[1]
+    return backward if backward.ready is not None and len(backward.ready) == tensors else ASSUMED_BACKWARD
+
+
+def _calibration(path: str | Path) -> tuple[Network, "Backward"]:
     try:
         data = json.loads(Path(path).read_text())
         links = data["calibration"]["network"]
-        return Network.from_dict(links)
+        return Network.from_dict(links), Backward.from_dict(data["calibration"].get("backward"))
     except OSError as error:
         raise UserError(f"cannot read the calibration file {path}: {error.strerror or error}. Give a JSON written by "
                         f"python -m mpi_train.bench --json PATH.") from None
@@ -212,17 +225,24 @@ def schedule_of(name: str, method_class: type, bucket_mb: Optional[float] = None
     return schedule
 
 
-def messages(tensor_bytes: Sequence[float], schedule: Schedule) -> list[float]:
-    """Message sizes in the order they are sent. Buckets fill in backward order (last tensor first)."""
+def message_groups(tensor_bytes: Sequence[float], schedule: Schedule) -> list[list[int]]:
+    """The tensors (indices in registration order) each message carries, in the order they are sent. Buckets fill in
+    backward order (last tensor first)."""
+    count = len(tensor_bytes)
     if schedule.messages == "per_tensor":
-        return list(tensor_bytes)
+        return [[i] for i in range(count)]
     if schedule.messages == "flat":
-        return [float(sum(tensor_bytes))]
+        return [list(range(count))]
     from .sync.bucketed import fill_buckets
 
     backward_order = list(reversed(tensor_bytes))
     groups = fill_buckets(backward_order, schedule.bucket_mb * 2**20, min(schedule.first_bucket_mb, schedule.bucket_mb) * 2**20)
-    return [float(sum(backward_order[i] for i in group)) for group in groups]
+    return [[count - 1 - i for i in group] for group in groups]
+
+
+def messages(tensor_bytes: Sequence[float], schedule: Schedule) -> list[float]:
+    """Message sizes in the order they are sent."""
+    return [float(sum(tensor_bytes[i] for i in group)) for group in message_groups(tensor_bytes, schedule)]
 
 
 def compression_ratio(method_class: type) -> float:
@@ -293,30 +313,68 @@ class Prediction:
         return self.exposed_s if self.exposed_s is not None else self.comm_s
 
 
-def exposed_time(message_times: Sequence[float], message_bytes: Sequence[float], backward_s: float) -> float:
-    """Messages sent one after the other, each once backward has produced its bytes (backward time shared among
-    them by bytes); what runs past the end of backward."""
-    total = sum(message_bytes) or 1.0
-    ready, finish = 0.0, 0.0
-    for seconds, nbytes in zip(message_times, message_bytes):
-        ready += backward_s * nbytes / total
+def exposed_time(message_times: Sequence[float], ready_s: Sequence[float], backward_s: float) -> float:
+    """Messages sent one after the other, each once backward has produced its last gradient (`ready_s`, seconds into
+    backward); what runs past the end of backward."""
+    finish = 0.0
+    for seconds, ready in zip(message_times, ready_s):
         finish = max(finish, ready) + seconds
     return max(0.0, finish - backward_s)
 
 
+@dataclass(frozen=True)
+class Backward:
+    """When backward hands each gradient over: its length as a share of forward + backward, and for each tensor
+    (registration order) the share of backward elapsed when its gradient is ready.
+
+    The bench measures both on its no-sync replica (tools/bench.py, BackwardClock); without a measurement backward
+    is 2/3 of compute and produces bytes at a constant rate, last layer first.
+    """
+
+    share: float = 2 / 3  # backward does about twice forward's work
+    ready: Optional[tuple[float, ...]] = None
+
+    def ready_times(self, tensor_bytes: Sequence[float], backward_s: float) -> list[float]:
+        """Seconds into backward at which each tensor's gradient is ready (registration order)."""
+        if self.ready is not None and len(self.ready) == len(tensor_bytes):
+            return [backward_s * share for share in self.ready]
+        total, done, times = sum(tensor_bytes) or 1.0, 0.0, [0.0] * len(tensor_bytes)
+        for i in reversed(range(len(tensor_bytes))):  # backward runs from the last layer to the first
+            done += tensor_bytes[i]
+            times[i] = backward_s * done / total
+        return times
+
+    def as_dict(self) -> dict:
+        return {"share": self.share, "ready": list(self.ready) if self.ready is not None else None}
+
+    @classmethod
+    def from_dict(cls, data: Optional[dict]) -> "Backward":
+        if not data:
+            return cls()
+        return cls(float(data["share"]), tuple(data["ready"]) if data.get("ready") is not None else None)
+
+
+ASSUMED_BACKWARD = Backward()
+
+
 def predict(name: str, method_class: type, tensor_bytes: Sequence[float], placement: Placement, network: Network,
             backward_s: Optional[float] = None, bucket_mb: Optional[float] = None,
-            ratio: Optional[float] = None) -> Optional[Prediction]:
+            ratio: Optional[float] = None, backward: Backward = ASSUMED_BACKWARD) -> Optional[Prediction]:
     """The method's predicted sync per step; None when it declares no cost model this module knows. `ratio`
-    (bytes on the wire per gradient byte) is the compressor's, when the method carries one (PowerSGD's factors)."""
+    (bytes on the wire per gradient byte) is the compressor's, when the method carries one (PowerSGD's factors);
+    `backward` says when each gradient is ready, for an overlapped method's exposed time (given `backward_s`)."""
     model = getattr(method_class, "cost_model", None)
     if model not in TIME_MODELS:
         return None
     schedule = schedule_of(name, method_class, bucket_mb)
     ratio = compression_ratio(method_class) if ratio is None else ratio
-    sizes = [m * ratio for m in messages(tensor_bytes, schedule)]
+    groups = message_groups(tensor_bytes, schedule)
+    sizes = [sum(tensor_bytes[i] for i in group) * ratio for group in groups]
     times = [TIME_MODELS[model](size, placement, network) for size in sizes]
-    exposed = exposed_time(times, sizes, backward_s) if schedule.overlapped and backward_s is not None else None
+    exposed = None
+    if schedule.overlapped and backward_s is not None:
+        ready = backward.ready_times(tensor_bytes, backward_s)
+        exposed = exposed_time(times, [max(ready[i] for i in group) for group in groups], backward_s)
     return Prediction(name, model, len(sizes), sum(sizes), sum(times), schedule.overlapped, exposed)
 
 
@@ -324,8 +382,6 @@ def tensor_sizes(model) -> list[int]:
     """Bytes of each trainable parameter's gradient, in registration order."""
     return [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
 
-
-BACKWARD_SHARE = 2 / 3  # of forward + backward: backward does about twice forward's work
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,6 +532,7 @@ class JobModel:
     tensor_bytes: list = field(default_factory=list)
     bucket_mb: Optional[float] = None
     ratio: Optional[float] = None  # the compressor's bytes on the wire per gradient byte
+    backward: Backward = ASSUMED_BACKWARD  # when each gradient is ready: measured by a bench (--calibration)
     host_links: dict = field(default_factory=dict)  # host -> bytes/s its link reached (empty with --calibration)
     straggler: Optional[stragglers.Straggler] = None
 
@@ -487,7 +544,8 @@ class JobModel:
             return self.prediction.comm_s
         name = self.prediction.method
         again = predict(name, SYNC_METHODS[name], self.tensor_bytes, self.placement, network or self.network,
-                        backward_s=BACKWARD_SHARE * compute_s, bucket_mb=self.bucket_mb, ratio=self.ratio)
+                        backward_s=self.backward.share * compute_s, bucket_mb=self.bucket_mb, ratio=self.ratio,
+                        backward=self.backward)
         return again.sync_s
 
     def straggler_cost(self, compute_s: float) -> Optional[float]:
@@ -514,22 +572,24 @@ def job_model(config, cluster, model, method, device) -> Optional[JobModel]:
     if len(hosts) == 1:
         return None
     measured = {}
+    sizes = tensor_sizes(model)
+    backward = ASSUMED_BACKWARD
     if config.calibration:
         network = load_calibration(config.calibration)  # every rank reads it, so a bad file stops all of them together
+        backward = load_backward(config.calibration, len(sizes))
     else:
         measured = cluster.bcast(calibrate(hosts, QUICK_CALIBRATION_BYTES, QUICK_CALIBRATION_ITERS, device, config.link)) or {}
         network = Network.from_dict(measured["network"]) if measured else None
     network = capped(network, config.link)
     straggler = stragglers.Straggler.from_dict(measured["straggler"]) if measured.get("straggler") else None
-    sizes = tensor_sizes(model)
     placement = Placement.of_hosts(hosts)
     ratio = method.wire_bytes(list(model.parameters())) / sum(sizes)  # what its compressor sends
     prediction = predict(config.sync, SYNC_METHODS[config.sync], sizes, placement, network, bucket_mb=config.bucket_mb,
                          ratio=ratio)
     if prediction is None:
         return None
-    return JobModel(prediction, network, placement, sizes, config.bucket_mb, ratio, measured.get("host_links", {}),
-                    straggler)
+    return JobModel(prediction, network, placement, sizes, config.bucket_mb, ratio, backward,
+                    measured.get("host_links", {}), straggler)
 
 
 def capped(network: Network, link: Optional[str]) -> Network:

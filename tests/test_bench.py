@@ -68,6 +68,31 @@ def test_an_overlapped_step_is_timed_barrier_to_barrier_not_as_the_slowest_compu
     assert rows["bucketed"]["compute_s"] == pytest.approx(2.4) and rows["bucketed"]["sync_s"] == pytest.approx(0.4)
 
 
+def test_the_backward_clock_sees_the_last_layer_s_gradients_first():
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from mpi_train.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("mnist_cnn")
+    clock = bench.BackwardClock(model, time.perf_counter)
+    images, labels = torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images), labels)
+        start = time.perf_counter()
+        loss.backward()
+        clock.record(start, time.perf_counter())
+    profile = clock.profile(0.6)
+    assert profile.share == 0.6 and len(profile.ready) == len(list(model.parameters()))
+    assert all(0.0 <= share <= 1.0 for share in profile.ready)
+    assert profile.ready[-1] < profile.ready[0]  # the classifier's bias long before the first convolution's weights
+    assert profile.ready[0] > 0.5
+
+
 @pytest.mark.e2e
 def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     out = tmp_path / "bench.json"
@@ -92,6 +117,8 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     calibration = data["calibration"]
     assert calibration["points"]["intra"]["sizes"][0] == 1024 and calibration["points"]["intra"]["sizes"][-1] == data["gradient_bytes"]
     assert calibration["network"]["intra"]["beta"] > 0 and calibration["allreduce"]["fit_error"] >= 0
+    backward = calibration["backward"]  # when the no-sync replica's gradients were ready, for the overlapped predictions
+    assert 0.3 < backward["share"] < 1 and len(backward["ready"]) == len(params) and backward["ready"][-1] < backward["ready"][0]
     assert data["placement"] == {"hosts": 1, "ranks_per_host": 2, "host_of_rank": data["placement"]["host_of_rank"]}
     for row in data["methods"][1:]:
         model = row["cost_model"]

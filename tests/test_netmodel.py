@@ -62,10 +62,28 @@ def test_buckets_fill_in_backward_order_and_hide_behind_backward():
     first_small = Schedule("buckets", bucket_mb=100 / 2**20, first_bucket_mb=30 / 2**20)
     assert netmodel.messages([10, 20, 30, 40], first_small) == [40.0, 60.0]  # 40 | 30+20+10
     # two buckets of 1 s each, backward 2 s: the first is ready at 1 s, ends at 2 s; the second ready at 2, ends at 3
-    assert netmodel.exposed_time([1.0, 1.0], [1, 1], 2.0) == pytest.approx(1.0)
-    assert netmodel.exposed_time([0.1, 0.1], [1, 1], 2.0) == pytest.approx(0.1)  # only the last bucket shows
+    assert netmodel.exposed_time([1.0, 1.0], [1.0, 2.0], 2.0) == pytest.approx(1.0)
+    assert netmodel.exposed_time([0.1, 0.1], [1.0, 2.0], 2.0) == pytest.approx(0.1)  # only the last bucket shows
+    assert netmodel.exposed_time([0.5, 0.5], [0.2, 0.4], 2.0) == pytest.approx(0.0)  # both done before backward ends
     bucketed = predict("bucketed", SYNC_METHODS["bucketed"], [1 * MB] * 4, Placement(2, 1), NET, backward_s=10.0)
     assert bucketed.overlapped and bucketed.exposed_s < bucketed.comm_s and bucketed.sync_s == bucketed.exposed_s
+
+
+def test_a_measured_backward_says_when_each_bucket_can_leave():
+    assumed = netmodel.Backward()  # bytes at a constant rate, last tensor first
+    assert assumed.ready_times([10, 30], 2.0) == pytest.approx([2.0, 1.5])
+    measured = netmodel.Backward(0.7, (0.9, 0.1))
+    assert measured.ready_times([10, 30], 2.0) == pytest.approx([1.8, 0.2])
+    assert netmodel.Backward.from_dict(measured.as_dict()) == measured and netmodel.Backward.from_dict(None) == assumed
+    # 4 tensors of 1 MB in two 2 MB buckets (the last two tensors first), each 0.5 s on a 4 MB/s link at np 2
+    slow = netmodel.Network(netmodel.LOOPBACK, netmodel.Link(0.0, 1 / 4e6))
+    sizes, place, schedule = [1 * MB] * 4, Placement(2, 1), dict(backward_s=2.0, bucket_mb=2 * MB / 2**20)
+    late = predict("bucketed", SYNC_METHODS["bucketed"], sizes, place, slow, **schedule)  # ready at 1 s and 2 s
+    early = predict("bucketed", SYNC_METHODS["bucketed"], sizes, place, slow,
+                    backward=netmodel.Backward(0.7, (0.2, 0.2, 0.1, 0.1)), **schedule)  # ready at 0.2 s and 0.4 s
+    assert late.messages == early.messages == 2 and late.comm_s == pytest.approx(early.comm_s) == pytest.approx(1.0)
+    assert late.exposed_s == pytest.approx(0.5)  # the second bucket leaves when backward ends
+    assert early.exposed_s == pytest.approx(0.0)  # both are through by 1.2 s, well before backward ends at 2 s
 
 
 @pytest.mark.parametrize("model_name", ["vgg11", "mnist_cnn"])

@@ -26,7 +26,9 @@ alike. Per method it reports:
 - efficiency = floor / sync time, at most 1; n/a for methods that overlap backward (ddp,
   bucketed), whose communication time cannot be told apart from backward's;
 - predicted: the alpha-beta model's sync time (mpi_train/netmodel.py), to hold against the
-  measured sync time, or the exposed time for an overlapped method;
+  measured sync time, or the exposed time for an overlapped method; for the latter, its
+  buckets leave when their gradients are ready, as measured on the no-sync baseline
+  (hooks time each gradient's arrival in backward; kept under "backward" in the JSON);
 - codec: a compressed method's own CPU work per step (casts, PowerSGD's products and
   residuals), timed on every rank at once with nothing sent: what the model, which
   charges only the wire, leaves out.
@@ -94,6 +96,32 @@ class Contender:
     model: nn.Module  # its own replica: a method may hook into its model's backward
     net: nn.Module
     overlapped: bool = False  # sends during backward: sync() waits for what is still in flight
+
+
+class BackwardClock:
+    """When each gradient of a model is ready during backward (hooks on its parameters), as shares of backward:
+    what an overlapped method's buckets wait for, measured instead of assumed (netmodel.Backward)."""
+
+    def __init__(self, model: nn.Module, now: Clock):
+        self.now, self.ready_at, self.shares = now, {}, []
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        for index, param in enumerate(self.params):
+            param.register_post_accumulate_grad_hook(self.hook(index))
+
+    def hook(self, index: int):
+        def ready(_param) -> None:
+            self.ready_at[index] = self.now()
+        return ready
+
+    def record(self, start: float, end: float) -> None:
+        """One timed backward from `start` to `end`: each gradient's share of it."""
+        length = max(end - start, 1e-9)
+        self.shares.append([min(1.0, max(0.0, (self.ready_at.get(i, end) - start) / length)) for i in range(len(self.params))])
+        self.ready_at.clear()
+
+    def profile(self, share: float) -> netmodel.Backward:
+        """The median share per gradient over the recorded steps, with backward's `share` of compute."""
+        return netmodel.Backward(share, tuple(statistics.median(column) for column in zip(*self.shares)))
 
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
@@ -221,11 +249,13 @@ def contenders(model_name: str, device: torch.device, bucket_mb: float, labels: 
 
 
 def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int,
-            device: torch.device, progress) -> dict[str, dict[str, list[float]]]:
-    """Per method, this rank's compute, sync and whole-step seconds for each timed step, methods interleaved
-    round-robin. A step runs from one barrier to the next, so its time is the slowest rank's on every rank."""
+            device: torch.device, progress) -> tuple[dict[str, dict[str, list[float]]], netmodel.Backward]:
+    """Per method, this rank's compute (and its backward), sync and whole-step seconds for each timed step, methods
+    interleaved round-robin, and when the no-sync baseline's gradients became ready during its backward. A step
+    runs from one barrier to the next, so its time is the slowest rank's on every rank."""
     now = Clock(device)
-    times = {entry.name: {"compute": [], "sync": [], "step": []} for entry in entries}
+    times = {entry.name: {"compute": [], "backward": [], "sync": [], "step": []} for entry in entries}
+    clock = BackwardClock(entries[0].model, now)  # the no-sync baseline: nothing else runs in its backward
     total = warmup + steps
     for step in range(total):
         shift = step % len(entries)
@@ -233,8 +263,12 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
             dist.barrier()
             t0 = now()
             entry.model.zero_grad(set_to_none=True)
-            F.cross_entropy(entry.net(images), labels).backward()
+            loss = F.cross_entropy(entry.net(images), labels)
+            forward_end = now()
+            loss.backward()
             t1 = now()
+            if entry.name == NO_SYNC and step >= warmup:
+                clock.record(forward_end, t1)
             if not entry.overlapped:  # (a barrier would also wait for an overlapped method's sends in flight)
                 dist.barrier()  # sync starts with every rank ready, so lateness is not counted as sync
             t2 = now()
@@ -243,10 +277,13 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
             t3 = now()
             if step >= warmup:
                 times[entry.name]["compute"].append(t1 - t0)
+                times[entry.name]["backward"].append(t1 - forward_end)
                 times[entry.name]["sync"].append(t3 - t2)
                 times[entry.name]["step"].append(t3 - t0)
         progress(step + 1, total, step < warmup)
-    return times
+    baseline = times[NO_SYNC]
+    share = statistics.median(b / c for b, c in zip(baseline["backward"], baseline["compute"])) if baseline["compute"] else None
+    return times, clock.profile(share) if share else netmodel.ASSUMED_BACKWARD
 
 
 def codec_times(entries: list[Contender], device: torch.device, powersgd_rank: int) -> dict[str, float]:
@@ -325,10 +362,11 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
                 "floor_s": floor, "efficiency": min(1.0, floor / comm) if world > 1 and comm else None,
             })
         if model_of is not None and name != NO_SYNC:
-            backward = netmodel.BACKWARD_SHARE * statistics.median(slowest(NO_SYNC, "compute"))
+            backward = model_of.backward.share * statistics.median(slowest(NO_SYNC, "compute"))
             ratio = sent[name] / gradient_bytes if sent and name in sent else None  # what its compressor sends
             prediction = netmodel.predict(split_label(name)[0], method_class, model_of.tensor_bytes, model_of.placement,
-                                          model_of.network, backward_s=backward, bucket_mb=model_of.bucket_mb, ratio=ratio)
+                                          model_of.network, backward_s=backward, bucket_mb=model_of.bucket_mb, ratio=ratio,
+                                          backward=model_of.backward)
             if prediction is not None:
                 measured = exposed if prediction.overlapped else sync
                 row.update({"predicted_s": prediction.sync_s, "predicted_comm_s": prediction.comm_s,
@@ -346,6 +384,7 @@ class ModelInputs:
     placement: netmodel.Placement
     tensor_bytes: tuple
     bucket_mb: float
+    backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD  # when its gradients are ready, measured on no-sync
 
 
 def format_table(rows: list[dict]) -> str:
@@ -499,7 +538,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
 
     if info.is_main:
         print(f"bench: {world} rank(s), {threads} thread(s) each, methods {', '.join(e.name for e in entries)}", flush=True)
-    times = measure(entries, images, labels, args.steps, args.warmup, device, progress)
+    times, backward = measure(entries, images, labels, args.steps, args.warmup, device, progress)
     per_rank = cluster.gather(times)
     codec = cluster.gather(codec_times(entries, device, args.powersgd_rank))
     dist.destroy_process_group()
@@ -507,8 +546,9 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         return
     inputs = None
     if calibration:
+        calibration["backward"] = backward.as_dict()  # rank 0's: a training job's or predict's --calibration reads it
         inputs = ModelInputs(netmodel.Network.from_dict(calibration["network"]), layout,
-                             tuple(netmodel.tensor_sizes(entries[0].model)), args.bucket_mb)
+                             tuple(netmodel.tensor_sizes(entries[0].model)), args.bucket_mb, backward)
     result = {
         "world_size": world, "backend": backend, "model": args.model, "batch_size": args.batch_size,
         "steps": args.steps, "warmup": args.warmup, "threads": threads, "gradient_bytes": gradient_bytes,

@@ -119,14 +119,14 @@ def network_for(args: argparse.Namespace, calibrated: Optional[netmodel.Network]
 
 
 def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, network: netmodel.Network,
-                 compute_s: float, bucket_mb: float) -> list[Row]:
+                 compute_s: float, bucket_mb: float, backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD) -> list[Row]:
     from ..sync import SYNC_METHODS
 
     placement = netmodel.Placement(ranks, min(ranks_per_host, ranks))
     rows = []
     for name, method_class in SYNC_METHODS.items():
         prediction = netmodel.predict(name, method_class, tensor_bytes, placement, network,
-                                      backward_s=netmodel.BACKWARD_SHARE * compute_s, bucket_mb=bucket_mb)
+                                      backward_s=backward.share * compute_s, bucket_mb=bucket_mb, backward=backward)
         if prediction is not None:
             rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s))
     return rows
@@ -210,6 +210,9 @@ def run(args: argparse.Namespace) -> None:
     else:
         per_sample, source = measured_compute_per_sample(args.model), "timed here (batch 16, one process, this machine's CPU)"
     tensor_bytes = netmodel.tensor_sizes(build_model(args.model))
+    backward = netmodel.load_backward(args.calibration, len(tensor_bytes)) if bench is not None else netmodel.ASSUMED_BACKWARD
+    when = ("gradients ready as the calibration's no-sync backward had them" if backward.ready is not None
+            else "gradients produced at a constant rate, last layer first")
 
     def per_rank(n: int) -> float:
         return args.per_rank_batch if args.per_rank_batch else args.batch_size / n
@@ -222,10 +225,10 @@ def run(args: argparse.Namespace) -> None:
     for note in [f"compute {per_sample * 1e3:.2f} ms per sample ({source}), scaled to each rank's batch",
                  *notes, "ranks numbered host by host (as mpirun fills a hostfile); optimizer and data time left out",
                  f"ddp and bucketed send {args.bucket_mb:g} MB buckets during backward (backward = "
-                 f"{netmodel.BACKWARD_SHARE:.2f} of compute); only what outlasts backward is exposed"]:
+                 f"{backward.share:.2f} of compute, {when}); only what outlasts backward is exposed"]:
         print(f"  - {note}")
-    table = {n: predict_rows(tensor_bytes, n, args.ranks_per_host, network, per_sample * per_rank(n), args.bucket_mb)
-             for n in ranks}
+    table = {n: predict_rows(tensor_bytes, n, args.ranks_per_host, network, per_sample * per_rank(n), args.bucket_mb,
+                             backward) for n in ranks}
     if len(ranks) == 1:
         rows = table[ranks[0]]
         hosts = netmodel.Placement(ranks[0], min(args.ranks_per_host, ranks[0])).hosts
