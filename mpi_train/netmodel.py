@@ -245,6 +245,13 @@ def messages(tensor_bytes: Sequence[float], schedule: Schedule) -> list[float]:
     return [float(sum(tensor_bytes[i] for i in group)) for group in message_groups(tensor_bytes, schedule)]
 
 
+def compression_rounds(method_class: type, compression: str = "none") -> int:
+    """How many sums a message of this method takes with --compression `compression` (PowerSGD: 2)."""
+    from .sync.compression import COMPRESSORS
+
+    return COMPRESSORS[method_class.compression_name(compression)].rounds_per_step
+
+
 def compression_ratio(method_class: type) -> float:
     """Bytes on the wire per gradient byte: `compression_ratio` if declared, else from `wire_dtype` (float16: 0.5)."""
     declared = getattr(method_class, "compression_ratio", None)
@@ -359,9 +366,10 @@ ASSUMED_BACKWARD = Backward()
 
 def predict(name: str, method_class: type, tensor_bytes: Sequence[float], placement: Placement, network: Network,
             backward_s: Optional[float] = None, bucket_mb: Optional[float] = None,
-            ratio: Optional[float] = None, backward: Backward = ASSUMED_BACKWARD) -> Optional[Prediction]:
+            ratio: Optional[float] = None, backward: Backward = ASSUMED_BACKWARD, rounds: int = 1) -> Optional[Prediction]:
     """The method's predicted sync per step; None when it declares no cost model this module knows. `ratio`
-    (bytes on the wire per gradient byte) is the compressor's, when the method carries one (PowerSGD's factors);
+    (bytes on the wire per gradient byte) is the compressor's, when the method carries one (PowerSGD's factors),
+    and `rounds` how many sums each message takes (PowerSGD: 2, P then Q; each round pays the latency again);
     `backward` says when each gradient is ready, for an overlapped method's exposed time (given `backward_s`)."""
     model = getattr(method_class, "cost_model", None)
     if model not in TIME_MODELS:
@@ -370,7 +378,8 @@ def predict(name: str, method_class: type, tensor_bytes: Sequence[float], placem
     ratio = compression_ratio(method_class) if ratio is None else ratio
     groups = message_groups(tensor_bytes, schedule)
     sizes = [sum(tensor_bytes[i] for i in group) * ratio for group in groups]
-    times = [TIME_MODELS[model](size, placement, network) for size in sizes]
+    latency = TIME_MODELS[model](0.0, placement, network)
+    times = [TIME_MODELS[model](size, placement, network) + (rounds - 1) * latency for size in sizes]
     exposed = None
     if schedule.overlapped and backward_s is not None:
         ready = backward.ready_times(tensor_bytes, backward_s)
@@ -532,6 +541,7 @@ class JobModel:
     tensor_bytes: list = field(default_factory=list)
     bucket_mb: Optional[float] = None
     ratio: Optional[float] = None  # the compressor's bytes on the wire per gradient byte
+    rounds: int = 1  # the compressor's sums per message
     backward: Backward = ASSUMED_BACKWARD  # when each gradient is ready: measured by a bench (--calibration)
     host_links: dict = field(default_factory=dict)  # host -> bytes/s its link reached (empty with --calibration)
     straggler: Optional[stragglers.Straggler] = None
@@ -545,7 +555,7 @@ class JobModel:
         name = self.prediction.method
         again = predict(name, SYNC_METHODS[name], self.tensor_bytes, self.placement, network or self.network,
                         backward_s=self.backward.share * compute_s, bucket_mb=self.bucket_mb, ratio=self.ratio,
-                        backward=self.backward)
+                        backward=self.backward, rounds=self.rounds)
         return again.sync_s
 
     def straggler_cost(self, compute_s: float) -> Optional[float]:
@@ -584,11 +594,12 @@ def job_model(config, cluster, model, method, device) -> Optional[JobModel]:
     straggler = stragglers.Straggler.from_dict(measured["straggler"]) if measured.get("straggler") else None
     placement = Placement.of_hosts(hosts)
     ratio = method.wire_bytes(list(model.parameters())) / sum(sizes)  # what its compressor sends
+    rounds = method.compressor.rounds_per_step
     prediction = predict(config.sync, SYNC_METHODS[config.sync], sizes, placement, network, bucket_mb=config.bucket_mb,
-                         ratio=ratio)
+                         ratio=ratio, rounds=rounds)
     if prediction is None:
         return None
-    return JobModel(prediction, network, placement, sizes, config.bucket_mb, ratio, backward,
+    return JobModel(prediction, network, placement, sizes, config.bucket_mb, ratio, rounds, backward,
                     measured.get("host_links", {}), straggler)
 
 

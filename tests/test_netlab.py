@@ -213,3 +213,18 @@ def test_the_shipped_network_file_plans_what_the_lab_promises():
         runnable = [name for name in SYNC_METHODS if not backend_error(name, HERE)]  # ddp_powersgd needs NCCL
         assert len(mine) == len(runnable) * 5 and all(r.config.dataset == "synthetic" for r in mine)
     assert sweep.bench and sweep.bench.model == "vgg11"
+
+
+def test_the_shipped_bench_labs_plan_the_layouts_their_targets_name():
+    from mpi_train.tools.sweep import load
+
+    targets = load(REPO / "experiments/network_targets.toml")
+    assert targets.runs == () and targets.bench.model == "vgg11" and targets.bench.batch_size == 256
+    layouts = {(s.slots, s.hosts, s.link) for s in targets.bench.settings}
+    for link in ("1gbit", "100mbit"):  # np 2, 4 and 8 over 2 and 4 test hosts, at both rates
+        assert {(2, 2, link), (4, 2, link), (8, 2, link), (4, 4, link), (8, 4, link)} <= layouts
+    assert {(2, 1, "unlimited"), (4, 1, "unlimited")} <= layouts and all(s.slots in (2, 4, 8) for s in targets.bench.settings)
+    beat = load(REPO / "experiments/beat_ddp.toml")
+    assert [(s.hosts, s.ranks_per_host, s.link) for s in beat.bench.settings] == [(2, 2, "1gbit"), (2, 2, "100mbit")]
+    assert {"ddp", "ddp_fp16", "ddp_powersgd", "bucketed"} <= set(beat.bench.methods) and beat.bench.batch_size == 256
+

@@ -20,6 +20,11 @@ def test_one_cluster_prints_each_method_and_the_winner(capsys):
     size = sum(netmodel.tensor_sizes(build_model("mnist_cnn")))
     ring = 2 * 63 * 100e-6 + 2 * 63 / 64 * size / 1.25e9
     assert rows["ring"][0] == pytest.approx(4.0, abs=0.05) and rows["ring"][1] == pytest.approx(1e3 * ring, abs=0.05)
+    # float16 halves the bytes; PowerSGD sends its factors, but in two rounds, each paying 2·63 latencies of 100 us
+    flat_bandwidth = rows["flat"][1] - 1e3 * 2 * 63 * 100e-6
+    assert rows["flat_fp16"][1] == pytest.approx(rows["flat"][1] - flat_bandwidth / 2, abs=0.05)
+    # here the MNIST CNN's 4.8 MB are latency-bound: PowerSGD's second round costs more than its bytes save
+    assert rows["ddp_powersgd"][1] > rows["ddp"][1] > rows["ddp_powersgd"][1] / 2
     winner = min(rows, key=lambda name: rows[name][3])
     assert f"winner: {winner} " in out
 

@@ -366,7 +366,8 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
             ratio = sent[name] / gradient_bytes if sent and name in sent else None  # what its compressor sends
             prediction = netmodel.predict(split_label(name)[0], method_class, model_of.tensor_bytes, model_of.placement,
                                           model_of.network, backward_s=backward, bucket_mb=model_of.bucket_mb, ratio=ratio,
-                                          backward=model_of.backward)
+                                          backward=model_of.backward,
+                                          rounds=netmodel.compression_rounds(method_class, split_label(name)[1]))
             if prediction is not None:
                 measured = exposed if prediction.overlapped else sync
                 row.update({"predicted_s": prediction.sync_s, "predicted_comm_s": prediction.comm_s,

@@ -160,7 +160,7 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
     ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="Loss against step")
     ax.legend()
     ax.grid(alpha=0.3)
-    written.append(_save(fig, out / "loss_vs_step.png"))
+    written.append(save_figure(fig, out / "loss_vs_step.png"))
 
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
     bottom = [0.0] * len(jobs)
@@ -171,7 +171,7 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
     ax.set(ylabel="mean time per step (ms)", title="Where a step's time goes")
     ax.legend()
     ax.tick_params(axis="x", rotation=20)
-    written.append(_save(fig, out / "time_breakdown.png"))
+    written.append(save_figure(fig, out / "time_breakdown.png"))
 
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
     data, labels, positions, position = [], [], [], 0
@@ -186,7 +186,7 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
         ax.boxplot(data, positions=positions)
         ax.set_xticks(positions, labels, fontsize=7, rotation=90)
     ax.set(ylabel="step time (ms), every logged window", title="Per-rank step-time spread")
-    written.append(_save(fig, out / "rank_step_time_spread.png"))
+    written.append(save_figure(fig, out / "rank_step_time_spread.png"))
     return written
 
 
@@ -251,7 +251,7 @@ def plot_predictions(rows: list[dict], out: Path) -> Path:
            title="Sync time: model against measurement")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, out / "predicted_vs_measured.png")
+    return save_figure(fig, out / "predicted_vs_measured.png")
 
 
 def plot_sync_costs(bench: dict, out: Path, name: str = "sync_cost_vs_floor.png") -> Path:
@@ -275,7 +275,7 @@ def plot_sync_costs(bench: dict, out: Path, name: str = "sync_cost_vs_floor.png"
                                        f"{bench['gradient_bytes'] / 1e6:.0f} MB of gradients")
     ax.legend()
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, out / name)
+    return save_figure(fig, out / name)
 
 
 def log_comparison(client, experiment_id: str, jobs: list[Job], text: str, paths: list[Path], run_name: Optional[str] = None) -> str:
@@ -289,7 +289,7 @@ def log_comparison(client, experiment_id: str, jobs: list[Job], text: str, paths
     return run.info.run_id
 
 
-def _save(fig, path: Path, rect: Optional[tuple] = None) -> Path:
+def save_figure(fig, path: Path, rect: Optional[tuple] = None) -> Path:
     """Lay the figure out (inside `rect`, leaving room for a legend or title outside the axes), write it, close it."""
     fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)

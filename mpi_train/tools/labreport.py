@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..netmodel import UNLIMITED, rate_bytes_per_s
-from .compare import _save
+from .compare import save_figure
 
 TARGETS = {False: 0.20, True: 0.30}  # the largest |error| the model may make: after backward, overlapped (exposed)
 COLUMNS = ("method", "np", "hosts", "per_host", "link", "measured_ms", "predicted_ms", "error", "target")
@@ -131,34 +131,39 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
         fig.legend(handles=handles, loc="lower center", ncol=min(len(methods), 6), fontsize=8)
         return (0, 0.06 * math.ceil(len(methods) / 6) / fig.get_size_inches()[1] * 4.5, 1, 0.95)
 
-    links = sorted({r["link"] for r in rows}, key=_rate_order)
-    host_counts = sorted({r["hosts"] for r in rows})
-    if any(len({r["np"] for r in rows if (r["link"], r["hosts"]) == (l, h)}) > 1 for l in links for h in host_counts):
-        fig, axes = plt.subplots(len(links), len(host_counts), figsize=(max(8, 5 * len(host_counts)), 4 * len(links)),
-                                 squeeze=False)
-        for i, link in enumerate(links):
-            for j, hosts in enumerate(host_counts):
-                mine = [r for r in rows if (r["link"], r["hosts"]) == (link, hosts)]
-                if not mine:
-                    axes[i][j].set_visible(False)
-                    continue
-                draw(axes[i][j], mine, lambda r: r["np"], "ranks (np)", f"{hosts} host(s), link {link}")
-                axes[i][j].set_xscale("log", base=2)
-                axes[i][j].set_xticks(sorted({r["np"] for r in mine}), [str(n) for n in sorted({r["np"] for r in mine})])
+    def grid(count: int):
+        """Panels three to a row; the figure and its axes in reading order."""
+        columns = min(3, count)
+        rows_of_panels = math.ceil(count / columns)
+        fig, axes = plt.subplots(rows_of_panels, columns, figsize=(max(8, 5 * columns), 4 * rows_of_panels), squeeze=False)
+        for ax in axes.flat[count:]:
+            ax.set_visible(False)
+        return fig, list(axes.flat)
+
+    panels = sorted({(r["link"], r["hosts"]) for r in rows}, key=lambda panel: (_rate_order(panel[0]), panel[1]))
+    if any(len({r["np"] for r in rows if (r["link"], r["hosts"]) == panel}) > 1 for panel in panels):
+        fig, axes = grid(len(panels))
+        for ax, (link, hosts) in zip(axes, panels):
+            mine = [r for r in rows if (r["link"], r["hosts"]) == (link, hosts)]
+            draw(ax, mine, lambda r: r["np"], "ranks (np)", f"{hosts} host(s), link {link}")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted({r["np"] for r in mine}), [str(n) for n in sorted({r["np"] for r in mine})])
         rect = legend(fig)
         fig.suptitle("Sync time against ranks: measured (points) and the alpha-beta model (x, dashed)")
-        paths.append(_save(fig, out / "sync_vs_ranks.png", rect))
+        paths.append(save_figure(fig, out / "sync_vs_ranks.png", rect))
 
     layouts = sorted({(r["hosts"], r["per_host"]) for r in rows if r["hosts"] > 1})
     layouts = [l for l in layouts if len({r["link"] for r in rows if (r["hosts"], r["per_host"]) == l}) > 1]
     if layouts:
-        fig, axes = plt.subplots(1, len(layouts), figsize=(max(8, 5 * len(layouts)), 4.5), squeeze=False)
-        for ax, (hosts, per_host) in zip(axes[0], layouts):
-            draw(ax, [r for r in rows if (r["hosts"], r["per_host"]) == (hosts, per_host)],
-                 lambda r: 8 * rate_bytes_per_s(r["link"]) / 1e6, "link rate (Mbit/s)",
+        fig, axes = grid(len(layouts))
+        for ax, (hosts, per_host) in zip(axes, layouts):
+            mine = [r for r in rows if (r["hosts"], r["per_host"]) == (hosts, per_host)]
+            draw(ax, mine, lambda r: 8 * rate_bytes_per_s(r["link"]) / 1e6, "each host's link rate (log scale)",
                  f"np {hosts * per_host}: {hosts} hosts x {per_host}")
             ax.set_xscale("log")
+            links = sorted({r["link"] for r in mine}, key=_rate_order)
+            ax.set_xticks([8 * rate_bytes_per_s(link) / 1e6 for link in links], links)
         rect = legend(fig)
         fig.suptitle("Sync time against link rate: measured (points) and the alpha-beta model (x, dashed)")
-        paths.append(_save(fig, out / "sync_vs_link.png", rect))
+        paths.append(save_figure(fig, out / "sync_vs_link.png", rect))
     return paths

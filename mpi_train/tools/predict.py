@@ -118,15 +118,29 @@ def network_for(args: argparse.Namespace, calibrated: Optional[netmodel.Network]
     return netmodel.Network(intra, inter), notes
 
 
+def wire_ratios(model) -> dict[str, float]:
+    """Bytes each registered method puts on the wire per gradient byte, with its default options (ddp_powersgd:
+    PowerSGD's factors at the default rank; flat_fp16: half)."""
+    from ..config import TrainConfig
+    from ..sync import SYNC_METHODS
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = sum(p.numel() * p.element_size() for p in params)
+    return {name: method_class.from_config(TrainConfig(sync=name)).wire_bytes(params) / total
+            for name, method_class in SYNC_METHODS.items()}
+
+
 def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, network: netmodel.Network,
-                 compute_s: float, bucket_mb: float, backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD) -> list[Row]:
+                 compute_s: float, bucket_mb: float, backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD,
+                 ratios: Optional[dict[str, float]] = None) -> list[Row]:
     from ..sync import SYNC_METHODS
 
     placement = netmodel.Placement(ranks, min(ranks_per_host, ranks))
     rows = []
     for name, method_class in SYNC_METHODS.items():
         prediction = netmodel.predict(name, method_class, tensor_bytes, placement, network,
-                                      backward_s=backward.share * compute_s, bucket_mb=bucket_mb, backward=backward)
+                                      backward_s=backward.share * compute_s, bucket_mb=bucket_mb, backward=backward,
+                                      ratio=(ratios or {}).get(name), rounds=netmodel.compression_rounds(method_class))
         if prediction is not None:
             rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s))
     return rows
@@ -209,7 +223,8 @@ def run(args: argparse.Namespace) -> None:
         per_sample, source = compute_from_bench(bench), f"the no-sync baseline of {args.calibration}"
     else:
         per_sample, source = measured_compute_per_sample(args.model), "timed here (batch 16, one process, this machine's CPU)"
-    tensor_bytes = netmodel.tensor_sizes(build_model(args.model))
+    model = build_model(args.model)
+    tensor_bytes, ratios = netmodel.tensor_sizes(model), wire_ratios(model)
     backward = netmodel.load_backward(args.calibration, len(tensor_bytes)) if bench is not None else netmodel.ASSUMED_BACKWARD
     when = ("gradients ready as the calibration's no-sync backward had them" if backward.ready is not None
             else "gradients produced at a constant rate, last layer first")
@@ -228,7 +243,7 @@ def run(args: argparse.Namespace) -> None:
                  f"{backward.share:.2f} of compute, {when}); only what outlasts backward is exposed"]:
         print(f"  - {note}")
     table = {n: predict_rows(tensor_bytes, n, args.ranks_per_host, network, per_sample * per_rank(n), args.bucket_mb,
-                             backward) for n in ranks}
+                             backward, ratios) for n in ranks}
     if len(ranks) == 1:
         rows = table[ranks[0]]
         hosts = netmodel.Placement(ranks[0], min(args.ranks_per_host, ranks[0])).hosts

@@ -21,6 +21,7 @@ class Compressor:
 
     name = "none"
     wire_dtype: Optional[torch.dtype] = None  # what the summed tensors carry, when not the gradients' own dtype
+    rounds_per_step = 1  # sums per bucket once it compresses: each pays the collective's latency (cost model)
 
     @classmethod
     def from_config(cls, config) -> "Compressor":

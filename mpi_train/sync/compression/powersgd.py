@@ -99,6 +99,7 @@ class PowerSGD(Compressor):
     """
 
     name = "powersgd"
+    rounds_per_step = 2  # the Ps (with the whole tensors), then the Qs
 
     def __init__(self, rank: int = DEFAULT_RANK, start_step: int = DEFAULT_START_STEP):
         if rank < 1:
