@@ -392,7 +392,6 @@ def tensor_sizes(model) -> list[int]:
     return [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Measuring links inside a job (collective: every rank calls these).
 

@@ -69,6 +69,13 @@ def test_compression_is_swept_like_sync_and_impossible_pairs_are_left_out_of_all
         parse(text.replace('"powersgd"]', '"fp8"]'), Path("grid.toml"))
 
 
+def test_the_same_run_in_two_grids_is_named_by_what_its_grid_changes():
+    text = GOOD.split("[[sweep]]")[0] + ('[[sweep]]\nsync = "ring"\nnp = 2\n\n[[sweep]]\nsync = "ring"\nnp = 2\nmodel = "mnist_cnn"\n'
+                                        '\n[[sweep]]\nsync = "ring"\nnp = 2\nmodel = "mnist_cnn"\n')
+    names = [r.name for r in parse(text, Path("grid.toml")).runs]
+    assert names == ["ring-np2-seed42", "ring-np2-seed42-mnist_cnn", "ring-np2-seed42-run3"]
+
+
 def test_the_shipped_files_plan_what_they_promise():
     compare = load(REPO / "experiments/compare_sync.toml")
     assert (compare.runs[0].np, compare.runs[0].config.batch_size) == (1, 256)

@@ -189,7 +189,8 @@ def run_trial(trial: Trial, args, hosts: TestHosts, setting: NetworkSetting, ser
     folder.mkdir(parents=True, exist_ok=True)
     marker = str(folder)
     world = args.hosts * args.ranks_per_host
-    command = ["mpirun", "-np", str(world), "--hostfile", str(hosts.hostfile(args.hosts, args.ranks_per_host)), sys.executable, "-m", "mpi_train",
+    hostfile = hosts.hostfile(args.hosts, args.ranks_per_host)
+    command = ["mpirun", "-np", str(world), "--hostfile", str(hostfile), sys.executable, "-m", "mpi_train",
                "--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "1",
                "--max-steps", str(args.steps), "--timeout", str(args.timeout), "--sync", "allreduce",
                "--tracking-uri", server.uri, "--experiment", "soak", "--run-name", f"trial-{trial.number:02d}",

@@ -441,7 +441,7 @@ def parse(text: str, path: Path) -> Sweep:
                 raise reader.fail(where + ("np",), f"the run {method} at np {np} cannot start: {error}") from None
             name = f"{label(method, compression)}-np{np}-seed{seed}" + (f"-{setting.label}" if setting else "")
             if any(run.name == name for run in runs):  # the same triple in two grids with different options
-                name += f"-run{len(runs) + 1}"
+                name = _distinct(name, overrides, {run.name for run in runs}, len(runs) + 1)
             runs.append(PlannedRun(len(runs) + 1, name, np, config, dict(env), setting))
 
     if not runs and sweeps:
@@ -520,6 +520,15 @@ def _network(reader: _Reader, table: dict) -> NetworkPlan:
                           f'"10.80.0".')
     return NetworkPlan(tuple(dict.fromkeys(hosts)), tuple(dict.fromkeys(ranks_per_host)),
                        tuple(dict.fromkeys(l.lower() for l in links)), prefix, subnet)
+
+
+def _distinct(name: str, options: dict, taken: set[str], number: int) -> str:
+    """A run name that says how this grid differs: its own options appended (`-mnist_cnn`, `-lr0.1`), else its
+    number."""
+    parts = [str(v) if isinstance(v, str) else f"{k}{v}" for k, v in options.items()
+             if k not in ("sync", "seed") and isinstance(v, (str, int, float))]
+    candidate = "-".join([name, *parts])
+    return candidate if parts and candidate not in taken else f"{name}-run{number}"
 
 
 def load(path: str | Path) -> Sweep:
