@@ -149,6 +149,9 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
         # the compressor's own CPU time: timed for every compressed method, absent for the rest
         compressed = compression != "none" or row["method"] == "flat_fp16"
         assert (row["codec_s"] is not None and row["codec_s"] > 0) if compressed else row["codec_s"] is None, row["method"]
+        # the prediction charges the wire (predicted_comm_s, or what outlasts backward) and the codec measured here
+        wire = row["predicted_s"] - (row["codec_s"] or 0.0)
+        assert 0 <= wire <= row["predicted_comm_s"] + 1e-12 and (wire == pytest.approx(row["predicted_comm_s"]) or row["overlapped"])
 
 
 def test_methods_named_for_the_bench_are_checked_before_it_starts():
