@@ -40,6 +40,7 @@ def test_a_bench_without_predictions_gives_no_report(tmp_path):
 
 
 def test_the_plots_show_ranks_and_link_rates(tmp_path):
-    paths = labreport.plot(RESULTS, tmp_path)
+    compressed = [bench(4, 2, link, [("ring+fp16", False, 0.2, 0.18)]) for link in ("1gbit", "100mbit")]
+    paths = labreport.plot(RESULTS + compressed, tmp_path)  # colour by schedule, marker by compression
     assert [p.name for p in paths] == ["sync_vs_ranks.png", "sync_vs_link.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)

@@ -21,6 +21,7 @@ from ..netmodel import UNLIMITED, rate_bytes_per_s
 from .compare import save_figure
 
 TARGETS = {False: 0.20, True: 0.30}  # the largest |error| the model may make: after backward, overlapped (exposed)
+MARKERS = ("o", "s", "^", "D", "v", "P")  # one per compression: none, then in order of appearance
 COLUMNS = ("method", "np", "hosts", "per_host", "link", "measured_ms", "predicted_ms", "error", "target")
 
 
@@ -42,6 +43,12 @@ def rows_of(results: Sequence[dict]) -> list[dict]:
                 "within": None if error is None else abs(error) <= TARGETS[overlapped],
             })
     return sorted(rows, key=lambda r: (_rate_order(r["link"]), r["hosts"], r["np"], r["method"]))
+
+
+def _split(method: str) -> tuple[str, str]:
+    """bucketed+fp16 -> (bucketed, fp16); a name alone is uncompressed."""
+    schedule, _, compression = method.partition("+")
+    return schedule, compression or "none"
 
 
 def _rate_order(link: str) -> float:
@@ -107,8 +114,15 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
         return []
     out.mkdir(parents=True, exist_ok=True)
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    colours = {m: plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")(i) for i, m in enumerate(methods)}
+    schedules = list(dict.fromkeys(_split(m)[0] for m in methods))
+    compressions = list(dict.fromkeys(_split(m)[1] for m in methods))
+    colours = {s: plt.get_cmap("tab10" if len(schedules) <= 10 else "tab20")(i % 20) for i, s in enumerate(schedules)}
+    markers = {c: MARKERS[i % len(MARKERS)] for i, c in enumerate(compressions)}
     paths = []
+
+    def style(method: str) -> dict:
+        schedule, compression = _split(method)
+        return {"color": colours[schedule], "marker": markers[compression]}
 
     def draw(ax, mine: list[dict], x_of, xlabel: str, title: str) -> None:
         for method in methods:
@@ -116,20 +130,24 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
             if not points:
                 continue
             xs = [x_of(r) for r in points]
-            ax.plot(xs, [1000 * r["predicted_s"] for r in points], color=colours[method], linestyle="--", linewidth=1,
-                    marker="x", markersize=5)
-            ax.plot(xs, [1000 * r["measured_s"] for r in points], color=colours[method], marker="o", linestyle="none",
-                    label=method)
+            ax.plot(xs, [1000 * r["predicted_s"] for r in points], color=style(method)["color"], linestyle="--",
+                    linewidth=1, alpha=0.7)
+            ax.plot(xs, [1000 * r["measured_s"] for r in points], linestyle="none", markersize=6, **style(method))
         ax.set(xlabel=xlabel, ylabel="sync per step (ms; exposed if overlapped)", title=title, yscale="log")
         ax.grid(True, which="both", alpha=0.3)
 
     def legend(fig) -> tuple:
-        """One legend for every panel, under them; returns the rect the panels keep."""
+        """One legend for every panel, under them: colour = schedule, marker = compression; returns the rect the
+        panels keep."""
         from matplotlib.lines import Line2D
 
-        handles = [Line2D([], [], color=colours[m], marker="o", linestyle="none", label=m) for m in methods]
-        fig.legend(handles=handles, loc="lower center", ncol=min(len(methods), 6), fontsize=8)
-        return (0, 0.06 * math.ceil(len(methods) / 6) / fig.get_size_inches()[1] * 4.5, 1, 0.95)
+        handles = [Line2D([], [], color=colours[s], marker="o", linestyle="--", linewidth=1, label=s) for s in schedules]
+        if len(compressions) > 1:
+            handles += [Line2D([], [], color="grey", marker=markers[c], linestyle="none", label=f"+{c}" if c != "none"
+                               else "uncompressed") for c in compressions]
+        columns = min(len(handles), 7)
+        fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8)
+        return (0, 0.35 * math.ceil(len(handles) / columns) / fig.get_size_inches()[1], 1, 0.95)
 
     def grid(count: int):
         """Panels three to a row; the figure and its axes in reading order."""
@@ -149,7 +167,7 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted({r["np"] for r in mine}), [str(n) for n in sorted({r["np"] for r in mine})])
         rect = legend(fig)
-        fig.suptitle("Sync time against ranks: measured (points) and the alpha-beta model (x, dashed)")
+        fig.suptitle("Sync time against ranks: measured (markers) and the alpha-beta model (dashed)")
         paths.append(save_figure(fig, out / "sync_vs_ranks.png", rect))
 
     layouts = sorted({(r["hosts"], r["per_host"]) for r in rows if r["hosts"] > 1})
@@ -164,6 +182,6 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
             links = sorted({r["link"] for r in mine}, key=_rate_order)
             ax.set_xticks([8 * rate_bytes_per_s(link) / 1e6 for link in links], links)
         rect = legend(fig)
-        fig.suptitle("Sync time against link rate: measured (points) and the alpha-beta model (x, dashed)")
+        fig.suptitle("Sync time against link rate: measured (markers) and the alpha-beta model (dashed)")
         paths.append(save_figure(fig, out / "sync_vs_link.png", rect))
     return paths
