@@ -227,4 +227,3 @@ def test_the_shipped_bench_labs_plan_the_layouts_their_targets_name():
     beat = load(REPO / "experiments/beat_ddp.toml")
     assert [(s.hosts, s.ranks_per_host, s.link) for s in beat.bench.settings] == [(2, 2, "1gbit"), (2, 2, "100mbit")]
     assert {"ddp", "ddp_fp16", "ddp_powersgd", "bucketed"} <= set(beat.bench.methods) and beat.bench.batch_size == 256
-

@@ -44,6 +44,12 @@ def label(sync: str, compression: str = "none") -> str:
     return f"{sync}+{compression}"
 
 
+def split_label(text: str) -> tuple[str, str]:
+    """The inverse of `label`: `bucketed+powersgd` -> ("bucketed", "powersgd"); `flat_fp16` -> ("flat_fp16", "none")."""
+    name, _, compression = text.partition("+")
+    return name, compression or "none"
+
+
 def combination_error(sync: str, compression: str) -> Optional[str]:
     """Why --sync `sync` cannot carry --compression `compression`, or None when it can."""
     method = SYNC_METHODS[sync]

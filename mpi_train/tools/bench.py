@@ -73,7 +73,7 @@ from ..placement import Clock, place
 from ..errors import UserError
 from ..models import INPUT_SHAPES, MODELS, build_model
 from ..report import write_json_atomically
-from ..sync import SYNC_METHODS, SyncMethod, backend_error, combination_error, label
+from ..sync import SYNC_METHODS, SyncMethod, backend_error, combination_error, label, split_label
 from ..sync.ddp import DDP
 from ..sync.flat import FlatBuffer
 
@@ -205,12 +205,6 @@ def every_label() -> list[str]:
             for compression in ("none", *(c for c in method_class.compressions if c != "none" and not method_class.fixed_compression))]
 
 
-def split_label(text: str) -> tuple[str, str]:
-    """`bucketed+powersgd` -> ("bucketed", "powersgd"); `flat_fp16` -> ("flat_fp16", "none")."""
-    name, _, compression = text.partition("+")
-    return name, compression or "none"
-
-
 def chosen(methods: Optional[str]) -> list[str]:
     """The labels --methods names (checked), or every label."""
     if methods is None:
@@ -339,7 +333,8 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
     steps = {name: slowest(name, "step") for name in names}
     rows = []
     for name in names:
-        method_class = NoSync if name == NO_SYNC else SYNC_METHODS[split_label(name)[0]]
+        schedule, compression = split_label(name)
+        method_class = NoSync if name == NO_SYNC else SYNC_METHODS[schedule]
         compute, sync = statistics.median(slowest(name, "compute")), statistics.median(slowest(name, "sync"))
         differences = [s - b for s, b in zip(steps[name], steps[NO_SYNC])]
         exposed = statistics.median(differences)
@@ -349,7 +344,6 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
                "codec_s": max(rank[name] for rank in codec) if codec and name in codec[0] else None}
         model = None if name == NO_SYNC else cost_model_of(method_class)
         if model is not None:
-            schedule = split_label(name)[0]
             overlapped = netmodel.schedule_of(schedule, method_class).overlapped
             comm = None if overlapped else sync
             size = sent[name] if sent and name in sent else wire_bytes(method_class, gradient_bytes)
@@ -365,10 +359,10 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
         if model_of is not None and name != NO_SYNC:
             backward = model_of.backward.share * statistics.median(slowest(NO_SYNC, "compute"))
             ratio = sent[name] / gradient_bytes if sent and name in sent else None  # what its compressor sends
-            prediction = netmodel.predict(split_label(name)[0], method_class, model_of.tensor_bytes, model_of.placement,
+            prediction = netmodel.predict(schedule, method_class, model_of.tensor_bytes, model_of.placement,
                                           model_of.network, backward_s=backward, bucket_mb=model_of.bucket_mb, ratio=ratio,
                                           backward=model_of.backward,
-                                          rounds=netmodel.compression_rounds(method_class, split_label(name)[1]))
+                                          rounds=netmodel.compression_rounds(method_class, compression))
             if prediction is not None:
                 measured = exposed if prediction.overlapped else sync
                 predicted = prediction.sync_s + (row["codec_s"] or 0.0)  # the wire, plus the compressor's CPU, timed here

@@ -83,8 +83,8 @@ def job_from_summary(name: str, summary: dict) -> Job:
     return Job(run_id="", name=name, sync=sync, world_size=summary["world_size"], metrics=metrics,
                loss_curve=[(step["step"], step["loss"]) for step in summary["steps"]],
                rank_step_times=[[rank["step_time_s"]] for rank in summary["per_rank_mean_times"]],
-               params={"model": summary["config"].get("model"), "link": summary["config"].get("link"), "num_hosts": summary.get("num_hosts"),
-                       "ranks_per_host": summary.get("ranks_per_host")},
+               params={"model": summary["config"].get("model"), "link": summary["config"].get("link"),
+                       "num_hosts": summary.get("num_hosts"), "ranks_per_host": summary.get("ranks_per_host")},
                slow_host=Straggler.from_dict(summary["slow_host"]).describe() if summary.get("slow_host") else None)
 
 
@@ -191,6 +191,8 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
 
 
 PREDICTION_COLUMNS = ("sync", "model", "np", "hosts", "link", "measured_ms", "predicted_ms", "error")
+
+
 def hidden_in_backward(sync: str) -> bool:
     """DDP and its hooked variants communicate inside backward: their sync time cannot be measured apart."""
     return sync in SYNC_METHODS and issubclass(SYNC_METHODS[sync], DDP)
@@ -203,8 +205,8 @@ def prediction_rows(jobs: list[Job]) -> list[dict]:
         m = job.metrics
         predicted, measured = m.get("predicted_sync_time_s"), m.get("mean_sync_time_s")
         hidden = hidden_in_backward(job.sync)
-        rows.append({"sync": job.sync, "model": job.params.get("model"), "np": job.world_size, "hosts": job.params.get("num_hosts"),
-                     "link": job.params.get("link") or "-", "measured_s": measured, "predicted_s": predicted,
+        rows.append({"sync": job.sync, "model": job.params.get("model"), "np": job.world_size,
+                     "hosts": job.params.get("num_hosts"), "link": job.params.get("link") or "-", "measured_s": measured, "predicted_s": predicted,
                      "error": None if hidden or not predicted or not measured else (predicted - measured) / measured,
                      "hidden": hidden})
     return sorted(rows, key=lambda r: (str(r["model"]), str(r["link"]), int(r["hosts"] or 0), r["np"], r["sync"]))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..netmodel import UNLIMITED, rate_bytes_per_s
+from ..sync import split_label
 from .compare import save_figure
 
 TARGETS = {False: 0.20, True: 0.30}  # the largest |error| the model may make: after backward, overlapped (exposed)
@@ -43,12 +44,6 @@ def rows_of(results: Sequence[dict]) -> list[dict]:
                 "within": None if error is None else abs(error) <= TARGETS[overlapped],
             })
     return sorted(rows, key=lambda r: (_rate_order(r["link"]), r["hosts"], r["np"], r["method"]))
-
-
-def _split(method: str) -> tuple[str, str]:
-    """bucketed+fp16 -> (bucketed, fp16); a name alone is uncompressed."""
-    schedule, _, compression = method.partition("+")
-    return schedule, compression or "none"
 
 
 def _rate_order(link: str) -> float:
@@ -114,14 +109,14 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
         return []
     out.mkdir(parents=True, exist_ok=True)
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    schedules = list(dict.fromkeys(_split(m)[0] for m in methods))
-    compressions = list(dict.fromkeys(_split(m)[1] for m in methods))
+    schedules = list(dict.fromkeys(split_label(m)[0] for m in methods))
+    compressions = list(dict.fromkeys(split_label(m)[1] for m in methods))
     colours = {s: plt.get_cmap("tab10" if len(schedules) <= 10 else "tab20")(i % 20) for i, s in enumerate(schedules)}
     markers = {c: MARKERS[i % len(MARKERS)] for i, c in enumerate(compressions)}
     paths = []
 
     def style(method: str) -> dict:
-        schedule, compression = _split(method)
+        schedule, compression = split_label(method)
         return {"color": colours[schedule], "marker": markers[compression]}
 
     def draw(ax, mine: list[dict], x_of, xlabel: str, title: str) -> None:

@@ -125,7 +125,7 @@ def wire_ratios(model) -> dict[str, float]:
     from ..sync import SYNC_METHODS
 
     params = [p for p in model.parameters() if p.requires_grad]
-    total = sum(p.numel() * p.element_size() for p in params)
+    total = sum(netmodel.tensor_sizes(model))
     return {name: method_class.from_config(TrainConfig(sync=name)).wire_bytes(params) / total
             for name, method_class in SYNC_METHODS.items()}
 
