@@ -30,16 +30,15 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
 from torch import nn
 
-from . import report
 from .cluster import Cluster
 from .config import TrainConfig
 from .errors import UserError, folder_write_error
+from .files import write_atomically
 
 FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"^step-(\d{8})\.pt$")
@@ -75,7 +74,8 @@ def capture_rank_state(model: nn.Module) -> dict:
     kind, keys, position, has_gauss, cached = np.random.get_state()
     state = {
         "torch_rng": torch.get_rng_state(),
-        "numpy_rng": {"kind": kind, "keys": keys.tolist(), "pos": int(position), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "numpy_rng": {"kind": kind, "keys": keys.tolist(), "pos": int(position), "has_gauss": int(has_gauss),
+                      "cached": float(cached)},
         "python_rng": random.getstate(),
         "buffers": {name: buffer.detach().cpu().clone() for name, buffer in model.named_buffers()},
     }
@@ -104,8 +104,8 @@ def restore_rank_state(state: dict, model: nn.Module) -> None:
 # Writing: every rank contributes its state, rank 0 writes.
 
 def save_atomically(payload: dict, target: Path) -> None:
-    """torch.save to a temporary file beside `target`, renamed over it once complete (see report.write_atomically)."""
-    report.write_atomically(target, lambda handle: torch.save(payload, handle))
+    """torch.save to a temporary file beside `target`, renamed over it once complete (see files.write_atomically)."""
+    write_atomically(target, lambda handle: torch.save(payload, handle))
 
 
 class Checkpointer:
@@ -125,7 +125,7 @@ class Checkpointer:
         every = self.config.checkpoint_every
         return step == total_steps or bool(every and step % every == 0)
 
-    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, position: Position, run_id: Optional[str]) -> None:
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, position: Position, run_id: str | None) -> None:
         """Collective: gather every rank's state, rank 0 writes; a failed write stops every rank together."""
         rank_states = self.cluster.gather(capture_rank_state(model))
         outcome = None
@@ -134,7 +134,8 @@ class Checkpointer:
             payload = {
                 "format": FORMAT_VERSION, "model": config.model_name, "dataset": config.dataset,
                 "train_size": config.synthetic_size if config.dataset == "synthetic" else None,
-                "world_size": info.world_size, "batch_size": config.batch_size, "sync": config.sync, "seed": config.seed,
+                "world_size": info.world_size, "batch_size": config.batch_size, "sync": config.sync,
+                "seed": config.seed,
                 "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
                 "model_state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
                 "optimizer_state": optimizer.state_dict(), "ranks": rank_states, "mlflow_parent_run_id": run_id,
@@ -150,7 +151,7 @@ class Checkpointer:
         self.cluster.agree(outcome, f"checkpoint at step {position.step}")
 
 
-def check_folder(folder: Path) -> Optional[str]:
+def check_folder(folder: Path) -> str | None:
     """None if checkpoints can be written to `folder` (created if missing), else why not."""
     reason = folder_write_error(folder)
     if reason:
@@ -170,7 +171,7 @@ class Resume:
     model_state: dict
     optimizer_state: dict
     rank_state: dict
-    parent_run_id: Optional[str]
+    parent_run_id: str | None
 
 
 def find_checkpoint(spec: str) -> Path:
@@ -213,7 +214,8 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
     if differing:
         fixes = {"model": f"--model {held['model']}", "ranks": f"mpirun -np {held['ranks']}",
                  "global batch": f"--batch-size {held['global batch']}",
-                 "data set": f"--dataset {held['data set']}", "training samples": f"--synthetic-size {held['training samples']}"}
+                 "data set": f"--dataset {held['data set']}",
+                 "training samples": f"--synthetic-size {held['training samples']}"}
         raise UserError(
             f"--resume {path} holds step {payload['step']} of a job with "
             + ", ".join(f"{key} {held[key]}" for key in differing)
@@ -227,7 +229,7 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
                         f"all, so nothing is left to do. Raise --max-steps or --epochs to train further.")
 
 
-def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> Optional[Resume]:
+def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> Resume | None:
     """Collective: rank 0 finds, reads and checks --resume; each rank receives the shared part and its own."""
     if not config.resume:
         return None
@@ -247,6 +249,7 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
         shared["path"] = str(path)
     shared = cluster.bcast(shared)
     rank_state = cluster.scatter(payload["ranks"] if payload else None)
-    return Resume(path=Path(shared["path"]), position=Position(shared["epoch"], shared["step"], shared["step_in_epoch"]),
+    return Resume(path=Path(shared["path"]),
+                  position=Position(shared["epoch"], shared["step"], shared["step_in_epoch"]),
                   model_state=shared["model_state"], optimizer_state=shared["optimizer_state"],
                   rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"])

@@ -12,8 +12,9 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from . import environments
 from .environments import ClusterEnvironment
@@ -21,7 +22,7 @@ from .environments.base import DAEMON_END_DELAY_S
 from .errors import UserError
 from .liveness import Liveness, NoLiveness
 
-LOOPBACK = "127.0.0.1"
+LOOPBACK_ADDRESS = "127.0.0.1"
 PROGRESS_KEY = "mpi_train/progress"  # store key prefix: the step each rank has reached
 ABORT_GRACE_S = 5.0  # an abort the launcher has not carried out by then: the process exits by itself
 
@@ -84,13 +85,13 @@ class Cluster:
         self.channel = environment.channel
         self.info = info
         self.hosts = hosts  # host of each rank, indexed by rank
-        self.store = None  # the TCPStore once init_process_group has run; its server lives in rank 0's process
-        self.store_address: Optional[str] = None  # its host:port, for the heartbeat's own connections
+        self.store = None  # the TCPStore once open_process_group has run; its server lives in rank 0's process
+        self.store_address: str | None = None  # its host:port, for the heartbeat's own connections
         self.step_reached = 0.0  # what note_progress last recorded
-        self.liveness: Liveness = NoLiveness()  # heartbeats, once the training loop starts them (liveness.py)
+        self.liveness: Liveness = NoLiveness()  # heartbeats, once the process group is open (liveness.py)
 
     @classmethod
-    def discover(cls, launcher: str = "auto") -> "Cluster":
+    def discover(cls, launcher: str = "auto") -> Cluster:
         """Connect through the launcher's environment (auto: the one that started us) and learn every rank's host."""
         environment = environments.choose(launcher)
         environment.connect()
@@ -107,7 +108,7 @@ class Cluster:
         return cls(environment, info, hosts)
 
     @classmethod
-    def from_mpi(cls) -> "Cluster":
+    def from_mpi(cls) -> Cluster:
         return cls.discover("mpi")
 
     @property
@@ -136,7 +137,7 @@ class Cluster:
             return values[0]
         return self.channel.bcast(value)
 
-    def scatter(self, values: Optional[list]) -> Any:
+    def scatter(self, values: list | None) -> Any:
         """values[r] (given on rank 0) on rank r."""
         if _group_ready():
             import torch.distributed as dist
@@ -146,7 +147,7 @@ class Cluster:
             return received[0]
         return self.channel.scatter(values)
 
-    def gather(self, value: Any) -> Optional[list]:
+    def gather(self, value: Any) -> list | None:
         """Every rank's value on rank 0; None elsewhere."""
         if _group_ready():
             import torch.distributed as dist
@@ -155,6 +156,44 @@ class Cluster:
             dist.gather_object(value, values, dst=0)
             return values
         return self.channel.gather(value)
+
+    def open_process_group(self, backend: str, master_addr: str | None, timeout_s: float) -> str:
+        """Open the torch.distributed process group, its store and the heartbeats; returns the rendezvous address.
+
+        Under torchrun and srun the ranks already share the env:// store and the group is
+        built on it. Under MPI, rank 0 opens the store itself on a free port and sends
+        address:port to the others over MPI: a port chosen by one process and bound later by
+        another can be stolen. A job that spans hosts then keeps a heartbeat through the store
+        (liveness.py) until `liveness.close()`.
+        """
+        import torch.distributed as dist
+        from torch.distributed import TCPStore
+
+        info = self.info
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = self.environment.store
+        if store is not None:
+            store.set_timeout(timeout)
+            address = f"{self.environment.main_address}:{self.environment.main_port}"
+        else:
+            address = rendezvous_address(self, master_addr)
+            if info.rank == 0:
+                store = TCPStore("0.0.0.0", 0, info.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+                address = f"{address}:{store.port}"
+            address = self.bcast(address)
+        host, port = address.rsplit(":", 1)
+        if store is None:
+            store = TCPStore(host, int(port), info.world_size, is_master=False, timeout=timeout)
+        self.store = store  # also the channel a failing rank uses to reach rank 0 (see tracking/)
+        self.store_address = f"{host}:{port}"
+        if self.spans_hosts and "GLOO_SOCKET_IFNAME" not in os.environ:
+            interface = _interface_of(_route_address(socket.gethostbyname(host)))
+            if interface:
+                os.environ["GLOO_SOCKET_IFNAME"] = interface  # Gloo must listen where peers can reach
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+        self.note_progress(0)
+        self.liveness = Liveness(self)
+        return address
 
     def abort(self, code: int) -> None:
         """End every rank of the job now (a peer may be blocked in a collective).
@@ -170,7 +209,7 @@ class Cluster:
         deadline.start()
         self.channel.abort(code)
 
-    def agree(self, outcome: Optional[str], what: str) -> None:
+    def agree(self, outcome: str | None, what: str) -> None:
         """Share each rank's error message (None if fine); if any failed, all raise the same error."""
         failures = [(r, msg) for r, msg in enumerate(self.allgather(outcome)) if msg]
         if failures:
@@ -194,7 +233,8 @@ class Cluster:
             return []
         try:
             self.store.set_timeout(datetime.timedelta(seconds=5))
-            steps = [float(v) for v in self.store.multi_get([f"{PROGRESS_KEY}/{r}" for r in range(self.info.world_size)])]
+            steps = [float(v)
+                     for v in self.store.multi_get([f"{PROGRESS_KEY}/{r}" for r in range(self.info.world_size)])]
         except Exception:  # noqa: BLE001 - the store's server lives in rank 0, which may be the one that died
             return []
         return [rank for rank, step in enumerate(steps) if step < max(steps)]
@@ -226,33 +266,6 @@ def host_labels(ranks: list[tuple[str, int]]) -> tuple[str, ...]:
     return tuple(name if len(leaders_by_name[name]) == 1 else f"{name}-rank{leader}" for name, leader in ranks)
 
 
-def configure_threads(info: RankInfo, threads: Optional[int]) -> int:
-    """Give each rank its share of the host's cores: oversubscribed ranks fighting over threads crawl."""
-    import torch
-
-    if threads is None:
-        usable = len(os.sched_getaffinity(0))
-        if usable >= (os.cpu_count() or usable):  # not bound by the launcher: share the host
-            usable //= info.local_world_size
-        threads = max(1, usable)
-    torch.set_num_threads(threads)
-    return threads
-
-
-def resolve_backend(cluster: Cluster, requested: str) -> tuple[str, str]:
-    """Collective: the backend and this rank's device (see devices.decide), made current under NCCL."""
-    import torch
-
-    from .devices import RankGpus, decide, visible_gpus
-
-    seen = cluster.allgather(RankGpus(cluster.info.host, cluster.info.local_rank, visible_gpus()))
-    decision = decide(requested, seen)
-    device = decision.devices[cluster.info.rank]
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))  # else every rank's NCCL communicator lands on cuda:0
-    return decision.backend, device
-
-
 def _route_address(destination: str) -> str:
     """This host's address on the interface that routes to `destination` (no packet is sent)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -260,7 +273,7 @@ def _route_address(destination: str) -> str:
         return probe.getsockname()[0]
 
 
-def _interface_of(address: str) -> Optional[str]:
+def _interface_of(address: str) -> str | None:
     import psutil
 
     for name, addresses in psutil.net_if_addrs().items():
@@ -279,7 +292,7 @@ def _external_addresses() -> list[str]:
     ]
 
 
-def rendezvous_address(cluster: Cluster, master_addr: Optional[str]) -> Optional[str]:
+def rendezvous_address(cluster: Cluster, master_addr: str | None) -> str | None:
     """The address rank 0 listens on: --master-addr, $MASTER_ADDR, loopback on one host,
     else rank 0's address on the interface that routes to the other hosts. Collective."""
     addresses = cluster.allgather(_external_addresses() if cluster.spans_hosts else [])
@@ -289,7 +302,7 @@ def rendezvous_address(cluster: Cluster, master_addr: Optional[str]) -> Optional
     if chosen:
         return chosen
     if not cluster.spans_hosts:
-        return LOOPBACK
+        return LOOPBACK_ADDRESS
     return _route_address(address_on_other_host(cluster.hosts, addresses))
 
 
@@ -310,40 +323,3 @@ def address_on_other_host(hosts: tuple[str, ...], addresses: list[list[str]]) ->
         f"other than rank 0's ({hosts[0]}) has an IPv4 address of its own (addresses by rank: {addresses}). "
         f"Pass --master-addr (or set MASTER_ADDR) to an address of rank 0's host that the other hosts reach."
     )
-
-
-def init_process_group(cluster: Cluster, backend: str, master_addr: Optional[str], timeout_s: float) -> str:
-    """Open the torch.distributed process group; returns the rendezvous address used.
-
-    Under torchrun and srun the ranks already share the env:// store and the group is
-    built on it. Under MPI, rank 0 opens the store itself on a free port and sends
-    address:port to the others over MPI: a port chosen by one process and bound later by
-    another can be stolen.
-    """
-    import torch.distributed as dist
-    from torch.distributed import TCPStore
-
-    info = cluster.info
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = cluster.environment.store
-    if store is not None:
-        store.set_timeout(timeout)
-        address = f"{cluster.environment.main_address}:{cluster.environment.main_port}"
-    else:
-        address = rendezvous_address(cluster, master_addr)
-        if info.rank == 0:
-            store = TCPStore("0.0.0.0", 0, info.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
-            address = f"{address}:{store.port}"
-        address = cluster.bcast(address)
-    host, port = address.rsplit(":", 1)
-    if store is None:
-        store = TCPStore(host, int(port), info.world_size, is_master=False, timeout=timeout)
-    cluster.store = store  # also the channel a failing rank uses to reach rank 0 (see tracking.py)
-    cluster.store_address = f"{host}:{port}"
-    if cluster.spans_hosts and "GLOO_SOCKET_IFNAME" not in os.environ:
-        interface = _interface_of(_route_address(socket.gethostbyname(host)))
-        if interface:
-            os.environ["GLOO_SOCKET_IFNAME"] = interface  # Gloo must listen where peers can reach
-    dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
-    cluster.note_progress(0)
-    return address

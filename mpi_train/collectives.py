@@ -1,7 +1,8 @@
-"""`python -m mpi_train.collectives` runs mpi_train/tools/collectives.py."""
+"""`python -m mpi_train.collectives` runs mpi_train/commands/collectives.py (a rank program: it ends through
+cluster.exit_process)."""
 
 from .cluster import exit_process
-from .tools.collectives import main
+from .commands.collectives import main
 
 if __name__ == "__main__":
     exit_process(main())

@@ -1,8 +1,8 @@
-"""`python -m mpi_train.compare` runs mpi_train/tools/compare.py."""
+"""`python -m mpi_train.compare` runs mpi_train/analysis/compare.py."""
 
 import sys
 
-from .tools.compare import main
+from .analysis.compare import main
 
 if __name__ == "__main__":
     sys.exit(main())

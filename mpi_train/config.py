@@ -3,22 +3,26 @@
 Precedence is simple and written down once: command-line flags override the
 defaults below (and `MASTER_ADDR` / `MLFLOW_TRACKING_URI` fill their flags when
 those are not given). `cli.py` builds the argument parser from these fields, so
-a new option is one new field here.
+a new option is one new field here; a field whose `choices` names a registry below
+offers that registry's keys.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .environments import LAUNCHERS  # the --launcher names, one per cluster environment
 from .errors import UserError
-from .schedule import MODEL_DEFAULTS, SCHEDULES, OptimizerDefaults
+from .lr_schedule import LR_SCHEDULES, MODEL_DEFAULTS, OptimizerDefaults
+from .models import MODELS
+from .netmodel.links import rate_bytes_per_s
+from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label
 
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
 DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
 BACKENDS = ("auto", "gloo", "nccl")
+REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS, "model": MODELS}  # a field's `choices` names one
 
 
 def _opt(default, help, **extra):
@@ -30,61 +34,81 @@ def _opt(default, help, **extra):
 class TrainConfig:
     # What to train.
     sync: str = _opt("allreduce", "gradient synchronisation method", choices="sync")
-    bucket_mb: float = _opt(25.0, "bucket size in megabytes for --sync bucketed: smaller buckets start communicating earlier in backward, larger ones make fewer calls")
-    compression: str = _opt("none", "what the sync method's messages carry: none (float32), fp16 or bf16 (half the bytes), powersgd (rank-r factors of each gradient matrix); for allreduce, flat, bucketed, ring, hierarchical", choices="compression")
-    powersgd_rank: int = _opt(2, "rank r of PowerSGD's factors (--compression powersgd, ddp_powersgd): an n x m gradient travels as (n + m)·r numbers")
-    powersgd_start_step: int = _opt(100, "steps of plain (uncompressed) averaging before PowerSGD starts (ddp_powersgd: at least 2, torch's minimum)")
+    bucket_mb: float = _opt(25.0, "bucket size in megabytes for --sync bucketed: smaller buckets start communicating "
+                            "earlier in backward, larger ones make fewer calls")
+    compression: str = _opt("none", "what the sync method's messages carry: none (float32), fp16 or bf16 (half the "
+                            "bytes), powersgd (rank-r factors of each gradient matrix); for allreduce, flat, bucketed, "
+                            "ring, hierarchical", choices="compression")
+    powersgd_rank: int = _opt(2, "rank r of PowerSGD's factors (--compression powersgd, ddp_powersgd): an n x m "
+                              "gradient travels as (n + m)·r numbers")
+    powersgd_start_step: int = _opt(100, "steps of plain (uncompressed) averaging before PowerSGD starts "
+                                    "(ddp_powersgd: at least 2, torch's minimum)")
     dataset: str = _opt("cifar10", "data set", choices=tuple(DATASET_DEFAULT_MODEL))
-    model: Optional[str] = _opt(None, "model (default: vgg11 for cifar10, mnist_cnn otherwise)", choices="model")
+    model: str | None = _opt(None, "model (default: vgg11 for cifar10, mnist_cnn otherwise)", choices="model")
     data_dir: str = _opt("data", "where data sets are read from (and downloaded to)")
     synthetic_size: int = _opt(4096, "training samples of --dataset synthetic (its test set is a quarter of that)")
-    dropout: Optional[float] = _opt(None, "dropout probability for models that have dropout (default: the model's own)")
+    dropout: float | None = _opt(None, "dropout probability for models that have dropout (default: the model's own)")
 
     # Optimisation.
     batch_size: int = _opt(256, "global batch size, split evenly across ranks")
     epochs: int = _opt(1, "passes over the training set")
-    max_steps: Optional[int] = _opt(None, "stop after this many optimizer steps (default: run all epochs)")
-    lr: Optional[float] = _opt(None, "peak SGD learning rate (default: the model's, 0.01 for vgg11, 0.1 for mnist_cnn)")
-    momentum: Optional[float] = _opt(None, "SGD momentum (default: the model's, 0.9)")
-    weight_decay: Optional[float] = _opt(None, "SGD weight decay (default: the model's, 5e-4)")
-    seed: int = _opt(42, "seed of the model's initial weights (the same on every rank) and of the data order; augmentation and dropout draw from (seed, rank)")
+    max_steps: int | None = _opt(None, "stop after this many optimizer steps (default: run all epochs)")
+    lr: float | None = _opt(None, "peak SGD learning rate (default: the model's, 0.01 for vgg11, 0.1 for mnist_cnn)")
+    momentum: float | None = _opt(None, "SGD momentum (default: the model's, 0.9)")
+    weight_decay: float | None = _opt(None, "SGD weight decay (default: the model's, 5e-4)")
+    seed: int = _opt(42, "seed of the model's initial weights (the same on every rank) and of the data order; "
+                     "augmentation and dropout draw from (seed, rank)")
 
     # Learning-rate schedule and timing warm-up (the course's plain SGD: --lr-schedule constant --warmup-steps 0).
-    lr_schedule: str = _opt("cosine", "learning rate after warm-up: constant, cosine decay to 0 over the run, or step (divided by 10 at 50%% and 75%% of it)", choices=SCHEDULES)
-    warmup_steps: Optional[int] = _opt(None, "steps over which the learning rate ramps linearly up to --lr (default: the model's, 20)")
-    timing_warmup_steps: int = _opt(1, "first steps of the job left out of the reported mean step times (the whole-run means are reported too)")
+    lr_schedule: str = _opt("cosine", "learning rate after warm-up: constant, cosine decay to 0 over the run, or step "
+                            "(divided by 10 at 50%% and 75%% of it)", choices=LR_SCHEDULES)
+    warmup_steps: int | None = _opt(None, "steps over which the learning rate ramps linearly up to --lr (default: the "
+                                    "model's, 20)")
+    timing_warmup_steps: int = _opt(1, "first steps of the job left out of the reported mean step times (the whole-run "
+                                    "means are reported too)")
 
     # Distributed runtime.
     launcher: str = _opt("auto", "what started the ranks: mpi (mpirun, mpiexec, srun with PMI), torchrun, slurm (srun "
                          "without MPI); auto detects it from the launcher's variables", choices=LAUNCHERS)
     backend: str = _opt("auto", "process-group backend: auto picks nccl when every rank has a GPU", choices=BACKENDS)
-    master_addr: Optional[str] = _opt(None, "address rank 0 listens on for the rendezvous under MPI (default: $MASTER_ADDR, "
-                                      "else this host's address); torchrun and srun jobs meet at MASTER_ADDR:MASTER_PORT")
+    master_addr: str | None = _opt(None, "address rank 0 listens on for the rendezvous under MPI (default: "
+                                   "$MASTER_ADDR, else this host's address); torchrun and srun jobs meet at "
+                                   "MASTER_ADDR:MASTER_PORT")
     timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before the job fails")
-    threads: Optional[int] = _opt(None, "CPU threads per rank (default: this host's cores divided by its ranks)")
+    threads: int | None = _opt(None, "CPU threads per rank (default: this host's cores divided by its ranks)")
     # Network model (the predicted_sync_time_s metric beside the measured sync_time_s).
-    link: Optional[str] = _opt(None, "rate of the links between hosts as shaped or known (e.g. 1gbit), recorded as param link; no effect on training")
-    calibration: Optional[str] = _opt(None, "a JSON of python -m mpi_train.bench whose fitted links predict this job's sync time (default: a ping-pong of 1 KB .. 1 MB at start)", metavar="PATH")
+    link: str | None = _opt(None, "rate of the links between hosts as shaped or known (e.g. 1gbit), recorded as param "
+                            "link; no effect on training")
+    calibration: str | None = _opt(None, "a JSON of python -m mpi_train.bench whose fitted links predict this job's "
+                                   "sync time (default: a ping-pong of 1 KB .. 1 MB at start)", metavar="PATH")
 
-    check_every: int = _opt(100, "every N steps (and at the end) ranks compare a checksum of their weights; 0: only at start and end")
+    check_every: int = _opt(100, "every N steps (and at the end) ranks compare a checksum of their weights; 0: only at "
+                            "start and end")
 
     # Output.
     log_every: int = _opt(20, "print the loss averaged over all ranks every N steps")
-    summary_json: Optional[str] = _opt(None, "rank 0 writes the config, losses, timings and test results here")
+    summary_json: str | None = _opt(None, "rank 0 writes the config, losses, timings and test results here")
 
     # Checkpoints (written by global rank 0 only, atomically).
-    checkpoint_dir: Optional[str] = _opt(None, "write checkpoints (step-NNNNNNNN.pt) to this folder, at the end and every --checkpoint-every steps; the last 3 are kept")
-    checkpoint_every: Optional[int] = _opt(None, "steps between checkpoints (default: only at the end); needs --checkpoint-dir")
-    resume: Optional[str] = _opt(None, "continue from this checkpoint file, or from the latest checkpoint in this folder, exactly as if never stopped", metavar="PATH")
+    checkpoint_dir: str | None = _opt(None, "write checkpoints (step-NNNNNNNN.pt) to this folder, at the end and every "
+                                      "--checkpoint-every steps; the last 3 are kept")
+    checkpoint_every: int | None = _opt(None, "steps between checkpoints (default: only at the end); needs "
+                                        "--checkpoint-dir")
+    resume: str | None = _opt(None, "continue from this checkpoint file, or from the latest checkpoint in this folder, "
+                              "exactly as if never stopped", metavar="PATH")
 
     # Experiment tracking (MLflow; only rank 0 talks to it).
-    tracking_uri: Optional[str] = _opt(None, "MLflow tracking server (http://HOST:PORT) or database URI (default: $MLFLOW_TRACKING_URI, else the SQLite store mlruns/mlflow.db)")
+    tracking_uri: str | None = _opt(None, "MLflow tracking server (http://HOST:PORT) or database URI (default: "
+                                    "$MLFLOW_TRACKING_URI, else the SQLite store mlruns/mlflow.db)")
     experiment: str = _opt("mpi_train", "MLflow experiment the job's runs are filed under")
-    run_name: Optional[str] = _opt(None, "name of the job's parent run (default: SYNC-npN-seedSEED)")
+    run_name: str | None = _opt(None, "name of the job's parent run (default: SYNC-npN-seedSEED)")
     no_tracking: bool = _opt(False, "do not record the job in MLflow")
     save_model: bool = _opt(False, "store the final weights as an artifact of the job's run")
-    system_metrics_every: float = _opt(10.0, "seconds between CPU, memory, network and disk samples per host (taken at logged steps); 0 turns them off")
-    tracking_spool: bool = _opt(False, "if the tracking server cannot be reached at start, train anyway and keep everything in a spool under mlruns/spool/ for `python -m mpi_train.replay` (mid-run outages are always spooled)")
+    system_metrics_every: float = _opt(10.0, "seconds between CPU, memory, network and disk samples per host (taken at "
+                                       "logged steps); 0 turns them off")
+    tracking_spool: bool = _opt(False, "if the tracking server cannot be reached at start, train anyway and keep "
+                                "everything in a spool under mlruns/spool/ for `python -m mpi_train.replay` (mid-run "
+                                "outages are always spooled)")
 
     @property
     def model_name(self) -> str:
@@ -95,7 +119,8 @@ class TrainConfig:
     def optimizer(self) -> OptimizerDefaults:
         """lr, momentum, weight decay and warm-up: each flag given, else the model's default."""
         defaults = MODEL_DEFAULTS[self.model_name]
-        given = {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay, "warmup_steps": self.warmup_steps}
+        given = {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
+                 "warmup_steps": self.warmup_steps}
         return dataclasses.replace(defaults, **{key: value for key, value in given.items() if value is not None})
 
     def as_dict(self) -> dict:
@@ -120,25 +145,25 @@ class TrainConfig:
             if value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
         optimizer = self.optimizer
-        for flag, value in {"--momentum": optimizer.momentum, "--weight-decay": optimizer.weight_decay, "--check-every": self.check_every,
-                            "--warmup-steps": optimizer.warmup_steps, "--timing-warmup-steps": self.timing_warmup_steps,
+        for flag, value in {"--momentum": optimizer.momentum, "--weight-decay": optimizer.weight_decay,
+                            "--check-every": self.check_every, "--warmup-steps": optimizer.warmup_steps,
+                            "--timing-warmup-steps": self.timing_warmup_steps,
                             "--powersgd-start-step": self.powersgd_start_step}.items():
             if value < 0:
                 raise UserError(f"{flag} must not be negative, got {value}.")
         if self.system_metrics_every < 0:
-            raise UserError(f"--system-metrics-every must not be negative, got {self.system_metrics_every}; 0 turns system metrics off.")
-        from .sync import combination_error
-
+            raise UserError(f"--system-metrics-every must not be negative, got {self.system_metrics_every}; 0 turns "
+                            f"system metrics off.")
         refused = combination_error(self.sync, self.compression)
         if refused:
             raise UserError(refused)
         if self.save_model and self.no_tracking:
-            raise UserError("--save-model stores the weights in the job's MLflow run, which --no-tracking turns off. Drop one of the two flags.")
+            raise UserError("--save-model stores the weights in the job's MLflow run, which --no-tracking turns off. "
+                            "Drop one of the two flags.")
         if self.checkpoint_every is not None and not self.checkpoint_dir:
-            raise UserError(f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir to say where checkpoints go.")
+            raise UserError(f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir to say where "
+                            f"checkpoints go.")
         if self.link is not None:
-            from .netmodel import rate_bytes_per_s
-
             try:
                 rate_bytes_per_s(self.link)
             except ValueError as error:
@@ -154,8 +179,6 @@ class TrainConfig:
             )
 
     def default_run_name(self, world_size: int) -> str:
-        from .sync import label
-
         return self.run_name or f"{label(self.sync, self.compression)}-np{world_size}-seed{self.seed}"
 
     def per_rank(self, world_size: int) -> int:
@@ -163,7 +186,7 @@ class TrainConfig:
         return self.batch_size // world_size
 
 
-def redact_uri(uri: Optional[str]) -> Optional[str]:
+def redact_uri(uri: str | None) -> str | None:
     """`uri` with any password replaced by ***, so it can be printed and logged."""
     if not uri:
         return uri
@@ -194,7 +217,7 @@ class JobInfo:
     compression: str = "none"  # the compression in effect (fp16 for flat_fp16)
     num_hosts: int = 1
     ranks_per_host: int = 1  # the most ranks on one host
-    resumed_from: Optional[dict] = None  # checkpoint, step and run id of the job this one continues
+    resumed_from: dict | None = None  # checkpoint, step and run id of the job this one continues
 
     def as_dict(self) -> dict:
         """The summary's job fields, in this order; `resumed_from` only when resumed."""

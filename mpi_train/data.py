@@ -6,8 +6,8 @@ import contextlib
 import io
 import shutil
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
@@ -68,7 +68,8 @@ def _open_cifar10(root: Path, train: bool, download: bool = False) -> Dataset:
 
 
 def _open_mnist(root: Path, train: bool, download: bool = False) -> Dataset:
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
     transform = T.Compose([T.ToTensor(), T.Normalize(MNIST_MEAN, MNIST_STD)])
     return datasets.MNIST(str(root), train=train, transform=transform, download=download)
@@ -98,7 +99,7 @@ def _download(name: str, root: Path) -> None:
                 OPENERS[name](root, train, download=True)
     except UserError:
         raise
-    except Exception as error:  # network, permissions, a corrupt archive: all reported the same way
+    except Exception as error:  # noqa: BLE001 - network, permissions, a corrupt archive: all reported the same way
         if created:  # leave no empty or half-downloaded folder behind
             shutil.rmtree(root, ignore_errors=True)
         raise UserError(
@@ -154,7 +155,7 @@ def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Datas
         outcome = str(error)
     except PermissionError as error:
         outcome = _unreadable(root, error)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - whatever reading a broken copy raises: all reported the same way
         outcome = (
             f"the copy in {root.resolve()} could not be read ({_describe(error)}); it is incomplete, "
             f"unreadable or corrupt. Expected {EXPECTED_LAYOUT[config.dataset]}. Delete it to download "

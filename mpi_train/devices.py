@@ -1,17 +1,23 @@
-"""Which process-group backend the job uses and which device each rank computes on.
+"""Where a rank computes: its CPU threads, the process-group backend and its device.
 
-`decide` is the one place this is decided, for training, the bench and the collectives
+`decide` is the one place the backend is decided, for training, the bench and the collectives
 check alike; it is a pure function of what each rank sees, so it is tested without GPUs.
 NCCL needs one CUDA device per rank, and never two ranks of one host on the same device.
+`place` applies it all on a rank, the same way for training and for the bench.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING
 
 from .config import BACKENDS
 from .errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class Decision:
     devices: tuple[str, ...]  # each rank's device: "cuda:<index>" or "cpu"
 
 
-def gpu_index(rank: RankGpus) -> Optional[int]:
+def gpu_index(rank: RankGpus) -> int | None:
     """The visible GPU this rank takes: the one at its local rank; or the only one it sees, when the
     launcher gave each rank its own (CUDA_VISIBLE_DEVICES per task, srun --gpus-per-task=1)."""
     if rank.local_rank < len(rank.gpus):
@@ -82,3 +88,47 @@ def visible_gpus() -> tuple[str, ...]:
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
         names.append(str(uuid) if uuid is not None else str(index))
     return tuple(names)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This rank's process-group backend, device and CPU threads."""
+
+    backend: str
+    device: torch.device
+    threads: int
+
+
+def configure_threads(info, threads: int | None) -> int:
+    """Give each rank its share of the host's cores (`info`: cluster.RankInfo): oversubscribed ranks fighting over
+    threads crawl."""
+    import torch
+
+    if threads is None:
+        usable = len(os.sched_getaffinity(0))
+        if usable >= (os.cpu_count() or usable):  # not bound by the launcher: share the host
+            usable //= info.local_world_size
+        threads = max(1, usable)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def resolve_backend(cluster, requested: str) -> tuple[str, str]:
+    """Collective: the backend and this rank's device (see decide), made current under NCCL."""
+    import torch
+
+    seen = cluster.allgather(RankGpus(cluster.info.host, cluster.info.local_rank, visible_gpus()))
+    decision = decide(requested, seen)
+    device = decision.devices[cluster.info.rank]
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))  # else every rank's NCCL communicator lands on cuda:0
+    return decision.backend, device
+
+
+def place(cluster, backend: str, threads: int | None) -> Placement:
+    """Threads first (cores shared by the host's ranks), then backend and device; collective (ranks agree on NCCL)."""
+    import torch
+
+    threads = configure_threads(cluster.info, threads)
+    backend, device_name = resolve_backend(cluster, backend)
+    return Placement(backend, torch.device(device_name), threads)  # under NCCL, resolve_backend made the device current

@@ -7,7 +7,6 @@ import tempfile
 import textwrap
 import traceback
 from pathlib import Path
-from typing import Optional
 
 
 class UserError(Exception):
@@ -38,7 +37,7 @@ def raised_in_collective(error: BaseException) -> bool:
     return bool(frames) and f"torch{os.sep}distributed{os.sep}" in frames[-1].filename
 
 
-def folder_write_error(folder: Path) -> Optional[str]:
+def folder_write_error(folder: Path) -> str | None:
     """None if `folder` is a folder this process can write to (created if missing), else the system's reason."""
     try:
         folder.mkdir(parents=True, exist_ok=True)

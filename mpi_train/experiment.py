@@ -1,8 +1,8 @@
-"""`python -m mpi_train.experiment` runs mpi_train/tools/experiment.py."""
+"""`python -m mpi_train.experiment` runs mpi_train/lab/experiment.py."""
 
 import sys
 
-from .tools.experiment import main
+from .lab.experiment import main
 
 if __name__ == "__main__":
     sys.exit(main())

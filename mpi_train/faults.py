@@ -1,85 +1,10 @@
-"""Injected failures, so tests can prove that a dying, raising or stuck rank never hangs the job.
+"""`python -m mpi_train.faults soak` is `python -m mpi_train.soak` (mpi_train/lab/soak.py), by its older name."""
 
-Set MPI_TRAIN_FAIL_AT="RANK:POINT[:HOW]" on the launch:
-  POINT  start       right after the job starts (config checked, nothing opened yet)
-         rendezvous  just before the process group opens (rank 0 has not sent its address)
-         N           step N, just before its gradient sync: the other ranks are inside the collective
-         eval        at the start of the first evaluation
-  HOW    raise (default): a Python exception; kill: SIGKILL to itself; hang: sleep forever
-
-`python -m mpi_train.faults soak --trials N` makes faults from outside instead: short jobs on test
-hosts, each with a random rank killed or stopped, a link taken down or the server stopped
-(tools/soak.py).
-"""
-
-from __future__ import annotations
-
-import os
-import signal
 import sys
-import time
-from dataclasses import dataclass
-from typing import Optional, Union
 
-from .errors import UserError
-
-FAIL_AT_ENV = "MPI_TRAIN_FAIL_AT"
-POINTS = ("start", "rendezvous", "eval")
-HOWS = ("raise", "kill", "hang")
-
-
-class InjectedFailure(RuntimeError):
-    """The exception `raise` injects; a bug like any other as far as the job is concerned."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    rank: int
-    point: Union[str, int]
-    how: str = "raise"
-
-    @classmethod
-    def from_env(cls) -> Optional["Fault"]:
-        value = os.environ.get(FAIL_AT_ENV, "")
-        if not value:
-            return None
-        parts = value.split(":")
-        try:
-            rank, point = int(parts[0]), parts[1]
-            point = int(point) if point.isdigit() else point
-            how = parts[2] if len(parts) > 2 else "raise"
-        except (IndexError, ValueError):
-            point, how = None, None
-        if len(parts) > 3 or point not in POINTS and not isinstance(point, int) or how not in HOWS:
-            raise UserError(f"${FAIL_AT_ENV}={value!r} is not RANK:POINT[:HOW] with POINT one of "
-                            f"{', '.join(POINTS)} or a step number and HOW one of {', '.join(HOWS)}; "
-                            f"unset it for a normal run.")
-        return cls(rank, point, how)
-
-    def at(self, rank: int, point: Union[str, int]) -> None:
-        """Fail here if this is the named rank and point."""
-        if (rank, point) != (self.rank, self.point):
-            return
-        print(f"mpi_train: injecting '{self.how}' on rank {rank} at {point} (unix time {time.time():.3f})",
-              file=sys.stderr, flush=True)  # tests time the job's end from here
-        if self.how == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.how == "hang":
-            while True:
-                time.sleep(3600)
-        raise InjectedFailure(f"injected failure on rank {rank} at {point} (${FAIL_AT_ENV})")
-
-
-class NoFault:
-    def at(self, rank: int, point: Union[str, int]) -> None:
-        pass
-
-
-def injected() -> Union[Fault, NoFault]:
-    return Fault.from_env() or NoFault()
-
+from .lab.soak import main
 
 if __name__ == "__main__":
-    from .tools.soak import main
-
-    sys.exit(main())
+    if sys.argv[1:2] != ["soak"]:
+        sys.exit("usage: python -m mpi_train.faults soak [options], the same as python -m mpi_train.soak [options]")
+    sys.exit(main(sys.argv[2:]))

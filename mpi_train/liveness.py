@@ -12,8 +12,8 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 HEARTBEAT_KEY = "mpi_train/heartbeat"
 BEAT_S = 0.5  # between two beats of a rank
@@ -44,7 +44,8 @@ def _client(address: str, timeout_s: float):
     from torch.distributed import TCPStore
 
     host, port = address.rsplit(":", 1)
-    return TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    return TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s),
+                    wait_for_workers=False)
 
 
 class Heartbeat:
@@ -67,7 +68,7 @@ class Heartbeat:
                 store.add(self.key, 1)
                 self.last_answer = time.monotonic()
                 self.stop.wait(BEAT_S)
-        except Exception:  # noqa: BLE001 - rank 0's store is gone: the job is ending, and cut_off_s keeps growing
+        except Exception:  # noqa: BLE001, S110 - rank 0's store is gone: the job is ending, and cut_off_s keeps growing
             pass
 
     def cut_off_s(self) -> float:
@@ -85,7 +86,8 @@ class Watch:
     `on_stall(stall)` is called (from the watch's thread) when a silent host beats again;
     `silent()` lists the hosts silent now, for a failure's message and the run's tags."""
 
-    def __init__(self, address: Optional[str], hosts: tuple[str, ...], step: Callable[[], float], on_stall: Callable[[Stall], None]):
+    def __init__(self, address: str | None, hosts: tuple[str, ...], step: Callable[[], float],
+                 on_stall: Callable[[Stall], None]):
         self.address, self.step, self.on_stall = address, step, on_stall
         here = hosts[0]
         self.ranks_of: dict[str, tuple[int, ...]] = {}
@@ -130,7 +132,7 @@ class Watch:
         for stall in back:
             self.on_stall(stall)
 
-    def silent(self, now: Optional[float] = None) -> list[Stall]:
+    def silent(self, now: float | None = None) -> list[Stall]:
         """The hosts silent now, each with how long so far (from the last reading: the watch may lag a little)."""
         now = time.monotonic() if now is None else now
         with self.lock:
@@ -138,7 +140,8 @@ class Watch:
             for host, ranks in self.ranks_of.items():
                 last = max(self.changed[rank] for rank in ranks)
                 if now - last >= SILENT_S:
-                    stalls.append(Stall(host, ranks, self.silent_from.get(host, (last, int(self.step())))[1], now - last))
+                    stalls.append(Stall(host, ranks, self.silent_from.get(host, (last, int(self.step())))[1],
+                                        now - last))
             return stalls
 
     def close(self) -> None:
@@ -146,17 +149,33 @@ class Watch:
 
 
 class Liveness:
-    """This rank's part: the Watch on rank 0, a Heartbeat on the others; nothing when the job is on one host."""
+    """This rank's part: the Watch on rank 0, a Heartbeat on the others; nothing when the job is on one host.
 
-    def __init__(self, cluster, on_stall: Callable[[Stall], None]):
-        self.watch: Optional[Watch] = None
-        self.heartbeat: Optional[Heartbeat] = None
+    Stalls (a host silent, then back) go to whoever subscribed with `on_stall` (rank 0's reporter); those seen
+    before anyone subscribed are handed over at subscription."""
+
+    def __init__(self, cluster):
+        self.watch: Watch | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.stalls: list[Stall] = []
+        self.listeners: list[Callable[[Stall], None]] = []
         if not cluster.spans_hosts or cluster.store_address is None:
             return
         if cluster.info.is_main:
-            self.watch = Watch(cluster.store_address, cluster.hosts, lambda: cluster.step_reached, on_stall)
+            self.watch = Watch(cluster.store_address, cluster.hosts, lambda: cluster.step_reached, self._stalled)
         else:
             self.heartbeat = Heartbeat(cluster.store_address, cluster.info.rank)
+
+    def _stalled(self, stall: Stall) -> None:
+        self.stalls.append(stall)
+        for listener in list(self.listeners):
+            listener(stall)
+
+    def on_stall(self, listener: Callable[[Stall], None]) -> None:
+        """Call `listener(stall)` for every stall, those already seen first."""
+        self.listeners.append(listener)
+        for stall in list(self.stalls):
+            listener(stall)
 
     def silent(self) -> list[Stall]:
         """Rank 0: the hosts silent now (else empty)."""
@@ -181,3 +200,4 @@ class NoLiveness(Liveness):
 
     def __init__(self):
         self.watch = self.heartbeat = None
+        self.stalls, self.listeners = [], []

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from torch import nn
 
 VGG11_LAYERS = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
 
 
-def vgg11(num_classes: int = 10, in_channels: int = 3, dropout: Optional[float] = None) -> nn.Module:
+def vgg11(num_classes: int = 10, in_channels: int = 3, dropout: float | None = None) -> nn.Module:
     """VGG-11 with BatchNorm for 32x32 inputs: 9,231,114 parameters. It has no dropout."""
     layers: list[nn.Module] = []
     channels = in_channels
@@ -25,14 +25,15 @@ def vgg11(num_classes: int = 10, in_channels: int = 3, dropout: Optional[float] 
 class MnistCNN(nn.Module):
     """The classic PyTorch MNIST example net (two convs, two dropouts, two linears): 1,199,882 parameters."""
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1, dropout: Optional[float] = None):
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, dropout: float | None = None):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
             nn.Dropout(0.25 if dropout is None else dropout), nn.Flatten(),
         )
         self.classifier = nn.Sequential(
-            nn.Linear(9216, 128), nn.ReLU(), nn.Dropout(0.5 if dropout is None else dropout), nn.Linear(128, num_classes),
+            nn.Linear(9216, 128), nn.ReLU(), nn.Dropout(0.5 if dropout is None else dropout),
+            nn.Linear(128, num_classes),
         )
 
     def forward(self, x):
@@ -43,5 +44,5 @@ MODELS: dict[str, Callable[..., nn.Module]] = {"vgg11": vgg11, "mnist_cnn": Mnis
 INPUT_SHAPES = {"vgg11": (3, 32, 32), "mnist_cnn": (1, 28, 28)}  # (channels, height, width) each model expects
 
 
-def build_model(name: str, dropout: Optional[float] = None) -> nn.Module:
+def build_model(name: str, dropout: float | None = None) -> nn.Module:
     return MODELS[name](num_classes=10, in_channels=INPUT_SHAPES[name][0], dropout=dropout)

@@ -1,8 +1,8 @@
-"""`python -m mpi_train.predict` runs mpi_train/tools/predict.py."""
+"""`python -m mpi_train.predict` runs mpi_train/analysis/predict.py."""
 
 import sys
 
-from .tools.predict import main
+from .analysis.predict import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,8 +12,8 @@ With two hosts there is one pair: a slow link between them cannot be pinned on e
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
 
 from .liveness import host_with_ranks
 
@@ -38,8 +38,10 @@ def host_pairs(hosts: Sequence[str]) -> list[tuple[int, int]]:
     return [(firsts[i], firsts[(i + 1) % len(firsts)]) for i in range(len(firsts))]
 
 
-def host_bandwidths(hosts: Sequence[str], pairs: Sequence[tuple[int, int]], bandwidths: Sequence[float]) -> dict[str, float]:
-    """Bytes/s each host's link reaches at least: the fastest measured pair through it (a pair runs at its slower end)."""
+def host_bandwidths(hosts: Sequence[str], pairs: Sequence[tuple[int, int]],
+                    bandwidths: Sequence[float]) -> dict[str, float]:
+    """Bytes/s each host's link reaches at least: the fastest measured pair through it (a pair runs at its slower
+    end)."""
     result: dict[str, float] = {}
     for (a, b), rate in zip(pairs, bandwidths):
         for rank in (a, b):
@@ -64,11 +66,11 @@ class Straggler:
         return {**asdict(self), "ranks": list(self.ranks)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Straggler":
+    def from_dict(cls, data: dict) -> Straggler:
         return cls(data["host"], tuple(data["ranks"]), data["bandwidth"], data["others_bandwidth"])
 
 
-def find(hosts: Sequence[str], per_host: dict[str, float]) -> Optional[Straggler]:
+def find(hosts: Sequence[str], per_host: dict[str, float]) -> Straggler | None:
     """The slowest host, if its link is under SLOW_FACTOR of the other hosts' median; None with fewer than 3 hosts."""
     if len(per_host) < 3:
         return None

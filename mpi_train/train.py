@@ -6,7 +6,7 @@ import hashlib
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,21 +14,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import cluster as clusters
-from . import netmodel
 from . import tracking
 from .checkpoint import Checkpointer, Position, Resume, load_for_resume, restore_rank_state
+from .clock import Clock
 from .cluster import Cluster
 from .config import JobInfo, TrainConfig
 from .data import load_datasets, make_loaders
-from .placement import Clock, place
+from .devices import place
 from .errors import UserError
-from .faults import injected
-from .liveness import Liveness
+from .failpoints import injected
+from .lr_schedule import LearningRate
 from .models import build_model
+from .netmodel import JobModel, job_model, layout_params
 from .randomness import seed_rank_streams
-from .schedule import LearningRate
-from .report import PHASES, Reporter, SilentReporter
+from .reporter import PHASES, Reporter, SilentReporter
 from .sync import SYNC_METHODS, SyncMethod, backend_error
 
 
@@ -83,7 +82,8 @@ def evaluate(model: nn.Module, loader, device: torch.device, cluster: Cluster) -
         for images, labels in loader:
             images, labels = images.to(device), labels.to(device)
             logits = model(images)
-            totals += (F.cross_entropy(logits, labels, reduction="sum").item(), (logits.argmax(1) == labels).sum().item(), len(labels))
+            totals += (F.cross_entropy(logits, labels, reduction="sum").item(),
+                       (logits.argmax(1) == labels).sum().item(), len(labels))
     model.train()
     reduced = torch.tensor(totals, dtype=torch.float64, device=device)
     if cluster.info.world_size > 1:
@@ -103,13 +103,13 @@ class Job:
     method: SyncMethod
     optimizer: torch.optim.Optimizer
     learning_rate: LearningRate
-    sync_model: Optional[netmodel.JobModel]  # the sync time the alpha-beta model expects (None on one host)
+    sync_model: JobModel | None  # the sync time the alpha-beta model expects (None on one host)
     train_loader: Any
     sampler: Any
     test_loader: Any
     checkpoints: Checkpointer
-    resume: Optional[Resume]
-    connection: Optional[tracking.Connection]
+    resume: Resume | None
+    connection: tracking.Connection | None
     fault: Any
 
 
@@ -130,7 +130,7 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
     batch_per_rank = config.per_rank(info.world_size)
     train_loader, sampler, test_loader = make_loaders(train_set, test_set, cluster, batch_per_rank, config.seed)
     fault.at(info.rank, "rendezvous")
-    rendezvous = clusters.init_process_group(cluster, placement.backend, config.master_addr, config.timeout)
+    rendezvous = cluster.open_process_group(placement.backend, config.master_addr, config.timeout)
 
     seed_everything(config.seed)
     model = build_model(config.model_name, config.dropout).to(device)
@@ -138,15 +138,17 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
     seed_rank_streams(config.seed, info.rank)  # augmentation and dropout: a stream of each rank's own
     method = SYNC_METHODS[config.sync].from_config(config)
     net = method.wrap(model)
-    sync_model = netmodel.job_model(config, cluster, model, method, device)
+    sync_model = job_model(config, cluster, model, method, device)
     settings = config.optimizer  # the flags given, else the model's defaults
-    optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
+    optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                                weight_decay=settings.weight_decay)
 
     steps_per_epoch = len(train_loader)
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
     checkpoints = Checkpointer(config, cluster)
     resume = load_for_resume(config, cluster, total_steps)
-    if resume:  # the weights and momentum of the checkpoint; each rank's random state comes right before its first batch
+    # the weights and momentum of the checkpoint; each rank's random state comes right before its first batch
+    if resume:
         model.load_state_dict(resume.model_state)
         optimizer.load_state_dict(resume.optimizer_state)
     schedule_steps = config.epochs * steps_per_epoch  # the whole run's, so --max-steps and resuming keep the same curve
@@ -154,14 +156,17 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
                                  steps_done=resume.position.step if resume else 0)
     job = JobInfo(
         world_size=info.world_size, backend=placement.backend, hosts=tuple(cluster.hosts), threads=placement.threads,
-        rendezvous=rendezvous, batch_size_per_rank=batch_per_rank, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-        compression=SYNC_METHODS[config.sync].compression_name(config.compression), **netmodel.job_placement(cluster.hosts),
-        resumed_from={"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id} if resume else None,
+        rendezvous=rendezvous, batch_size_per_rank=batch_per_rank, steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps, compression=SYNC_METHODS[config.sync].compression_name(config.compression),
+        **layout_params(cluster.hosts),
+        resumed_from=({"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id}
+                      if resume else None),
     )
-    return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, train_loader, sampler, test_loader, checkpoints, resume, connection, fault)
+    return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, train_loader, sampler,
+               test_loader, checkpoints, resume, connection, fault)
 
 
-def train_step(job: Job, batches, clock: Clock) -> Optional[tuple[torch.Tensor, float, dict]]:
+def train_step(job: Job, batches, clock: Clock) -> tuple[torch.Tensor, float, dict] | None:
     """Data, forward and backward, sync, optimizer step; the loss, the step's learning rate and each phase's time
     (None: the epoch is over)."""
     t0 = clock()
@@ -189,7 +194,8 @@ class AfterStep:
 
     `after_warmup` leaves out the job's first --timing-warmup-steps, as the course's timing convention asks."""
 
-    def __init__(self, config: TrainConfig, cluster: Cluster, job: Job, reporter: SilentReporter, tracker: tracking.NullTracker):
+    def __init__(self, config: TrainConfig, cluster: Cluster, job: Job, reporter: SilentReporter,
+                 tracker: tracking.NullTracker):
         self.config, self.cluster, self.job, self.reporter, self.tracker = config, cluster, job, reporter, tracker
         self.run_totals, self.window, self.after_warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self.first_step = job.resume.position.step if job.resume else 0
@@ -217,7 +223,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     tracker = tracking.start(job.connection, config, cluster, job.info)
     reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker,
                         sync_model=job.sync_model) if cluster.info.is_main else SilentReporter()
-    cluster.liveness = Liveness(cluster, on_stall=reporter.note_stall)  # heartbeats, when the job spans hosts
+    cluster.liveness.on_stall(reporter.note_stall)  # a host that went silent and came back, when the job spans hosts
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
         reporter.start(job.info)
         clock, after_step = Clock(job.device), AfterStep(config, cluster, job, reporter, tracker)
@@ -229,12 +235,15 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
                 break
             job.sampler.set_epoch(epoch - 1)
             step_in_epoch = start.step_in_epoch if epoch == start.epoch else 0
-            job.sampler.skip_next(step_in_epoch * job.info.batch_size_per_rank)  # a resumed epoch skips the batches already trained on
+            # a resumed epoch skips the batches already trained on
+            job.sampler.skip_next(step_in_epoch * job.info.batch_size_per_rank)
             epoch_started = time.perf_counter()
             batches = iter(job.train_loader)
             if job.resume and epoch == start.epoch:
-                restore_rank_state(job.resume.rank_state, job.model)  # after iter(): it draws a seed from torch's generator
-            while step < total_steps and step_in_epoch < job.info.steps_per_epoch:  # a batch is left: fail here, if told to
+                # after iter(): it draws a seed from torch's generator
+                restore_rank_state(job.resume.rank_state, job.model)
+            # a batch is left: fail here, if told to
+            while step < total_steps and step_in_epoch < job.info.steps_per_epoch:
                 job.fault.at(rank, step + 1)
                 cluster.note_progress(step + 1)  # lets a rank whose collective times out name who is behind
                 done = train_step(job, batches, clock)
@@ -251,9 +260,11 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
 
         check_replicas_agree(cluster, job.model, f"after step {step}")
         cluster.liveness.close()  # ranks may now leave at different times: silence is no longer news
-        steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals  # a job too short to leave any out
+        # a job too short to leave any out
+        steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals
         reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,
-                        cluster.gather(steady.means()), config.timing_warmup_steps if after_step.after_warmup.steps else 0)
+                        cluster.gather(steady.means()),
+                        config.timing_warmup_steps if after_step.after_warmup.steps else 0)
         if config.save_model:
             reporter.save_weights(job.model)
     dist.destroy_process_group()

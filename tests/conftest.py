@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
-import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from mpi_train import launcher
+from mpi_train.lab import mpirun as launch
 
 REPO = Path(__file__).resolve().parents[1]
 
-MPI_ENV = {**launcher.OPEN_MPI_ENV, "PYTHONUNBUFFERED": "1"}
+MPI_ENV = {**launch.OPEN_MPI_ENV, "PYTHONUNBUFFERED": "1"}
 
 
 def mpirun_launch(np: int, args: list[str], *, module: str = "mpi_train", env: dict | None = None,
@@ -41,7 +41,7 @@ def mpirun(np: int, args: list[str], *, module: str = "mpi_train", timeout: floa
            rank_prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Run `python -m module args` under a real `mpirun -np N` (see mpirun_launch) and return the finished process."""
     command, launch_env = mpirun_launch(np, args, module=module, env=env, hostfile=hostfile, rank_prefix=rank_prefix)
-    return launcher.run(command, env=launch_env, timeout=timeout, cwd=cwd or REPO)
+    return launch.run(command, env=launch_env, timeout=timeout, cwd=cwd or REPO)
 
 
 def train(np: int, tmp_path: Path, *args: str, name: str = "summary", **kwargs) -> dict:
@@ -59,7 +59,8 @@ def losses(summary: dict) -> list[float]:
 @pytest.fixture
 def quick_args() -> list[str]:
     """A run of a few seconds: small synthetic MNIST-shaped data, not recorded in MLflow."""
-    return ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2", "--no-tracking"]
+    return ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2",
+            "--no-tracking"]
 
 
 # --- Experiment tracking: a real MLflow server and tracked jobs, shared by the whole session. ---
@@ -73,7 +74,8 @@ def client_for(uri):
 def job_runs(client, experiment: str, run_name: str):
     """The newest parent run called `run_name` in `experiment`, and its children ordered by rank."""
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    parents = client.search_runs([experiment_id], f"tags.`mpi_train.role` = 'job' and attributes.run_name = '{run_name}'",
+    parents = client.search_runs([experiment_id],
+                                 f"tags.`mpi_train.role` = 'job' and attributes.run_name = '{run_name}'",
                                  order_by=["attributes.start_time DESC"])
     parent = parents[0]
     children = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
@@ -123,7 +125,8 @@ class MlflowServer:
                 [sys.executable, "-m", "mpi_train.server", "--host", self.host, "--port", str(self.port),
                  "--workers", "1", "--root", str(self.root / DEFAULT_STORE_DIR)],
                 cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # one process less
+                # one process less
+                env={**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
 
     def answers(self) -> bool:
         from mpi_train.tracking.probe import server_answers
@@ -194,10 +197,10 @@ def why_no_namespaces(prefix: str) -> str | None:
     if shutil.which("ip") is None:
         return "network namespaces cannot be created: the ip command (iproute2) is missing"
     probe = f"{prefix}probe{uuid.uuid4().hex[:6]}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
     if made.returncode:
         return f"network namespaces cannot be created here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
     return None
 
 
@@ -212,9 +215,10 @@ class TestHosts:
     slots: int = 2
 
     def script(self, *args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "TESTHOSTS_PREFIX": self.prefix, "TESTHOSTS_SUBNET": self.subnet, "TESTHOSTS_HOSTFILE": str(self.hostfile),
-               "TESTHOSTS_SLOTS": str(self.slots)}
-        done = subprocess.run([str(TESTHOSTS_SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
+        env = {**os.environ, "TESTHOSTS_PREFIX": self.prefix, "TESTHOSTS_SUBNET": self.subnet,
+               "TESTHOSTS_HOSTFILE": str(self.hostfile), "TESTHOSTS_SLOTS": str(self.slots)}
+        done = subprocess.run([str(TESTHOSTS_SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60,
+                              check=False)
         assert done.returncode == 0, f"testhosts.sh {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
         return done
 
@@ -242,6 +246,6 @@ def hosts_brought_up(root: Path, prefix: str, subnet: str, count: int = 2, slots
         yield hosts
     finally:
         hosts.script("down")
-        left = [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
-                if line.startswith(prefix)]
+        listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+        left = [line for line in listing.splitlines() if line.startswith(prefix)]
         assert not left, f"test hosts left behind: {left}"

@@ -22,13 +22,13 @@ Prints one line per case on rank 0; exits non-zero if any rank saw a wrong gradi
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from mpi_train.cluster import Cluster, exit_process, init_process_group
+from mpi_train.cluster import Cluster, exit_process
 from mpi_train.config import TrainConfig
 from mpi_train.sync import SYNC_METHODS, SyncMethod, backend_error
 from mpi_train.sync.bucketed import Bucketed
@@ -121,14 +121,16 @@ def cases(world: int) -> dict[str, tuple[Callable[[], SyncMethod], Callable[[], 
     """Name -> (method factory, model factory), for the methods that can run on Gloo."""
     tiny_buckets = 64 / 2**20  # 64 bytes: every tensor of these models gets its own bucket
     return {
-        **{name: (method_class, make_model) for name, method_class in SYNC_METHODS.items() if not backend_error(name, "gloo")},
+        **{name: (method_class, make_model) for name, method_class in SYNC_METHODS.items()
+           if not backend_error(name, "gloo")},
         "bucketed, 64-byte buckets": (lambda: Bucketed(tiny_buckets), make_model),
         "bucketed, 64-byte buckets, shared + unused layers": (lambda: Bucketed(tiny_buckets), make_shared_and_unused),
         "bucketed, one bucket, shared + unused layers": (Bucketed, make_shared_and_unused),
         "flat, shared + unused layers": (Flat, make_shared_and_unused),
         "ring, shared + unused layers": (Ring, make_shared_and_unused),
         "hierarchical, hosts of 2 ranks": (lambda: Hierarchical(hosts=hosts_of_two(world)), make_model),
-        "hierarchical, hosts of 2 ranks, shared + unused layers": (lambda: Hierarchical(hosts=hosts_of_two(world)), make_shared_and_unused),
+        "hierarchical, hosts of 2 ranks, shared + unused layers": (lambda: Hierarchical(hosts=hosts_of_two(world)),
+                                                                   make_shared_and_unused),
         **{f"{sync}+{compression}": (compressed(sync, compression, world), make_model)
            for sync in COMPRESSING for compression in ("fp16", "bf16", "powersgd")},
         "bucketed+powersgd, 64-byte buckets, shared + unused layers":
@@ -138,7 +140,8 @@ def cases(world: int) -> dict[str, tuple[Callable[[], SyncMethod], Callable[[], 
 
 def residuals(method: SyncMethod, model: nn.Module) -> list[torch.Tensor]:
     """This rank's PowerSGD residual per parameter (zeros where a tensor is sent whole)."""
-    return [r.clone() if (r := method.compressor.residual_of(p)) is not None else torch.zeros_like(p) for p in model.parameters()]
+    return [r.clone() if (r := method.compressor.residual_of(p)) is not None else torch.zeros_like(p)
+            for p in model.parameters()]
 
 
 def keeps_error_feedback(cluster: Cluster, method: SyncMethod, model: nn.Module, previous: list[torch.Tensor],
@@ -161,7 +164,7 @@ def keeps_error_feedback(cluster: Cluster, method: SyncMethod, model: nn.Module,
 def main() -> int:
     cluster = Cluster.from_mpi()
     rank, world = cluster.info.rank, cluster.info.world_size
-    init_process_group(cluster, "gloo", None, 60)
+    cluster.open_process_group("gloo", None, 60)
     failures = []
     leaders = host_of_each_rank()  # what the registered `hierarchical` builds its levels from
     for name, (make_method, make) in cases(world).items():
@@ -175,7 +178,8 @@ def main() -> int:
             previous = residuals(method, model) if powersgd else None
             method.sync(model)
             per_rank = every_ranks_gradients(make, world, step)
-            differs_from_local = any(g is not None and not torch.equal(p.grad, g) for p, g in zip(model.parameters(), per_rank[rank]))
+            differs_from_local = any(g is not None and not torch.equal(p.grad, g)
+                                     for p, g in zip(model.parameters(), per_rank[rank]))
             if powersgd and step >= method.compressor.start_step:
                 factored = any(method.compressor.residual_of(p) is not None for p in model.parameters())
                 right = factored and keeps_error_feedback(cluster, method, model, previous, per_rank)
@@ -188,7 +192,8 @@ def main() -> int:
     if rank == 0:
         for name in cases(world):
             bad = [r for r, names in enumerate(everyone) if name in names]
-            right = "one update and error feedback kept on every rank" if "powersgd" in name else "mean gradient on every rank"
+            right = ("one update and error feedback kept on every rank" if "powersgd" in name
+                     else "mean gradient on every rank")
             print(f"{name}: {right if not bad else f'WRONG on ranks {bad}'}")
         print(f"hierarchical: MPI's host split found {len(set(leaders))} host(s), leaders {sorted(set(leaders))}")
         for name in SYNC_METHODS:

@@ -4,12 +4,12 @@ import json
 
 import pytest
 import torch
-
 from conftest import mpirun, train
+from resume_check import ON_GLOO
+
 from mpi_train.checkpoint import check_compatible, list_checkpoints, read_checkpoint, save_atomically
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
-from resume_check import ON_GLOO
 
 # 256 samples at a global batch of 64: 4 steps an epoch. The MNIST CNN has dropout, so each
 # rank's random state matters; the resume point (step 6) is in the middle of epoch 2.
@@ -25,7 +25,8 @@ def all_runs(tmp_path_factory):
     result = mpirun(2, [str(tmp), str(TOTAL), str(RESUME_AT), *ARGS], module="tests.resume_check")
     assert result.returncode == 0, result.stdout + result.stderr
     return {sync: {"tmp": tmp, "ck": tmp / f"{sync}-ck",
-                   **{job: json.loads((tmp / f"{sync}-{job}.json").read_text()) for job in ("whole", "first", "resumed")}}
+                   **{job: json.loads((tmp / f"{sync}-{job}.json").read_text())
+                      for job in ("whole", "first", "resumed")}}
             for sync in ON_GLOO}
 
 
@@ -52,7 +53,8 @@ def test_a_fresh_job_resumes_exactly_too(all_runs, tmp_path):
     """The in-process resumptions above share their processes with earlier jobs; this one starts from nothing."""
     runs = all_runs["ddp"]
     resumed = train(2, tmp_path, *ARGS, "--sync", "ddp", "--max-steps", str(TOTAL), "--resume", str(runs["ck"]))
-    assert [(s["step"], s["loss"]) for s in resumed["steps"]] == [(s["step"], s["loss"]) for s in runs["whole"]["steps"][RESUME_AT:]]
+    assert ([(s["step"], s["loss"]) for s in resumed["steps"]]
+            == [(s["step"], s["loss"]) for s in runs["whole"]["steps"][RESUME_AT:]])
 
 
 @pytest.mark.e2e
@@ -76,7 +78,8 @@ def test_a_crash_while_writing_leaves_the_last_good_checkpoint(tmp_path):
     good = tmp_path / "step-00000001.pt"
     save_atomically({"format": 1, "weights": torch.arange(4.0)}, good)
     before = good.read_bytes()
-    with pytest.raises(Exception):  # a lambda cannot be pickled: torch.save fails after writing part of the file
+    # a lambda cannot be pickled: torch.save fails after writing part of the file
+    with pytest.raises(Exception):  # noqa: B017 - any failure of the write will do (its type is the pickler's choice)
         save_atomically({"format": 1, "weights": torch.zeros(1000), "broken": lambda: 0}, tmp_path / "step-00000002.pt")
     assert good.read_bytes() == before
     assert list_checkpoints(tmp_path) == [good] and sorted(p.name for p in tmp_path.iterdir()) == [good.name]

@@ -1,13 +1,10 @@
 """Rank discovery and per-rank set-up, in one process (MPI as a singleton)."""
 
-import os
 
 import pytest
 import torch
 
-from mpi_train.cluster import (
-    Cluster, RankInfo, address_on_other_host, configure_threads, host_labels, rendezvous_address, resolve_backend,
-)
+from mpi_train.cluster import Cluster, RankInfo, address_on_other_host, host_labels, rendezvous_address
 from mpi_train.errors import UserError
 from mpi_train.models import build_model
 from mpi_train.train import parameter_digest
@@ -26,24 +23,6 @@ def test_one_host_rendezvous_is_loopback_unless_overridden(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
     assert rendezvous_address(cluster, None) == "10.1.2.3"
     assert rendezvous_address(cluster, "10.9.9.9") == "10.9.9.9"  # the flag beats the variable
-
-
-def test_auto_backend_without_gpus_is_gloo_on_cpu():
-    if torch.cuda.is_available():
-        assert resolve_backend(Cluster.from_mpi(), "auto")[0] == "nccl"
-    else:
-        assert resolve_backend(Cluster.from_mpi(), "auto") == ("gloo", "cpu")
-
-
-def test_ranks_share_the_host_cores():
-    before = torch.get_num_threads()
-    try:
-        cores = len(os.sched_getaffinity(0))
-        four = RankInfo(rank=0, local_rank=0, world_size=4, local_world_size=4, host="h")
-        assert configure_threads(four, None) == max(1, cores // 4) == torch.get_num_threads()
-        assert configure_threads(four, 3) == 3 == torch.get_num_threads()  # --threads wins
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_parameter_digest_tells_replicas_apart():

@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from mpi_train.cli import build_parser, format_error, parse_config
+from mpi_train.cli import build_parser, parse_config
 from mpi_train.config import TrainConfig
-from mpi_train.errors import UserError
+from mpi_train.errors import UserError, format_error
 from mpi_train.models import MODELS
 from mpi_train.sync import SYNC_METHODS
 
@@ -31,7 +31,8 @@ def test_sync_and_model_choices_come_from_the_registries():
     assert tuple(actions["model"].choices) == tuple(MODELS)
 
 
-@pytest.mark.parametrize("flag,value", [("--sync", "ring_of_fire"), ("--backend", "mpi"), ("--dataset", "imagenet"), ("--model", "resnet")])
+@pytest.mark.parametrize("flag,value", [("--sync", "ring_of_fire"), ("--backend", "mpi"), ("--dataset", "imagenet"),
+                                        ("--model", "resnet")])
 def test_unknown_names_are_rejected_listing_the_choices(flag, value, capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_config([flag, value])

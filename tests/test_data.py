@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from disk_formats import write_cifar10_batches, write_cifar10_folders, write_mnist
 from torch.utils.data import DistributedSampler
 from torchvision import datasets
 from torchvision.datasets import cifar
 
-from disk_formats import write_cifar10_batches, write_cifar10_folders, write_mnist
 from mpi_train.cluster import Cluster
 from mpi_train.config import TrainConfig
 from mpi_train.data import SyntheticImages, load_datasets, make_loaders

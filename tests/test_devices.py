@@ -1,8 +1,12 @@
 """The one decision of backend and device, for hosts with and without GPUs (no GPU needed)."""
 
-import pytest
+import os
 
-from mpi_train.devices import Decision, RankGpus, decide
+import pytest
+import torch
+
+from mpi_train.cluster import Cluster, RankInfo
+from mpi_train.devices import Decision, RankGpus, configure_threads, decide, resolve_backend
 from mpi_train.errors import UserError
 
 FOUR_GPUS = ("GPU-a", "GPU-b", "GPU-c", "GPU-d")
@@ -51,3 +55,21 @@ def test_gloo_asked_for_stays_on_cpus_even_with_gpus():
     assert decide("auto", host("n1", 1, ())) == Decision("gloo", ("cpu",))
     with pytest.raises(UserError, match="unknown"):
         decide("mpi", host("n1", 1, ()))
+
+
+def test_auto_backend_without_gpus_is_gloo_on_cpu():
+    if torch.cuda.is_available():
+        assert resolve_backend(Cluster.from_mpi(), "auto")[0] == "nccl"
+    else:
+        assert resolve_backend(Cluster.from_mpi(), "auto") == ("gloo", "cpu")
+
+
+def test_ranks_share_the_host_cores():
+    before = torch.get_num_threads()
+    try:
+        cores = len(os.sched_getaffinity(0))
+        four = RankInfo(rank=0, local_rank=0, world_size=4, local_world_size=4, host="h")
+        assert configure_threads(four, None) == max(1, cores // 4) == torch.get_num_threads()
+        assert configure_threads(four, 3) == 3 == torch.get_num_threads()  # --threads wins
+    finally:
+        torch.set_num_threads(before)

@@ -4,7 +4,6 @@ import os
 import shutil
 
 import pytest
-
 from conftest import mpirun
 from disk_formats import write_cifar10_folders
 
@@ -28,7 +27,8 @@ def test_indivisible_batch_fails_before_any_work(tmp_path, quick_args):
 
 
 def test_missing_data_explains_where_and_what_to_do(tmp_path):
-    result = mpirun(2, ["--dataset", "mnist", "--data-dir", str(tmp_path / "none"), "--max-steps", "1", "--no-tracking"])
+    result = mpirun(2, ["--dataset", "mnist", "--data-dir", str(tmp_path / "none"), "--max-steps", "1",
+                        "--no-tracking"])
     assert_clean_failure(result, str(tmp_path / "none"), "could not be downloaded", "--dataset synthetic")
     assert not (tmp_path / "none").exists()  # the folder made for the download is gone again
 
@@ -87,9 +87,11 @@ def test_zero_or_negative_numbers_are_refused(quick_args, flag, value):
 
 def test_replicas_that_drift_apart_stop_the_job_naming_the_step_and_ranks(quick_args):
     """A sync method that leaves the last rank's gradient unaveraged: the weight check must catch it."""
-    result = mpirun(2, [*quick_args, "--sync", "skip_last_rank", "--check-every", "3"], module="tests.mpi_diverging_run")
+    result = mpirun(2, [*quick_args, "--sync", "skip_last_rank", "--check-every", "3"],
+                    module="tests.mpi_diverging_run")
     assert_clean_failure(result, "at step 3, rank(s) [1] hold different weights from rank 0")
-    result = mpirun(2, [*quick_args, "--sync", "allreduce", "--check-every", "3", "--max-steps", "6"], module="tests.mpi_diverging_run")
+    result = mpirun(2, [*quick_args, "--sync", "allreduce", "--check-every", "3", "--max-steps", "6"],
+                    module="tests.mpi_diverging_run")
     assert result.returncode == 0, result.stderr  # the same check passes a correct method
 
 

@@ -21,7 +21,8 @@ def test_a_host_whose_every_rank_stops_beating_is_silent_and_its_return_is_a_sta
     t0 = time.monotonic()
     w.update({2: 1, 3: 1, 4: 1}, t0)
     w.update({2: 1, 3: 1, 4: 2}, t0 + SILENT_S + 1)  # b quiet for SILENT_S + 1 s; c beat
-    assert [(s.host, s.ranks, s.step, s.seconds) for s in w.silent(t0 + SILENT_S + 1)] == [("b", (2, 3), 7, SILENT_S + 1)]
+    assert ([(s.host, s.ranks, s.step, s.seconds) for s in w.silent(t0 + SILENT_S + 1)]
+            == [("b", (2, 3), 7, SILENT_S + 1)])
     assert stalls == []
     w.update({2: 2, 3: 1, 4: 3}, t0 + 10)  # one of b's ranks beats again: b is back
     assert w.silent(t0 + 10) == []

@@ -18,9 +18,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-
 from conftest import MlflowServer, client_for, hosts_brought_up, job_runs, losses, mpirun_launch, train
-from mpi_train import launcher
+
+from mpi_train.lab import mpirun as launch
 
 pytestmark = pytest.mark.e2e
 
@@ -37,9 +37,9 @@ class LiveJob:
 
     def __init__(self, hosts, args: list[str], cwd: Path):
         command, env = mpirun_launch(4, args, **hosts.mpirun_options())
-        self.cleanup = ExitStack()  # the launch's own TMPDIR, removed once it has ended (see launcher.py)
-        env.update(self.cleanup.enter_context(launcher.own_tmpdir()))
-        self.process = launcher.start(command, env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.cleanup = ExitStack()  # the launch's own TMPDIR, removed once it has ended (see lab/mpirun.py)
+        env.update(self.cleanup.enter_context(launch.own_tmpdir()))
+        self.process = launch.start(command, env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
         self.reader.start()
@@ -59,7 +59,7 @@ class LiveJob:
         try:
             return self.process.wait(timeout_s)
         finally:
-            launcher.stop(self.process)
+            launch.stop(self.process)
             self.reader.join(10)
             self.cleanup.close()
 
@@ -81,7 +81,7 @@ class LiveJob:
 
 def left_behind(marker: str) -> list[str]:
     """Processes of a job still alive anywhere on this machine (every test host shares its process table)."""
-    table = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    table = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=False).stdout.splitlines()
     return [line for line in table if marker in line or re.search(r"\bprted\b", line)]
 
 
@@ -100,7 +100,8 @@ def hosts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def uninterrupted(hosts, tmp_path_factory):
     """The job's losses with nothing going wrong: what a blink and a resume must reproduce bit for bit."""
-    return losses(train(4, tmp_path_factory.mktemp("whole"), *JOB, "--no-tracking", timeout=180, **hosts.mpirun_options()))
+    return losses(train(4, tmp_path_factory.mktemp("whole"), *JOB, "--no-tracking", timeout=180,
+                        **hosts.mpirun_options()))
 
 
 def test_a_host_that_loses_its_link_ends_the_job_named_and_resume_continues_exactly(hosts, uninterrupted, tmp_path):
@@ -136,7 +137,8 @@ def test_when_rank_0s_own_host_loses_its_link_every_side_still_ends(hosts, tmp_p
     """Rank 0 cannot tell its own cut from every other host's; nor can mpirun reach rank 0's daemon or the others'
     ranks reach rank 0. Both sides end, mpirun exits non-zero, and what rank 0 could not send is replayed after."""
     uri = hosts.server.uri()
-    job = LiveJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "rank0cut", "--summary-json", str(tmp_path / "cut.json")],
+    job = LiveJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "rank0cut", "--summary-json",
+                          str(tmp_path / "cut.json")],
                   tmp_path)
     code, ended = job.cut_link_at_step(hosts, 1, step=5)
     output = job.output
@@ -149,7 +151,7 @@ def test_when_rank_0s_own_host_loses_its_link_every_side_still_ends(hosts, tmp_p
 
     spool = tmp_path / "mlruns" / "spool"  # rank 0 could not reach the server: its end waits in the spool
     replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", uri, str(spool)],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     client = client_for(uri)
     parent, _ = job_runs(client, "rank0cut", RUN_NAME)
@@ -160,7 +162,8 @@ def test_when_rank_0s_own_host_loses_its_link_every_side_still_ends(hosts, tmp_p
 
 def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_path):
     uri = hosts.server.uri()
-    job = LiveJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "blink", "--summary-json", str(tmp_path / "blink.json")], tmp_path)
+    job = LiveJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "blink", "--summary-json",
+                          str(tmp_path / "blink.json")], tmp_path)
     job.wait_for_step(4)
     hosts.link(2, "down")
     time.sleep(6)
@@ -173,7 +176,8 @@ def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_
     stalls = summary["network_stalls"]
     assert len(stalls) == 1 and stalls[0]["host"] == hosts.host(2) and stalls[0]["ranks"] == [2, 3], stalls
     assert 4 <= stalls[0]["seconds"] <= 12 and 4 <= stalls[0]["step"] <= 6, stalls
-    assert re.search(rf"network stall: host {hosts.host(2)} \(ranks 2, 3\) silent for [\d.]+ s from step \d+", output), output
+    assert re.search(rf"network stall: host {hosts.host(2)} \(ranks 2, 3\) silent for [\d.]+ s from step \d+",
+                     output), output
 
     client = client_for(uri)
     parent, _ = job_runs(client, "blink", RUN_NAME)

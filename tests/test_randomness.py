@@ -4,10 +4,10 @@ and the same seed and world size reproduce every draw, through a rerun and a res
 import json
 
 import pytest
-
 from conftest import losses, mpirun, train
 from disk_formats import write_cifar10_folders
 from methods_run import UNCOMPRESSED
+
 from mpi_train.randomness import rank_seed
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ a launcher started: those processes would each train alone, as N separate jobs.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..errors import UserError
 from .base import ClusterEnvironment, ObjectChannel
@@ -27,7 +27,8 @@ DETECTION_ORDER = ("torchrun", "mpi", "slurm")  # torchrun or mpirun inside a Sl
 
 # Variables in which a launcher states how many processes it started, and who sets them.
 WORLD_SIZE_VARIABLES = {
-    "WORLD_SIZE": "torchrun", "OMPI_COMM_WORLD_SIZE": "Open MPI's mpirun", "PMI_SIZE": "a PMI launcher (mpiexec, srun --mpi=pmi2)",
+    "WORLD_SIZE": "torchrun", "OMPI_COMM_WORLD_SIZE": "Open MPI's mpirun",
+    "PMI_SIZE": "a PMI launcher (mpiexec, srun --mpi=pmi2)",
     "MV2_COMM_WORLD_SIZE": "MVAPICH's mpirun", "SLURM_STEP_NUM_TASKS": "srun",
 }
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 DAEMON_END_DELAY_S = 1  # a cut-off host's daemon is ended this long after its rank's abort: its console lines go first
 
@@ -25,11 +26,11 @@ class ObjectChannel(ABC):
         """Rank 0's value on every rank."""
 
     @abstractmethod
-    def gather(self, value: Any) -> Optional[list]:
+    def gather(self, value: Any) -> list | None:
         """Every rank's value on rank 0; None elsewhere."""
 
     @abstractmethod
-    def scatter(self, values: Optional[list]) -> Any:
+    def scatter(self, values: list | None) -> Any:
         """values[r] (given on rank 0) on rank r."""
 
     @abstractmethod
@@ -38,7 +39,8 @@ class ObjectChannel(ABC):
 
 
 class ClusterEnvironment(ABC):
-    """One launcher's answers. The constructor only reads variables; connect() joins the job (MPI_Init, the env:// store)."""
+    """One launcher's answers. The constructor only reads variables; connect() joins the job (MPI_Init, the env://
+    store)."""
 
     name: str  # the --launcher value
 
@@ -67,12 +69,12 @@ class ClusterEnvironment(ABC):
 
     @property
     @abstractmethod
-    def main_address(self) -> Optional[str]:
+    def main_address(self) -> str | None:
         """Where rank 0's rendezvous store listens; None when the job chooses it (MPI)."""
 
     @property
     @abstractmethod
-    def main_port(self) -> Optional[int]: ...
+    def main_port(self) -> int | None: ...
 
     @property
     @abstractmethod

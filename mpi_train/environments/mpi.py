@@ -13,12 +13,14 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from .base import ClusterEnvironment, ObjectChannel
 
-# Set by MPI launchers in every rank: Open MPI, PMIx (srun --mpi=pmix), PMI-1/2 (MPICH, Intel MPI, srun --mpi=pmi2), MVAPICH.
+# Set by MPI launchers in every rank: Open MPI, PMIx (srun --mpi=pmix), PMI-1/2 (MPICH, Intel MPI, srun --mpi=pmi2),
+# MVAPICH.
 MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
 
@@ -32,10 +34,10 @@ class MpiChannel(ObjectChannel):
     def bcast(self, value: Any) -> Any:
         return self.comm.bcast(value, root=0)
 
-    def gather(self, value: Any) -> Optional[list]:
+    def gather(self, value: Any) -> list | None:
         return self.comm.gather(value, root=0)
 
-    def scatter(self, values: Optional[list]) -> Any:
+    def scatter(self, values: list | None) -> Any:
         return self.comm.scatter(values, root=0)
 
     def abort(self, code: int) -> None:
@@ -48,10 +50,11 @@ class MpiChannel(ObjectChannel):
 
 DAEMON_KILL_AFTER_S = 5  # SIGKILL after SIGTERM: a daemon whose orderly exit waits for mpirun across the cut link
 REACH_TIMEOUT_S = 2.0  # a TCP connect to mpirun that has not succeeded by then: the link is down
-_LAUNCHER_URI = re.compile(r'[op]rte_hnp_uri\s+"?[^;\s]*;tcp://([0-9.,]+):(\d+)')  # mpirun's address in a daemon's arguments
+# mpirun's address in a daemon's arguments
+_LAUNCHER_URI = re.compile(r'[op]rte_hnp_uri\s+"?[^;\s]*;tcp://([0-9.,]+):(\d+)')
 
 
-def launcher_reachable(daemon_arguments: str) -> Optional[bool]:
+def launcher_reachable(daemon_arguments: str) -> bool | None:
     """Whether mpirun (its address from a launch daemon's command line) answers a TCP connect now; None if the
     command line does not say where it is."""
     found = _LAUNCHER_URI.search(daemon_arguments)
@@ -130,11 +133,11 @@ class MpiEnvironment(ClusterEnvironment):
         return self._leader
 
     @property
-    def main_address(self) -> Optional[str]:
+    def main_address(self) -> str | None:
         return None  # chosen by rank 0 at rendezvous (see cluster.rendezvous_address)
 
     @property
-    def main_port(self) -> Optional[int]:
+    def main_port(self) -> int | None:
         return None  # rank 0's store takes a free port and sends it over MPI
 
     @property

@@ -10,8 +10,10 @@ from __future__ import annotations
 import datetime
 import os
 import re
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
+from ..errors import UserError
 from .base import ClusterEnvironment, ObjectChannel
 from .store import StoreChannel
 
@@ -34,8 +36,6 @@ class SlurmEnvironment(ClusterEnvironment):
     def __init__(self, env: Mapping[str, str] = os.environ, timeout_s: float = 300.0):
         self.env = dict(env)
         if not self.detect(self.env):
-            from ..errors import UserError
-
             raise UserError("--launcher slurm needs the variables srun gives each task (SLURM_PROCID, SLURM_STEP_ID, "
                             "SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_STEP_NODELIST "
                             "or SLURM_JOB_NODELIST), and some are not set. Start every task with srun "
@@ -71,14 +71,14 @@ class SlurmEnvironment(ClusterEnvironment):
         return ("node", self.env["SLURM_NODEID"])
 
     @property
-    def main_address(self) -> Optional[str]:
+    def main_address(self) -> str | None:
         if self.env.get("MASTER_ADDR"):
             return self.env["MASTER_ADDR"]
         nodes = self.env.get("SLURM_STEP_NODELIST") or self.env.get("SLURM_JOB_NODELIST") or self.env["SLURM_NODELIST"]
         return first_host(nodes)
 
     @property
-    def main_port(self) -> Optional[int]:
+    def main_port(self) -> int | None:
         if self.env.get("MASTER_PORT"):
             return int(self.env["MASTER_PORT"])
         job = int(self.env.get("SLURM_JOB_ID") or self.env.get("SLURM_JOBID") or 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-from typing import Any, Optional
+from typing import Any
 
 from .base import ObjectChannel
 
@@ -43,14 +43,14 @@ class StoreChannel(ObjectChannel):
             return value
         return self._take(key)
 
-    def gather(self, value: Any) -> Optional[list]:
+    def gather(self, value: Any) -> list | None:
         key = self._next()
         if self.rank != 0:
             self._put(f"{key}/{self.rank}", value)
             return None
         return [value] + [self._take(f"{key}/{rank}") for rank in range(1, self.world_size)]
 
-    def scatter(self, values: Optional[list]) -> Any:
+    def scatter(self, values: list | None) -> Any:
         key = self._next()
         if self.rank != 0:
             return self._take(f"{key}/{self.rank}")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
+from ..errors import UserError
 from .base import ClusterEnvironment, ObjectChannel
 from .store import StoreChannel
 
@@ -24,8 +26,6 @@ class TorchrunEnvironment(ClusterEnvironment):
         self.env = dict(env)
         missing = [name for name in VARIABLES if name not in self.env]
         if missing:
-            from ..errors import UserError
-
             raise UserError(f"--launcher torchrun needs the variables torchrun sets ({', '.join(VARIABLES)}), but "
                             f"{', '.join(missing)} are not set. Start the job with torchrun "
                             f"(torchrun --nproc-per-node N -m mpi_train ...), or use --launcher auto.")
@@ -57,11 +57,11 @@ class TorchrunEnvironment(ClusterEnvironment):
         return ("node", self.env["GROUP_RANK"]) if "GROUP_RANK" in self.env else None  # None: grouped by host name
 
     @property
-    def main_address(self) -> Optional[str]:
+    def main_address(self) -> str | None:
         return self.env["MASTER_ADDR"]
 
     @property
-    def main_port(self) -> Optional[int]:
+    def main_port(self) -> int | None:
         return int(self.env["MASTER_PORT"])
 
     @property

@@ -1,13 +1,14 @@
-"""The registry of gradient-sync methods, keyed by their --sync names, and the checks on what they can carry.
+"""The registry of gradient-sync methods, keyed by their --sync names; their labels; the checks on what they carry.
 
-Adding a method: one file in this folder with a SyncMethod subclass, one entry below.
+Adding a method: one file in this folder with a SyncMethod subclass whose class attributes
+describe it (base.py), and its entry in SYNC_METHODS below (with its import). Training, the
+bench, experiment files' `sync = "all"`, compare and predict all read it from here.
 Adding a compressor: one file in compression/, one entry in its registry.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
+from ..errors import UserError
 from .allreduce import AllReduce
 from .base import SyncMethod
 from .bucketed import Bucketed
@@ -50,7 +51,31 @@ def split_label(text: str) -> tuple[str, str]:
     return name, compression or "none"
 
 
-def combination_error(sync: str, compression: str) -> Optional[str]:
+def every_label() -> list[str]:
+    """Each registered method, then each compression its schedule carries: ring, ring+fp16, ring+bf16, ..."""
+    return [label(name, compression) for name, method_class in SYNC_METHODS.items()
+            for compression in ("none", *(c for c in method_class.compressions
+                                          if c != "none" and not method_class.fixed_compression))]
+
+
+def parse_labels(text: str | None) -> list[str]:
+    """The labels a comma-separated list names (`ddp,bucketed+powersgd`), each checked; every label for None."""
+    if text is None:
+        return every_label()
+    labels = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    for one in labels:
+        name, compression = split_label(one)
+        if name not in SYNC_METHODS:
+            raise UserError(f"--methods: {name!r} is not a sync method; choose from {', '.join(every_label())}.")
+        refused = combination_error(name, compression)
+        if refused:
+            raise UserError(f"--methods: {one} cannot run: {refused}")
+    if not labels:
+        raise UserError("--methods names no method; e.g. --methods ddp,bucketed,bucketed+powersgd.")
+    return labels
+
+
+def combination_error(sync: str, compression: str) -> str | None:
     """Why --sync `sync` cannot carry --compression `compression`, or None when it can."""
     method = SYNC_METHODS[sync]
     if compression not in COMPRESSORS:
@@ -67,13 +92,15 @@ def combination_error(sync: str, compression: str) -> Optional[str]:
         return None
     carriers = [name for name, m in SYNC_METHODS.items() if compression in m.compressions and not m.fixed_compression]
     return (f"--sync {sync} cannot carry --compression {compression}: {method.no_compression_because}. "
-            f"Methods that take --compression {compression}: {', '.join(carriers)}. Drop --compression, or pick one of those.")
+            f"Methods that take --compression {compression}: {', '.join(carriers)}. Drop --compression, or pick one "
+            f"of those.")
 
 
-def backend_error(sync: str, backend: str) -> Optional[str]:
+def backend_error(sync: str, backend: str) -> str | None:
     """Why --sync `sync` cannot run on `backend` ("gloo", "nccl"), or None when it can."""
     reason = SYNC_METHODS[sync].unsupported_backends.get(backend)
     return f"--sync {sync} cannot run on the {backend} backend: {reason}." if reason else None
 
 
-__all__ = ["SYNC_METHODS", "SyncMethod", "COMPRESSORS", "label", "combination_error", "backend_error"]
+__all__ = ["COMPRESSORS", "SYNC_METHODS", "SyncMethod", "backend_error", "combination_error", "every_label", "label",
+           "parse_labels", "split_label"]

@@ -6,12 +6,15 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import EVERY_COMPRESSION, SyncMethod, sum_each_round
+from .messages import PER_TENSOR
 
 
 class AllReduce(SyncMethod):
-    """Per-layer allreduce: bandwidth-optimal per call, but one latency-bound call per tensor (per round, compressed)."""
+    """Per-layer allreduce: bandwidth-optimal per call, but one latency-bound call per tensor (per round,
+    compressed)."""
 
-    cost_model = "ring"
+    collective = "ring"
+    messages = PER_TENSOR
     compressions = EVERY_COMPRESSION
 
     def sync(self, model: nn.Module) -> None:

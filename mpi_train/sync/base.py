@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -10,8 +11,12 @@ from torch import nn
 
 from .compression import COMPRESSORS, Compressor
 from .compression.none import NoCompression
+from .messages import DDP_BUCKET_MB, DDP_FIRST_BUCKET_MB, ONE_BUFFER
 
 EVERY_COMPRESSION = tuple(COMPRESSORS)
+AFTER_BACKWARD = "after backward"  # in the sync phase, once backward is done
+DURING_BACKWARD = "during backward"  # from our own hooks while backward runs; sync() waits for what is left
+INSIDE_DDP = "inside DDP"  # torch's DistributedDataParallel and its comm hooks; sync() has nothing left to do
 
 
 def gradients(model: nn.Module) -> list[torch.Tensor]:
@@ -29,32 +34,58 @@ class SyncMethod:
     """Makes every rank's gradients equal to their mean across ranks, once per step.
 
     A method is a schedule (who sends what to whom, when) carrying a compressor (what
-    the messages hold, see compression/). `compressions` lists the --compression values
-    its schedule can carry; a name that stands for one schedule with one compression
-    (`flat_fp16`) sets `fixed_compression`. `unsupported_backends` maps a backend to
-    why the method cannot run there, so a job is refused before it starts.
+    the messages hold, see compression/). Everything the cost model, the bench, compare and
+    predict need to know about it is a class attribute here: its collective family, how its
+    gradients travel (`messages`), when they go (`sends`), what they carry (`wire_bytes`).
+    `compressions` lists the --compression values its schedule can carry; a name that stands
+    for one schedule with one compression (`flat_fp16`) sets `fixed_compression`.
+    `unsupported_backends` maps a backend to why the method cannot run there, so a job is
+    refused before it starts.
     """
 
-    cost_model: Optional[str] = None  # how it moves bytes: a key of mpi_train.costs.COST_MODELS ("ring", "root", ...)
-    wire_dtype: Optional[torch.dtype] = None  # what its messages carry, when not the gradients' own dtype (compression)
+    collective: str | None = None  # its family: a key of netmodel/families.py ("ring", "root", "hierarchical")
+    messages: str = ONE_BUFFER  # PER_TENSOR, ONE_BUFFER or BUCKETS (messages.py)
+    sends: str = AFTER_BACKWARD  # AFTER_BACKWARD, DURING_BACKWARD or INSIDE_DDP
+    wire_dtype: torch.dtype | None = None  # what its messages carry, when not the gradients' own dtype (compression)
     compressions: tuple[str, ...] = ("none",)
-    fixed_compression: Optional[str] = None
-    unsupported_backends: dict[str, str] = {}
-    no_compression_because = "its schedule has no sum of gradients to compress"  # completes "cannot carry --compression X:"
+    fixed_compression: str | None = None
+    unsupported_backends: ClassVar[dict[str, str]] = {}
+    # completes "cannot carry --compression X:"
+    no_compression_because = "its schedule has no sum of gradients to compress"
 
-    def __init__(self, compressor: Optional[Compressor] = None):
+    def __init__(self, compressor: Compressor | None = None):
         self.compressor = compressor or NoCompression()
         if self.compressor.wire_dtype is not None:
             self.wire_dtype = self.compressor.wire_dtype
 
     @classmethod
-    def from_config(cls, config) -> "SyncMethod":
+    def overlapped(cls) -> bool:
+        """Communicates while backward runs: only what outlasts backward costs the step (its exposed time)."""
+        return cls.sends != AFTER_BACKWARD
+
+    @classmethod
+    def inside_ddp(cls) -> bool:
+        """A DistributedDataParallel variant: its buckets and compression are torch's, its sync() is empty."""
+        return cls.sends == INSIDE_DDP
+
+    def bucket_caps(self) -> tuple[float, float]:
+        """Bytes of its first bucket and of the others, for a method that sends buckets (DDP's defaults)."""
+        return DDP_FIRST_BUCKET_MB * 2**20, DDP_BUCKET_MB * 2**20
+
+    def wire_ratio(self, params: Sequence[nn.Parameter]) -> float:
+        """Bytes on the wire per gradient byte for these parameters (fp16: 0.5; PowerSGD: its factors)."""
+        gradient_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+        return self.wire_bytes(params) / gradient_bytes if gradient_bytes else 1.0
+
+    @classmethod
+    def from_config(cls, config) -> SyncMethod:
         """The method as the training job configures it (methods with options read their flags here)."""
         return cls(cls.compressor_from_config(config))
 
     @classmethod
     def compression_name(cls, requested: str = "none") -> str:
-        """The compression a job with --compression `requested` runs (a fixed one wins; the pair is checked up front)."""
+        """The compression a job with --compression `requested` runs (a fixed one wins; the pair is checked up
+        front)."""
         return cls.fixed_compression or requested
 
     @classmethod

@@ -1,43 +1,21 @@
-"""bucketed: gradients grouped into buckets in backward order, each allreduced as soon as it is full."""
+"""bucketed: gradients grouped into buckets in the order backward produces them, each allreduced as soon as it is
+full."""
 
 from __future__ import annotations
-
-from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .base import EVERY_COMPRESSION, SyncMethod
+from .base import DURING_BACKWARD, EVERY_COMPRESSION, SyncMethod
 from .flat import FlatBuffer
+from .messages import BUCKETS, DDP_BUCKET_MB, DDP_FIRST_BUCKET_MB, fill_buckets
 
-DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's default bucket_cap_mb
-FIRST_BUCKET_MB = 1.0  # and its first bucket's cap (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
-
-
-def fill_buckets(sizes: Sequence[float], bucket_bytes: float, first_bucket_bytes: float,
-                 kinds: Optional[Sequence] = None) -> list[list[int]]:
-    """DistributedDataParallel's bucket rule, as indices into `sizes` (taken in backward order).
-
-    A bucket closes once it holds at least its cap, so the tensor that crosses the cap
-    travels in it; the first bucket's cap is small, so the last layer's gradients leave
-    as soon as backward has them rather than waiting for 25 MB to follow. A bucket also
-    closes before a tensor of another kind (dtype, device), which cannot share its buffer.
-    """
-    groups: list[list[int]] = []
-    size = 0.0
-    for i, nbytes in enumerate(sizes):
-        cap = first_bucket_bytes if len(groups) == 1 else bucket_bytes
-        if not groups or size >= cap or (kinds is not None and kinds[i] != kinds[groups[-1][0]]):
-            groups.append([])
-            size = 0.0
-        groups[-1].append(i)
-        size += nbytes
-    return groups
+DEFAULT_BUCKET_MB = DDP_BUCKET_MB  # DistributedDataParallel's default bucket_cap_mb
 
 
 class Bucket:
-    """A few consecutive parameters (in backward order) sharing one flat buffer and one allreduce."""
+    """A few parameters, consecutive in backward order, sharing one flat buffer and one allreduce."""
 
     def __init__(self, index: int, params: list[nn.Parameter]):
         self.index = index
@@ -50,14 +28,17 @@ class Bucket:
 class Bucketed(SyncMethod):
     """Our own DistributedDataParallel in one file: communication overlaps the rest of backward.
 
-    wrap() cuts the parameters, in reverse registration order (roughly the order
-    backward produces their gradients: last layer first), into buckets of about
-    `bucket_mb` megabytes, the first of at most 1 MB, by DDP's rule (fill_buckets). A post-accumulate-grad hook on each parameter copies its
-    finished gradient into its bucket's buffer; when a bucket's last gradient arrives
-    its all_reduce(SUM) is started asynchronously and backward carries on with the
-    earlier layers while the bytes travel. Buckets are launched strictly in index
-    order (a bucket that fills early waits for the ones before it), because every
-    rank must issue its collectives in the same order.
+    The first step learns the order in which backward hands the gradients over (autograd's
+    order: a layer's weight before its bias, which registration order does not tell) and
+    reduces them all in sync(); rank 0's order is then used on every rank, as DDP rebuilds
+    its buckets after its first iteration. From then on the parameters are cut, in that
+    order, into buckets of about `bucket_mb` megabytes, the first of at most 1 MB, by DDP's
+    rule (messages.fill_buckets). A post-accumulate-grad hook on each parameter copies its
+    finished gradient into its bucket's buffer; when a bucket's last gradient arrives its
+    all_reduce(SUM) is started asynchronously and backward carries on with the earlier
+    layers while the bytes travel. Buckets are launched strictly in index order (a bucket
+    that fills early waits for the ones before it), because every rank must issue its
+    collectives in the same order.
 
     sync() then only waits for the last buckets and finishes the average, so the
     sync phase the training loop times is the communication backward could not hide;
@@ -75,7 +56,9 @@ class Bucketed(SyncMethod):
     round k before any bucket's round k+1, in bucket order on every rank.
     """
 
-    cost_model = "ring"  # the same bytes as one allreduce, sent in buckets; Gloo and NCCL run each bandwidth-optimally
+    collective = "ring"  # the same bytes as one allreduce, sent in buckets; Gloo and NCCL run each bandwidth-optimally
+    messages = BUCKETS
+    sends = DURING_BACKWARD
     compressions = EVERY_COMPRESSION
 
     def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, compressor=None):
@@ -83,30 +66,50 @@ class Bucketed(SyncMethod):
         if bucket_mb <= 0:
             raise ValueError(f"bucket size must be positive, got {bucket_mb} MB")
         self.bucket_bytes = bucket_mb * 2**20
-        self.first_bucket_bytes = min(FIRST_BUCKET_MB, bucket_mb) * 2**20
+        self.first_bucket_bytes = min(DDP_FIRST_BUCKET_MB, bucket_mb) * 2**20
+        self.params: list[nn.Parameter] = []  # registration order
+        self.arrivals: list[int] | None = None  # the first step: indices in the order their gradients came
         self.buckets: list[Bucket] = []
+        self.slot: dict[int, tuple[Bucket, torch.Tensor]] = {}  # parameter index -> its bucket and view
         self.next_to_launch = 0  # buckets before this index are in flight (or done) this step
 
     @classmethod
-    def from_config(cls, config) -> "Bucketed":
+    def from_config(cls, config) -> Bucketed:
         return cls(config.bucket_mb, cls.compressor_from_config(config))
 
+    def bucket_caps(self) -> tuple[float, float]:
+        return self.first_bucket_bytes, self.bucket_bytes
+
     def wrap(self, model: nn.Module) -> nn.Module:
-        params = [p for p in model.parameters() if p.requires_grad][::-1]
-        self.buckets = [Bucket(i, group) for i, group in enumerate(self.split(params))]
-        for bucket in self.buckets:
-            for p, view in zip(bucket.buffer.params, bucket.buffer.views):
-                p.register_post_accumulate_grad_hook(self.make_hook(bucket, view))
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.arrivals = []
+        for index, param in enumerate(self.params):
+            param.register_post_accumulate_grad_hook(self.make_hook(index))
         return model
 
-    def split(self, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
-        """The parameters (in backward order) grouped into buckets by fill_buckets."""
+    def split(self, order: list[int]) -> list[list[int]]:
+        """Parameter indices, in backward `order`, grouped into buckets by fill_buckets."""
+        params = [self.params[i] for i in order]
         sizes = [p.numel() * p.element_size() for p in params]
         kinds = [(p.dtype, p.device) for p in params]
-        return [[params[i] for i in group] for group in fill_buckets(sizes, self.bucket_bytes, self.first_bucket_bytes, kinds)]
+        return [[order[i] for i in group]
+                for group in fill_buckets(sizes, self.bucket_bytes, self.first_bucket_bytes, kinds)]
 
-    def make_hook(self, bucket: Bucket, view: torch.Tensor):
+    def build(self, order: list[int]) -> None:
+        """The buckets for parameters in backward `order` (the same on every rank)."""
+        self.buckets, self.slot = [], {}
+        for number, group in enumerate(self.split(order)):
+            bucket = Bucket(number, [self.params[i] for i in group])
+            self.buckets.append(bucket)
+            for index, view in zip(group, bucket.buffer.views):
+                self.slot[index] = (bucket, view)
+
+    def make_hook(self, index: int):
         def gradient_ready(param: nn.Parameter) -> None:
+            if self.arrivals is not None:  # the first step: only learn the order
+                self.arrivals.append(index)
+                return
+            bucket, view = self.slot[index]
             if bucket.work is not None:
                 raise RuntimeError(
                     "bucketed sync: a gradient arrived for a bucket already being reduced. Call sync() "
@@ -117,6 +120,15 @@ class Bucketed(SyncMethod):
             if bucket.waiting == 0:
                 self.launch_ready()
         return gradient_ready
+
+    def backward_order(self) -> list[int]:
+        """Rank 0's order of arrival in the first step (parameters that got no gradient last), on every rank."""
+        seen = list(dict.fromkeys(self.arrivals))
+        arrived = set(seen)
+        order = seen + [i for i in reversed(range(len(self.params))) if i not in arrived]
+        shared = torch.tensor(order, dtype=torch.int64, device=self.params[0].device)
+        dist.broadcast(shared, src=0)  # autograd's order is the same everywhere, but ranks must not even risk differing
+        return shared.tolist()
 
     def launch_ready(self) -> None:
         """Start the allreduce of every full bucket whose predecessors have all started."""
@@ -130,7 +142,10 @@ class Bucketed(SyncMethod):
         self.next_to_launch = bucket.index + 1
 
     def sync(self, model: nn.Module) -> None:
-        for bucket in self.buckets[self.next_to_launch:]:  # some gradient never came: unused parameters
+        if self.arrivals is not None:  # the first step: buckets now, in the order just seen, all sent from here
+            self.build(self.backward_order())
+            self.arrivals = None
+        for bucket in self.buckets[self.next_to_launch:]:  # not launched in backward: the first step, unused parameters
             bucket.buffer.pack()  # zeros for the missing ones (the arrived ones are copied again, unchanged)
             self.launch(bucket)
         pending = self.buckets

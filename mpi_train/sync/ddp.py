@@ -5,7 +5,8 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .base import SyncMethod
+from .base import INSIDE_DDP, SyncMethod
+from .messages import BUCKETS
 
 
 class DDP(SyncMethod):
@@ -15,7 +16,9 @@ class DDP(SyncMethod):
     (`register_hook`), and name that compression as `fixed_compression`.
     """
 
-    cost_model = "ring"
+    collective = "ring"
+    messages = BUCKETS  # DDP's own: 1 MB first, then 25 MB (base.bucket_caps)
+    sends = INSIDE_DDP
     no_compression_because = ("DistributedDataParallel compresses through torch's communication hooks: "
                               "use --sync ddp_fp16 or --sync ddp_powersgd")
 

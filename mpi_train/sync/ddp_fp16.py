@@ -10,7 +10,8 @@ from .ddp import DDP
 
 
 class DDPFP16(DDP):
-    """Each bucket divided by N, cast to float16, allreduced and cast back, inside backward (our `bucketed` + fp16's peer)."""
+    """Each bucket divided by N, cast to float16, allreduced and cast back, inside backward (our `bucketed` + fp16's
+    peer)."""
 
     fixed_compression = "fp16"
     wire_dtype = torch.float16

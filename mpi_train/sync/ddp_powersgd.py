@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel
@@ -21,10 +23,11 @@ GLOO_FAILURE = (
 
 
 class DDPPowerSGD(DDP):
-    """DDP plus torch's PowerSGD hook with our rank, start step and least compression, error feedback and warm start on."""
+    """DDP plus torch's PowerSGD hook with our rank, start step and least compression, error feedback and warm start
+    on."""
 
     fixed_compression = "powersgd"
-    unsupported_backends = {"gloo": GLOO_FAILURE}
+    unsupported_backends: ClassVar[dict[str, str]] = {"gloo": GLOO_FAILURE}
 
     def __init__(self, compressor: PowerSGD | None = None):
         super().__init__(compressor or PowerSGD())

@@ -48,7 +48,7 @@ class Flat(SyncMethod):
     `hierarchical`); the compressor decides what is summed (`flat_fp16` is flat + fp16).
     """
 
-    cost_model = "ring"  # one allreduce of all the bytes; Gloo and NCCL run it bandwidth-optimally
+    collective = "ring"  # one allreduce of all the bytes; Gloo and NCCL run it bandwidth-optimally
     compressions = EVERY_COMPRESSION
 
     def __init__(self, compressor=None):
@@ -59,7 +59,8 @@ class Flat(SyncMethod):
         if self.buffer is None:
             self.buffer = FlatBuffer([p for p in model.parameters() if p.requires_grad])
         self.buffer.pack()
-        sum_each_round(self.compressor.rounds(self.buffer.params, self.buffer.data, self.buffer.views, dist.get_world_size()),
+        sum_each_round(self.compressor.rounds(self.buffer.params, self.buffer.data, self.buffer.views,
+                                              dist.get_world_size()),
                        self.allreduce_sum)
         self.buffer.unpack()
 

@@ -7,6 +7,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import SyncMethod, gradients
+from .messages import PER_TENSOR
 
 
 class GatherScatter(SyncMethod):
@@ -16,8 +17,10 @@ class GatherScatter(SyncMethod):
     gradient size S, against the ring allreduce's 2(N-1)/N·S per rank.
     """
 
-    cost_model = "root"
-    no_compression_because = "rank 0 averages the gathered gradients itself, so there is no sum across ranks to compress"
+    collective = "root"
+    messages = PER_TENSOR
+    no_compression_because = ("rank 0 averages the gathered gradients itself, so there is no sum across ranks to "
+                              "compress")
 
     def sync(self, model: nn.Module) -> None:
         world = dist.get_world_size()

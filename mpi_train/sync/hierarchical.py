@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -17,10 +17,11 @@ def host_of_each_rank() -> list[int]:
     """For each rank, the lowest rank on its host: MPI's shared-memory split (as in cluster.py) when MPI launched
     the job, else the host names. Collective."""
     world = dist.get_world_size()
-    MPI = sys.modules.get("mpi4py.MPI")  # only if the job's launcher already initialised MPI: torchrun and srun jobs never do
+    # only if the job's launcher already initialised MPI: torchrun and srun jobs never do
+    MPI = sys.modules.get("mpi4py.MPI")
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         comm = MPI.COMM_WORLD
-        if comm.Get_size() == world:  # ranks numbered as the process group's (cluster.init_process_group)
+        if comm.Get_size() == world:  # ranks numbered as the process group's (Cluster.open_process_group)
             local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
             leader = local.bcast(comm.Get_rank(), root=0)
             local.Free()
@@ -34,7 +35,7 @@ class Hierarchical(Flat):
     """Two-level allreduce for jobs that span hosts: only one rank per host uses the network.
 
     With H hosts of L ranks each, the flat gradient buffer is (1) summed onto each host's
-    leader (its lowest rank) through shared memory, (2) allreduced among the H leaders,
+    leader (its lowest rank) within the host (Gloo's TCP over loopback), (2) allreduced among the H leaders,
     whose links carry 2(H-1)/H·S instead of the L ring edges' 2(N-1)/N·S each that a flat
     ring of N = H·L ranks puts on every host's link, and (3) broadcast from the leader to
     its host's ranks. Everyone ends with the leader's copy, so ranks agree bit for bit.
@@ -43,9 +44,9 @@ class Hierarchical(Flat):
     each rank) may be given to place the levels by hand, as the tests do on one machine.
     """
 
-    cost_model = "hierarchical"
+    collective = "hierarchical"
 
-    def __init__(self, compressor=None, hosts: Optional[Sequence[int]] = None):
+    def __init__(self, compressor=None, hosts: Sequence[int] | None = None):
         super().__init__(compressor)
         self.hosts = list(hosts) if hosts is not None else None
         self.leader: int = 0

@@ -21,7 +21,6 @@ guard.py hold the parts, spool.py, replay.py and server.py the outage path and c
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from ..config import JobInfo, TrainConfig
 from ..errors import UserError
@@ -31,11 +30,23 @@ from .sampler import HostSampler
 from .store import DEFAULT_STORE_DIR, Connection, check_store_dir, check_uri, default_store_uri, open_store
 from .tracker import NullTracker, RankTracker
 
-__all__ = ["Connection", "DEFAULT_STORE_DIR", "NullTracker", "ServerUnreachable", "check_store_dir", "check_uri",
-           "connect", "default_store_uri", "job_metrics", "probe_server", "server_answers", "start"]
+__all__ = [
+    "DEFAULT_STORE_DIR",
+    "Connection",
+    "NullTracker",
+    "ServerUnreachable",
+    "check_store_dir",
+    "check_uri",
+    "connect",
+    "default_store_uri",
+    "job_metrics",
+    "probe_server",
+    "server_answers",
+    "start",
+]
 
 
-def connect(config: TrainConfig, cluster) -> Optional[Connection]:
+def connect(config: TrainConfig, cluster) -> Connection | None:
     """Check the tracking destination on rank 0 before any work; collective (every rank fails together)."""
     if config.no_tracking:
         return None
@@ -49,7 +60,7 @@ def connect(config: TrainConfig, cluster) -> Optional[Connection]:
     return connection
 
 
-def start(connection: Optional[Connection], config: TrainConfig, cluster, job: JobInfo) -> NullTracker:
+def start(connection: Connection | None, config: TrainConfig, cluster, job: JobInfo) -> NullTracker:
     """The tracker for this rank; collective (rank 0 learns each rank's identity for its child run)."""
     if config.no_tracking:
         return NullTracker()
@@ -59,4 +70,5 @@ def start(connection: Optional[Connection], config: TrainConfig, cluster, job: J
         return MlflowTracker(connection, config, cluster, job, ranks)
     samples_host = info.local_rank == 0 and config.system_metrics_every > 0
     return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None,
-                       signalled_together=cluster.environment.name != "mpi", cut_off=lambda: cluster.liveness.cut_off_s())
+                       signalled_together=cluster.environment.name != "mpi",
+                       cut_off=lambda: cluster.liveness.cut_off_s())

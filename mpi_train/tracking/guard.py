@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 from .probe import server_answers
 from .spool import OFFLINE_PREFIX, MetricHistory, Spool, batch_record, deliver, server_run_id
@@ -34,7 +33,7 @@ class RunGuard:
     after what rank 0 spooled; if the server is back, it first sends that spool.
     """
 
-    def __init__(self, uri: str, parent_id: str, child_ids: list[str], spool: Optional[Path] = None, experiment: str = ""):
+    def __init__(self, uri: str, parent_id: str, child_ids: list[str], spool: Path | None = None, experiment: str = ""):
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen(
@@ -42,8 +41,8 @@ class RunGuard:
             stderr=subprocess.DEVNULL, env=env, start_new_session=True,  # out of reach of mpirun's kill
         )
         self.lock = threading.Lock()  # the training loop and the sender thread both write
-        self._send({"uri": uri, "parent": parent_id, "children": child_ids, "spool": str(spool.resolve()) if spool else None,
-                    "experiment": experiment})
+        self._send({"uri": uri, "parent": parent_id, "children": child_ids,
+                    "spool": str(spool.resolve()) if spool else None, "experiment": experiment})
 
     def _send(self, message: dict) -> None:
         line = (json.dumps(message) + "\n").encode()
@@ -123,12 +122,12 @@ def main() -> int:
                     for key, value in outcome["tags"].items():
                         client.set_tag(run_id, key, str(value))
                 client.set_terminated(run_id, status)
-        except Exception:  # noqa: BLE001 - nobody is left to tell
+        except Exception:  # noqa: BLE001, S110 - nobody is left to tell
             pass
     return 0
 
 
-def _resend_spool(spool: Spool, client, uri: str) -> Optional[dict]:
+def _resend_spool(spool: Spool, client, uri: str) -> dict | None:
     """Send what rank 0 spooled, if the server answers; the local -> server run ids, or None while it is away."""
     if not server_answers(uri):
         return None
@@ -154,7 +153,8 @@ def _metric_batches(run_id: str, rows: list) -> list[dict]:
     """The guard's kept rows (key, value, timestamp, step) as log_batch records of at most 1000 metrics."""
     from mlflow.entities import Metric
 
-    return [batch_record(run_id, [Metric(*row) for row in rows[start:start + 1000]]) for start in range(0, len(rows), 1000)]
+    return [batch_record(run_id, [Metric(*row) for row in rows[start:start + 1000]])
+            for start in range(0, len(rows), 1000)]
 
 
 def _spool_the_end(spool: Spool, uri: str, unsent: dict, tags: dict, parent_id: str, runs: list) -> None:
@@ -166,7 +166,8 @@ def _spool_the_end(spool: Spool, uri: str, unsent: dict, tags: dict, parent_id: 
         spool.add({"kind": "log_batch", "run_id": parent_id, "metrics": [], "params": {},
                    "tags": {key: str(value) for key, value in tags.items()}}, uri)
     for run_id, status in runs:
-        spool.add({"kind": "set_terminated", "run_id": run_id, "status": status, "end_time": int(time.time() * 1000)}, uri)
+        spool.add({"kind": "set_terminated", "run_id": run_id, "status": status,
+                   "end_time": int(time.time() * 1000)}, uri)
 
 
 def _send_missing(client, run_id: str, rows: list) -> None:
@@ -175,7 +176,7 @@ def _send_missing(client, run_id: str, rows: list) -> None:
     try:
         for record in _metric_batches(run_id, rows):
             deliver(client, record, history)
-    except Exception:  # noqa: BLE001 - nobody is left to tell
+    except Exception:  # noqa: BLE001, S110 - nobody is left to tell
         pass
 
 

@@ -1,11 +1,11 @@
-"""Is the tracking server up? One question, asked the same way by the job, the spool, the replay, the server command and the tests."""
+"""Is the tracking server up? One question, asked the same way by the job, the spool, the replay, the server command
+and the tests."""
 
 from __future__ import annotations
 
 import time
 import urllib.error
 import urllib.request
-from typing import Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from ..config import redact_uri
@@ -29,7 +29,7 @@ def health_url(uri: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
 
 
-def _ask(url: str, timeout_s: float) -> Optional[str]:
+def _ask(url: str, timeout_s: float) -> str | None:
     """None if `url` answers 200 within `timeout_s`, else what went wrong."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
@@ -45,8 +45,9 @@ def server_answers(uri: str, timeout_s: float = OUTAGE_PROBE_S) -> bool:
     return _ask(health_url(uri), timeout_s) is None
 
 
-def wait_for_server(uri: str, timeout_s: float, every_s: float = 1.0, gave_up=lambda: False) -> Optional[str]:
-    """Ask /health until it answers or `timeout_s` passes (or `gave_up()` is true): None once up, else the last problem."""
+def wait_for_server(uri: str, timeout_s: float, every_s: float = 1.0, gave_up=lambda: False) -> str | None:
+    """Ask /health until it answers or `timeout_s` passes (or `gave_up()` is true): None once up, else the last
+    problem."""
     url, deadline = health_url(uri), time.monotonic() + timeout_s
     while True:
         problem = _ask(url, max(1.0, min(deadline - time.monotonic(), 10.0)))
@@ -56,7 +57,8 @@ def wait_for_server(uri: str, timeout_s: float, every_s: float = 1.0, gave_up=la
 
 
 def probe_server(uri: str, timeout_s: float = STARTUP_PROBE_S) -> None:
-    """Raise ServerUnreachable unless the server answers within `timeout_s`: a clear error now beats MLflow's minutes of retries."""
+    """Raise ServerUnreachable unless the server answers within `timeout_s`: a clear error now beats MLflow's minutes
+    of retries."""
     problem = wait_for_server(uri, timeout_s)
     if problem is None:
         return

@@ -13,12 +13,14 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ..config import redact_uri
 from ..errors import UserError, format_error
+from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, first_line
+from .store import check_uri
 
 WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
 
@@ -27,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mpi_train.replay", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", default=[str(SPOOL_DIR)], metavar="SPOOL",
                         help=f"spool files (*.jsonl) or folders holding them (default: {SPOOL_DIR})")
-    parser.add_argument("--tracking-uri", help="MLflow server to send to (default: $MLFLOW_TRACKING_URI, else the one each spool was written for)")
+    parser.add_argument("--tracking-uri", help="MLflow server to send to (default: $MLFLOW_TRACKING_URI, else the one "
+                                               "each spool was written for)")
     return parser
 
 
@@ -40,8 +43,9 @@ def spool_files(paths: Sequence[str]) -> list[Path]:
         elif path.is_file() and path.suffix == ".jsonl":
             found.append(path)
         else:
-            raise UserError(f"{name} is neither a spool file (*.jsonl) nor a folder holding them. Spools are written to "
-                            f"{SPOOL_DIR} under the folder a job was started from; name that folder or a file in it.")
+            raise UserError(f"{name} is neither a spool file (*.jsonl) nor a folder holding them. Spools are written "
+                            f"to {SPOOL_DIR} under the folder a job was started from; name that folder or a file in "
+                            f"it.")
     return found
 
 
@@ -57,7 +61,7 @@ def writer_is_running(path: Path) -> bool:
     return b"mpi_train" in cmdline
 
 
-def target_uri(spool: Spool, override: Optional[str]) -> str:
+def target_uri(spool: Spool, override: str | None) -> str:
     if override:
         return override
     records = spool.records()
@@ -68,11 +72,8 @@ def target_uri(spool: Spool, override: Optional[str]) -> str:
     return stored
 
 
-def replay_one(path: Path, override: Optional[str]) -> None:
+def replay_one(path: Path, override: str | None) -> None:
     from mlflow import MlflowClient
-
-    from .probe import ServerUnreachable, probe_server
-    from .store import check_uri
 
     spool = Spool(path)
     pending = len(spool)
@@ -99,7 +100,7 @@ def replay_one(path: Path, override: Optional[str]) -> None:
     print(f"{path}: sent {sent} write(s) to {redact_uri(uri)}{created}; removed.")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     override = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
     try:

@@ -18,7 +18,6 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Optional
 
 from ..config import JobInfo, TrainConfig, redact_uri
 from ..errors import raised_in_collective
@@ -29,9 +28,10 @@ from .store import Connection
 from .tracker import ACK_KEY, ENDED_KEY, FAILURE_KEY, NullTracker
 
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
-PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size", "batch_size_per_rank",
-          "model", "dataset", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_steps", "timing_warmup_steps", "epochs", "max_steps",
-          "seed", "hosts", "threads", "rendezvous", "link", "num_hosts", "ranks_per_host")
+PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size",
+          "batch_size_per_rank", "model", "dataset", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_steps",
+          "timing_warmup_steps", "epochs", "max_steps", "seed", "hosts", "threads", "rendezvous", "link", "num_hosts",
+          "ranks_per_host")
 
 
 def job_metrics(summary: dict, global_batch: int) -> dict:
@@ -70,7 +70,7 @@ class MlflowTracker(NullTracker):
         self.client, self.cluster, self.config = connection.client, cluster, config
         self.info, self.hosts = cluster.info, list(cluster.hosts)
         self.lock = threading.Lock()
-        self.status: Optional[str] = None
+        self.status: str | None = None
         self.lines: list[str] = []
         self.stalls: list[str] = []  # hosts that went silent and came back (log_stall)
         self.straggler = None  # a host whose link is far slower than the others' (log_straggler)
@@ -78,13 +78,15 @@ class MlflowTracker(NullTracker):
         self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
         self.ended = threading.Event()  # set once end() has recorded the outcome and sent the last metrics
-        self.wakeup: Optional[tuple[int, int]] = None
+        self.wakeup: tuple[int, int] | None = None
 
         environment = describe_environment(cluster)
-        params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS}, **{k: v for k, v in job.as_dict().items() if k in PARAMS}}
+        params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS},
+                  **{k: v for k, v in job.as_dict().items() if k in PARAMS}}
         params["hosts"] = ",".join(sorted(set(self.hosts)))
         tags = {"mpi_train.role": "job", "torch_version": environment["torch"], "mpi4py_version": environment["mpi4py"],
-                "mpi_library_version": environment["mpi_library"].splitlines()[0] if environment["mpi_library"] else "unknown",
+                "mpi_library_version": (environment["mpi_library"].splitlines()[0] if environment["mpi_library"]
+                                        else "unknown"),
                 "mlflow_version": environment["mlflow"], "hosts": params["hosts"]}
         if environment["git_commit"]:
             tags["mlflow.source.git.commit"] = environment["git_commit"]
@@ -92,10 +94,12 @@ class MlflowTracker(NullTracker):
             resumed = job.resumed_from
             tags.update({"resumed_from": self._continued_run(connection, resumed["run_id"]),
                          "resumed_from_step": str(resumed["step"]), "resumed_from_checkpoint": resumed["checkpoint"]})
-        parent = self.client.create_run(connection.experiment_id, run_name=config.default_run_name(self.info.world_size), tags=tags)
+        parent = self.client.create_run(connection.experiment_id,
+                                        run_name=config.default_run_name(self.info.world_size), tags=tags)
         self.parent_id, self.child_ids = parent.info.run_id, []
         try:
-            self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in sorted(params.items())], synchronous=True)
+            self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in sorted(params.items())],
+                                  synchronous=True)
             for who in ranks:
                 child = self.client.create_run(connection.experiment_id, run_name=f"rank{who['rank']}", tags={
                     "mlflow.parentRunId": self.parent_id, "mpi_train.role": "rank",
@@ -108,7 +112,7 @@ class MlflowTracker(NullTracker):
             for run_id in [*self.child_ids, self.parent_id]:
                 try:
                     self.client.set_terminated(run_id, "FAILED")
-                except Exception:  # noqa: BLE001 - the original error matters more
+                except Exception:  # noqa: BLE001, S110 - the original error matters more
                     pass
             raise
         self.uri = connection.uri
@@ -119,7 +123,7 @@ class MlflowTracker(NullTracker):
         self.sender = BatchSender(self.client, on_handled=self.guard.handled)
         self.sampler = HostSampler(config.system_metrics_every) if config.system_metrics_every else None
 
-    def _continued_run(self, connection: Connection, run_id: Optional[str]) -> str:
+    def _continued_run(self, connection: Connection, run_id: str | None) -> str:
         """The resumed checkpoint's run, by the server's id once a job that trained offline has been replayed."""
         if not run_id:
             return "unknown (the checkpoint's job was not tracked)"
@@ -137,7 +141,8 @@ class MlflowTracker(NullTracker):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        return [Metric(key, float(value), now, step) for key, value in values.items() if isinstance(value, (int, float))]
+        return [Metric(key, float(value), now, step) for key, value in values.items()
+                if isinstance(value, (int, float))]
 
     def _put(self, run_id: str, metrics: list) -> None:
         """Queue metrics for the sender, and give the guard a copy in case this process dies first."""
@@ -169,7 +174,8 @@ class MlflowTracker(NullTracker):
             self._put(self.child_ids[rank], self._metrics({k: v for k, v in record.items() if k != "system"}, step))
             if record.get("system"):
                 host = self.hosts[rank]
-                self._put(self.parent_id, self._metrics({f"system/{host}/{k}": v for k, v in record["system"].items()}, step))
+                self._put(self.parent_id,
+                          self._metrics({f"system/{host}/{k}": v for k, v in record["system"].items()}, step))
         self.loop_time_s += time.perf_counter() - started
 
     def log_epoch(self, epoch, test_loss, test_accuracy, epoch_time_s) -> None:
@@ -217,7 +223,8 @@ class MlflowTracker(NullTracker):
                 # rank 0 only saw a peer's failure: blame the rank that was behind (a silent host, end() blames)
                 behind = self.cluster.laggards()
                 rank, host = (behind[0], self.cluster.hosts[behind[0]]) if behind else ("unknown", "unknown")
-                text = f"A collective failed on rank {self.info.rank} ({self.info.host}); rank {rank} was behind.\n{text}"
+                text = (f"A collective failed on rank {self.info.rank} ({self.info.host}); rank {rank} was behind.\n"
+                        f"{text}")
             self.end("FAILED", failure={"rank": rank, "host": host, "traceback": text})
         self._release_signals()
         self._report_spool()
@@ -226,14 +233,15 @@ class MlflowTracker(NullTracker):
     def _report_spool(self, try_again: bool = True) -> None:
         """One last try at sending what an outage spooled (unless there is no time for one: a signal); if the
         server is still away, say how to send it later."""
-        if not hasattr(self.client, "retry") or (try_again and self.client.retry(now=True)) or not self.client.pending():
+        if (not hasattr(self.client, "retry") or (try_again and self.client.retry(now=True))
+                or not self.client.pending()):
             return
         uri = redact_uri(self.uri)
         print(f"mpi_train: warning: the MLflow server at {uri} is still unreachable; {self.client.pending()} "
               f"write(s), the runs' end included, are kept in {self.client.spool.path}. Send them with "
               f"`python -m mpi_train.replay --tracking-uri {uri}` once it is up.", file=sys.stderr, flush=True)
 
-    def end(self, status: str, tags: Optional[dict] = None, failure: Optional[dict] = None) -> bool:
+    def end(self, status: str, tags: dict | None = None, failure: dict | None = None) -> bool:
         """End the parent and child runs in `status` (the first call wins); True if this call ended them.
 
         The outcome goes to the guard process first, so it is recorded even if mpirun kills
@@ -258,7 +266,8 @@ class MlflowTracker(NullTracker):
             if failure["host"] not in {stall.host for stall in silent}:
                 failure = {**failure, "rank": silent[0].ranks[0], "host": silent[0].host,
                            "traceback": f"Unreachable: {'; '.join(stall.describe() for stall in silent)} "
-                                        f"(reported by rank {failure['rank']} on {failure['host']}).\n{failure['traceback']}"}
+                                        f"(reported by rank {failure['rank']} on {failure['host']}).\n"
+                                        f"{failure['traceback']}"}
         failed_rank = failure["rank"] if failure else None
         failed_ranks = failed_ranks or {failed_rank}
         if failure:
@@ -266,7 +275,8 @@ class MlflowTracker(NullTracker):
             tags.update({"mpi_train.failed_rank": str(failed_rank), "mpi_train.failed_host": failure["host"],
                          "mpi_train.error": last_line[:5000]})
             self.lines.append(f"rank {failed_rank} on {failure['host']} failed:\n{failure['traceback']}")
-        child_statuses = [status if status != "FAILED" or rank in failed_ranks else "KILLED" for rank in range(len(self.child_ids))]
+        child_statuses = [status if status != "FAILED" or rank in failed_ranks else "KILLED"
+                          for rank in range(len(self.child_ids))]
         self.guard.announce(status, tags, child_statuses)
         self.stop.set()
         try:
@@ -275,7 +285,8 @@ class MlflowTracker(NullTracker):
             from mlflow.entities import RunTag
 
             if tags:
-                self.client.log_batch(self.parent_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
+                self.client.log_batch(self.parent_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
+                                      synchronous=True)
             for child_id, child_status in zip(self.child_ids, child_statuses):
                 self.client.set_terminated(child_id, child_status)
             self.client.set_terminated(self.parent_id, status)
@@ -290,7 +301,7 @@ class MlflowTracker(NullTracker):
         if self.cluster.store is not None:
             try:
                 self.cluster.store.set(ENDED_KEY, status)  # signalled ranks may go now (see RankTracker)
-            except Exception:  # noqa: BLE001 - the store is gone: nobody is waiting on it
+            except Exception:  # noqa: BLE001, S110 - the store is gone: nobody is waiting on it
                 pass
         return True
 
@@ -345,8 +356,10 @@ class MlflowTracker(NullTracker):
             else:
                 recorded = self.end("KILLED", tags={"mpi_train.killed_by": name})
             if recorded:
-                print(f"mpi_train: {name} received; run recorded as {self.status}, stopping every rank.", file=sys.stderr)
-                self._report_spool(try_again=False)  # mpirun's SIGKILL follows within a second: no time to wait on the server
+                print(f"mpi_train: {name} received; run recorded as {self.status}, stopping every rank.",
+                      file=sys.stderr)
+                # mpirun's SIGKILL follows within a second: no time to wait on the server
+                self._report_spool(try_again=False)
             else:  # the loop is recording a failure: let it send the metrics it holds (torchrun and srun give time to)
                 self.ended.wait(END_TIMEOUT_S)
             self.cluster.abort(128 + number)
@@ -354,7 +367,7 @@ class MlflowTracker(NullTracker):
     def _release_signals(self) -> None:
         if not self.wakeup:
             return
-        read_fd, write_fd, old_fd = self.wakeup
+        _read_fd, write_fd, old_fd = self.wakeup
         signal.set_wakeup_fd(old_fd)
         for sig, handler in self.old_handlers.items():
             signal.signal(sig, handler)
@@ -362,15 +375,16 @@ class MlflowTracker(NullTracker):
         self.wakeup = None
 
 
-def git_commit() -> Optional[str]:
+def git_commit() -> str | None:
     """The project's commit (with `-dirty` if tracked files changed), or None outside a git checkout."""
     here = Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5,
+                                check=False)
         if commit.returncode:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+                               capture_output=True, text=True, timeout=5, check=False).stdout.strip()
         return commit.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -382,7 +396,8 @@ def describe_environment(cluster) -> dict:
     import torch
 
     try:
-        import mpi4py  # the package only: importing mpi4py.MPI would initialise MPI, which torchrun and srun jobs never do
+        # the package only: importing mpi4py.MPI would initialise MPI, which torchrun and srun jobs never do
+        import mpi4py
 
         mpi4py_version = mpi4py.__version__
     except ImportError:
@@ -391,19 +406,20 @@ def describe_environment(cluster) -> dict:
     if "mpi4py.MPI" in sys.modules:
         try:
             library = sys.modules["mpi4py.MPI"].Get_library_version().replace("\0", "").strip()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001, S110 - the MPI library's version is only informative: left blank
             pass
     slots: dict[str, int] = {}
     for host in cluster.hosts:
         slots[host] = slots.get(host, 0) + 1
     launcher = {k: v for k, v in sorted(os.environ.items())
-                if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_COMM_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                 "GLOO_SOCKET_IFNAME", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_NUM_TASKS",
-                                 "SLURM_JOB_NODELIST"))
+                if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_COMM_WORLD_SIZE", "MASTER_ADDR",
+                                 "MASTER_PORT", "GLOO_SOCKET_IFNAME", "WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                                 "SLURM_JOB_ID", "SLURM_STEP_NUM_TASKS", "SLURM_JOB_NODELIST"))
                 and not any(word in k.upper() for word in SECRET_WORDS)}
     return {
         "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
-        "mpi4py": mpi4py_version, "launcher": cluster.environment.name, "mlflow": mlflow.__version__, "mpi_library": library,
+        "mpi4py": mpi4py_version, "launcher": cluster.environment.name, "mlflow": mlflow.__version__,
+        "mpi_library": library,
         "git_commit": git_commit(), "world_size": cluster.info.world_size, "hosts_by_rank": list(cluster.hosts),
         "hostfile": "".join(f"{host} slots={n}\n" for host, n in slots.items()), "launcher_env": launcher,
     }

@@ -1,11 +1,11 @@
-"""The batching sender: rank 0's metrics leave in one log_batch per run every few seconds, from a thread of their own."""
+"""The batching sender: rank 0's metrics leave in one log_batch per run every few seconds, from a thread of their
+own."""
 
 from __future__ import annotations
 
 import queue
 import sys
 import threading
-from typing import Optional
 
 FLUSH_EVERY_S = 2.0  # the background sender's batching period
 END_TIMEOUT_S = 20.0  # how long the final flush may take before it is given up
@@ -23,7 +23,7 @@ class BatchSender:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.handled = 0
         self.stopping = threading.Event()
-        self.error: Optional[str] = None
+        self.error: str | None = None
         self.thread = threading.Thread(target=self._run, name="mlflow-batch-sender", daemon=True)
         self.thread.start()
 

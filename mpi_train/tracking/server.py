@@ -15,8 +15,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ..errors import UserError, format_error
 from .probe import wait_for_server
@@ -27,9 +27,12 @@ START_TIMEOUT_S = 120.0  # a cold start (database migrations) takes ~15 s on two
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mpi_train.server", description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on; name another only to open the UI to other machines (default: 127.0.0.1)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on; name another only to open the UI to other machines "
+                             "(default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=5000, help="port to listen on (default: 5000)")
-    parser.add_argument("--root", default=DEFAULT_STORE_DIR, help=f"folder holding mlflow.db and the artifacts (default: {DEFAULT_STORE_DIR})")
+    parser.add_argument("--root", default=DEFAULT_STORE_DIR,
+                        help=f"folder holding mlflow.db and the artifacts (default: {DEFAULT_STORE_DIR})")
     parser.add_argument("--workers", type=int, default=2, help="server worker processes (default: 2)")
     return parser
 
@@ -37,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 def server_command(host: str, port: int, root: Path, workers: int) -> list[str]:
     return [
         sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", str(workers),
-        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--serve-artifacts", "--artifacts-destination", str(root),
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--serve-artifacts", "--artifacts-destination",
+        str(root),
     ]
 
 
@@ -68,7 +72,7 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     root = Path(args.root).resolve()
     url = f"http://{args.host}:{args.port}"
@@ -84,7 +88,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         wait_until_healthy(url, process)
         print(f"MLflow UI: {url}\nStore: {root / 'mlflow.db'} (artifacts under {root})\n"
-              f"Train with: mpirun -np 4 python -m mpi_train --tracking-uri {url}\nCtrl-C stops the server.", flush=True)
+              f"Train with: mpirun -np 4 python -m mpi_train --tracking-uri {url}\nCtrl-C stops the server.",
+              flush=True)
         return process.wait()
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr)

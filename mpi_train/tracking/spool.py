@@ -36,9 +36,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from ..config import redact_uri
 from .probe import server_answers
@@ -46,11 +47,13 @@ from .probe import server_answers
 SPOOL_DIR = Path("mlruns") / "spool"
 PROBE_EVERY_S = 3.0  # how often the logging path checks whether the server is back
 OFFLINE_PREFIX = "offline-"
-OFFLINE_ID_TAG = "mpi_train.offline_id"  # a replayed run keeps its local id here, so a checkpoint naming it can be traced
+# a replayed run keeps its local id here, so a checkpoint naming it can be traced
+OFFLINE_ID_TAG = "mpi_train.offline_id"
 
 
-def server_run_id(client, experiment_id: str, run_id: Optional[str]) -> Optional[str]:
-    """The server's id for `run_id`: itself, or for a local id the replayed run that carries it (None before the replay)."""
+def server_run_id(client, experiment_id: str, run_id: str | None) -> str | None:
+    """The server's id for `run_id`: itself, or for a local id the replayed run that carries it (None before the
+    replay)."""
     if not run_id or not run_id.startswith(OFFLINE_PREFIX):
         return run_id
     found = client.search_runs([experiment_id], f"tags.`{OFFLINE_ID_TAG}` = '{run_id}'", max_results=1)
@@ -116,11 +119,12 @@ class MetricHistory:
 
     def _rows(self, run_id: str, key: str) -> set:
         if (run_id, key) not in self.rows:
-            self.rows[run_id, key] = {(m.step, m.timestamp, float(m.value)) for m in self.client.get_metric_history(run_id, key)}
+            self.rows[run_id, key] = {(m.step, m.timestamp, float(m.value))
+                                      for m in self.client.get_metric_history(run_id, key)}
         return self.rows[run_id, key]
 
 
-def deliver(client, record: dict, history: Optional[MetricHistory] = None) -> Optional[str]:
+def deliver(client, record: dict, history: MetricHistory | None = None) -> str | None:
     """Send one record; with `history`, metrics the server already holds are left out. Returns a created run's id."""
     from mlflow.entities import Metric, Param, RunTag
 
@@ -131,7 +135,8 @@ def deliver(client, record: dict, history: Optional[MetricHistory] = None) -> Op
         already = server_run_id(client, experiment_id, record["local_id"])  # created before, but the reply was lost
         if already:
             return already
-        run = client.create_run(experiment_id, start_time=record["start_time"], tags=record["tags"], run_name=record["run_name"])
+        run = client.create_run(experiment_id, start_time=record["start_time"], tags=record["tags"],
+                                run_name=record["run_name"])
         return run.info.run_id
     if kind == "log_batch":
         metrics = history.missing(run_id, record["metrics"]) if history else record["metrics"]
@@ -193,7 +198,7 @@ class Spool:
                         ids[entry["local_id"]] = entry["run_id"]
         return done, ids
 
-    def acknowledge(self, record: dict, created_run_id: Optional[str], refusal: Optional[str] = None) -> None:
+    def acknowledge(self, record: dict, created_run_id: str | None, refusal: str | None = None) -> None:
         entry = {"id": record["id"]}
         if created_run_id:
             entry.update(local_id=record["local_id"], run_id=created_run_id)
@@ -205,7 +210,8 @@ class Spool:
             os.fsync(handle.fileno())
 
     def replay(self, client, uri: str, warn=None) -> tuple[int, dict]:
-        """Send every record not yet acknowledged, in order; raises at the first outage (what was sent stays acknowledged).
+        """Send every record not yet acknowledged, in order; raises at the first outage (what was sent stays
+        acknowledged).
 
         A record the server refuses (see `refused`) is reported through `warn` and passed
         over, so that one bad write cannot hold back the rest. Returns (records the server
@@ -218,7 +224,7 @@ class Spool:
                 continue
             try:
                 created = deliver(client, _map_ids(record, ids), history)
-            except Exception as error:  # noqa: BLE001 - an outage stops the replay; a refusal skips one record
+            except Exception as error:  # an outage stops the replay; a refusal skips one record
                 if not refused(error, uri):
                     raise
                 (warn or _warn)(f"MLflow refused a spooled {record['kind']} ({first_line(error)}); it is left out.")
@@ -246,7 +252,8 @@ def _warn(message: str) -> None:
 
 
 class SpoolingClient:
-    """The MLflow writes of a running job: sent directly while the server answers, spooled (and re-sent later) while not.
+    """The MLflow writes of a running job: sent directly while the server answers, spooled (and re-sent later) while
+    not.
 
     Thread-safe; calls are kept in order across threads by one lock. Reads and anything
     else fall through to the real client.
@@ -265,20 +272,21 @@ class SpoolingClient:
 
     # -- the writes a job makes ---------------------------------------------------------------------
 
-    def create_run(self, experiment_id: Optional[str], run_name: str, tags: dict) -> Any:
+    def create_run(self, experiment_id: str | None, run_name: str, tags: dict) -> Any:
         """A run: on the server if it answers, else with a local id the replay maps to the server's."""
         with self.lock:
             if not self.down:
                 return self.client.create_run(experiment_id, run_name=run_name, tags=tags)
             local_id = OFFLINE_PREFIX + uuid.uuid4().hex
-            self._spool({"kind": "create_run", "local_id": local_id, "experiment": self.experiment, "run_name": run_name,
-                         "tags": {**tags, OFFLINE_ID_TAG: local_id}, "start_time": int(time.time() * 1000)})
+            self._spool({"kind": "create_run", "local_id": local_id, "experiment": self.experiment,
+                         "run_name": run_name, "tags": {**tags, OFFLINE_ID_TAG: local_id},
+                         "start_time": int(time.time() * 1000)})
             return SimpleNamespace(info=SimpleNamespace(run_id=local_id))
 
     def log_batch(self, run_id: str, metrics=(), params=(), tags=(), synchronous: bool = True) -> None:
         self._write(batch_record(run_id, metrics, params, tags))
 
-    def set_terminated(self, run_id: str, status: str = "FINISHED", end_time: Optional[int] = None) -> None:
+    def set_terminated(self, run_id: str, status: str = "FINISHED", end_time: int | None = None) -> None:
         self._write({"kind": "set_terminated", "run_id": run_id, "status": status,
                      "end_time": end_time or int(time.time() * 1000)})
 
@@ -291,7 +299,7 @@ class SpoolingClient:
     def log_dict(self, run_id: str, dictionary: dict, artifact_file: str) -> None:
         self.log_text(run_id, json.dumps(dictionary, indent=2, default=str), artifact_file)
 
-    def log_artifact(self, run_id: str, local_path: str, artifact_path: Optional[str] = None) -> None:
+    def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
         """A file artifact; while spooling, a copy of the file is kept beside the spool until it is sent."""
         self._write({"kind": "log_artifact", "run_id": run_id, "local_path": str(Path(local_path).resolve()),
                      "artifact_path": artifact_path})
@@ -299,7 +307,8 @@ class SpoolingClient:
     # -- outage handling -------------------------------------------------------------------------------
 
     def retry(self, now: bool = False) -> bool:
-        """If the server was down and is due a check (or `now`): re-send the spool if it answers. True when all is sent."""
+        """If the server was down and is due a check (or `now`): re-send the spool if it answers. True when all is
+        sent."""
         with self.lock:
             if now:
                 self.next_probe = 0.0
@@ -328,8 +337,10 @@ class SpoolingClient:
 
     def _spool(self, record: dict) -> None:
         record = _map_ids(record, self.ids)  # runs created by an earlier re-send are named by their server ids
-        if record["kind"] == "log_artifact" and not Path(record["local_path"]).is_relative_to(self.spool.files.resolve()):
-            keep = self.spool.files / uuid.uuid4().hex / Path(record["local_path"]).name  # the caller may delete its file
+        if (record["kind"] == "log_artifact"
+                and not Path(record["local_path"]).is_relative_to(self.spool.files.resolve())):
+            # the caller may delete its file
+            keep = self.spool.files / uuid.uuid4().hex / Path(record["local_path"]).name
             keep.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(record["local_path"], keep)
             record = {**record, "local_path": str(keep.resolve())}

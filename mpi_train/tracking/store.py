@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..config import TrainConfig, redact_uri
@@ -30,7 +30,7 @@ class Connection:
 
     client: Any  # mlflow.MlflowClient, or for a server a SpoolingClient around one
     uri: str
-    experiment_id: Optional[str]  # None when started offline (--tracking-spool): the replay creates it
+    experiment_id: str | None  # None when started offline (--tracking-spool): the replay creates it
 
     @property
     def online(self) -> bool:
@@ -87,7 +87,8 @@ def open_store(config: TrainConfig) -> Connection:
             check_store_dir(Path(database).parent, "point --tracking-uri at another sqlite:/// file")
         check_store_dir(Path(DEFAULT_STORE_DIR), "point --tracking-uri at a server")  # where artifacts land
     if scheme in SERVER_SCHEMES:
-        for variable, value in HTTP_LIMITS.items():  # a server that dies mid-job must not hold the job's end for minutes
+        # a server that dies mid-job must not hold the job's end for minutes
+        for variable, value in HTTP_LIMITS.items():
             os.environ.setdefault(variable, value)
         try:
             probe_server(uri)
@@ -130,4 +131,5 @@ def _offline(config: TrainConfig, uri: str, error: ServerUnreachable) -> Connect
     print(f"mpi_train: warning: {error.what} Training anyway (--tracking-spool): the runs "
           f"are kept in {spool.path}; send them with `python -m mpi_train.replay --tracking-uri {redact_uri(uri)}`.",
           file=sys.stderr, flush=True)
-    return Connection(SpoolingClient(MlflowClient(tracking_uri=uri), uri, spool, config.experiment, online=False), uri, None)
+    return Connection(SpoolingClient(MlflowClient(tracking_uri=uri), uri, spool, config.experiment, online=False), uri,
+                      None)

@@ -1,4 +1,5 @@
-"""What every rank holds: the tracker interface that does nothing, and the one of ranks other than 0 (host samples, failure reports)."""
+"""What every rank holds: the tracker interface that does nothing, and the one of ranks other than 0 (host samples,
+failure reports)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable, Optional
 
 from ..errors import UserError
 from .sampler import HostSampler
@@ -23,8 +24,8 @@ ENDED_WAIT_S = 20.0  # how long a signalled rank waits for that under srun or to
 class NullTracker:
     """Tracking off, or nothing for this rank to do; also the interface the others implement."""
 
-    parent_id: Optional[str] = None  # the job's MLflow run, stored in checkpoints so a resumed job can link to it
-    sampler: Optional[HostSampler] = None  # set on the first rank of each host when system metrics are on
+    parent_id: str | None = None  # the job's MLflow run, stored in checkpoints so a resumed job can link to it
+    sampler: HostSampler | None = None  # set on the first rank of each host when system metrics are on
 
     def __enter__(self):
         return self
@@ -40,7 +41,7 @@ class NullTracker:
     def log_stall(self, stall) -> None: ...
     def log_straggler(self, straggler) -> None: ...
     def log_step(self, epoch: int, step: int, loss: float, times: dict, throughput: float, per_rank: list[dict],
-                 lr: Optional[float] = None) -> None: ...
+                 lr: float | None = None) -> None: ...
     def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
     def finish(self, summary: dict) -> None: ...
     def save_weights(self, model) -> None: ...
@@ -49,7 +50,7 @@ class NullTracker:
 class RankTracker(NullTracker):
     """A rank other than 0: samples its host if it is that host's first rank, and reports its own failure."""
 
-    def __init__(self, store, info, sampler: Optional[HostSampler], signalled_together: bool = False,
+    def __init__(self, store, info, sampler: HostSampler | None, signalled_together: bool = False,
                  cut_off: Callable[[], float] = lambda: 0.0):
         self.store, self.info, self.sampler = store, info, sampler
         self.cut_off = cut_off  # seconds rank 0's host has not answered this rank's heartbeat (liveness.py)
@@ -66,7 +67,7 @@ class RankTracker(NullTracker):
     def _await_rank0(self, number, frame) -> None:
         try:
             self.store.wait([ENDED_KEY], timedelta(seconds=ENDED_WAIT_S))
-        except Exception:  # noqa: BLE001 - rank 0 (and its store) gone, or too slow: leave now
+        except Exception:  # noqa: BLE001, S110 - rank 0 (and its store) gone, or too slow: leave now
             pass
         sys.stdout.flush()
         sys.stderr.flush()
@@ -84,6 +85,6 @@ class RankTracker(NullTracker):
         try:  # rank 0's watcher ends the run FAILED and acknowledges; then cli.guarded aborts the job
             self.store.set(FAILURE_KEY, json.dumps(failure))
             self.store.wait([ACK_KEY], timedelta(seconds=ACK_WAIT_S))
-        except Exception:  # noqa: BLE001 - rank 0 unreachable or slow: aborting matters more
+        except Exception:  # noqa: BLE001, S110 - rank 0 unreachable or slow: aborting matters more
             pass
         return False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -20,11 +20,11 @@ class Compressor:
     """
 
     name = "none"
-    wire_dtype: Optional[torch.dtype] = None  # what the summed tensors carry, when not the gradients' own dtype
+    wire_dtype: torch.dtype | None = None  # what the summed tensors carry, when not the gradients' own dtype
     rounds_per_step = 1  # sums per bucket once it compresses: each pays the collective's latency (cost model)
 
     @classmethod
-    def from_config(cls, config) -> "Compressor":
+    def from_config(cls, config) -> Compressor:
         """The compressor as the job configures it (one with options reads its flags here)."""
         return cls()
 

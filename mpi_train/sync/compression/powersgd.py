@@ -8,8 +8,8 @@ VGG-11's 36.9 MB of gradients become 0.24 MB at rank 2.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -45,11 +45,13 @@ class BucketMemory:
     def __init__(self, views: Sequence[torch.Tensor], rank: int, compressible, generator: torch.Generator):
         like = views[0]
         shapes = [(v.shape[0], v.numel() // v.shape[0]) if compressible(v.shape) else None for v in views]
-        self.whole = [i for i, shape in enumerate(shapes) if shape is None]  # vectors (biases, BatchNorm), tiny matrices
+        # vectors (biases, BatchNorm), tiny matrices
+        self.whole = [i for i, shape in enumerate(shapes) if shape is None]
         ranks = {i: min(rank, *shape) for i, shape in enumerate(shapes) if shape is not None}
         p_size = sum(shapes[i][0] * r for i, r in ranks.items())
         whole_size = sum(views[i].numel() for i in self.whole)
-        self.first = torch.zeros(p_size + whole_size, dtype=like.dtype, device=like.device)  # Ps, then the whole tensors
+        # Ps, then the whole tensors
+        self.first = torch.zeros(p_size + whole_size, dtype=like.dtype, device=like.device)
         self.second = torch.zeros(sum(shapes[i][1] * r for i, r in ranks.items()), dtype=like.dtype, device=like.device)
         self.matrices: list[Matrix] = []
         p_at = q_at = 0
@@ -111,7 +113,7 @@ class PowerSGD(Compressor):
         self.generator = torch.Generator().manual_seed(SEED)
 
     @classmethod
-    def from_config(cls, config) -> "PowerSGD":
+    def from_config(cls, config) -> PowerSGD:
         return cls(config.powersgd_rank, config.powersgd_start_step)
 
     def compressible(self, shape: torch.Size) -> bool:
@@ -146,7 +148,8 @@ class PowerSGD(Compressor):
         yield memory.second  # round 2: the Qs
         memory.second.div_(world)
         for m, gradient in zip(memory.matrices, gradients):  # two passes over each gradient, no temporary
-            torch.addmm(gradient, m.p, m.qt, alpha=-1, out=m.residual)  # e = M - P Q^T: what this rank's M has not delivered
+            # e = M - P Q^T: what this rank's M has not delivered
+            torch.addmm(gradient, m.p, m.qt, alpha=-1, out=m.residual)
             torch.mm(m.p, m.qt, out=gradient)  # the update, the same on every rank
 
     def residual_of(self, param: nn.Parameter) -> torch.Tensor | None:

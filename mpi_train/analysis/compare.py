@@ -1,0 +1,362 @@
+"""`python -m mpi_train.compare`: the finished jobs of an experiment side by side, as a table and as plots.
+
+Reads parent and child runs through the MLflow client (the same keys in every job make
+this, and the UI's compare view, work), prints one row per job and writes PNGs:
+loss against step per job, the mean step split into its phases, and each rank's
+step-time spread. With --log-artifacts the plots and table become a comparison run.
+Step times are the means leaving out each job's first --timing-warmup-steps steps (the
+seed assignment's convention), where the job recorded them; older jobs show whole-run means.
+
+    python -m mpi_train.compare --experiment mpi_train --tracking-uri http://127.0.0.1:5000 --out plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import ENV_DEFAULTS, redact_uri
+from ..errors import UserError, format_error
+from ..stragglers import Straggler
+from ..sync import SYNC_METHODS, label, split_label
+from ..tracking import check_uri, default_store_uri, job_metrics, probe_server
+
+PLOTTED_PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
+COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "samples/s", "final_loss", "test_acc", "speed-up")
+
+
+@dataclass
+class FinishedJob:
+    """One finished job as the comparison sees it."""
+
+    run_id: str
+    name: str
+    sync: str
+    world_size: int
+    metrics: dict
+    loss_curve: list[tuple[int, float]] = field(default_factory=list)
+    rank_step_times: list[list[float]] = field(default_factory=list)  # per rank, every logged window
+    params: dict = field(default_factory=dict)  # the parent run's params (link, num_hosts, ranks_per_host, ...)
+    slow_host: str | None = None  # a straggler host found at its start (stragglers.Straggler.describe)
+
+    @property
+    def label(self) -> str:
+        return f"{self.sync} np{self.world_size}"
+
+
+def load_jobs(client, experiment_id: str, since_ms: int | None = None, names: set | None = None) -> list[FinishedJob]:
+    """Every FINISHED job (parent run) of the experiment with its loss curve and its ranks' step times.
+
+    `since_ms` and `names` narrow it to the jobs of one sweep (started after it began, with its run names).
+    """
+    where = "tags.`mpi_train.role` = 'job' and attributes.status = 'FINISHED'"
+    if since_ms is not None:
+        where += f" and attributes.start_time >= {int(since_ms)}"
+    parents = client.search_runs([experiment_id], filter_string=where, order_by=["attributes.start_time ASC"],
+                                 max_results=1000)
+    jobs = []
+    for run in parents:
+        if names is not None and run.info.run_name not in names:
+            continue
+        params, metrics = run.data.params, run.data.metrics
+        # bucketed+powersgd apart from bucketed
+        sync = label(params.get("sync", "?"), params.get("compression", "none"))
+        job = FinishedJob(run.info.run_id, run.info.run_name, sync, int(params.get("world_size", 0)), metrics,
+                          params=dict(params), slow_host=run.data.tags.get("mpi_train.slow_host_link"))
+        job.loss_curve = [(m.step, m.value)
+                          for m in sorted(client.get_metric_history(job.run_id, "loss"), key=lambda m: m.step)]
+        children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{job.run_id}'",
+                                      max_results=1000)
+        for child in sorted(children, key=lambda c: int(c.data.tags.get("rank", 0))):
+            job.rank_step_times.append([m.value for m in client.get_metric_history(child.info.run_id, "step_time_s")])
+        jobs.append(job)
+    return sorted(jobs, key=lambda j: (j.sync, j.world_size, j.name))
+
+
+def job_from_summary(name: str, summary: dict) -> FinishedJob:
+    """A job read from its --summary-json file instead of MLflow (runs made with --no-tracking)."""
+    metrics = job_metrics(summary, summary["config"]["batch_size"])
+    if summary.get("epochs"):
+        metrics["test_accuracy"] = summary["epochs"][-1]["test_accuracy"]
+    sync = label(summary["config"]["sync"], summary["config"].get("compression", "none"))
+    return FinishedJob(run_id="", name=name, sync=sync, world_size=summary["world_size"], metrics=metrics,
+               loss_curve=[(step["step"], step["loss"]) for step in summary["steps"]],
+               rank_step_times=[[rank["step_time_s"]] for rank in summary["per_rank_mean_times"]],
+               params={"model": summary["config"].get("model"), "link": summary["config"].get("link"),
+                       "num_hosts": summary.get("num_hosts"), "ranks_per_host": summary.get("ranks_per_host")},
+               slow_host=Straggler.from_dict(summary["slow_host"]).describe() if summary.get("slow_host") else None)
+
+
+def slow_host_lines(jobs: list[FinishedJob]) -> list[str]:
+    """One line per job that ran with a straggler host: which, its link, and what it cost per step."""
+    lines = []
+    for job in jobs:
+        if job.slow_host:
+            cost = job.metrics.get("slow_host_cost_s")
+            sync = timing(job.metrics, "sync_time_s")
+            lines.append(f"  {job.name} ({job.label}): slow {job.slow_host}; it costs "
+                         + (f"about {1000 * cost:.0f} ms per step by the model" if cost is not None
+                            else "an unknown time per step")
+                         + (f" (measured sync {1000 * sync:.0f} ms per step)" if sync is not None else ""))
+    return lines
+
+
+def timing(metrics: dict, phase: str) -> float | None:
+    """A job's mean `phase` time per step, warm-up steps left out when the job recorded that mean."""
+    return metrics.get(f"steady_mean_{phase}", metrics.get(f"mean_{phase}"))
+
+
+def throughput(metrics: dict) -> float | None:
+    return metrics.get("steady_throughput_samples_per_s", metrics.get("mean_throughput_samples_per_s"))
+
+
+def table_rows(jobs: list[FinishedJob]) -> list[dict]:
+    """One row per job; speed-up is throughput against the slowest job's."""
+    slowest = min((throughput(j.metrics) or 0 for j in jobs), default=0) or 1.0
+    rows = []
+    for job in jobs:
+        m = job.metrics
+        step_s, sync_s = timing(m, "step_time_s"), timing(m, "sync_time_s")
+        rows.append({
+            "run": job.name, "sync": job.sync, "np": job.world_size,
+            "step_s": step_s, "sync_s": sync_s,
+            "sync_%": 100 * sync_s / step_s if step_s and sync_s is not None else None,
+            "samples/s": throughput(m), "final_loss": m.get("final_loss", m.get("loss")),
+            "test_acc": m.get("test_accuracy"),
+            "speed-up": throughput(m) / slowest if throughput(m) is not None else None,
+        })
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    def cell(value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+        return str(value)
+
+    cells = [list(COLUMNS)] + [[cell(row[c]) for c in COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def plot(jobs: list[FinishedJob], out: Path) -> list[Path]:
+    """Three PNGs a person would rather look at than the table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for job in jobs:
+        steps, values = zip(*job.loss_curve) if job.loss_curve else ((), ())
+        ax.plot(steps, values, marker="o", markersize=3, label=job.label)
+    ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="Loss against step")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    written.append(save_figure(fig, out / "loss_vs_step.png"))
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
+    bottom = [0.0] * len(jobs)
+    for phase in PLOTTED_PHASES:
+        heights = [1000 * (timing(j.metrics, phase) or 0.0) for j in jobs]
+        ax.bar([j.label for j in jobs], heights, bottom=bottom, label=phase.removesuffix("_time_s"))
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set(ylabel="mean time per step (ms)", title="Where a step's time goes")
+    ax.legend()
+    ax.tick_params(axis="x", rotation=20)
+    written.append(save_figure(fig, out / "time_breakdown.png"))
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
+    data, labels, positions, position = [], [], [], 0
+    for job in jobs:
+        for rank, times in enumerate(job.rank_step_times):
+            data.append([1000 * t for t in times] or [0.0])
+            labels.append(f"{job.label}\nrank {rank}")
+            positions.append(position)
+            position += 1
+        position += 1  # a gap between jobs
+    if data:
+        ax.boxplot(data, positions=positions)
+        ax.set_xticks(positions, labels, fontsize=7, rotation=90)
+    ax.set(ylabel="step time (ms), every logged window", title="Per-rank step-time spread")
+    written.append(save_figure(fig, out / "rank_step_time_spread.png"))
+    return written
+
+
+PREDICTION_COLUMNS = ("sync", "model", "np", "hosts", "link", "measured_ms", "predicted_ms", "error")
+
+
+def hidden_in_backward(sync: str) -> bool:
+    """DDP and its hooked variants communicate inside backward: their sync time cannot be measured apart."""
+    name = split_label(sync)[0]
+    return name in SYNC_METHODS and SYNC_METHODS[name].inside_ddp()
+
+
+def prediction_rows(jobs: list[FinishedJob]) -> list[dict]:
+    """Predicted (mpi_train/netmodel.py) against measured sync time per job, with the relative error."""
+    rows = []
+    for job in jobs:
+        m = job.metrics
+        predicted, measured = m.get("predicted_sync_time_s"), m.get("mean_sync_time_s")
+        hidden = hidden_in_backward(job.sync)
+        rows.append({"sync": job.sync, "model": job.params.get("model"), "np": job.world_size,
+                     "hosts": job.params.get("num_hosts"), "link": job.params.get("link") or "-",
+                     "measured_s": measured, "predicted_s": predicted,
+                     "error": None if hidden or not predicted or not measured else (predicted - measured) / measured,
+                     "hidden": hidden})
+    return sorted(rows, key=lambda r: (str(r["model"]), str(r["link"]), int(r["hosts"] or 0), r["np"], r["sync"]))
+
+
+def format_prediction_table(rows: list[dict]) -> str:
+    def cell(row: dict, column: str) -> str:
+        if column == "measured_ms":
+            value = row["measured_s"]
+            return "in compute" if row["hidden"] else ("-" if value is None else f"{1000 * value:.1f}")
+        if column == "predicted_ms":
+            return "-" if row["predicted_s"] is None else f"{1000 * row['predicted_s']:.1f}"
+        if column == "error":
+            return "n/a" if row["error"] is None else f"{100 * row['error']:+.0f}%"
+        return "-" if row[column] is None else str(row[column])
+
+    cells = [list(PREDICTION_COLUMNS)] + [[cell(row, c) for c in PREDICTION_COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(PREDICTION_COLUMNS))]
+    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def plot_predictions(rows: list[dict], out: Path) -> Path:
+    """Measured against predicted sync time, one marker per method; on the diagonal the model is exact."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    points = [r for r in rows if r["predicted_s"] and r["measured_s"] and not r["hidden"]]
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for sync in sorted({r["sync"] for r in points}):
+        mine = [r for r in points if r["sync"] == sync]
+        ax.scatter([1000 * r["predicted_s"] for r in mine], [1000 * r["measured_s"] for r in mine], label=sync, s=40)
+    if points:
+        low = min(min(r["predicted_s"], r["measured_s"]) for r in points) * 1000 / 1.5
+        high = max(max(r["predicted_s"], r["measured_s"]) for r in points) * 1000 * 1.5
+        ax.plot([low, high], [low, high], color="black", linewidth=1, label="measured = predicted")
+        ax.fill_between([low, high], [low * 0.8, high * 0.8], [low * 1.2, high * 1.2], color="grey", alpha=0.2,
+                        label="±20%")
+        ax.set(xscale="log", yscale="log")
+    ax.set(xlabel="predicted sync time per step (ms, alpha-beta model)", ylabel="measured sync time per step (ms)",
+           title="Sync time: model against measurement")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    return save_figure(fig, out / "predicted_vs_measured.png")
+
+
+def plot_sync_costs(bench: dict, out: Path, name: str = "sync_cost_vs_floor.png") -> Path:
+    """Each method's measured communication time beside the floor its cost model allows (from mpi_train.bench)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [row for row in bench["methods"] if row.get("collective")]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows) + 2), 5))
+    positions = range(len(rows))
+    ax.bar([p - 0.2 for p in positions], [1000 * row["sync_s"] for row in rows], width=0.4,
+           label="sync (between barriers)")
+    ax.bar([p + 0.2 for p in positions], [1000 * max(0.0, row["exposed_s"]) for row in rows], width=0.4,
+           label="exposed (step minus no-sync step)")
+    ax.scatter(list(positions), [1000 * row["floor_s"] for row in rows], marker="_", s=900, color="black", zorder=3,
+               label="cost-model floor")
+    ax.set_xticks(list(positions), [f"{row['method']}\n({row['collective']})" for row in rows])
+    ax.set(ylabel="ms per step", title=f"Sync cost against theory: {bench['model']}, np {bench['world_size']}, "
+                                       f"{bench['gradient_bytes'] / 1e6:.0f} MB of gradients")
+    ax.legend()
+    ax.grid(alpha=0.3, axis="y")
+    return save_figure(fig, out / name)
+
+
+def log_comparison(client, experiment_id: str, jobs: list[FinishedJob], text: str, paths: list[Path],
+                   run_name: str | None = None) -> str:
+    """Store the report's text and plots as a comparison run of the experiment; returns its id."""
+    run = client.create_run(experiment_id, run_name=run_name or f"comparison-{len(jobs)}-jobs",
+                            tags={"mpi_train.role": "comparison", "compared_runs": ",".join(j.run_id for j in jobs)})
+    client.log_text(run.info.run_id, text + "\n", "comparison/table.txt")
+    for path in paths:
+        client.log_artifact(run.info.run_id, str(path), "comparison")
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+def save_figure(fig, path: Path, rect: tuple | None = None) -> Path:
+    """Lay the figure out (inside `rect`, leaving room for a legend or title outside the axes), write it, close it."""
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mpi_train.compare", description=__doc__.split("\n")[0])
+    parser.add_argument("--experiment", default="mpi_train",
+                        help="experiment whose finished jobs are compared (default: mpi_train)")
+    parser.add_argument("--tracking-uri", help="MLflow server or database (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)")
+    parser.add_argument("--out", default="comparison", help="folder the PNG plots are written to (default: comparison)")
+    parser.add_argument("--log-artifacts", action="store_true",
+                        help="also store the table and plots as a comparison run in the experiment")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
+    args = build_parser().parse_args(argv)
+    uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or default_store_uri()
+    try:
+        if check_uri(uri) in ("http", "https"):
+            probe_server(uri)
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name(args.experiment)
+        if experiment is None:
+            raise UserError(f"Experiment {args.experiment!r} does not exist at {redact_uri(uri)}. Name one that "
+                            f"training wrote to (--experiment of python -m mpi_train), or check --tracking-uri.")
+        jobs = load_jobs(client, experiment.experiment_id)
+        if not jobs:
+            raise UserError(f"Experiment {args.experiment!r} at {redact_uri(uri)} has no FINISHED jobs to compare. "
+                            f"Run some first: python -m mpi_train --experiment {args.experiment} ...")
+    except UserError as error:
+        print(format_error(str(error)), file=sys.stderr)
+        return error.exit_code
+    table = format_table(table_rows(jobs))
+    predictions = prediction_rows(jobs)
+    predicted = any(row["predicted_s"] is not None for row in predictions)
+    if predicted:  # jobs on several ranks: predicted (alpha-beta model) against measured sync
+        table += "\n\nsync time, measured against predicted:\n" + format_prediction_table(predictions)
+    slow = slow_host_lines(jobs)
+    if slow:
+        table += "\n\nslow hosts (every rank waits for the slowest link):\n" + "\n".join(slow)
+    print(table)
+    paths = plot(jobs, Path(args.out)) + ([plot_predictions(predictions, Path(args.out))] if predicted else [])
+    print("plots: " + ", ".join(str(p) for p in paths))
+    if args.log_artifacts:
+        print(f"logged as run {log_comparison(client, experiment.experiment_id, jobs, table, paths)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""How close the alpha-beta model comes: each method's measured sync time against its prediction, per network setting.
+
+The experiment runner calls this with the bench JSON of every [network] setting (hosts x
+ranks per host x link). It tabulates, per setting and method, what the step pays for
+communication (the sync call for a method that syncs after backward; the exposed time,
+step minus the no-sync step, for one that overlaps backward), what the model predicts,
+the relative error, and whether that error is within the lab's targets (±20% for methods
+that sync after backward, ±30% for the exposed time of overlapped ones). Two plots show
+the same figures: sync time against the number of ranks, one panel per link rate and
+number of hosts, and against the link rate, one panel per layout; measured points are
+markers, the model's predictions are lines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..netmodel.links import UNLIMITED, rate_bytes_per_s
+from ..sync import split_label
+from .compare import save_figure
+
+TARGETS = {False: 0.20, True: 0.30}  # the largest |error| the model may make: after backward, overlapped (exposed)
+MARKERS = ("o", "s", "^", "D", "v", "P")  # one per compression: none, then in order of appearance
+COLUMNS = ("method", "np", "hosts", "per_host", "link", "measured_ms", "predicted_ms", "error", "target")
+
+
+def rows_of(results: Sequence[dict]) -> list[dict]:
+    """One row per (setting, method) with a prediction, from bench JSONs (python -m mpi_train.bench --json)."""
+    rows = []
+    for result in results:
+        layout = result.get("layout") or {}
+        for method in result["methods"]:
+            if method.get("predicted_s") is None or method.get("measured_s") is None:
+                continue
+            overlapped = bool(method.get("overlapped"))
+            error = method.get("prediction_error")
+            rows.append({
+                "method": method["method"], "np": result["world_size"], "hosts": layout.get("hosts", 1),
+                "per_host": layout.get("ranks_per_host", result["world_size"]),
+                "link": result.get("network_link") or UNLIMITED, "overlapped": overlapped,
+                "measured_s": method["measured_s"], "predicted_s": method["predicted_s"], "error": error,
+                "within": None if error is None else abs(error) <= TARGETS[overlapped],
+            })
+    return sorted(rows, key=lambda r: (_rate_order(r["link"]), r["hosts"], r["np"], r["method"]))
+
+
+def _rate_order(link: str) -> float:
+    """Fastest first: unlimited, then by decreasing rate."""
+    rate = rate_bytes_per_s(link)
+    return -math.inf if rate is None else -rate
+
+
+def format_table(rows: list[dict]) -> str:
+    def cell(row: dict, column: str) -> str:
+        if column == "measured_ms":
+            return f"{1000 * row['measured_s']:.1f}" + (" (exposed)" if row["overlapped"] else "")
+        if column == "predicted_ms":
+            return f"{1000 * row['predicted_s']:.1f}"
+        if column == "error":
+            return "-" if row["error"] is None else f"{100 * row['error']:+.0f}%"
+        if column == "target":
+            bound = f"±{100 * TARGETS[row['overlapped']]:.0f}%"
+            return "-" if row["within"] is None else f"{bound} {'met' if row['within'] else 'MISSED'}"
+        return str(row[column])
+
+    cells = [list(COLUMNS)] + [[cell(row, c) for c in COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(v.ljust(w) if i in (0, 4, 8) else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def verdict(rows: list[dict], hosts_at_least: int = 2) -> str:
+    """How many predictions are within their target, counting settings that span hosts (the lab's targets)."""
+    lines = []
+    for overlapped, what in ((False, "sync after backward"), (True, "exposed time of overlapped methods")):
+        judged = [r for r in rows
+                  if r["overlapped"] == overlapped and r["hosts"] >= hosts_at_least and r["within"] is not None]
+        if judged:
+            met = [r for r in judged if r["within"]]
+            worst = max(judged, key=lambda r: abs(r["error"]))
+            lines.append(f"{what}: {len(met)} of {len(judged)} predictions within ±{100 * TARGETS[overlapped]:.0f}% "
+                         f"on {hosts_at_least}+ hosts (worst: {worst['method']} at np {worst['np']} on "
+                         f"{worst['hosts']} host(s), {worst['link']}: {100 * worst['error']:+.0f}%)")
+    return "\n".join(lines)
+
+
+def report(results: Sequence[dict]) -> str | None:
+    """The table and the verdict, or None when no bench gave a prediction (one rank, no calibration)."""
+    rows = rows_of(results)
+    if not rows:
+        return None
+    return ("Sync time per step, measured by the bench (medians; exposed time for methods that overlap backward) "
+            "against the alpha-beta model (mpi_train/netmodel/), per network setting; error = (predicted - measured) "
+            "/ measured:\n" + format_table(rows) + "\n" + verdict(rows))
+
+
+def plot(results: Sequence[dict], out: Path) -> list[Path]:
+    """sync_vs_ranks.png and sync_vs_link.png under `out` (those the settings allow)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = rows_of(results)
+    if not rows:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    schedules = list(dict.fromkeys(split_label(m)[0] for m in methods))
+    compressions = list(dict.fromkeys(split_label(m)[1] for m in methods))
+    colours = {s: plt.get_cmap("tab10" if len(schedules) <= 10 else "tab20")(i % 20) for i, s in enumerate(schedules)}
+    markers = {c: MARKERS[i % len(MARKERS)] for i, c in enumerate(compressions)}
+    paths = []
+
+    def style(method: str) -> dict:
+        schedule, compression = split_label(method)
+        return {"color": colours[schedule], "marker": markers[compression]}
+
+    def draw(ax, mine: list[dict], x_of, xlabel: str, title: str) -> None:
+        for method in methods:
+            points = sorted((r for r in mine if r["method"] == method), key=x_of)
+            if not points:
+                continue
+            xs = [x_of(r) for r in points]
+            ax.plot(xs, [1000 * r["predicted_s"] for r in points], color=style(method)["color"], linestyle="--",
+                    linewidth=1, alpha=0.7)
+            ax.plot(xs, [1000 * r["measured_s"] for r in points], linestyle="none", markersize=6, **style(method))
+        ax.set(xlabel=xlabel, ylabel="sync per step (ms; exposed if overlapped)", title=title, yscale="log")
+        ax.grid(True, which="both", alpha=0.3)
+
+    def legend(fig) -> tuple:
+        """One legend for every panel, under them: colour = schedule, marker = compression; returns the rect the
+        panels keep."""
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], color=colours[s], marker="o", linestyle="--", linewidth=1, label=s)
+                   for s in schedules]
+        if len(compressions) > 1:
+            handles += [Line2D([], [], color="grey", marker=markers[c], linestyle="none", label=f"+{c}" if c != "none"
+                               else "uncompressed") for c in compressions]
+        columns = min(len(handles), 7)
+        fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8)
+        return (0, 0.35 * math.ceil(len(handles) / columns) / fig.get_size_inches()[1], 1, 0.95)
+
+    def grid(count: int):
+        """Panels three to a row; the figure and its axes in reading order."""
+        columns = min(3, count)
+        rows_of_panels = math.ceil(count / columns)
+        fig, axes = plt.subplots(rows_of_panels, columns, figsize=(max(8, 5 * columns), 4 * rows_of_panels),
+                                 squeeze=False)
+        for ax in axes.flat[count:]:
+            ax.set_visible(False)
+        return fig, list(axes.flat)
+
+    panels = sorted({(r["link"], r["hosts"]) for r in rows}, key=lambda panel: (_rate_order(panel[0]), panel[1]))
+    if any(len({r["np"] for r in rows if (r["link"], r["hosts"]) == panel}) > 1 for panel in panels):
+        fig, axes = grid(len(panels))
+        for ax, (link, hosts) in zip(axes, panels):
+            mine = [r for r in rows if (r["link"], r["hosts"]) == (link, hosts)]
+            draw(ax, mine, lambda r: r["np"], "ranks (np)", f"{hosts} host(s), link {link}")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted({r["np"] for r in mine}), [str(n) for n in sorted({r["np"] for r in mine})])
+        rect = legend(fig)
+        fig.suptitle("Sync time against ranks: measured (markers) and the alpha-beta model (dashed)")
+        paths.append(save_figure(fig, out / "sync_vs_ranks.png", rect))
+
+    layouts = sorted({(r["hosts"], r["per_host"]) for r in rows if r["hosts"] > 1})
+    layouts = [l for l in layouts if len({r["link"] for r in rows if (r["hosts"], r["per_host"]) == l}) > 1]
+    if layouts:
+        fig, axes = grid(len(layouts))
+        for ax, (hosts, per_host) in zip(axes, layouts):
+            mine = [r for r in rows if (r["hosts"], r["per_host"]) == (hosts, per_host)]
+            draw(ax, mine, lambda r: 8 * rate_bytes_per_s(r["link"]) / 1e6, "each host's link rate (log scale)",
+                 f"np {hosts * per_host}: {hosts} hosts x {per_host}")
+            ax.set_xscale("log")
+            links = sorted({r["link"] for r in mine}, key=_rate_order)
+            ax.set_xticks([8 * rate_bytes_per_s(link) / 1e6 for link in links], links)
+        rect = legend(fig)
+        fig.suptitle("Sync time against link rate: measured (markers) and the alpha-beta model (dashed)")
+        paths.append(save_figure(fig, out / "sync_vs_link.png", rect))
+    return paths

@@ -1,0 +1,282 @@
+"""`python -m mpi_train.predict`: each sync method's step time on a cluster you do not have, from the alpha-beta model.
+
+    python -m mpi_train.predict --model vgg11 --batch-size 256 --ranks 64 --ranks-per-host 8 --link 10gbit
+    python -m mpi_train.predict --model vgg11 --batch-size 256 --ranks 2,4,8,16,32,64,128,256 --ranks-per-host 8 \\
+        --link 10gbit --calibration bench.json --plot scaling.png
+
+Step time = compute (forward + backward per sample, measured, times the per-rank batch) +
+the method's predicted exposed communication (mpi_train/netmodel/: all of it for a method
+that syncs after backward, what outlasts backward for ddp and bucketed). Compute per sample
+comes from --compute-per-sample, else from --calibration's no-sync baseline, else from timing
+the model here. Links: between hosts the --link rate with the calibration's (or an assumed)
+latency; within a host the calibration's intra-host link, else an assumed loopback.
+Scaling efficiency = compute / step time: how much of the ideal N-fold speed-up is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import netmodel
+from ..config import TrainConfig
+from ..errors import UserError, format_error
+from ..models import INPUT_SHAPES, MODELS, build_model
+from ..sync import SYNC_METHODS, SyncMethod
+
+
+@dataclass(frozen=True)
+class Row:
+    ranks: int
+    method: str
+    compute_s: float
+    comm_s: float
+    exposed_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.exposed_s
+
+    @property
+    def efficiency(self) -> float:
+        return self.compute_s / self.step_s if self.step_s else 1.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mpi_train.predict", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
+                        help="model whose gradients are synced (default: vgg11)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="global batch, split across the ranks (default: 256)")
+    parser.add_argument("--per-rank-batch", type=float,
+                        help="keep each rank's batch at this size instead (weak scaling); overrides --batch-size")
+    parser.add_argument("--ranks", default="64",
+                        help="number of ranks, or a comma-separated list for a scaling table (default: 64)")
+    parser.add_argument("--ranks-per-host", type=int, default=8, help="ranks on each host (default: 8)")
+    parser.add_argument("--link", help="rate of each host's link, e.g. 10gbit, 1gbit, 100mbit (default: the "
+                                       "calibration's inter-host link)")
+    parser.add_argument("--calibration", metavar="PATH",
+                        help="a bench JSON (python -m mpi_train.bench --json): fitted links and compute per sample")
+    parser.add_argument("--compute-per-sample", type=float, metavar="SECONDS",
+                        help="forward + backward seconds per sample on one rank (default: the calibration's, else "
+                             "timed here)")
+    parser.add_argument("--bucket-mb", type=float, default=25.0,
+                        help="bucket size of the bucketed method (default: 25)")
+    parser.add_argument("--plot", default="predict_scaling.png",
+                        help="with several --ranks: where the plot goes (default: predict_scaling.png)")
+    return parser
+
+
+def parse_ranks(text: str) -> list[int]:
+    try:
+        ranks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        ranks = []
+    if not ranks or any(r < 1 for r in ranks):
+        raise UserError(f"--ranks {text!r} must be a positive number of ranks or a comma-separated list of them, "
+                        f"e.g. --ranks 64 or --ranks 2,4,8,16.")
+    return sorted(set(ranks))
+
+
+def measured_compute_per_sample(model_name: str, batch: int = 16, iters: int = 3) -> float:
+    """Forward + backward seconds per sample of the model on this machine (median of a few small batches)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = build_model(model_name)
+    images, labels = torch.randn(batch, *INPUT_SHAPES[model_name]), torch.randint(0, 10, (batch,))
+    seconds = []
+    for i in range(iters + 1):
+        started = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(images), labels).backward()
+        if i:  # the first pass allocates
+            seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds) / batch
+
+
+def compute_from_bench(bench: dict) -> float:
+    """Seconds per sample of the bench's no-sync baseline (forward + backward on one rank's share of its batch)."""
+    baseline = next(row for row in bench["methods"] if row["method"] == "no-sync")
+    return baseline["compute_s"] / (bench["batch_size"] / bench["world_size"])
+
+
+def network_for(args: argparse.Namespace, calibrated: netmodel.Network | None) -> tuple[netmodel.Network, list[str]]:
+    """The links of the predicted cluster, and the assumptions that went into them."""
+    notes = []
+    intra = calibrated.intra if calibrated else netmodel.LOOPBACK_LINK
+    described = netmodel.describe_network(netmodel.Network(intra, intra)).split(";")[0].split(": ", 1)[1]
+    notes.append(f"within a host: {described}")
+    if args.link:
+        nominal = netmodel.nominal_link(args.link)
+        alpha = calibrated.inter.alpha if calibrated and calibrated.inter.alpha > 0 else nominal.alpha
+        latency = ", calibrated latency" if calibrated else ", assumed latency"
+        inter = netmodel.Link(alpha, nominal.beta, source=f"--link {args.link}" + latency)
+    elif calibrated:
+        inter = calibrated.inter
+    else:
+        raise UserError("--link or --calibration is needed: say the rate of each host's link (e.g. --link 10gbit), "
+                        "or give a bench JSON whose fitted links to use (--calibration bench.json).")
+    notes.append(f"between hosts: alpha {inter.alpha * 1e6:.0f} us, {inter.bandwidth / 1e6:,.0f} MB/s ({inter.source})")
+    return netmodel.Network(intra, inter), notes
+
+
+def registered_methods(bucket_mb: float = TrainConfig.bucket_mb) -> dict[str, SyncMethod]:
+    """Every registered method as a job with its default options would configure it (ddp_powersgd: PowerSGD at the
+    default rank; bucketed: `bucket_mb`)."""
+    return {name: method_class.from_config(TrainConfig(sync=name, bucket_mb=bucket_mb))
+            for name, method_class in SYNC_METHODS.items()}
+
+
+def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, network: netmodel.Network,
+                 compute_s: float, methods: dict[str, SyncMethod], ratios: dict[str, float],
+                 backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD) -> list[Row]:
+    """One row per method that declares a collective family: its step on N ranks, R per host, with this compute."""
+    layout = netmodel.Layout(ranks, min(ranks_per_host, ranks))
+    rows = []
+    for name, method in methods.items():
+        prediction = netmodel.predict(method, tensor_bytes, layout, network, label=name, ratio=ratios[name],
+                                      backward_s=backward.share * compute_s, backward=backward)
+        if prediction is not None:
+            rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s))
+    return rows
+
+
+def format_single(rows: list[Row]) -> str:
+    lines = [f"{'method':<16}{'compute_ms':>12}{'comm_ms':>12}{'exposed_ms':>12}{'step_ms':>12}{'efficiency':>12}"]
+    for row in sorted(rows, key=lambda r: r.step_s):
+        lines.append(f"{row.method:<16}{row.compute_s * 1e3:>12.1f}{row.comm_s * 1e3:>12.1f}"
+                     f"{row.exposed_s * 1e3:>12.1f}{row.step_s * 1e3:>12.1f}{row.efficiency:>12.2f}")
+    return "\n".join(lines)
+
+
+def format_scaling(table: dict[int, list[Row]]) -> str:
+    methods = [row.method for row in next(iter(table.values()))]
+    width = max(12, max(len(m) for m in methods) + 2)
+    lines = [f"{'ranks':>6}" + "".join(f"{m:>{width}}" for m in methods) + f"{'winner':>{width}}",
+             "step time, ms (scaling efficiency)"]
+    for ranks, rows in table.items():
+        cells = "".join(f"{f'{r.step_s * 1e3:.0f} ({r.efficiency:.2f})':>{width}}" for r in rows)
+        lines.append(f"{ranks:>6}{cells}{min(rows, key=lambda r: r.step_s).method:>{width}}")
+    return "\n".join(lines)
+
+
+def plot_scaling(table: dict[int, list[Row]], title: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = list(table)
+    methods = [row.method for row in table[ranks[0]]]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 9), sharex=True)
+    for index, method in enumerate(methods):  # methods that predict alike (flat and ring) differ in line and marker
+        style = {"linestyle": ("-", "--", "-.", ":")[index % 4], "marker": "os^Dv<>PX"[index % 9], "markersize": 5}
+        steps = [next(r for r in table[n] if r.method == method) for n in ranks]
+        top.plot(ranks, [1000 * r.step_s for r in steps], label=method, **style)
+        bottom.plot(ranks, [r.efficiency for r in steps], label=method, **style)
+    top.plot(ranks, [1000 * table[n][0].compute_s for n in ranks], color="black", linewidth=1, linestyle=":",
+             label="compute alone (ideal)")
+    top.set(xscale="log", yscale="log", ylabel="predicted step time (ms)", title=title)
+    bottom.set(xscale="log", ylim=(0, 1.05), xlabel="ranks", ylabel="scaling efficiency (compute / step)")
+    bottom.set_xticks(ranks, [str(n) for n in ranks])
+    for axis in (top, bottom):
+        axis.grid(alpha=0.3, which="both")
+    top.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(args: argparse.Namespace) -> None:
+    ranks = parse_ranks(args.ranks)
+    for flag, value in {"--batch-size": args.batch_size, "--ranks-per-host": args.ranks_per_host,
+                        "--bucket-mb": args.bucket_mb, "--per-rank-batch": args.per_rank_batch,
+                        "--compute-per-sample": args.compute_per_sample}.items():
+        if value is not None and value <= 0:
+            raise UserError(f"{flag} must be positive, got {value}.")
+    if args.link:
+        try:
+            netmodel.rate_bytes_per_s(args.link)
+        except ValueError as error:
+            raise UserError(f"--link: {error}.") from None
+    bench, calibrated = None, None
+    if args.calibration:
+        calibrated = netmodel.load_calibration(args.calibration)
+        bench = json.loads(Path(args.calibration).read_text())
+        if bench.get("model") != args.model and args.compute_per_sample is None:
+            raise UserError(f"--calibration {args.calibration} timed {bench.get('model')}, not --model {args.model}: "
+                            f"its compute per sample does not apply. Pass --model {bench.get('model')}, or "
+                            f"--compute-per-sample SECONDS.")
+    network, notes = network_for(args, calibrated)
+    if args.compute_per_sample is not None:
+        per_sample, source = args.compute_per_sample, "--compute-per-sample"
+    elif bench is not None:
+        per_sample, source = compute_from_bench(bench), f"the no-sync baseline of {args.calibration}"
+    else:
+        per_sample, source = (measured_compute_per_sample(args.model),
+                              "timed here (batch 16, one process, this machine's CPU)")
+    model = build_model(args.model)
+    tensor_bytes, methods = netmodel.tensor_sizes(model), registered_methods(args.bucket_mb)
+    params = [p for p in model.parameters() if p.requires_grad]
+    ratios = {name: method.wire_ratio(params) for name, method in methods.items()}
+    backward = (netmodel.load_backward(args.calibration, len(tensor_bytes)) if bench is not None
+                else netmodel.ASSUMED_BACKWARD)
+    when = ("gradients ready as the calibration's no-sync backward had them" if backward.ready is not None
+            else "gradients produced at a constant rate, last layer first")
+
+    def per_rank(n: int) -> float:
+        return args.per_rank_batch if args.per_rank_batch else args.batch_size / n
+
+    batch = (f"{args.per_rank_batch:g} per rank (weak scaling)" if args.per_rank_batch
+             else f"global batch {args.batch_size} split across the ranks")
+    print(f"{args.model}: {len(tensor_bytes)} gradient tensors, {sum(tensor_bytes) / 1e6:.1f} MB; {batch}; "
+          f"{args.ranks_per_host} ranks per host")
+    print("assumptions:")
+    for note in [f"compute {per_sample * 1e3:.2f} ms per sample ({source}), scaled to each rank's batch",
+                 *notes, "ranks numbered host by host (as mpirun fills a hostfile); optimizer and data time left out",
+                 (f"ddp and bucketed send {args.bucket_mb:g} MB buckets during backward (backward = "
+                  f"{backward.share:.2f} of compute, {when}); only what outlasts backward is exposed")]:
+        print(f"  - {note}")
+    table = {n: predict_rows(tensor_bytes, n, args.ranks_per_host, network, per_sample * per_rank(n), methods, ratios,
+                             backward) for n in ranks}
+    if len(ranks) == 1:
+        rows = table[ranks[0]]
+        hosts = netmodel.Layout(ranks[0], min(args.ranks_per_host, ranks[0])).hosts
+        print(f"\n{ranks[0]} ranks on {hosts} host(s), per-rank batch {per_rank(ranks[0]):g}:")
+        print(format_single(rows))
+        best = min(rows, key=lambda r: r.step_s)
+        print(f"\nwinner: {best.method} ({best.step_s * 1e3:.1f} ms per step, "
+              f"scaling efficiency {best.efficiency:.2f})")
+        return
+    print()
+    print(format_scaling(table))
+    link = args.link or "calibrated link"
+    path = plot_scaling(table, f"{args.model}, {batch}, {args.ranks_per_host} ranks/host, {link}: predicted",
+                        Path(args.plot))
+    print(f"plot: {path}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except UserError as error:
+        print(format_error(str(error), prog="mpi_train.predict"), file=sys.stderr)
+        return error.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,589 @@
+"""`python -m mpi_train.bench`: what each sync method costs, measured side by side and held against its cost model.
+
+    mpirun -np 4 --hostfile hostfile python -m mpi_train.bench --steps 20 --json bench.json
+
+Every registered sync method with every compression it can carry (labelled like
+`bucketed+powersgd`; or those named with --methods), and a baseline that does not sync at
+all, gets its own replica of the model; a method the backend cannot run is listed as
+unavailable with the reason. Each step runs forward + backward + sync once per method,
+round-robin with the starting method rotated, so a burst of machine noise hits them all
+alike. Per method it reports:
+
+- compute: forward + backward (for methods that communicate inside backward, like ddp,
+  this includes the communication they could not hide);
+- sync: the sync call alone, timed between two barriers so no rank's lateness is counted.
+  For a method that overlaps backward (ddp, bucketed) there is no barrier between
+  backward and sync: Gloo's barrier waits for every collective in flight, so it would swallow
+  the very communication the method overlaps; its sync is then the wait for what backward
+  could not hide, and any rank's lateness with it;
+- exposed: step time minus the no-sync baseline's step time in the same round, i.e. the
+  communication the step really pays;
+- bytes sent/received per rank from the method's collective family (mpi_train/netmodel/families.py), for S
+  as the method sends it (half the gradients' bytes for fp16/bf16, PowerSGD's factors);
+- bus bandwidth S/t·2(N-1)/N and the floor the cost model allows on a link of bandwidth B,
+  where B is the calibrated link the method's traffic crosses (between hosts when the job
+  spans hosts);
+- efficiency = floor / sync time, at most 1; n/a for methods that overlap backward (ddp,
+  bucketed), whose communication time cannot be told apart from backward's;
+- predicted: the alpha-beta model's sync time (mpi_train/netmodel/), plus a compressed
+  method's codec time (below), to hold against the measured sync time, or the exposed time
+  for an overlapped method; for the latter, its
+  buckets leave when their gradients are ready, as measured on the no-sync baseline
+  (hooks time each gradient's arrival in backward; kept under "backward" in the JSON);
+- codec: a compressed method's own CPU work per step (casts, PowerSGD's products and
+  residuals), timed on every rank at once with nothing sent: the model charges only the
+  wire, so the bench adds this measured CPU time to its prediction.
+
+Calibration first: ping-pong between rank 0 and a rank on its host and one on another host,
+and allreduce over all ranks, over message sizes from 1 KB to S, fitted by least squares to
+alpha + beta·m (kept in the JSON under "calibration", with the fit errors; `--calibration`
+of a training job and of `python -m mpi_train.predict` reads it from there).
+
+Medians over the timed steps (after warm-up), of the slowest rank in each step. The
+table goes to stdout, --json writes every figure, and rank 0 logs a run to MLflow
+(tag mpi_train.role = bench) unless --no-tracking.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from .. import netmodel, tracking
+from ..clock import Clock
+from ..cluster import Cluster, exit_process
+from ..config import BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig
+from ..data import SyntheticImages
+from ..devices import place
+from ..errors import UserError
+from ..files import write_json_atomically
+from ..models import INPUT_SHAPES, MODELS, build_model
+from ..netmodel.families import bus_bandwidth, family_of
+from ..rankguard import RankAwareParser, guarded, join_job
+from ..sync import SYNC_METHODS, SyncMethod, backend_error, parse_labels, split_label
+from ..sync.flat import FlatBuffer
+from .collectives import allreduce_bandwidth
+
+NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
+COLUMNS = ("method", "family", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s",
+           "floor_ms", "efficiency", "predicted_ms", "pred_err", "codec_ms")
+CODEC_REPEATS = 3
+
+
+class NoSync(SyncMethod):
+    """Leaves the gradients as they are: the step a method would take if communication were free."""
+
+    def sync(self, model: nn.Module) -> None:
+        pass
+
+
+@dataclass
+class Contender:
+    name: str
+    method: SyncMethod
+    model: nn.Module  # its own replica: a method may hook into its model's backward
+    net: nn.Module
+    overlapped: bool = False  # sends during backward: sync() waits for what is still in flight
+
+
+class BackwardClock:
+    """When each gradient of a model is ready during backward (hooks on its parameters), as shares of backward:
+    what an overlapped method's buckets wait for, measured instead of assumed (netmodel.Backward)."""
+
+    def __init__(self, model: nn.Module, now: Clock):
+        self.now, self.ready_at, self.shares, self.order = now, {}, [], None
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        for index, param in enumerate(self.params):
+            param.register_post_accumulate_grad_hook(self.hook(index))
+
+    def hook(self, index: int):
+        def ready(_param) -> None:
+            self.ready_at[index] = self.now()
+        return ready
+
+    def record(self, start: float, end: float) -> None:
+        """One timed backward from `start` to `end`: each gradient's share of it."""
+        length = max(end - start, 1e-9)
+        self.shares.append([min(1.0, max(0.0, (self.ready_at.get(i, end) - start) / length))
+                            for i in range(len(self.params))])
+        if self.order is None:  # autograd's order, as it came (ready times of one node's tensors can tie)
+            self.order = tuple(self.ready_at)
+        self.ready_at.clear()
+
+    def profile(self, share: float) -> netmodel.Backward:
+        """The median share per gradient over the recorded steps, with backward's `share` of compute, and the order
+        the gradients came in."""
+        return netmodel.Backward(share, tuple(statistics.median(column) for column in zip(*self.shares)), self.order)
+
+
+def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
+    parser = RankAwareParser(prog="python -m mpi_train.bench", quiet=quiet, description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
+                        help="model whose gradients are synced (default: vgg11)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="global batch of synthetic images shaped for the model, split across ranks (default: 256)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per method (default: 20)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per method first (default: 2)")
+    parser.add_argument("--json", metavar="PATH", help="rank 0 writes every figure here")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="auto",
+                        help="what started the ranks (default: auto, detected)")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend (default: auto)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads per rank (default: this host's cores divided by its ranks)")
+    parser.add_argument("--bucket-mb", type=float, default=TrainConfig.bucket_mb,
+                        help=f"bucket size for the bucketed method (default: {TrainConfig.bucket_mb:g})")
+    parser.add_argument("--methods", help="comma-separated methods to measure, as labelled in the table, e.g. "
+                        "ddp,bucketed,bucketed+powersgd (default: every method with every compression it carries)")
+    parser.add_argument("--powersgd-rank", type=int, default=TrainConfig.powersgd_rank,
+                        help=f"rank of PowerSGD's factors (default: {TrainConfig.powersgd_rank}); "
+                             f"it compresses from the first step here")
+    parser.add_argument("--link-iters", type=int, default=3,
+                        help="timed repetitions per message size of the link calibration (default: 3)")
+    parser.add_argument("--link", help="the link rate the hosts were shaped to (e.g. 1gbit): recorded, and the "
+                                       "calibrated inter-host bandwidth is capped at it")
+    parser.add_argument("--master-addr", default=None, help="rendezvous address (default: $MASTER_ADDR, else chosen)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait (default: 300)")
+    parser.add_argument("--tracking-uri", help="MLflow server or database (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)")
+    parser.add_argument("--experiment", default="mpi_train",
+                        help="MLflow experiment the benchmark run is filed under (default: mpi_train)")
+    parser.add_argument("--run-name", help="name of the benchmark run (default: bench-MODEL-npN)")
+    parser.add_argument("--no-tracking", action="store_true", help="do not record the benchmark in MLflow")
+    return parser
+
+
+def validate(args: argparse.Namespace, world: int) -> None:
+    for flag, value in {"--batch-size": args.batch_size, "--steps": args.steps, "--link-iters": args.link_iters,
+                        "--timeout": args.timeout}.items():
+        if value <= 0:
+            raise UserError(f"{flag} must be positive, got {value}.")
+    if args.warmup < 0:
+        raise UserError(f"--warmup must not be negative, got {args.warmup}.")
+    if args.bucket_mb <= 0:
+        raise UserError(f"--bucket-mb must be positive, got {args.bucket_mb}.")
+    if args.powersgd_rank <= 0:
+        raise UserError(f"--powersgd-rank must be positive, got {args.powersgd_rank}.")
+    parse_labels(args.methods)
+    if args.link:
+        try:
+            netmodel.rate_bytes_per_s(args.link)
+        except ValueError as error:
+            raise UserError(f"--link: {error}.") from None
+    if args.batch_size % world:
+        raise UserError(f"--batch-size {args.batch_size} is the global batch and must split evenly across the {world} "
+                        f"ranks. Use a multiple of {world}.")
+
+
+# ---------------------------------------------------------------------------------------------
+
+def allreduce_calibration(largest: int, iters: int, device: torch.device) -> dict:
+    """allreduce over all ranks for 1 KB .. `largest` bytes, fitted to alpha + beta·m: the collective as the methods
+    meet it (its beta folds in the 2(N-1)/N factor and the reductions). Collective; every rank gets the fit."""
+    sizes = netmodel.calibration_sizes(largest)
+    seconds = []
+    for size in sizes:
+        buffer = torch.zeros(max(1, size // 4), device=device)
+        times = []
+        for i in range(iters + 1):
+            dist.barrier()
+            started = time.perf_counter()
+            dist.all_reduce(buffer)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i:
+                times.append(time.perf_counter() - started)
+        seconds.append(statistics.median(times))
+    slowest = [None] * dist.get_world_size()
+    dist.all_gather_object(slowest, seconds)
+    seconds = [max(column) for column in zip(*slowest)]
+    fit = netmodel.Link.fit(sizes, seconds, source="allreduce")
+    return {"alpha": fit.alpha, "beta": fit.beta, "fit_error": fit.fit_error, "sizes": sizes, "seconds": seconds}
+
+
+def configured(text: str, bucket_mb: float, powersgd_rank: int = TrainConfig.powersgd_rank) -> SyncMethod:
+    """The method a label names, as the bench runs it: PowerSGD compresses from the first step (the steady state is
+    measured)."""
+    if text == NO_SYNC:
+        return NoSync()
+    name, compression = split_label(text)
+    config = TrainConfig(sync=name, compression=compression, bucket_mb=bucket_mb, powersgd_rank=powersgd_rank,
+                         powersgd_start_step=0)
+    return SYNC_METHODS[name].from_config(config)
+
+
+def contenders(model_name: str, device: torch.device, bucket_mb: float, labels: list[str] | None = None,
+               backend: str = "gloo",
+               powersgd_rank: int = TrainConfig.powersgd_rank) -> tuple[list[Contender], list[tuple[str, str]]]:
+    """The no-sync baseline and each method, each with an identical replica of the model; and the methods the
+    backend cannot run, with the reason."""
+    torch.manual_seed(0)
+    template = build_model(model_name).to(device)
+    entries, unavailable = [], []
+    for text in [NO_SYNC, *(labels or parse_labels(None))]:
+        refused = backend_error(split_label(text)[0], backend) if text != NO_SYNC else None
+        if refused:
+            unavailable.append((text, refused))
+            continue
+        model = copy.deepcopy(template)
+        method = configured(text, bucket_mb, powersgd_rank)
+        entries.append(Contender(text, method, model, method.wrap(model), method.overlapped()))
+    return entries, unavailable
+
+
+def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int,
+            device: torch.device, progress) -> tuple[dict[str, dict[str, list[float]]], netmodel.Backward]:
+    """Per method, this rank's compute (and its backward), sync and whole-step seconds for each timed step, methods
+    interleaved round-robin, and when the no-sync baseline's gradients became ready during its backward. A step
+    runs from one barrier to the next, so its time is the slowest rank's on every rank."""
+    now = Clock(device)
+    times = {entry.name: {"compute": [], "backward": [], "sync": [], "step": []} for entry in entries}
+    clock = BackwardClock(entries[0].model, now)  # the no-sync baseline: nothing else runs in its backward
+    total = warmup + steps
+    for step in range(total):
+        shift = step % len(entries)
+        for entry in entries[shift:] + entries[:shift]:  # a different method goes first each step
+            dist.barrier()
+            t0 = now()
+            entry.model.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(entry.net(images), labels)
+            forward_end = now()
+            loss.backward()
+            t1 = now()
+            if entry.name == NO_SYNC and step >= warmup:
+                clock.record(forward_end, t1)
+            if not entry.overlapped:  # (a barrier would also wait for an overlapped method's sends in flight)
+                dist.barrier()  # sync starts with every rank ready, so lateness is not counted as sync
+            t2 = now()
+            entry.method.sync(entry.model)
+            dist.barrier()
+            t3 = now()
+            if step >= warmup:
+                times[entry.name]["compute"].append(t1 - t0)
+                times[entry.name]["backward"].append(t1 - forward_end)
+                times[entry.name]["sync"].append(t3 - t2)
+                times[entry.name]["step"].append(t3 - t0)
+        progress(step + 1, total, step < warmup)
+    baseline = times[NO_SYNC]
+    share = (statistics.median(b / c for b, c in zip(baseline["backward"], baseline["compute"]))
+             if baseline["compute"] else None)
+    return times, clock.profile(share) if share else netmodel.ASSUMED_BACKWARD
+
+
+def codec_times(entries: list[Contender], device: torch.device, powersgd_rank: int) -> dict[str, float]:
+    """Per compressed method, this rank's seconds per step for its compressor's own work with nothing sent.
+
+    The casts, PowerSGD's products, orthogonalisation and residuals, run by a fresh
+    compressor on the gradients the last step left, by every rank at once as in training:
+    the CPU time the alpha-beta model, which charges only the wire, leaves out.
+    """
+    now, world, seconds = Clock(device), dist.get_world_size(), {}
+    for entry in entries:
+        if entry.method.compressor.name == "none" or entry.method.inside_ddp():  # DDP compresses in torch's hooks
+            continue
+        params = [p for p in entry.model.parameters() if p.grad is not None]
+        buffer = FlatBuffer(params)
+        buffer.pack()
+        codec = type(entry.method.compressor).from_config(TrainConfig(powersgd_rank=powersgd_rank,
+                                                                      powersgd_start_step=0))
+        for repeat in range(CODEC_REPEATS + 1):  # the first allocates the compressor's buffers: untimed
+            dist.barrier()
+            start = now()
+            for _ in codec.rounds(params, buffer.data, buffer.views, world):
+                pass  # nothing summed: the compressor's work alone
+            if repeat:
+                seconds[entry.name] = seconds.get(entry.name, 0.0) + (now() - start) / CODEC_REPEATS
+    return seconds
+
+
+def spread(values: list[float]) -> float:
+    """Half the interquartile range: how far a typical step's figure strays from the median on this machine."""
+    if len(values) < 4:
+        return float("nan")
+    quartiles = statistics.quantiles(values, n=4)
+    return (quartiles[2] - quartiles[0]) / 2
+
+
+def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: float,
+              sent: dict[str, float] | None = None, hosts: tuple[str, ...] | None = None,
+              model_of: ModelInputs | None = None, codec: list[dict[str, float]] | None = None) -> list[dict]:
+    """One row per method: medians over steps of the slowest rank, bytes and floor from its collective family, and
+    the alpha-beta model's prediction when `model_of` gives the links, layout and tensor sizes.
+
+    `sent` is S per method label as it sends it (default: the gradients' bytes in its wire dtype); `hosts` each
+    rank's host, for the families that depend on placement; `codec` each rank's compressor time per method
+    (codec_times), of which the slowest rank's is reported."""
+    names = list(per_rank[0])
+    bucket_mb = model_of.bucket_mb if model_of else TrainConfig.bucket_mb
+
+    def slowest(name: str, phase: str) -> list[float]:
+        return [max(values) for values in zip(*(rank[name][phase] for rank in per_rank))]
+
+    # The step from barrier to barrier, not the slowest compute plus the slowest sync: where no barrier parts them
+    # (overlapped methods), the rank that finishes backward first waits longest in sync, and that sum counts both.
+    steps = {name: slowest(name, "step") for name in names}
+    rows = []
+    for name in names:
+        method = configured(name, bucket_mb)
+        compute, sync = statistics.median(slowest(name, "compute")), statistics.median(slowest(name, "sync"))
+        differences = [s - b for s, b in zip(steps[name], steps[NO_SYNC])]
+        exposed = statistics.median(differences)
+        row = {"method": name, "compute_s": compute, "sync_s": sync, "step_s": statistics.median(steps[name]),
+               "exposed_s": exposed, "noise_s": spread(differences), "collective": None, "wire_bytes": None,
+               "sent_bytes": None, "received_bytes": None, "busbw_bytes_per_s": None, "floor_s": None,
+               "efficiency": None, "codec_s": max(rank[name] for rank in codec) if codec and name in codec[0] else None}
+        family = None if name == NO_SYNC else family_of(method)
+        ratio = sent[name] / gradient_bytes if sent and name in sent else None  # what its compressor sends
+        if family is not None:
+            overlapped = method.overlapped()
+            comm = None if overlapped else sync
+            size = gradient_bytes * ratio if ratio is not None else gradient_bytes * (
+                method.wire_dtype.itemsize / 4 if method.wire_dtype is not None else 1.0)
+            traffic = [family.traffic(size, world, rank, hosts) for rank in range(world)]
+            floor = family.floor(size, world, bandwidth, hosts) if world > 1 else 0.0
+            row.update({
+                "collective": family.name, "comm_s": comm, "overlapped": overlapped, "wire_bytes": size,
+                "sent_bytes": [sent_ for sent_, _ in traffic], "received_bytes": [received for _, received in traffic],
+                "busbw_bytes_per_s": bus_bandwidth(size, world, comm) if world > 1 and comm else None,
+                # an overlapped method's communication hides in backward: no time to hold the floor against (n/a)
+                "floor_s": floor, "efficiency": min(1.0, floor / comm) if world > 1 and comm else None,
+            })
+        if model_of is not None and name != NO_SYNC:
+            backward = model_of.backward.share * statistics.median(slowest(NO_SYNC, "compute"))
+            prediction = netmodel.predict(method, model_of.tensor_bytes, model_of.layout, model_of.network, label=name,
+                                          ratio=ratio, backward_s=backward, backward=model_of.backward)
+            if prediction is not None:
+                measured = exposed if prediction.overlapped else sync
+                # the wire, plus the compressor's CPU, timed here
+                predicted = prediction.sync_s + (row["codec_s"] or 0.0)
+                row.update({"predicted_s": predicted, "predicted_comm_s": prediction.comm_s,
+                            "measured_s": measured, "messages": prediction.messages,
+                            "prediction_error": (predicted - measured) / measured if measured > 0 else None})
+        rows.append(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What the alpha-beta model needs to predict a method's sync in this benchmark."""
+
+    network: netmodel.Network
+    layout: netmodel.Layout
+    tensor_bytes: tuple
+    bucket_mb: float
+    backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD  # when its gradients are ready, measured on no-sync
+
+
+def format_table(rows: list[dict]) -> str:
+    def cell(row: dict, column: str) -> str:
+        scale = {"compute_ms": ("compute_s", 1e3), "sync_ms": ("sync_s", 1e3), "exposed_ms": ("exposed_s", 1e3),
+                 "±ms": ("noise_s", 1e3), "floor_ms": ("floor_s", 1e3), "busbw_GB/s": ("busbw_bytes_per_s", 1e-9),
+                 "efficiency": ("efficiency", 1), "predicted_ms": ("predicted_s", 1e3),
+                 "pred_err": ("prediction_error", 100), "codec_ms": ("codec_s", 1e3)}
+        if column == "method":
+            return row["method"]
+        if column == "family":
+            return row["collective"] or ("-" if row["method"] == NO_SYNC else "n/a")
+        if column == "S_MB":
+            return "-" if row.get("wire_bytes") is None else f"{row['wire_bytes'] / 1e6:.2f}"
+        if column in ("sent_MB", "recv_MB"):
+            values = row["sent_bytes" if column == "sent_MB" else "received_bytes"]
+            if values is None:
+                return "-"
+            low, high = min(values) / 1e6, max(values) / 1e6  # rank 0 may move more than the rest
+            digits = 1 if high >= 10 else 2
+            if math.isclose(low, high):
+                return f"{high:.{digits}f}"
+            return f"{high:.{digits}f} ({'r0' if values[0] == high else 'max'}) / {low:.{digits}f}"
+        key, factor = scale[column]
+        value = row.get(key)
+        if column == "efficiency" and row.get("overlapped"):
+            return "n/a"
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "-"
+        if column == "pred_err":
+            return f"{value * factor:+.0f}%"
+        return f"{value * factor:.2f}" if column in ("efficiency", "busbw_GB/s") else f"{value * factor:.1f}"
+
+    cells = [list(COLUMNS)] + [[cell(row, c) for c in COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def describe(result: dict) -> str:
+    """The table with the setting above it and notes under it, as printed and stored."""
+    link = result["link"]
+    calibration = result.get("calibration")
+    layout = result.get("layout")
+    lines = [
+        f"sync cost: {result['world_size']} rank(s)"
+        + (f" on {layout['hosts']} host(s), {layout['ranks_per_host']} per host" if layout else "")
+        + (f", link {result['network_link']}" if result.get("network_link") else "")
+        + f", backend {result['backend']}, {result['model']} "
+        f"({result['gradient_bytes'] / 1e6:.1f} MB of gradients), batch {result['batch_size']}, "
+        f"{result['steps']} timed steps per method (medians, slowest rank per step)",
+        f"link bandwidth B = {link['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s "
+        f"({link.get('measured_by', 'ping-pong rank 0 <-> 1')}); "
+        f"allreduce bus bandwidth {link['allreduce_busbw_bytes_per_s'] / 1e9:.3f} GB/s"
+        if result["world_size"] > 1 else "one rank: no link to measure, floors are zero",
+    ]
+    if calibration:
+        lines.append("calibration (alpha + beta·m, least squares over 1 KB .. S): "
+                     + netmodel.describe_network(netmodel.Network.from_dict(calibration["network"])))
+        fit = calibration.get("allreduce")
+        if fit:
+            lines.append(f"allreduce of m bytes on all {result['world_size']} ranks: {fit['alpha'] * 1e3:.2f} ms + "
+                         f"m / {1 / fit['beta'] / 1e6 if fit['beta'] else math.inf:,.0f} MB/s "
+                         f"(fit error {100 * fit['fit_error']:.0f}%)")
+    lines.append(format_table(result["methods"]))
+    missing = [row["method"] for row in result["methods"] if row["method"] != NO_SYNC and row["collective"] is None]
+    if missing:
+        lines.append(f"n/a: {', '.join(missing)} declare(s) no collective family (mpi_train/netmodel/families.py), "
+                     f"so bytes and floor are not shown; set `collective` on the class in mpi_train/sync/.")
+    for name, why in result.get("unavailable", []):
+        lines.append(f"unavailable: {name}: {why}")
+    lines.append("S = bytes summed per step as the method sends them (cost model's S); "
+                 "exposed = step minus the no-sync step in the same round (± half its interquartile range over steps: "
+                 "the machine's noise); efficiency = floor / sync (at most 1; n/a where communication overlaps "
+                 "backward); predicted = the alpha-beta model's wire time (mpi_train/netmodel.py) plus codec, pred_err "
+                 "against sync, or against exposed for overlapped methods; codec = the compressor's own CPU work per "
+                 "step, timed with nothing sent.")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def log_run(connection: tracking.Connection, run_name: str, result: dict, text: str) -> str:
+    """Rank 0: one MLflow run holding the parameters, a metric per method and figure, the JSON and the table."""
+    from mlflow.entities import Metric, Param
+
+    client = connection.client
+    run = client.create_run(connection.experiment_id, run_name=run_name, tags={"mpi_train.role": "bench"})
+    run_id = run.info.run_id
+    try:
+        params = {key: result[key]
+                  for key in ("world_size", "backend", "model", "batch_size", "steps", "warmup", "gradient_bytes")}
+        if result.get("layout"):
+            params.update(link=result.get("network_link") or "unlimited", num_hosts=result["layout"]["hosts"],
+                          ranks_per_host=result["layout"]["ranks_per_host"])
+        stamp = int(time.time() * 1000)
+        metrics = ([Metric("link_bandwidth_bytes_per_s", result["link"]["bandwidth_bytes_per_s"], stamp, 0)]
+                   if result["world_size"] > 1 else [])
+        for row in result["methods"]:
+            for key in ("compute_s", "sync_s", "step_s", "exposed_s", "busbw_bytes_per_s", "floor_s", "efficiency",
+                        "predicted_s", "prediction_error", "codec_s"):
+                if isinstance(row.get(key), (int, float)) and math.isfinite(row[key]):
+                    metrics.append(Metric(f"{row['method'].replace('+', '.')}/{key}", float(row[key]), stamp, 0))
+        client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()],
+                         synchronous=True)
+        client.log_dict(run_id, result, "bench.json")
+        client.log_text(run_id, text + "\n", "bench.txt")
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def run(cluster: Cluster, args: argparse.Namespace) -> None:
+    info = cluster.info
+    world = info.world_size
+    validate(args, world)
+    uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
+    settings = TrainConfig(model=args.model, batch_size=args.batch_size, tracking_uri=uri, experiment=args.experiment,
+                           no_tracking=args.no_tracking)
+    connection = tracking.connect(settings, cluster)  # rank 0 checks the store before any work
+    placement = place(cluster, args.backend, args.threads)
+    backend, threads, device = placement.backend, placement.threads, placement.device
+    cluster.open_process_group(backend, args.master_addr, args.timeout)
+
+    entries, unavailable = contenders(args.model, device, args.bucket_mb, parse_labels(args.methods), backend,
+                                      args.powersgd_rank)
+    gradient_bytes = sum(p.numel() * p.element_size() for p in entries[0].model.parameters() if p.requires_grad)
+    sent = {entry.name: entry.method.wire_bytes(list(entry.model.parameters())) for entry in entries[1:]}
+    link = {"bandwidth_bytes_per_s": None, "allreduce_busbw_bytes_per_s": None}  # one rank has no link
+    layout = netmodel.Layout.of_hosts(list(cluster.hosts))
+    calibration = None
+    if world > 1:
+        if info.is_main:
+            print(f"bench: calibrating the links (ping-pong and allreduce, 1 KB .. {gradient_bytes / 1e6:.1f} MB)",
+                  flush=True)
+        calibration = netmodel.calibrate(cluster.hosts, gradient_bytes, args.link_iters, device, args.link)
+        allreduce_fit = allreduce_calibration(gradient_bytes, args.link_iters, device)
+        if info.is_main:
+            calibration["allreduce"] = allreduce_fit
+            network = netmodel.capped(netmodel.Network.from_dict(calibration["network"]), args.link)
+            calibration["network"] = network.as_dict()
+            crossed = network.slowest if layout.hosts > 1 else network.intra
+            link["bandwidth_bytes_per_s"] = crossed.bandwidth
+            link["measured_by"] = crossed.source + (", between hosts" if layout.hosts > 1 else ", on one host")
+        measured = allreduce_bandwidth(world, device, gradient_bytes / 2**20, args.link_iters)
+        link["allreduce_busbw_bytes_per_s"] = measured["busbw_gb_s"] * 1e9
+
+    data = SyntheticImages(args.batch_size // world, INPUT_SHAPES[args.model], train=True)
+    images, labels = data.images.to(device), data.labels.to(device)
+    for entry in entries:
+        entry.model.train()
+
+    def progress(step: int, total: int, warming: bool) -> None:
+        if info.is_main:
+            print(f"bench step {step:>4}/{total}{'  (warm-up)' if warming else ''}", flush=True)
+
+    if info.is_main:
+        print(f"bench: {world} rank(s), {threads} thread(s) each, methods {', '.join(e.name for e in entries)}",
+              flush=True)
+    times, backward = measure(entries, images, labels, args.steps, args.warmup, device, progress)
+    per_rank = cluster.gather(times)
+    codec = cluster.gather(codec_times(entries, device, args.powersgd_rank))
+    dist.destroy_process_group()
+    if not info.is_main:
+        return
+    inputs = None
+    if calibration:
+        calibration["backward"] = backward.as_dict()  # rank 0's: a training job's or predict's --calibration reads it
+        inputs = ModelInputs(netmodel.Network.from_dict(calibration["network"]), layout,
+                             tuple(netmodel.tensor_sizes(entries[0].model)), args.bucket_mb, backward)
+    result = {
+        "world_size": world, "backend": backend, "model": args.model, "batch_size": args.batch_size,
+        "steps": args.steps, "warmup": args.warmup, "threads": threads, "gradient_bytes": gradient_bytes,
+        "link": link, "hosts": list(cluster.hosts), "unavailable": unavailable,
+        "layout": {"hosts": layout.hosts, "ranks_per_host": layout.ranks_per_host, "host_of_rank": list(cluster.hosts)},
+        "network_link": args.link, "calibration": calibration,
+        "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"], sent, cluster.hosts,
+                             inputs, codec),
+        "per_rank_times": per_rank,
+    }
+    text = describe(result)
+    print(text, flush=True)
+    if args.json:
+        write_json_atomically(args.json, result)
+        print(f"wrote {args.json}")
+    if connection is not None:
+        run_id = log_run(connection, args.run_name or f"bench-{args.model}-np{world}", result, text)
+        print(f"logged as MLflow run {run_id} in experiment {args.experiment!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cluster = join_job(argv)
+    args = build_parser(quiet=not cluster.info.is_main).parse_args(argv)
+    return guarded(cluster, lambda: run(cluster, args))
+
+
+def console_main() -> None:
+    """The `mpi-train-bench` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
+    exit_process(main())
+
+
+if __name__ == "__main__":
+    exit_process(main())

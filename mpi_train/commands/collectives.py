@@ -1,0 +1,166 @@
+"""Cluster check: every collective the sync methods use, against its closed form, plus allreduce bandwidth.
+
+    mpirun -np 4 --hostfile hostfile python -m mpi_train.collectives
+
+Rank r contributes the tensor (r + 1) * ones(n), so every result is known in advance:
+all_reduce(SUM) gives N(N+1)/2 everywhere, gather/all_gather give [1, 2, ..., N], and so on.
+It is the first thing to run on a new cluster: it exercises the same rendezvous and
+process group as training, and exits non-zero if any rank got a wrong answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..cluster import Cluster, exit_process
+from ..config import BACKENDS, LAUNCHERS
+from ..devices import resolve_backend
+from ..errors import UserError
+from ..rankguard import RankAwareParser, guarded, join_job
+
+CHECK_ELEMENTS = 1024
+
+
+def _contribution(rank: int, device: torch.device, n: int = CHECK_ELEMENTS) -> torch.Tensor:
+    return torch.full((n,), float(rank + 1), device=device)
+
+
+def _close(tensor: torch.Tensor, value: float) -> bool:
+    return bool(torch.all(tensor == value))
+
+
+def _all_reduce(rank, world, device):
+    t = _contribution(rank, device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return _close(t, world * (world + 1) / 2)
+
+
+def _reduce(rank, world, device):
+    t = _contribution(rank, device)
+    dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
+    return rank != 0 or _close(t, world * (world + 1) / 2)
+
+
+def _broadcast(rank, world, device):
+    t = _contribution(rank, device) * 7  # rank 0 holds 7s; everyone must end with them
+    dist.broadcast(t, src=0)
+    return _close(t, 7.0)
+
+
+def _all_gather(rank, world, device):
+    parts = [torch.empty(CHECK_ELEMENTS, device=device) for _ in range(world)]
+    dist.all_gather(parts, _contribution(rank, device))
+    return all(_close(part, i + 1) for i, part in enumerate(parts))
+
+
+def _gather(rank, world, device):
+    parts = [torch.empty(CHECK_ELEMENTS, device=device) for _ in range(world)] if rank == 0 else None
+    dist.gather(_contribution(rank, device), gather_list=parts, dst=0)
+    return rank != 0 or all(_close(part, i + 1) for i, part in enumerate(parts))
+
+
+def _scatter(rank, world, device):
+    received = torch.empty(CHECK_ELEMENTS, device=device)
+    parts = [_contribution(i, device) * 10 for i in range(world)] if rank == 0 else None
+    dist.scatter(received, scatter_list=parts, src=0)
+    return _close(received, 10.0 * (rank + 1))
+
+
+CHECKS: dict[str, Callable[[int, int, torch.device], bool]] = {
+    "reduce": _reduce, "all_reduce": _all_reduce, "scatter": _scatter,
+    "gather": _gather, "all_gather": _all_gather, "broadcast": _broadcast,
+}
+
+
+def run_checks(rank: int, world: int, device: torch.device) -> dict[str, bool]:
+    """Run every collective once; True where this rank saw the closed-form result."""
+    return {name: check(rank, world, device) for name, check in CHECKS.items()}
+
+
+def allreduce_bandwidth(world: int, device: torch.device, megabytes: float, iters: int) -> dict:
+    """Time all_reduce of one float32 buffer; bus bandwidth = algbw * 2(N-1)/N, as nccl-tests report it."""
+    tensor = torch.ones(int(megabytes * 2**20 // 4), device=device)
+    dist.all_reduce(tensor)  # warm-up: connections and buffers
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(tensor)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - started) / iters
+    size = tensor.numel() * 4
+    algbw = size / seconds
+    return {"bytes": size, "seconds": seconds, "algbw_gb_s": algbw / 1e9,
+            "busbw_gb_s": algbw * 2 * (world - 1) / world / 1e9}
+
+
+def format_table(rows: list[dict], hosts: Sequence[str]) -> str:
+    header = f"{'rank':>4}  {'host':<16}" + "".join(f"{name:>12}" for name in CHECKS)
+    lines = [header]
+    for rank, results in enumerate(rows):
+        lines.append(f"{rank:>4}  {hosts[rank]:<16}"
+                     + "".join(f"{'ok' if results[n] else 'WRONG':>12}" for n in CHECKS))
+    return "\n".join(lines)
+
+
+def _parse(argv: Sequence[str] | None, quiet: bool) -> argparse.Namespace:
+    parser = RankAwareParser(prog="python -m mpi_train.collectives", quiet=quiet,
+                             description="Check every collective against its closed form and measure allreduce "
+                                         "bandwidth.")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="auto",
+                        help="what started the ranks (default: auto, detected)")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend (default: auto)")
+    parser.add_argument("--size-mb", type=float, default=16.0,
+                        help="allreduce buffer for the bandwidth test, MiB (default: 16)")
+    parser.add_argument("--iters", type=int, default=10, help="timed allreduce repetitions (default: 10)")
+    parser.add_argument("--master-addr", default=None, help="rendezvous address (default: $MASTER_ADDR, else chosen)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait (default: 60)")
+    return parser.parse_args(argv)
+
+
+def check(cluster: Cluster, args: argparse.Namespace) -> None:
+    """Run the checks on every rank; rank 0 prints the table. Wrong results raise on every rank."""
+    info = cluster.info
+    backend, device_name = resolve_backend(cluster, args.backend)
+    device = torch.device(device_name)
+    address = cluster.open_process_group(backend, args.master_addr, args.timeout)
+    results = run_checks(info.rank, info.world_size, device)
+    bandwidth = allreduce_bandwidth(info.world_size, device, args.size_mb, args.iters)
+    rows = cluster.gather(results)
+    dist.destroy_process_group()
+    failed = None
+    if info.is_main:
+        failed = [(rank, name) for rank, row in enumerate(rows) for name, ok in row.items() if not ok]
+        print(f"collectives check: {info.world_size} rank(s), backend {backend}, rendezvous {address}")
+        print(format_table(rows, cluster.hosts))
+        print(f"all_reduce {bandwidth['bytes'] / 2**20:.0f} MiB: {bandwidth['seconds'] * 1e3:.2f} ms, "
+              f"algbw {bandwidth['algbw_gb_s']:.2f} GB/s, busbw {bandwidth['busbw_gb_s']:.2f} GB/s")
+    failed = cluster.bcast(failed)
+    if failed:
+        raise UserError(
+            f"collectives returned wrong results (rank, operation): {failed}. The process group "
+            f"is not trustworthy on this cluster: check that every host runs the same torch and MPI "
+            f"versions, and try --backend gloo to rule out the GPU transport."
+        )
+    if info.is_main:
+        print("all collectives correct")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cluster = join_job(argv)
+    args = _parse(argv, quiet=not cluster.info.is_main)
+    return guarded(cluster, lambda: check(cluster, args))
+
+
+def console_main() -> None:
+    """The `mpi-train-collectives` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
+    exit_process(main())
+
+
+if __name__ == "__main__":
+    exit_process(main())

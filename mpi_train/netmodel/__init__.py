@@ -1,0 +1,44 @@
+"""The network model: what a sync method's step costs on a network of alpha-beta links.
+
+    links.py        a link (alpha + beta·m), a network of them, rates as tc writes them
+    families.py     the collective families (ring, root, hierarchical): bytes per rank, floor, time per message
+    prediction.py   a method's messages priced on a network; exposed time behind backward
+    calibration.py  links timed inside a job (ping-pong), or read back from a bench JSON
+    job.py          the prediction a training job logs beside its measured sync
+"""
+
+from .calibration import calibrate, calibration_sizes, load_backward, load_calibration, ping_pong
+from .families import FAMILIES, Family, bus_bandwidth, family_of
+from .job import JobModel, job_model, layout_params
+from .links import LOOPBACK_LINK, UNLIMITED, Link, Network, capped, describe_network, nominal_link, rate_bytes_per_s
+from .prediction import ASSUMED_BACKWARD, Backward, Layout, Prediction, exposed_time, predict, tensor_sizes
+
+__all__ = [
+           "ASSUMED_BACKWARD",
+           "FAMILIES",
+           "LOOPBACK_LINK",
+           "UNLIMITED",
+           "Backward",
+           "Family",
+           "JobModel",
+           "Layout",
+           "Link",
+           "Network",
+           "Prediction",
+           "bus_bandwidth",
+           "calibrate",
+           "calibration_sizes",
+           "capped",
+           "describe_network",
+           "exposed_time",
+           "family_of",
+           "job_model",
+           "layout_params",
+           "load_backward",
+           "load_calibration",
+           "nominal_link",
+           "ping_pong",
+           "predict",
+           "rate_bytes_per_s",
+           "tensor_sizes",
+]

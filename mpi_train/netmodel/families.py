@@ -1,0 +1,154 @@
+"""Collective families: how a sync method moves S bytes of gradients among N ranks, in bytes and in seconds.
+
+A sync method names its family with the class attribute `collective` (sync/base.py); everything
+else (bytes per rank, the floor a link allows, the alpha-beta time) is looked up here by that name.
+For S bytes on N ranks:
+
+- `ring` (bandwidth-optimal allreduce: ring, or reduce-scatter + all-gather): every rank sends
+  and receives 2(N-1)/N·S, all links busy at once, so the floor is 2(N-1)/N·S/B. A message
+  takes 2(N-1) steps of S/N bytes: 2(N-1)·alpha + 2(N-1)/N·S·beta; with more than one host every
+  step waits for the edge that crosses hosts, so alpha and beta are the inter-host link's.
+- `root` (gather to rank 0, scatter back): rank 0 receives (N-1)·S and sends (N-1)·S, the others
+  send S and receive S; rank 0's one link carries everything, so the floor is 2(N-1)·S/B. In
+  time: 2(N-1) messages' latency, and rank 0's host link carries (N-R)·S in and then (N-R)·S
+  out while its host's other R-1 ranks use the intra-host link:
+  2(N-1)·alpha + 2·((N-R)·S·beta_inter + (R-1)·S·beta_intra).
+- `hierarchical` (reduce to each host's leader, allreduce among the H leaders, broadcast in the
+  host): only the leaders cross hosts, each sending and receiving 2(H-1)/H·S there, so the
+  floor is 2(H-1)/H·S/B; the other ranks move S each way within their host (Gloo's TCP over
+  loopback, not shared memory), which the floor leaves out and the time counts on the measured
+  intra-host link: a binomial-tree reduce and broadcast, each ceil(log2 R) messages of S, around
+  a ring of the H leaders: 2·ceil(log2 R)·(alpha_intra + S·beta_intra) + 2(H-1)·alpha +
+  2(H-1)/H·S·beta. On one host, or with one rank per host, it is `ring`.
+
+A straggler host (stragglers.py: one link far slower than the others') is the network's `slow`
+link: a ring, and the host leaders' ring of `hierarchical`, wait for it at every step; through
+rank 0 (`root`) its link carries its own ranks' share (R·S each way), unless it is rank 0's
+host, whose link carries everything.
+
+`layout` is a prediction.Layout (N ranks, R per host), `network` a links.Network; `hosts` each
+rank's host, which matters only to `hierarchical`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family of algorithms: bytes each rank moves, the floor a link of B bytes/s allows, the alpha-beta time."""
+
+    name: str
+    describe: str
+    traffic: Callable[..., tuple[float, float]]  # (S, N, rank, hosts=None) -> (bytes sent, bytes received)
+    floor: Callable[..., float]  # (S, N, B bytes/s, hosts=None) -> seconds
+    time: Callable[..., float]  # (S, layout, network) -> seconds for one message of S bytes
+
+
+def _levels(world: int, hosts: Sequence[str] | None) -> list[str] | None:
+    """The distinct hosts in rank order, when a two-level allreduce has two levels to use; else None."""
+    distinct = list(dict.fromkeys(hosts)) if hosts else []
+    return distinct if 1 < len(distinct) < world else None
+
+
+# --- ring -------------------------------------------------------------------------------------
+
+def _ring_traffic(size: float, world: int, rank: int, hosts: Sequence[str] | None = None) -> tuple[float, float]:
+    moved = 2 * (world - 1) / world * size
+    return moved, moved
+
+
+def _ring_floor(size: float, world: int, bandwidth: float, hosts: Sequence[str] | None = None) -> float:
+    return 2 * (world - 1) / world * size / bandwidth
+
+
+def _ring_time(size: float, layout, network) -> float:
+    n = layout.world
+    if n == 1:
+        return 0.0
+    link = network.slowest if layout.hosts > 1 else network.intra
+    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * size * link.beta
+
+
+# --- root -------------------------------------------------------------------------------------
+
+def _root_traffic(size: float, world: int, rank: int, hosts: Sequence[str] | None = None) -> tuple[float, float]:
+    if world == 1:
+        return 0.0, 0.0
+    moved = (world - 1) * size if rank == 0 else size
+    return moved, moved
+
+
+def _root_floor(size: float, world: int, bandwidth: float, hosts: Sequence[str] | None = None) -> float:
+    return 2 * (world - 1) * size / bandwidth
+
+
+def _root_time(size: float, layout, network) -> float:
+    n, local = layout.world, layout.local
+    if n == 1:
+        return 0.0
+    alpha = network.slowest.alpha if layout.hosts > 1 else network.intra.alpha
+    across = (n - local) * size * network.inter.beta  # rank 0's host link, each way
+    if network.slow and layout.hosts > 1:  # a straggler: its own link carries its ranks' share, or all of it
+        across = ((n - local) * size * network.slow.beta if network.slow_is_root
+                  else max(across, layout.ranks_per_host * size * network.slow.beta))
+    return 2 * (n - 1) * alpha + 2 * (across + (local - 1) * size * network.intra.beta)
+
+
+# --- hierarchical -----------------------------------------------------------------------------
+
+def _hierarchical_traffic(size: float, world: int, rank: int,
+                          hosts: Sequence[str] | None = None) -> tuple[float, float]:
+    levels = _levels(world, hosts)
+    if levels is None:
+        return _ring_traffic(size, world, rank)
+    leader = hosts.index(hosts[rank]) == rank  # the host's lowest rank
+    moved = 2 * (len(levels) - 1) / len(levels) * size if leader else 0.0
+    return moved, moved
+
+
+def _hierarchical_floor(size: float, world: int, bandwidth: float, hosts: Sequence[str] | None = None) -> float:
+    levels = _levels(world, hosts)
+    if levels is None:
+        return _ring_floor(size, world, bandwidth)
+    return 2 * (len(levels) - 1) / len(levels) * size / bandwidth
+
+
+def _hierarchical_time(size: float, layout, network) -> float:
+    hosts, local = layout.hosts, layout.local
+    if hosts == 1 or local == 1:
+        return _ring_time(size, layout, network)
+    levels = math.ceil(math.log2(local))
+    inside = 2 * levels * (network.intra.alpha + size * network.intra.beta)  # reduce to the leader, broadcast back
+    leaders = network.slowest  # the leaders' ring waits for the slowest host's link
+    return inside + 2 * (hosts - 1) * leaders.alpha + 2 * (hosts - 1) / hosts * size * leaders.beta
+
+
+FAMILIES: dict[str, Family] = {
+    "ring": Family("ring", "2(N-1)/N·S per rank, floor 2(N-1)/N·S/B", _ring_traffic, _ring_floor, _ring_time),
+    "root": Family("root", "rank 0 moves 2(N-1)·S, others 2·S, floor 2(N-1)·S/B", _root_traffic, _root_floor,
+                   _root_time),
+    "hierarchical": Family("hierarchical", "host leaders move 2(H-1)/H·S between hosts, the others S each way within "
+                           "their host; floor 2(H-1)/H·S/B (one host: ring)", _hierarchical_traffic,
+                           _hierarchical_floor, _hierarchical_time),
+}
+
+
+def family_of(method) -> Family | None:
+    """The family a sync method (class or instance) declares in `collective`, or None when it declares none."""
+    name = getattr(method, "collective", None)
+    if name is None:
+        return None
+    if name not in FAMILIES:
+        cls = method if isinstance(method, type) else type(method)
+        raise ValueError(f"{cls.__name__}.collective = {name!r} is not one of {sorted(FAMILIES)} "
+                         f"(mpi_train/netmodel/families.py)")
+    return FAMILIES[name]
+
+
+def bus_bandwidth(size: float, world: int, seconds: float) -> float:
+    """Bytes/s as nccl-tests report it for allreduce: S/t · 2(N-1)/N, comparable with the link bandwidth."""
+    return size / seconds * 2 * (world - 1) / world if seconds > 0 else float("nan")

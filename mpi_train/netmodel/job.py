@@ -1,0 +1,81 @@
+"""What a training job predicts for its own sync, from links it measures at start (or a bench's calibration)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .. import stragglers
+from ..sync import label
+from .calibration import calibrate, load_backward, load_calibration
+from .links import Network, capped
+from .prediction import ASSUMED_BACKWARD, Backward, Layout, Prediction, predict, tensor_sizes
+
+QUICK_CALIBRATION_BYTES = 1 << 20  # a job's own ping-pong stops at 1 MB: well under a second even at 100 Mbit/s
+QUICK_CALIBRATION_ITERS = 2
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """What a training job predicts for its own sync each step, and what a straggler host costs it."""
+
+    method: object  # the job's configured SyncMethod
+    prediction: Prediction
+    network: Network
+    layout: Layout
+    tensor_bytes: list = field(default_factory=list)
+    ratio: float | None = None  # the compressor's bytes on the wire per gradient byte
+    backward: Backward = ASSUMED_BACKWARD  # when each gradient is ready: measured by a bench (--calibration)
+    host_links: dict = field(default_factory=dict)  # host -> bytes/s its link reached (empty with --calibration)
+    straggler: stragglers.Straggler | None = None
+
+    def sync_time(self, compute_s: float, network: Network | None = None) -> float:
+        """Predicted sync seconds per step; for an overlapped method its exposed time behind this measured compute."""
+        if not self.prediction.overlapped and network is None:
+            return self.prediction.comm_s
+        again = predict(self.method, self.tensor_bytes, self.layout, network or self.network,
+                        label=self.prediction.method, ratio=self.ratio, backward_s=self.backward.share * compute_s,
+                        backward=self.backward)
+        return again.sync_s
+
+    def straggler_cost(self, compute_s: float) -> float | None:
+        """Seconds per step the straggler adds: the predicted sync with the measured links minus with the others'."""
+        if self.straggler is None:
+            return None
+        return self.sync_time(compute_s) - self.sync_time(compute_s, self.network.without_slow())
+
+
+def job_model(config, cluster, model, method, device) -> JobModel | None:
+    """The prediction a training job logs beside its measured sync time; None on one host or for an unmodelled method.
+
+    Links come from --calibration (a bench JSON) when given, else from a short ping-pong now, which also finds a
+    straggler host (stragglers.py). A --link rate caps the inter-host bandwidth: a shaper lets a burst through at
+    full speed (tc tbf: 10 ms of traffic, 1.25 MB at 1 Gbit/s), so messages of at most 1 MB can see a shaped link as
+    faster than it is. Collective."""
+    hosts = list(cluster.hosts)
+    if len(hosts) == 1:
+        return None
+    measured = {}
+    sizes = tensor_sizes(model)
+    backward = ASSUMED_BACKWARD
+    if config.calibration:
+        network = load_calibration(config.calibration)  # every rank reads it, so a bad file stops all of them together
+        backward = load_backward(config.calibration, len(sizes))
+    else:
+        calibration = calibrate(hosts, QUICK_CALIBRATION_BYTES, QUICK_CALIBRATION_ITERS, device, config.link)
+        measured = cluster.bcast(calibration) or {}
+        network = Network.from_dict(measured["network"]) if measured else None
+    network = capped(network, config.link)
+    straggler = stragglers.Straggler.from_dict(measured["straggler"]) if measured.get("straggler") else None
+    layout = Layout.of_hosts(hosts)
+    ratio = method.wire_ratio(list(model.parameters()))  # what its compressor sends
+    prediction = predict(method, sizes, layout, network, label=label(config.sync, config.compression), ratio=ratio)
+    if prediction is None:
+        return None
+    return JobModel(method, prediction, network, layout, sizes, ratio, backward, measured.get("host_links", {}),
+                    straggler)
+
+
+def layout_params(hosts: Sequence[str]) -> dict:
+    """Params every job records: how many hosts it spans and the most ranks on one of them."""
+    return {"num_hosts": len(set(hosts)), "ranks_per_host": Layout.of_hosts(list(hosts)).ranks_per_host}

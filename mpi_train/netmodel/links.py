@@ -1,0 +1,124 @@
+"""Links and networks: a link costs alpha + beta·m seconds for an m-byte message.
+
+A `Link` is fitted by least squares from timed messages (calibration.py); a `Network` holds the
+link between ranks on one host, the link between hosts, and a straggler host's slower one.
+Rates are written as tc writes them (`1gbit`, `100mbit`), as test hosts are shaped.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+UNLIMITED = "unlimited"
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
+_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+
+
+def rate_bytes_per_s(link: str) -> float | None:
+    """Bytes/s of a tc-style rate ('1gbit', '100mbit'); None for 'unlimited'. ValueError for anything else."""
+    text = link.strip().lower()
+    if text == UNLIMITED:
+        return None
+    match = _RATE.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"link {link!r} is not a rate: give bits per second like 10gbit, 1gbit or 100mbit, or "
+                         f"{UNLIMITED!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)] / 8
+
+
+@dataclass(frozen=True)
+class Link:
+    """One message of m bytes takes alpha + beta·m seconds; fit_error is the fit's relative RMS error."""
+
+    alpha: float  # seconds: latency per message
+    beta: float  # seconds per byte: 1 / bandwidth
+    fit_error: float = 0.0
+    source: str = "assumed"
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha + self.beta * nbytes
+
+    @property
+    def bandwidth(self) -> float:
+        return 1 / self.beta if self.beta > 0 else math.inf
+
+    @classmethod
+    def fit(cls, sizes: Sequence[float], seconds: Sequence[float], source: str = "fitted") -> Link:
+        """beta: the least-squares slope of seconds against size (large messages dominate, as they do a gradient sync);
+        alpha: the median of what the smaller half of the sizes take beyond beta·m (their latency), at least 0.
+        A plain least-squares intercept would let the noise of a large message swamp the latency of a small one."""
+        if len(sizes) != len(seconds) or len(sizes) < 2:
+            raise ValueError("a link fit needs at least two (size, seconds) points")
+        n = len(sizes)
+        mean_x, mean_y = sum(sizes) / n, sum(seconds) / n
+        sxx = sum((x - mean_x) ** 2 for x in sizes)
+        beta = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes, seconds)) / sxx) if sxx else 0.0
+        small = sorted(zip(sizes, seconds))[: max(1, n // 2)]
+        alpha = max(0.0, statistics.median(y - beta * x for x, y in small))
+        error = math.sqrt(sum(((alpha + beta * x) / y - 1) ** 2 for x, y in zip(sizes, seconds)) / n)
+        return cls(alpha, beta, error, source)
+
+
+# Gloo between ranks on one host: TCP over loopback, CPU-bound (there is no shared-memory transport in torch's Gloo).
+LOOPBACK_LINK = Link(alpha=50e-6, beta=1 / 2e9, source="assumed loopback: 50 us, 2 GB/s")
+DEFAULT_ALPHA = 100e-6  # a switched network's per-message latency (TCP, one hop), when no calibration says otherwise
+
+
+def nominal_link(link: str) -> Link:
+    """The link a rate names: beta from the rate, an assumed latency; 'unlimited' is the loopback."""
+    rate = rate_bytes_per_s(link)
+    if rate is None:
+        return LOOPBACK_LINK
+    return Link(DEFAULT_ALPHA, 1 / rate, source=f"nominal {link}: {DEFAULT_ALPHA * 1e6:.0f} us, {rate / 1e6:g} MB/s")
+
+
+@dataclass(frozen=True)
+class Network:
+    """The links of a cluster: between ranks on one host, and between hosts; `slow` is a straggler host's link
+    (stragglers.py), `slow_is_root` whether that host is rank 0's."""
+
+    intra: Link = LOOPBACK_LINK
+    inter: Link = LOOPBACK_LINK
+    slow: Link | None = None
+    slow_is_root: bool = False
+
+    @property
+    def slowest(self) -> Link:
+        """The inter-host link a ring waits for at every step."""
+        return self.slow or self.inter
+
+    def without_slow(self) -> Network:
+        return Network(self.intra, self.inter)
+
+    def as_dict(self) -> dict:
+        return {"intra": asdict(self.intra), "inter": asdict(self.inter),
+                **({"slow": asdict(self.slow), "slow_is_root": self.slow_is_root} if self.slow else {})}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Network:
+        slow = data.get("slow")
+        return cls(Link(**data["intra"]), Link(**data["inter"]), Link(**slow) if slow else None,
+                   bool(data.get("slow_is_root")))
+
+
+def capped(network: Network, link: str | None) -> Network:
+    """The network with its inter-host bandwidth at most the shaped rate `link` (a burst can look faster)."""
+    rate = rate_bytes_per_s(link) if link else None
+    if rate is None or network.inter.beta >= 1 / rate:
+        return network
+    return Network(network.intra, Link(network.inter.alpha, 1 / rate, network.inter.fit_error,
+                                       f"{network.inter.source}; bandwidth capped at the {link} link"),
+                   network.slow, network.slow_is_root)
+
+
+def describe_network(network: Network) -> str:
+    def one(link: Link) -> str:
+        return (f"alpha {link.alpha * 1e6:.0f} us, beta -> {link.bandwidth / 1e6:,.0f} MB/s "
+                f"(fit error {100 * link.fit_error:.0f}%, {link.source})")
+
+    slow = f"; a straggler host's: {one(network.slow)}" if network.slow else ""
+    return f"intra-host: {one(network.intra)}; inter-host: {one(network.inter)}{slow}"

@@ -1,0 +1,96 @@
+"""The rank guard every rank program shares (training, the bench, the cluster check): join the job, parse flags so
+that only rank 0 prints, and turn any failure into a clean end of every rank.
+
+    cluster = join_job(argv)
+    args = build_parser(quiet=not cluster.info.is_main).parse_args(argv)  # a RankAwareParser
+    exit_process(guarded(cluster, lambda: run(cluster, args), timeout_s))
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from .cluster import Cluster
+from .errors import UserError, format_error, raised_in_collective
+
+
+class RankAwareParser(argparse.ArgumentParser):
+    """An ArgumentParser that stays silent on ranks other than 0, so errors and --help print once."""
+
+    def __init__(self, *args, quiet: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.quiet = quiet
+
+    def _print_message(self, message, file=None):  # the single choke point for argparse output
+        if not self.quiet:
+            super()._print_message(message, file)
+
+
+def collective_failure(cluster: Cluster, error: BaseException, timeout_s: float | None) -> str:
+    info = cluster.info
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    cut_off, silent = cluster.liveness.cut_off_s(), cluster.liveness.silent()
+    limit = f" (now {timeout_s:g} s)" if timeout_s else ""
+    if cut_off:
+        cause = (f"Rank 0 (on {cluster.hosts[0]}) has not answered this rank's heartbeat for {cut_off:.0f} s: this "
+                 f"host's network link is down, or rank 0 is gone.")
+        advice = "Check this host's network link; with --checkpoint-every, --resume continues the job once it is back."
+    elif silent:
+        cause = ("Unreachable: " + "; ".join(stall.describe() for stall in silent)
+                 + ": its network link is down, or the host is gone.")
+        if cluster.liveness.alone():  # every other host: the cut may as well be on this side
+            cause += f" (Every other host went silent: the link of this host, {info.host}, may be the one down.)"
+        advice = "Check that host's network link; with --checkpoint-every, --resume continues the job once it is back."
+    else:
+        behind = ", ".join(f"rank {rank} on {cluster.hosts[rank]}" for rank in cluster.laggards())
+        cause = (f"Behind the others: {behind}; it failed, is stuck, or is too slow there." if behind else
+                 "Another rank most likely failed first; its own message is above or below.")
+        advice = f"If a rank is only slow (first-time data loading, a busy host), raise --timeout{limit}."
+    return (f"rank {info.rank} on {info.host}: a collective operation failed ({first_line}). {cause} "
+            f"Stopping every rank. {advice}")
+
+
+def guarded(cluster: Cluster, body: Callable[[], None], timeout_s: float | None = None) -> int:
+    """Run `body`; a failure on any rank ends the whole job instead of leaving peers blocked.
+
+    Errors every rank raised together exit normally (rank 0 prints them once); anything
+    else prints on the rank that failed and aborts the MPI job, which stops every rank.
+    """
+    info = cluster.info
+    try:
+        body()
+        return 0
+    except UserError as error:
+        if error.collective:
+            if info.is_main:
+                print(format_error(str(error)), file=sys.stderr)
+            return error.exit_code
+        print(format_error(f"rank {info.rank} on {info.host}: {error}"), file=sys.stderr)
+        cluster.abort(error.exit_code)
+    except KeyboardInterrupt:
+        print(f"mpi_train: rank {info.rank} on {info.host} interrupted; stopping every rank.", file=sys.stderr)
+        cluster.abort(130)
+    except BaseException as error:  # noqa: BLE001 - any other failure on one rank stops every rank (below)
+        if raised_in_collective(error):  # a symptom of another rank's failure: say who, not where in torch
+            print(format_error(collective_failure(cluster, error, timeout_s)), file=sys.stderr)
+        else:
+            print(f"mpi_train: rank {info.rank} on {info.host} failed ({type(error).__name__}: {error}); stopping "
+                  f"every rank.\n{traceback.format_exc()}", file=sys.stderr, end="")
+        cluster.abort(1)
+    return 1  # not reached: abort ends the process
+
+
+def join_job(argv: Sequence[str] | None) -> Cluster:
+    """Discovery through the launcher --launcher names (auto: the one detected), before the other flags are
+    parsed (they print on rank 0 only); a clear error and exit status 2 if it fails."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--launcher", default="auto")
+    known, _ = early.parse_known_args(argv)
+    try:
+        return Cluster.discover(known.launcher)
+    except UserError as error:
+        print(format_error(str(error)), file=sys.stderr, flush=True)
+        raise SystemExit(2) from None

@@ -1,0 +1,47 @@
+"""The network lab's report: predicted against measured per setting, the targets judged, the plots drawn."""
+
+from mpi_train.analysis import model_accuracy
+
+
+def bench(np, hosts, link, methods):
+    """The part of a bench JSON the report reads: (label, overlapped, measured s, predicted s) per method."""
+    return {"world_size": np, "layout": {"hosts": hosts, "ranks_per_host": np // hosts}, "network_link": link,
+            "methods": [{"method": "no-sync"}] + [
+                {"method": name, "overlapped": overlapped, "measured_s": measured, "predicted_s": predicted,
+                 "prediction_error": (predicted - measured) / measured}
+                for name, overlapped, measured, predicted in methods]}
+
+
+RESULTS = [
+    bench(2, 2, "1gbit", [("ring", False, 0.30, 0.29), ("ddp", True, 0.10, 0.12)]),
+    bench(4, 2, "1gbit", [("ring", False, 0.45, 0.30), ("ddp", True, 0.20, 0.25)]),
+    bench(4, 2, "100mbit", [("ring", False, 4.5, 4.4), ("ddp", True, 4.0, 4.1)]),
+    bench(4, 1, "unlimited", [("ring", False, 0.05, 0.01)]),  # one host: shown, not judged
+]
+
+
+def test_each_prediction_is_judged_against_its_own_target():
+    rows = model_accuracy.rows_of(RESULTS)
+    assert [(r["link"], r["np"], r["method"]) for r in rows][:3] == [("unlimited", 4, "ring"), ("1gbit", 2, "ddp"),
+                                                                     ("1gbit", 2, "ring")]
+    within = {(r["method"], r["np"], r["link"]): r["within"] for r in rows}
+    assert within[("ring", 4, "1gbit")] is False  # -33%: outside ±20%
+    assert within[("ddp", 4, "1gbit")] is True  # +25%: inside ±30% for an overlapped method
+    assert within[("ring", 2, "1gbit")] is True
+    text = model_accuracy.report(RESULTS)
+    assert "sync after backward: 2 of 3 predictions within ±20%" in text
+    assert "worst: ring at np 4 on 2 host(s), 1gbit: -33%" in text
+    assert "exposed time of overlapped methods: 3 of 3" in text
+    assert "MISSED" in text and "(exposed)" in text
+
+
+def test_a_bench_without_predictions_gives_no_report(tmp_path):
+    one_rank = [{"world_size": 1, "methods": [{"method": "no-sync"}, {"method": "ring", "predicted_s": None}]}]
+    assert model_accuracy.report(one_rank) is None and model_accuracy.plot(one_rank, tmp_path) == []
+
+
+def test_the_plots_show_ranks_and_link_rates(tmp_path):
+    compressed = [bench(4, 2, link, [("ring+fp16", False, 0.2, 0.18)]) for link in ("1gbit", "100mbit")]
+    paths = model_accuracy.plot(RESULTS + compressed, tmp_path)  # colour by schedule, marker by compression
+    assert [p.name for p in paths] == ["sync_vs_ranks.png", "sync_vs_link.png"]
+    assert all(p.stat().st_size > 10_000 for p in paths)

@@ -1,0 +1,163 @@
+"""The sync-cost benchmark: closed-form traffic, and a real run under mpirun with every registered method."""
+
+import json
+import re
+import sys
+
+import pytest
+from conftest import client_for, mpirun
+
+from mpi_train.commands import bench
+from mpi_train.errors import UserError
+from mpi_train.lab import mpirun as launch
+from mpi_train.models import build_model
+from mpi_train.sync import SYNC_METHODS, SyncMethod, backend_error, every_label, parse_labels, split_label
+from mpi_train.sync.compression.powersgd import PowerSGD
+
+MB = 1e6
+
+
+def test_a_method_without_a_collective_family_shows_na_and_says_how_to_fix_it(monkeypatch):
+    class Unmodelled(SyncMethod):
+        def sync(self, model):
+            pass
+
+    monkeypatch.setitem(SYNC_METHODS, "unmodelled", Unmodelled)
+    times = {name: {"compute": [1.0, 1.1, 1.0, 1.2], "sync": [0.1, 0.2, 0.1, 0.1], "step": [1.1, 1.3, 1.1, 1.3]}
+             for name in (bench.NO_SYNC, "allreduce", "unmodelled")}
+    rows = bench.summarise([times, times], 1000, 2, 1e6)
+    by_name = {row["method"]: row for row in rows}
+    assert by_name["unmodelled"]["sent_bytes"] is None and by_name["allreduce"]["sent_bytes"] == [1000, 1000]
+    text = bench.describe({"world_size": 2, "backend": "gloo", "model": "m", "gradient_bytes": 1000, "batch_size": 8,
+                           "steps": 4, "link": {"bandwidth_bytes_per_s": 1e6, "allreduce_busbw_bytes_per_s": 1e6},
+                           "methods": rows})
+    line = next(l for l in text.splitlines() if l.startswith("unmodelled"))
+    assert line.split()[1] == "n/a" and "unmodelled declare(s) no collective family" in text
+
+
+def test_an_overlapped_step_is_timed_barrier_to_barrier_not_as_the_slowest_compute_plus_the_slowest_sync():
+    """Rank 0 ends backward at 2.0 s and waits 0.4 s for its buckets; rank 1 ends backward at 2.4 s and waits for
+    nothing: both end the step at 2.4 s, which is what the step costs, not 2.4 + 0.4."""
+    def rank(compute, sync):
+        return {bench.NO_SYNC: {"compute": [2.0] * 4, "sync": [0.0] * 4, "step": [2.0] * 4},
+                "bucketed": {"compute": [compute] * 4, "sync": [sync] * 4, "step": [2.4] * 4}}
+
+    rows = {row["method"]: row for row in bench.summarise([rank(2.0, 0.4), rank(2.4, 0.0)], 1000, 2, 1e6)}
+    assert rows["bucketed"]["step_s"] == pytest.approx(2.4)
+    assert rows["bucketed"]["exposed_s"] == pytest.approx(0.4)
+    assert rows["bucketed"]["compute_s"] == pytest.approx(2.4) and rows["bucketed"]["sync_s"] == pytest.approx(0.4)
+
+
+def test_the_backward_clock_sees_the_last_layer_s_gradients_first():
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from mpi_train.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("mnist_cnn")
+    clock = bench.BackwardClock(model, time.perf_counter)
+    images, labels = torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images), labels)
+        start = time.perf_counter()
+        loss.backward()
+        clock.record(start, time.perf_counter())
+    profile = clock.profile(0.6)
+    assert profile.share == 0.6 and len(profile.ready) == len(list(model.parameters()))
+    assert all(0.0 <= share <= 1.0 for share in profile.ready)
+    assert profile.ready[-1] < profile.ready[0]  # the classifier's bias long before the first convolution's weights
+    assert profile.ready[0] > 0.5
+
+
+@pytest.mark.e2e
+def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
+    out = tmp_path / "bench.json"
+    result = mpirun(2, ["--model", "mnist_cnn", "--batch-size", "8", "--steps", "4", "--warmup", "1", "--link-iters",
+                        "2", "--no-tracking", "--json", str(out)], module="mpi_train.bench", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    labels = every_label()
+    runnable = [name for name in labels if not backend_error(split_label(name)[0], "gloo")]
+    assert "bucketed+powersgd" in runnable and "hierarchical+fp16" in runnable and "ddp_fp16" in runnable
+    assert "gather_scatter+fp16" not in labels and "ddp+powersgd" not in labels  # pairs that cannot work are not tried
+    table = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.split()[:1]}
+    for name in (bench.NO_SYNC, *runnable):
+        assert name in table, result.stdout
+    assert "unavailable: ddp_powersgd: --sync ddp_powersgd cannot run on the gloo backend" in result.stdout
+    data = json.loads(out.read_text())
+    params = list(build_model("mnist_cnn").parameters())
+    size = sum(p.numel() for p in params) * 4
+    assert data["gradient_bytes"] == size and data["world_size"] == 2
+    assert [row["method"] for row in data["methods"]] == [bench.NO_SYNC, *runnable]
+    bandwidth = data["link"]["bandwidth_bytes_per_s"]
+    assert bandwidth > 0
+    calibration = data["calibration"]
+    assert (calibration["points"]["intra"]["sizes"][0] == 1024
+            and calibration["points"]["intra"]["sizes"][-1] == data["gradient_bytes"])
+    assert calibration["network"]["intra"]["beta"] > 0 and calibration["allreduce"]["fit_error"] >= 0
+    # when the no-sync replica's gradients were ready, for the overlapped predictions
+    backward = calibration["backward"]
+    assert (0.3 < backward["share"] < 1 and len(backward["ready"]) == len(params)
+            and backward["ready"][-1] < backward["ready"][0])
+    assert data["layout"] == {"hosts": 1, "ranks_per_host": 2, "host_of_rank": data["layout"]["host_of_rank"]}
+    for row in data["methods"][1:]:
+        model = row["collective"]
+        if model is None:  # a method added without a cost model: shown as n/a, checked above
+            continue
+        compression = split_label(row["method"])[1]
+        if compression == "powersgd":
+            size = PowerSGD(rank=2).wire_bytes(params)
+            assert size < 0.2 * data["gradient_bytes"]
+        else:
+            narrow = compression in ("fp16", "bf16") or row["method"] in ("flat_fp16", "ddp_fp16")
+            size = data["gradient_bytes"] // 2 if narrow else data["gradient_bytes"]
+        assert row["wire_bytes"] == pytest.approx(size), row["method"]
+        if model in ("ring", "hierarchical"):  # on one host, hierarchical is plain allreduce
+            expected = [2 * (2 - 1) / 2 * size] * 2
+            assert row["floor_s"] == pytest.approx(2 * (2 - 1) / 2 * size / bandwidth)
+        else:
+            expected = [(2 - 1) * size, size]
+            assert row["floor_s"] == pytest.approx(2 * (2 - 1) * size / bandwidth)
+        assert row["sent_bytes"] == pytest.approx(expected) and row["received_bytes"] == pytest.approx(expected)
+        assert row["sync_s"] > 0 and row["compute_s"] > 0
+        if row["method"].split("+")[0] in ("ddp", "ddp_fp16", "bucketed"):  # communication inside backward:
+            assert row["efficiency"] is None and row["overlapped"]  # no time to hold the floor against
+        else:
+            assert 0 < row["efficiency"] <= 1
+        assert row["predicted_s"] > 0 and row["measured_s"] is not None
+        assert len(data["per_rank_times"][0][row["method"]]["sync"]) == 4
+        # the compressor's own CPU time: timed for every compressed method, absent for the rest
+        compressed = compression != "none" or row["method"] == "flat_fp16"
+        assert ((row["codec_s"] is not None and row["codec_s"] > 0) if compressed
+                else row["codec_s"] is None), row["method"]
+        # the prediction charges the wire (predicted_comm_s, or what outlasts backward) and the codec measured here
+        wire = row["predicted_s"] - (row["codec_s"] or 0.0)
+        assert (0 <= wire <= row["predicted_comm_s"] + 1e-12
+                and (wire == pytest.approx(row["predicted_comm_s"]) or row["overlapped"]))
+
+
+def test_methods_named_for_the_bench_are_checked_before_it_starts():
+    assert parse_labels("ddp, bucketed+powersgd") == ["ddp", "bucketed+powersgd"]
+    with pytest.raises(UserError, match="gather_scatter cannot carry --compression powersgd"):
+        parse_labels("gather_scatter+powersgd")
+    with pytest.raises(UserError, match="'bucketted' is not a sync method"):
+        parse_labels("bucketted")
+
+
+@pytest.mark.e2e
+def test_the_tracking_overhead_benchmark_runs_both_jobs_and_reports_the_share(mlflow_server):
+    result = launch.run([sys.executable, "-m", "mpi_train.bench_tracking", "--np", "2", "--steps", "4", "--repeats",
+                         "1", "--tracking-uri", mlflow_server], timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    off_ms, on_ms = map(float, re.search(r"tracking off ([\d.]+) ms, on ([\d.]+) ms", result.stdout).groups())
+    share = float(re.search(r"spent in the tracker: ([\d.]+)% of step time", result.stdout).group(1))
+    assert off_ms > 0 and on_ms > 0
+    client = client_for(mlflow_server)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("bench_tracking").experiment_id],
+                                    "attributes.run_name LIKE 'on-%'")
+    metrics = tracked.data.metrics
+    assert metrics["tracking_share"] == pytest.approx(share / 100, abs=1e-5)  # the printed share is the job's own
+    assert metrics["tracking_share"] == pytest.approx(metrics["tracking_loop_time_s"] / metrics["total_step_time_s"])

@@ -1,0 +1,125 @@
+"""Which launcher started a process, read from its variables alone, and the guard against N separate jobs."""
+
+import pytest
+
+from mpi_train.environments import ENVIRONMENTS, check_world, choose, detect
+from mpi_train.environments.slurm import SlurmEnvironment, first_host
+from mpi_train.environments.torchrun import TorchrunEnvironment
+from mpi_train.errors import UserError
+
+TORCHRUN = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+            "MASTER_ADDR": "node1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}
+OPEN_MPI = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+SRUN_TASK = {"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0", "SLURM_PROCID": "2", "SLURM_LOCALID": "0",
+             "SLURM_NODEID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NODELIST": "slm[1-2]",
+             "SLURM_JOB_NODELIST": "slm[1-2]"}
+BATCH_SCRIPT = {"SLURM_JOB_ID": "1234", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+                "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "slm[1-2]"}  # no step: the script itself, not a task
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, "mpi"),  # no launcher: an MPI singleton, one rank
+    (OPEN_MPI, "mpi"),
+    ({"PMIX_RANK": "0", **SRUN_TASK}, "mpi"),  # srun --mpi=pmix starts MPI ranks: MPI rules them
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, "mpi"),  # mpiexec (MPICH, Intel MPI)
+    (TORCHRUN, "torchrun"),
+    ({**TORCHRUN, **SRUN_TASK}, "torchrun"),  # srun starting torchrun on each node: torchrun's ranks
+    (SRUN_TASK, "slurm"),
+    (BATCH_SCRIPT, "mpi"),  # python run straight in a batch script or salloc shell is no srun task
+])
+def test_detection_reads_the_launchers_variables(env, expected):
+    assert detect(env) == expected
+
+
+def test_torchrun_answers_from_its_variables():
+    environment = TorchrunEnvironment(TORCHRUN)
+    assert (environment.global_rank(), environment.world_size(), environment.local_rank()) == (3, 4, 1)
+    assert (environment.main_address, environment.main_port) == ("node1", 29500)
+    assert environment.node_key() == ("node", "1")
+
+
+def test_slurm_answers_from_its_variables():
+    environment = SlurmEnvironment(SRUN_TASK)
+    assert (environment.global_rank(), environment.world_size(), environment.local_rank()) == (2, 4, 0)
+    assert environment.main_address == "slm1"  # the step's first node hosts the rendezvous
+    assert 15000 <= environment.main_port < 35000
+    assert SlurmEnvironment({**SRUN_TASK, "SLURM_STEP_ID": "1"}).main_port != environment.main_port  # the next step
+    assert SlurmEnvironment({**SRUN_TASK, "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "4000"}).main_address == "10.0.0.9"
+    assert SlurmEnvironment({**SRUN_TASK, "MASTER_PORT": "4000"}).main_port == 4000
+
+
+@pytest.mark.parametrize("nodelist, first", [
+    ("slm1", "slm1"), ("slm[1-2]", "slm1"), ("node[03-05,9],gpu1", "node03"), ("gpu1,node[1-4]", "gpu1"),
+    ("rack[2-3]-n1", "rack2-n1"),
+])
+def test_first_host_of_a_slurm_host_list(nodelist, first):
+    assert first_host(nodelist) == first
+
+
+def test_a_launcher_named_without_its_variables_says_how_to_start_it():
+    with pytest.raises(UserError, match="torchrun --nproc-per-node"):
+        choose("torchrun", {})
+    with pytest.raises(UserError, match="srun"):
+        choose("slurm", BATCH_SCRIPT)
+    with pytest.raises(UserError, match="choose one of auto, mpi, torchrun, slurm"):
+        choose("pbs", {})
+    assert set(ENVIRONMENTS) == {"mpi", "torchrun", "slurm"}
+
+
+@pytest.mark.parametrize("env, variable", [
+    (TORCHRUN, "WORLD_SIZE=4"), (OPEN_MPI, "OMPI_COMM_WORLD_SIZE=4"), (SRUN_TASK, "SLURM_STEP_NUM_TASKS=4"),
+    ({"PMI_SIZE": "8"}, "PMI_SIZE=8"),
+])
+def test_fewer_ranks_than_the_launcher_started_is_refused(env, variable):
+    with pytest.raises(UserError, match=f"{variable} says .* but the mpi launcher found 1 rank"):
+        check_world(1, "mpi", env)
+    check_world(int(variable.split("=")[1]), "mpi", env)  # as many as started: fine
+
+
+def test_a_world_larger_than_a_launchers_count_is_fine():
+    # mpirun inside a 2-node allocation: its daemons' srun step has 2 tasks, the job 8 ranks
+    check_world(8, "mpi", {"SLURM_STEP_NUM_TASKS": "2", "OMPI_COMM_WORLD_SIZE": "8"})
+    check_world(1, "mpi", {})
+
+
+def test_store_collectives_between_two_ranks():
+    """The object collectives of torchrun and srun jobs, over a real TCPStore, two ranks in two threads."""
+    import datetime
+    import threading
+
+    from torch.distributed import TCPStore
+
+    from mpi_train.environments.store import StoreChannel
+
+    timeout = datetime.timedelta(seconds=20)
+    server = TCPStore("127.0.0.1", 0, 2, is_master=True, timeout=timeout, wait_for_workers=False)
+    results = {}
+
+    def rank_body(rank: int) -> None:
+        store = server if rank == 0 else TCPStore("127.0.0.1", server.port, 2, is_master=False, timeout=timeout)
+        channel = StoreChannel(store, rank, 2)
+        results[rank] = (channel.allgather(("host", rank)), channel.bcast(f"from {rank}"), channel.gather(rank * 10),
+                         channel.scatter(["zero", "one"] if rank == 0 else None), channel.allgather(rank))
+
+    threads = [threading.Thread(target=rank_body, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results[0] == ([("host", 0), ("host", 1)], "from 0", [0, 10], "zero", [0, 1])
+    assert results[1] == ([("host", 0), ("host", 1)], "from 0", None, "one", [0, 1])
+
+
+def test_a_launch_daemon_knows_whether_mpirun_still_answers():
+    import socket
+
+    from mpi_train.environments.mpi import launcher_reachable
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    arguments = (f'prted --prtemca prte_hnp_uri "prterun-vm-1@0.0;tcp://192.0.2.2,127.0.0.1:{port}:64,24,24" '
+                 f'--prtemca x y')
+    assert launcher_reachable(arguments) is True  # the second address answers
+    listener.close()
+    assert launcher_reachable(arguments) is False  # nothing listens there any more
+    assert launcher_reachable("prted --prtemca ess env") is None  # the command line does not say: leave it be

@@ -1,0 +1,184 @@
+"""Experiment files: good files become the planned runs; each mistake is named by file, line and key."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+
+from mpi_train.lab.experiment import Launch, Progress, estimated_steps, main, train_flags
+from mpi_train.lab.experiment_file import SweepError, load, locate, parse
+from mpi_train.sync import SYNC_METHODS, backend_error
+
+HERE = "nccl" if torch.cuda.is_available() else "gloo"  # what backend "auto" becomes where the sweep is read
+RUNNABLE_HERE = [name for name in SYNC_METHODS if not backend_error(name, HERE)]
+
+GOOD = """\
+[experiment]
+name = "grid"
+tracking = false
+
+[train]
+dataset = "synthetic"
+batch_size = 64
+lr = 1                       # an integer where a float is expected is fine
+
+[[sweep]]
+sync = ["allreduce", "gather_scatter"]
+np = [1, 2]
+seed = [7, 8]
+
+[[sweep]]
+sync = "all"
+np = 4
+max_steps = 5
+env = { MY_VAR = "x" }
+"""
+
+
+def test_a_good_file_becomes_the_grid_of_runs_in_file_order():
+    sweep = parse(GOOD, Path("grid.toml"))
+    first = [(r.config.sync, r.np, r.config.seed) for r in sweep.runs[:8]]
+    assert first == [(s, n, seed) for s in ("allreduce", "gather_scatter") for n in (1, 2) for seed in (7, 8)]
+    rest = sweep.runs[8:]
+    assert [r.config.sync for r in rest] == RUNNABLE_HERE  # "all" follows the registry...
+    # ...and says what it left out
+    assert [name for name, _ in sweep.unavailable] == [n for n in SYNC_METHODS if n not in RUNNABLE_HERE]
+    assert all(r.np == 4 and r.config.max_steps == 5 and r.env == {"MY_VAR": "x"} for r in rest)
+    assert all(r.config.batch_size == 64 and r.config.lr == 1.0 and isinstance(r.config.lr, float) for r in sweep.runs)
+    assert sweep.runs[0].config.max_steps is None  # a grid's options stay in that grid
+    assert [r.index for r in sweep.runs] == list(range(1, len(sweep.runs) + 1))
+    assert sweep.tracking is False and sweep.hostfile == "hostfile" and sweep.bench is None
+    assert str(sweep.out) == "results/grid"
+
+
+def test_compression_is_swept_like_sync_and_impossible_pairs_are_left_out_of_all_or_refused():
+    text = (GOOD.split("[[sweep]]")[0]
+            + '[[sweep]]\nsync = "all"\ncompression = ["none", "powersgd"]\nnp = 2\npowersgd_rank = 4\n')
+    sweep = parse(text, Path("grid.toml"))
+    labels = [r.name.split("-np")[0] for r in sweep.runs]
+    assert "bucketed+powersgd" in labels and "hierarchical+powersgd" in labels and "flat_fp16" in labels
+    assert "gather_scatter+powersgd" not in labels and "ddp+powersgd" not in labels and labels.count("flat_fp16") == 1
+    assert dict(sweep.unavailable)["gather_scatter+powersgd"].startswith("--sync gather_scatter cannot carry")
+    assert all(r.config.powersgd_rank == 4 for r in sweep.runs)
+    assert {r.config.compression for r in sweep.runs if r.config.sync == "ring"} == {"none", "powersgd"}
+    named = text.replace('sync = "all"', 'sync = ["ring", "gather_scatter"]')
+    with pytest.raises(SweepError, match=r"line \d+, key sweep\[1\]\.compression: --sync gather_scatter cannot carry"):
+        parse(named, Path("grid.toml"))
+    with pytest.raises(SweepError, match=r"key sweep\[1\]\.compression: unknown compression 'fp8'"):
+        parse(text.replace('"powersgd"]', '"fp8"]'), Path("grid.toml"))
+
+
+def test_the_same_run_in_two_grids_is_named_by_what_its_grid_changes():
+    text = GOOD.split("[[sweep]]")[0] + ('[[sweep]]\nsync = "ring"\nnp = 2\n\n'
+                                        '[[sweep]]\nsync = "ring"\nnp = 2\nmodel = "mnist_cnn"\n'
+                                        '\n[[sweep]]\nsync = "ring"\nnp = 2\nmodel = "mnist_cnn"\n')
+    names = [r.name for r in parse(text, Path("grid.toml")).runs]
+    assert names == ["ring-np2-seed42", "ring-np2-seed42-mnist_cnn", "ring-np2-seed42-run3"]
+
+
+def test_the_shipped_files_plan_what_they_promise():
+    compare = load(REPO / "experiments/compare_sync.toml")
+    assert (compare.runs[0].np, compare.runs[0].config.batch_size) == (1, 256)
+    assert [(r.config.sync, r.np) for r in compare.runs[1:]] == [(m, 4) for m in RUNNABLE_HERE]
+    assert all(r.config.dataset == "cifar10" and r.config.epochs == 1 and r.config.max_steps is None
+               for r in compare.runs)
+    assert (compare.bench.np, compare.bench.model, compare.bench.steps >= 20) == (4, "vgg11", True)
+    assert {r.np for r in load(REPO / "experiments/scaling.toml").runs} == {1, 2, 4}
+    smoke = load(REPO / "experiments/smoke.toml")
+    assert smoke.runs and all(r.config.dataset == "synthetic" and r.config.max_steps <= 10 for r in smoke.runs)
+
+
+def test_estimated_steps_follow_the_sampler():
+    sweep = parse(GOOD, Path("grid.toml"))
+    assert estimated_steps(sweep.runs[0]) == 4096 // 64  # np 1, default synthetic size, one epoch
+    assert estimated_steps(sweep.runs[-1]) == 5
+    cifar = load(REPO / "experiments/compare_sync.toml").runs
+    assert [estimated_steps(r) for r in cifar[:2]] == [196, 196]
+
+
+def test_flags_passed_to_training_are_the_non_default_options():
+    run = parse(GOOD, Path("grid.toml")).runs[-1]
+    flags = train_flags(run.config)
+    assert flags[:2] == ["--sync", run.config.sync] and "--max-steps" in flags and "--epochs" not in flags
+    assert flags[flags.index("--batch-size") + 1] == "64"
+
+
+BAD = [  # (file text, key named in the error, line, words the message must hold)
+    ('[experiment]\nname = "x\n', "(syntax)", 2, "not valid TOML"),
+    ('[experiment]\nname = "x"\n[trian]\nbatch_size = 1\n', "trian", 3, "unknown key"),
+    ('[experiment]\nname = "x"\n[train]\nlr = 0.1\nbatchsize = 256\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
+     "train.batchsize", 5, "Did you mean 'batch_size'"),
+    ('[experiment]\nname = "x"\n[train]\nbatch_size = "256"\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
+     "train.batch_size", 4, "must be an integer"),
+    ('[experiment]\nname = "x"\n[train]\nmax_steps = true\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
+     "train.max_steps", 4, "a boolean"),
+    ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nnp = 2\n\n[[sweep]]\nnp = 4\nsync = ["ddp", "alreduce"]\n',
+     "sweep[2].sync", 9, "unknown sync method 'alreduce'"),
+    ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nnp = [2, "4"]\n', "sweep[1].np", 5, "a string ('4')"),
+    ('[experiment]\ndescription = "no name"\n[[sweep]]\nsync = "ddp"\nnp = 2\n', "experiment.name", 1, "is required"),
+    ('[experiment]\nname = "x"\n[train]\nbatch_size = 250\n[[sweep]]\nsync = "ddp"\nnp = [2, 4]\n',
+     "sweep[1].np", 7, "at np 4"),
+    ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nnp = 2\nenv = { A = 1 }\n',
+     "sweep[1].env.A", 6, "must be a string"),
+    ('[experiment]\nname = "x"\n[train]\nseed = 3\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
+     "train.seed", 4, "set by the sweep"),
+    ('[experiment]\nname = "x"\n[train]\ndataset = "imagenet"\n', "train.dataset", 4, "not one of"),
+    ('[experiment]\nname = "x"\n[train]\nepochs = 1\n', "sweep", None, "at least one [[sweep]]"),
+    ('[experiment]\nname = "x"\n[launch]\nmpirun_args = "--oversubscribe"\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
+     "launch.mpirun_args", 4, "a list of strings"),
+]
+
+
+@pytest.mark.parametrize("text, key, line, words", BAD, ids=[case[1] for case in BAD])
+def test_each_mistake_names_its_key_and_line(text, key, line, words):
+    with pytest.raises(SweepError) as caught:
+        parse(text, Path("bad.toml"))
+    message = str(caught.value)
+    assert caught.value.key == key and caught.value.line == line
+    assert message.startswith(f"bad.toml, line {line}, key {key}:" if line else f"bad.toml, key {key}:")
+    assert words in message and message.endswith("Nothing was launched.")
+
+
+def test_locate_finds_keys_in_array_tables_and_their_sub_tables():
+    text = '[[sweep]]\nsync = "a"\n[[sweep]]\nsync = "b"\n[sweep.env]\nX = "1"\n[train]\n"lr" = 1\n'
+    assert locate(text, ("sweep", 1, "sync")) == 4
+    assert locate(text, ("sweep", 1, "env", "X")) == 6
+    assert locate(text, ("train", "lr")) == 8
+    assert locate(text, ("sweep", 0, "np")) == 1  # not set: its table's line
+
+
+def test_the_cli_rejects_a_bad_file_with_one_paragraph_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.toml"
+    out = tmp_path / "out"
+    bad.write_text(f'[experiment]\nname = "x"\nout = "{out}"\n[[sweep]]\nsync = "ddp"\nnp = 2\nbatch_sise = 8\n')
+    result = subprocess.run([sys.executable, "-m", "mpi_train.experiment", str(bad)], capture_output=True, text=True,
+                            timeout=120, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, check=False)
+    assert result.returncode == 2
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.startswith("mpi_train.experiment: error:") and "\n\n" not in result.stderr.strip()
+    paragraph = " ".join(result.stderr.split())
+    assert f"{bad}, line 7, key sweep[1].batch_sise: unknown key" in paragraph and "'batch_size'" in paragraph
+    assert not out.exists()  # nothing launched, nothing written
+
+
+def test_dry_run_lists_every_planned_command(tmp_path, capsys):
+    path = tmp_path / "grid.toml"
+    path.write_text(GOOD)
+    assert main([str(path), "--dry-run", "--hostfile", ""]) == 0
+    printed = capsys.readouterr().out
+    runs = parse(GOOD, path).runs
+    assert f"{len(runs)} run(s)" in printed and f"[{len(runs)}/{len(runs)}]" in printed
+    assert printed.count("-m mpi_train --sync") == len(runs) and "--hostfile" not in printed
+    assert "MY_VAR=x mpirun -np 4" in printed and "--no-tracking" in printed
+    assert not (tmp_path / "results").exists()
+
+
+def test_time_left_counts_later_runs_by_their_steps():
+    # 1 s/step, 10 s start-up
+    done = Launch(1, "a", [], steps=10, log=Path("a"), returncode=0, first=(12.0, 2), last=(20.0, 10))
+    current = Launch(2, "b", [], steps=10, log=Path("b"), steps_done=4, first=(15.0, 2), last=(19.0, 4))  # 2 s/step
+    later = Launch(3, "c", [], steps=30, log=Path("c"))
+    assert Progress([done, current, later]).estimate_left(current) == pytest.approx(6 * 2.0 + 10 + 30 * 1.0)

@@ -1,0 +1,93 @@
+"""The fault soak: how a trial is judged, drawn and printed, and the command itself on real test hosts.
+
+The soak's 30-trial run is a command with its table in docs/results.md, not a test; the
+end-to-end test here runs two trials to show the command works from a fresh clone as root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, why_no_namespaces
+
+from mpi_train.errors import UserError
+from mpi_train.lab import soak
+from mpi_train.lab.soak import Trial
+
+
+def args(**changes) -> argparse.Namespace:
+    return soak.build_parser().parse_args([f"--{k.replace('_', '-')}={v}" for k, v in changes.items()])
+
+
+def test_a_trial_is_ok_only_when_the_job_ended_as_its_fault_demands():
+    killed = Trial(1, "kill", "rank 3", 5, end_s=0.7, exit=137, run_status="FAILED", logged=5, printed=5)
+    assert killed.verdict(15) == "ok"
+    assert Trial(1, "kill", "rank 3", 5, end_s=31.0, exit=1, run_status="FAILED", logged=5,
+                 printed=5).verdict(15) == "LATE"
+    assert Trial(1, "stop", "rank 0", 5, end_s=15.4, exit=0, run_status="FAILED", logged=5,
+                 printed=5).verdict(15) == "NOT FAILED"
+    assert Trial(1, "link", "host soak2", 5, exit=None, run_status="RUNNING", logged=4, printed=5,
+                 left=3).verdict(15) == "HANG, RUN RUNNING, LOST METRICS, LEFT BEHIND"
+    outage = Trial(1, "server", "server", 5, end_s=9.0, exit=0, run_status="FINISHED", logged=12, printed=12)
+    assert outage.verdict(15) == "ok"
+    assert Trial(1, "server", "server", 5, end_s=9.0, exit=0, run_status="RUNNING", logged=7,
+                 printed=12).verdict(15) == "RUN RUNNING, LOST METRICS"
+
+
+def test_the_draws_follow_the_seed_and_stay_inside_the_job():
+    chosen = args(hosts=3, ranks_per_host=2, steps=10)
+    first = [soak.draw(i, random.Random(7), list(soak.FAULTS), chosen) for i in range(1, 6)]
+    again = [soak.draw(i, random.Random(7), list(soak.FAULTS), chosen) for i in range(1, 6)]
+    assert first == again
+    rng = random.Random(1)
+    for number in range(200):
+        trial = soak.draw(number, rng, list(soak.FAULTS), chosen)
+        assert 2 <= trial.step <= 7
+        if trial.fault in ("kill", "stop"):
+            assert 0 <= int(trial.target.split()[1]) < 6
+        if trial.fault == "link":
+            assert trial.target in ("host soak1", "host soak2", "host soak3")
+    assert {soak.draw(i, rng, ["link"], chosen).fault for i in range(5)} == {"link"}
+
+
+def test_bad_soak_options_are_refused_before_anything_starts():
+    with pytest.raises(UserError, match="'kill,flood' names flood"):
+        soak.validate(args(faults="kill,flood"))
+    with pytest.raises(UserError, match="--hosts at least 2"):
+        soak.validate(args(hosts=1))
+    assert soak.validate(args(faults="kill, link")) == ["kill", "link"]
+
+
+def test_the_table_has_a_row_per_trial_and_totals_that_count_the_problems():
+    trials = [Trial(1, "kill", "rank 1", 4, end_s=0.6, exit=137, run_status="FAILED", logged=4, printed=4),
+              Trial(2, "link", "host soak2", 6, end_s=40.0, exit=1, run_status="FAILED", logged=6, printed=6, left=2)]
+    table = soak.format_table(trials, 15)
+    assert table.splitlines()[0].split() == list(soak.COLUMNS)
+    assert "LATE, LEFT BEHIND" in table.splitlines()[3]
+    assert soak.totals(trials, 15).startswith("2 trials, 1 ok; hangs past the bound: 1, lost metrics: 0 step(s), "
+                                              "processes left: 2")
+
+
+@pytest.mark.e2e
+def test_the_soak_command_runs_its_trials_and_cleans_up(tmp_path):
+    reason = why_no_namespaces("soaktest")
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "soak"
+    done = subprocess.run([sys.executable, "-m", "mpi_train.faults", "soak", "--trials", "2", "--faults", "kill,link",
+                           "--seed", "3", "--steps", "6", "--timeout", "10", "--out", str(out),
+                           "--prefix", "soaktest", "--subnet", "10.85.0"],  # apart from a soak run by hand
+                          capture_output=True, text=True, cwd=REPO, timeout=400, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads((out / "soak.json").read_text())
+    assert [row["verdict"] for row in rows] == ["ok", "ok"], done.stdout
+    assert all(row["run_status"] == "FAILED" and row["left"] == 0 and row["logged"] == row["printed"] >= 2
+               for row in rows)
+    assert "2 trials, 2 ok" in done.stdout
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    assert "soaktest" not in namespaces

@@ -1,0 +1,81 @@
+"""bucketed cuts the same buckets as a real DistributedDataParallel, tensor for tensor, in autograd's order."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from mpi_train.models import INPUT_SHAPES, build_model
+from mpi_train.sync.bucketed import Bucketed
+
+
+@pytest.fixture
+def one_rank_group():
+    """A real Gloo process group of one rank, in this process."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def steps(net, model_name: str, count: int, after_backward=lambda: None) -> None:
+    torch.manual_seed(1)
+    images, labels = torch.randn(4, *INPUT_SHAPES[model_name]), torch.randint(0, 10, (4,))
+    for _ in range(count):
+        net.zero_grad(set_to_none=True)
+        F.cross_entropy(net(images), labels).backward()
+        after_backward()
+
+
+def ddp_buckets(model_name: str) -> list[list[str]]:
+    """The buckets DDP reduces once it has rebuilt them from its first iteration's order (from a comm hook)."""
+    torch.manual_seed(0)
+    model = build_model(model_name)
+    names = {id(p): name for name, p in model.named_parameters()}
+    wrapped, seen = DistributedDataParallel(model), []
+
+    def listing(state, bucket):
+        seen.append([names[id(p)] for p in bucket.parameters()])
+        done = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+
+    wrapped.register_comm_hook(None, listing)
+    steps(wrapped, model_name, 1)
+    seen.clear()
+    steps(wrapped, model_name, 1)
+    return seen  # the second step's, after the rebuild
+
+
+@pytest.mark.parametrize("model_name", ["vgg11", "mnist_cnn"])
+def test_bucketed_cuts_the_buckets_ddp_cuts(one_rank_group, model_name):
+    expected = ddp_buckets(model_name)
+    torch.manual_seed(0)
+    model = build_model(model_name)
+    names = {id(p): name for name, p in model.named_parameters()}
+    method = Bucketed()
+    net = method.wrap(model)
+    steps(net, model_name, 2, lambda: method.sync(model))
+    ours = [[names[id(p)] for p in bucket.buffer.params] for bucket in method.buckets]
+    assert ours == expected
+    if model_name == "vgg11":  # 5 / 20 / 9 tensors: a layer's weight before its bias, as autograd hands them over
+        assert [len(bucket) for bucket in ours] == [5, 20, 9]
+        assert [sum(p.numel() * 4 for p in bucket.buffer.params) for bucket in method.buckets] == [
+            9_461_800, 27_157_504, 305_152]
+
+
+def test_bucketed_averages_exactly_in_its_first_step_and_after(one_rank_group):
+    """The first step learns the order and reduces everything in sync(); later steps reduce during backward."""
+    torch.manual_seed(0)
+    model = build_model("mnist_cnn")
+    method = Bucketed(bucket_mb=1.0)
+    net = method.wrap(model)
+    for step in range(3):
+        steps(net, "mnist_cnn", 1)
+        expected = [p.grad.clone() for p in model.parameters()]
+        launched = method.next_to_launch
+        method.sync(model)
+        assert all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected))  # one rank: the mean is itself
+        assert launched == (0 if step == 0 else len(method.buckets))  # after the first step all left during backward

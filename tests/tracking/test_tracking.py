@@ -1,0 +1,241 @@
+"""Experiment tracking against a real MLflow server: run structure, params, metrics, statuses, artifacts."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import MPI_ENV, REPO, client_for, job_runs, mpirun, train, wait_for
+
+from mpi_train.config import TrainConfig, redact_uri
+from mpi_train.errors import UserError
+from mpi_train.lab import mpirun as launch
+from mpi_train.tracking.sampler import HostSampler
+from mpi_train.tracking.sender import BatchSender
+from mpi_train.tracking.store import open_store
+
+# Tests that run jobs or use the session's server are e2e; the URI, store-folder, sampler and sender checks run
+# in-process.
+
+PARENT_STEP_METRICS = ("loss", "step_time_s", "compute_time_s", "sync_time_s", "throughput_samples_per_s", "lr")
+CHILD_STEP_METRICS = ("loss", "data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")
+PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
+          "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts")
+QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2"]
+
+
+def artifact_paths(client, run_id: str, path=None) -> set[str]:
+    found = set()
+    for item in client.list_artifacts(run_id, path):
+        found |= artifact_paths(client, run_id, item.path) if item.is_dir else {item.path}
+    return found
+
+
+def read_artifact(client, run_id: str, path: str, tmp_path: Path) -> str:
+    return Path(client.download_artifacts(run_id, path, str(tmp_path))).read_text()
+
+
+@pytest.fixture(scope="module")
+def allreduce_runs(mlflow_server, tracked_jobs):
+    client = client_for(mlflow_server)
+    return (client, *job_runs(client, "tests-compare", "allreduce-np2-seed42"))
+
+
+@pytest.mark.e2e
+def test_one_parent_run_per_job_and_one_child_per_rank(allreduce_runs):
+    _client, parent, children = allreduce_runs
+    assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"] * 2
+    assert [c.data.tags["rank"] for c in children] == ["0", "1"]
+    for child in children:
+        assert {"rank", "local_rank", "host", "pid"} <= set(child.data.tags)
+        assert child.data.params == {"seed": "42"}
+    params = parent.data.params
+    assert set(PARAMS) <= set(params)
+    assert (params["sync"], params["world_size"], params["batch_size"], params["batch_size_per_rank"],
+            params["seed"]) == ("allreduce", "2", "64", "32", "42")
+    assert {"torch_version", "mpi4py_version", "mpi_library_version"} <= set(parent.data.tags)
+    assert "Open MPI" in parent.data.tags["mpi_library_version"]
+
+
+@pytest.mark.e2e
+def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracked_jobs):
+    client, parent, children = allreduce_runs
+    logged_steps = [s["step"] for s in tracked_jobs["allreduce"]["steps"]]
+    assert logged_steps == [2, 4, 6, 8]
+    for key in PARENT_STEP_METRICS:
+        assert [m.step for m in client.get_metric_history(parent.info.run_id, key)] == logged_steps, key
+    losses = [m.value for m in client.get_metric_history(parent.info.run_id, "loss")]
+    assert losses == pytest.approx([s["loss"] for s in tracked_jobs["allreduce"]["steps"]])
+    assert {"test_loss", "test_accuracy", "epoch_time_s", "sync_share", "mean_step_time_s", "total_step_time_s",
+            "wall_time_s", "tracking_share", "steady_mean_step_time_s",
+            "steady_throughput_samples_per_s"} <= set(parent.data.metrics)
+    means = tracked_jobs["allreduce"]["mean_times"]
+    assert parent.data.metrics["sync_share"] == pytest.approx(means["sync_time_s"] / means["step_time_s"])
+    assert any(key.startswith("system/") and key.endswith("/cpu_utilization_percentage") for key in parent.data.metrics)
+    child_losses = []
+    for child in children:
+        for key in CHILD_STEP_METRICS:
+            assert [m.step for m in client.get_metric_history(child.info.run_id, key)] == logged_steps, key
+        child_losses.append([m.value for m in client.get_metric_history(child.info.run_id, "loss")])
+    # the parent's loss is the ranks' mean
+    assert [sum(pair) / 2 for pair in zip(*child_losses)] == pytest.approx(losses)
+
+
+@pytest.mark.e2e
+def test_artifacts_hold_config_summary_console_environment_and_weights(allreduce_runs, tmp_path):
+    client, parent, _ = allreduce_runs
+    run_id = parent.info.run_id
+    assert ({"config.json", "summary.json", "console.log", "environment.json", "model/state_dict.pt"}
+            <= artifact_paths(client, run_id))
+    config = json.loads(read_artifact(client, run_id, "config.json", tmp_path))
+    assert config["seed"] == 42 and config["sync"] == "allreduce"
+    summary = json.loads(read_artifact(client, run_id, "summary.json", tmp_path))
+    assert len(summary["steps"]) == 4 and summary["world_size"] == 2
+    assert "done in" in read_artifact(client, run_id, "console.log", tmp_path)
+    environment = json.loads(read_artifact(client, run_id, "environment.json", tmp_path))
+    assert "slots=2" in environment["hostfile"] and "Open MPI" in environment["mpi_library"]
+
+
+@pytest.mark.e2e
+def test_no_secret_reaches_params_tags_or_artifacts(allreduce_runs, tmp_path):
+    client, parent, children = allreduce_runs
+    texts = [json.dumps(parent.data.params), json.dumps(parent.data.tags)] + [json.dumps(c.data.tags) for c in children]
+    texts += [read_artifact(client, parent.info.run_id, name, tmp_path)
+              for name in ("config.json", "environment.json", "summary.json", "console.log")]
+    for text in texts:
+        assert "s3cret" not in text
+    assert redact_uri("http://alice:pw@host:5000/x") == "http://alice:***@host:5000/x"
+
+
+@pytest.mark.e2e
+def test_a_failing_rank_marks_the_run_failed_with_its_traceback(mlflow_server, tmp_path):
+    result = mpirun(2, [*QUICK, "--max-steps", "8", "--tracking-uri", mlflow_server, "--experiment", "tests-fail"],
+                    env={"MPI_TRAIN_FAIL_AT": "1:3"})
+    assert result.returncode != 0
+    client = client_for(mlflow_server)
+    parent, children = job_runs(client, "tests-fail", "allreduce-np2-seed42")
+    assert parent.info.status == "FAILED"
+    assert [c.info.status for c in children] == ["KILLED", "FAILED"]
+    assert parent.data.tags["mpi_train.failed_rank"] == "1" and parent.data.tags["mpi_train.failed_host"]
+    assert "injected failure on rank 1" in parent.data.tags["mpi_train.error"]
+    traceback = read_artifact(client, parent.info.run_id, "failure/traceback_rank1.txt", tmp_path)
+    assert "Traceback" in traceback and "injected failure on rank 1 at 3" in traceback
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("target", ["mpirun", "rank0"])
+def test_sigterm_marks_the_run_killed(mlflow_server, target):
+    client = client_for(mlflow_server)
+    run_name = f"sigterm-to-{target}"
+    command = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-m", "mpi_train", *QUICK, "--epochs", "50",
+               "--tracking-uri", mlflow_server, "--experiment", "tests-kill", "--run-name", run_name]
+    with launch.launched(command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as job:
+        def logged_a_loss() -> bool:
+            assert job.poll() is None, "the job ended before it logged a step"
+            experiment = client.get_experiment_by_name("tests-kill")
+            runs = (client.search_runs([experiment.experiment_id], f"attributes.run_name = '{run_name}'")
+                    if experiment else [])
+            return bool(runs) and "loss" in runs[0].data.metrics
+
+        wait_for(logged_a_loss, 90, "training to log metrics to the server", every_s=0.5)
+        if target == "mpirun":
+            job.send_signal(signal.SIGTERM)
+        else:  # rank 0's pid is a tag of its child run
+            _, children = job_runs(client, "tests-kill", run_name)
+            os.kill(int(children[0].data.tags["pid"]), signal.SIGTERM)
+        job.wait(timeout=60)
+    assert job.returncode != 0
+    def ended():  # mpirun SIGKILLs ranks ~0.2 s after SIGTERM; the guard process may finish the job
+        parent, children = job_runs(client, "tests-kill", run_name)
+        return parent.info.status != "RUNNING" and (parent, children)
+
+    parent, children = wait_for(ended, 30, f"the runs of {run_name} to end", every_s=0.5)
+    assert parent.info.status == "KILLED" and [c.info.status for c in children] == ["KILLED"] * 2
+    assert parent.data.tags["mpi_train.killed_by"] == "SIGTERM"
+
+
+@pytest.mark.e2e
+def test_without_a_uri_the_embedded_sqlite_store_under_mlruns_is_used(tmp_path):
+    summary = train(2, tmp_path, *QUICK, "--max-steps", "4", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": ""})
+    assert summary["config"]["tracking_uri"] is None
+    assert (tmp_path / "mlruns" / "mlflow.db").is_file()
+    client = client_for(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    parent, children = job_runs(client, "mpi_train", "allreduce-np2-seed42")
+    assert parent.info.status == "FINISHED" and len(children) == 2
+    assert Path(parent.info.artifact_uri.removeprefix("file://")).is_relative_to(tmp_path / "mlruns")
+    assert "summary.json" in artifact_paths(client, parent.info.run_id)
+
+
+@pytest.mark.e2e
+def test_an_unreachable_server_is_reported_before_training(tmp_path):
+    from conftest import free_port
+
+    started = time.monotonic()
+    uri = f"http://127.0.0.1:{free_port()}"
+    result = mpirun(2, [*QUICK, "--max-steps", "4", "--tracking-uri", uri], cwd=tmp_path)
+    assert result.returncode != 0 and time.monotonic() - started < 30
+    assert "Traceback" not in result.stderr and result.stderr.count("mpi_train: error:") == 1
+    text = " ".join(result.stderr.split())
+    assert f"No MLflow tracking server answers at {uri}" in text and "python -m mpi_train.server" in text
+    assert "loss" not in result.stdout  # no training happened
+
+
+@pytest.mark.parametrize("uri, needle", [
+    ("http://127.0.0.1:notaport", "is malformed"),
+    ("htp://127.0.0.1:5000", "unknown scheme 'htp'"),
+    ("http://", "has no host"),
+    ("/tmp/some/folder", "folder of files"),
+    ("file:///tmp/mlruns", "folder of files"),
+])
+def test_malformed_uris_are_refused_with_the_fix(uri, needle):
+    with pytest.raises(UserError, match="--tracking-uri") as caught:
+        open_store(TrainConfig(tracking_uri=uri))
+    message = str(caught.value)
+    assert needle in message and ("http://HOST:PORT" in message or "sqlite:///" in message)
+
+
+def test_an_unwritable_mlruns_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mlruns").write_text("a file where the store folder should be")
+    with pytest.raises(UserError, match="not a writable folder") as caught:
+        open_store(TrainConfig())
+    assert str(tmp_path / "mlruns") in str(caught.value) and "--no-tracking" in str(caught.value)
+
+
+def test_host_sampler_names_metrics_like_mlflow_and_respects_its_interval():
+    from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
+    from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
+    from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+
+    mlflow_names = set()
+    for monitor in (CPUMonitor(), DiskMonitor(), NetworkMonitor()):
+        monitor.collect_metrics()
+        mlflow_names |= set(monitor.aggregate_metrics())
+    sample = HostSampler(every_s=1e-9).sample()["system"]
+    assert set(sample) == mlflow_names
+    assert 0 <= sample["cpu_utilization_percentage"] <= 100 and sample["disk_available_megabytes"] > 0
+    slow = HostSampler(every_s=3600)
+    assert "system" in slow.sample()  # the first sample is always taken
+    assert slow.sample() == {}  # not again within the interval
+    assert HostSampler(every_s=0).sample() == {}  # 0 turns sampling off
+
+
+def test_batch_sender_groups_per_run_and_caps_batches_at_1000():
+    calls = []
+
+    class FakeClient:
+        def log_batch(self, run_id, metrics=(), synchronous=None):
+            calls.append((run_id, len(metrics)))
+
+    sender = BatchSender(FakeClient(), every_s=3600)
+    for _ in range(3):
+        sender.put("parent", list(range(500)))
+        sender.put("child", [1, 2])
+    assert calls == []  # putting never calls the client
+    sender.stop()
+    assert sorted(calls) == [("child", 6), ("parent", 500), ("parent", 1000)]
