@@ -13,8 +13,7 @@ import time
 from .config import JobInfo
 from .files import write_json_atomically
 from .tracking import NullTracker
-
-PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")
+from .tracking.names import PHASES
 
 
 def mean_over_ranks(per_rank: list[dict], key: str) -> float:
@@ -27,7 +26,8 @@ class SilentReporter:
     def start(self, job: JobInfo) -> None: ...
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict],
                  lr: float | None = None) -> None: ...
-    def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
+    def log_epoch(self, epoch: int, step: int, test_loss: float, test_accuracy: float,
+                  epoch_time_s: float) -> None: ...
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: list[dict] | None = None,
                timing_warmup_steps: int = 0) -> None: ...
     def save_weights(self, model) -> None: ...
@@ -64,6 +64,9 @@ class Reporter(SilentReporter):
             f"{self.config['dataset']}, batch {self.global_batch} ({job.batch_size_per_rank} per rank), "
             f"{job.threads} thread(s) per rank, {job.total_steps} steps, rendezvous {job.rendezvous}"
         )
+        where = self.tracker.where()
+        if where:
+            self.print(f"mpi_train: {where}")
         model = self.sync_model
         if model and model.host_links:
             self.print("mpi_train: host links measured: " + ", ".join(
@@ -107,10 +110,10 @@ class Reporter(SilentReporter):
                    f"measured sync {means['sync_time_s']:.3f} s)")
         return {**model.straggler.as_dict(), "cost_s": cost, "predicted_sync_without_s": without}
 
-    def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None:
+    def log_epoch(self, epoch: int, step: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None:
         self.epochs.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_accuracy,
                             "epoch_time_s": epoch_time_s})
-        self.tracker.log_epoch(epoch, test_loss, test_accuracy, epoch_time_s)
+        self.tracker.log_epoch(epoch, step, test_loss, test_accuracy, epoch_time_s)
         self.print(f"epoch {epoch} test loss {test_loss:.4f}  accuracy {100 * test_accuracy:.2f}%  "
                    f"({epoch_time_s:.1f}s)")
 
@@ -131,12 +134,13 @@ class Reporter(SilentReporter):
             "steps": self.steps,
             "epochs": self.epochs,
             "per_rank_mean_times": per_rank_means,
+            "per_rank_mean_times_after_warmup": per_rank_steady or per_rank_means,
             "mean_times": overall,
             "timing_warmup_steps": timing_warmup_steps,
             "mean_times_after_warmup": steady,
             "final_loss": self.steps[-1]["loss"] if self.steps else None,
             "network_stalls": self.stalls,
-            **({"predicted_sync_time_s": self.sync_model.sync_time(overall["compute_time_s"])}
+            **({"predicted_sync_time_s": self.sync_model.sync_time(steady["compute_time_s"])}
                if self.sync_model else {}),
             **({"slow_host": self.slow_host(steady)} if self.sync_model and self.sync_model.straggler else {}),
             "wall_time_s": wall_time_s,

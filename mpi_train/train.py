@@ -256,7 +256,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
             cluster.note_progress(step + 0.5)  # past step `step`'s sync, not yet at the next one's
             job.method.sync_buffers(job.model)
             test_loss, test_accuracy = evaluate(job.model, job.test_loader, job.device, cluster)
-            reporter.log_epoch(epoch, test_loss, test_accuracy, time.perf_counter() - epoch_started)
+            reporter.log_epoch(epoch, step, test_loss, test_accuracy, time.perf_counter() - epoch_started)
 
         check_replicas_agree(cluster, job.model, f"after step {step}")
         cluster.liveness.close()  # ranks may now leave at different times: silence is no longer news

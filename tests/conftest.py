@@ -52,6 +52,15 @@ def train(np: int, tmp_path: Path, *args: str, name: str = "summary", **kwargs) 
     return json.loads(summary.read_text())
 
 
+def train_several(np: int, tmp_path: Path, jobs: dict[str, list[str]], **kwargs) -> dict[str, dict]:
+    """Several real training jobs one after another in the same mpirun (tests/jobs_run.py); each one's summary."""
+    plan = tmp_path / "jobs.json"
+    plan.write_text(json.dumps(jobs))
+    result = mpirun(np, [str(tmp_path), str(plan)], module="tests.jobs_run", **kwargs)
+    assert result.returncode == 0, f"mpirun failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in jobs}
+
+
 def losses(summary: dict) -> list[float]:
     return [step["loss"] for step in summary["steps"]]
 

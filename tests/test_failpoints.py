@@ -73,7 +73,7 @@ def test_a_failure_during_training_ends_the_job_and_keeps_the_record(mlflow_serv
     client = client_for(mlflow_server)
     parent, children = settled(client, experiment, fault)
     assert parent.info.status in ("FAILED", "KILLED")  # KILLED when mpirun's SIGTERM reaches rank 0 first
-    steps = logged_steps(client, parent.info.run_id, "loss", len(range(2, last_logged_step + 1, 2)))
+    steps = logged_steps(client, parent.info.run_id, "learning/loss", len(range(2, last_logged_step + 1, 2)))
     assert steps == list(range(2, last_logged_step + 1, 2)), "metrics logged before the failure were lost"
     failed_rank = fault.split(":")[0]
     if parent.info.status == "FAILED":

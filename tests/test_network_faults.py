@@ -123,7 +123,7 @@ def test_a_host_that_loses_its_link_ends_the_job_named_and_resume_continues_exac
     assert parent.info.status == "FAILED"
     assert parent.data.tags["mpi_train.unreachable_hosts"] == hosts.host(2)
     assert parent.data.tags["mpi_train.unreachable_ranks"] == "2,3"
-    logged = [m.step for m in client.get_metric_history(parent.info.run_id, "loss")]
+    logged = [m.step for m in client.get_metric_history(parent.info.run_id, "learning/loss")]
     assert logged == job.printed_steps() and len(logged) >= 5  # every step logged before the cut is kept
 
     resumed = train(4, tmp_path, *JOB, "--no-tracking", "--resume", str(checkpoints), name="resumed", timeout=180,
@@ -156,7 +156,7 @@ def test_when_rank_0s_own_host_loses_its_link_every_side_still_ends(hosts, tmp_p
     client = client_for(uri)
     parent, _ = job_runs(client, "rank0cut", RUN_NAME)
     assert parent.info.status == "FAILED"
-    logged = [m.step for m in client.get_metric_history(parent.info.run_id, "loss")]
+    logged = [m.step for m in client.get_metric_history(parent.info.run_id, "learning/loss")]
     assert logged == job.printed_steps() and len(logged) >= 5
 
 

@@ -1,7 +1,7 @@
 """End-to-end: real `mpirun` jobs training on small data; results checked against each other."""
 
 import pytest
-from conftest import losses, mpirun, train
+from conftest import losses, mpirun, train, train_several
 from disk_formats import write_cifar10_folders, write_mnist
 
 from mpi_train.sync import SYNC_METHODS
@@ -30,61 +30,37 @@ def test_every_sync_method_leaves_the_hand_computed_mean_on_every_rank(np):
     assert "ddp_powersgd: unavailable on gloo" in result.stdout  # torch's hook fails there: not run, said so
 
 
-@pytest.fixture(scope="module")
-def np4_runs(tmp_path_factory):
-    """The same job (seed, global batch 64, 12 steps) with each sync method at np 4."""
-    tmp = tmp_path_factory.mktemp("np4")
-    args = [*COURSE_SETTINGS, "--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64",
+NP4_ARGS = [*COURSE_SETTINGS, "--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64",
             "--max-steps", "12", "--log-every", "2", "--no-tracking"]
-    return {name: train(4, tmp, *args, "--sync", name, name=name) for name in ("gather_scatter", "allreduce", "ddp")}
+BUCKETS_OF_1_MB = ["--bucket-mb", "1"]  # cut the CNN's 4.8 MB of gradients into three, the first reduced in backward
 
 
 @pytest.fixture(scope="module")
-def np4_packed_runs(tmp_path_factory):
-    """The same job with the methods that pack gradients into buffers (a fixture of its own: its own time budget)."""
-    tmp = tmp_path_factory.mktemp("np4_packed")
-    args = [*COURSE_SETTINGS, "--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64",
-            "--max-steps", "12", "--log-every", "2", "--no-tracking"]
-    runs = {name: train(4, tmp, *args, "--sync", name, name=name) for name in ("flat", "ring", "flat_fp16")}
-    # 1 MB buckets cut the CNN's 4.8 MB of gradients into three, the first reduced while backward runs on
-    runs["bucketed"] = train(4, tmp, *args, "--sync", "bucketed", "--bucket-mb", "1", name="bucketed")
-    return runs
+def np4(tmp_path_factory):
+    """The same job (seed, global batch 64, 12 steps) with each sync method at np 4, all in one mpirun."""
+    jobs = {name: ["--sync", name] for name in ("gather_scatter", "allreduce", "ddp", "flat", "ring", "flat_fp16")}
+    jobs.update({
+        "bucketed": ["--sync", "bucketed", *BUCKETS_OF_1_MB],
+        "bucketed+fp16": ["--sync", "bucketed", "--compression", "fp16", *BUCKETS_OF_1_MB],
+        "bucketed+powersgd": ["--sync", "bucketed", "--compression", "powersgd", "--powersgd-start-step", "2",
+                              *BUCKETS_OF_1_MB],
+        "hierarchical": ["--sync", "hierarchical", *BUCKETS_OF_1_MB],
+        "ddp_fp16": ["--sync", "ddp_fp16", *BUCKETS_OF_1_MB],
+    })
+    return train_several(4, tmp_path_factory.mktemp("np4"), {name: [*NP4_ARGS, *args] for name, args in jobs.items()},
+                         timeout=600)
 
 
-COMPRESSED_ARGS = [*COURSE_SETTINGS, "--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64",
-                   "--max-steps", "12", "--log-every", "2", "--no-tracking", "--bucket-mb", "1"]
-
-
-@pytest.fixture(scope="module")
-def np4_compressed_runs(tmp_path_factory):
-    """The same job with compression on the overlapped schedule (1 MB buckets: three, as above)."""
-    tmp = tmp_path_factory.mktemp("np4_compressed")
-    return {
-        "bucketed+fp16": train(4, tmp, *COMPRESSED_ARGS, "--sync", "bucketed", "--compression", "fp16", name="bf"),
-        "bucketed+powersgd": train(4, tmp, *COMPRESSED_ARGS, "--sync", "bucketed", "--compression", "powersgd",
-                                   "--powersgd-start-step", "2", name="bp"),
-    }
-
-
-@pytest.fixture(scope="module")
-def np4_peer_runs(tmp_path_factory):
-    """The same job with the two-level schedule and with DDP's own fp16 hook (a fixture of its own: its own time
-    budget)."""
-    tmp = tmp_path_factory.mktemp("np4_peers")
-    return {"hierarchical": train(4, tmp, *COMPRESSED_ARGS, "--sync", "hierarchical", name="h"),
-            "ddp_fp16": train(4, tmp, *COMPRESSED_ARGS, "--sync", "ddp_fp16", name="df")}
-
-
-def test_hierarchical_and_ddp_fp16_follow_allreduce_as_far_as_their_precision_allows(np4_runs, np4_peer_runs):
-    reference = losses(np4_runs["allreduce"])
+def test_hierarchical_and_ddp_fp16_follow_allreduce_as_far_as_their_precision_allows(np4):
+    reference = losses(np4["allreduce"])
     # one host: plain allreduce of the flat buffer
-    assert relative_gap(losses(np4_peer_runs["hierarchical"]), reference) <= 1e-5
-    assert relative_gap(losses(np4_peer_runs["ddp_fp16"]), reference) <= 2e-4  # float16's rounding, as flat_fp16
-    assert np4_peer_runs["ddp_fp16"]["compression"] == "fp16" and np4_peer_runs["hierarchical"]["compression"] == "none"
+    assert relative_gap(losses(np4["hierarchical"]), reference) <= 1e-5
+    assert relative_gap(losses(np4["ddp_fp16"]), reference) <= 2e-4  # float16's rounding, as flat_fp16
+    assert np4["ddp_fp16"]["compression"] == "fp16" and np4["hierarchical"]["compression"] == "none"
 
 
-def test_compression_on_the_overlapped_schedule_follows_allreduce_as_far_as_it_allows(np4_runs, np4_compressed_runs):
-    runs, reference = np4_compressed_runs, losses(np4_runs["allreduce"])
+def test_compression_on_the_overlapped_schedule_follows_allreduce_as_far_as_it_allows(np4):
+    runs, reference = np4, losses(np4["allreduce"])
     assert relative_gap(losses(runs["bucketed+fp16"]), reference) <= 2e-4  # float16's rounding, as flat_fp16
     assert runs["bucketed+fp16"]["config"]["compression"] == "fp16" and runs["bucketed+fp16"]["compression"] == "fp16"
     powersgd = losses(runs["bucketed+powersgd"])
@@ -104,40 +80,40 @@ def test_a_method_the_backend_cannot_run_is_refused_before_anything_starts(tmp_p
     assert refused.returncode == 2 and "cannot carry --compression fp16" in refused.stderr.replace("\n", " ")
 
 
-def test_gather_scatter_matches_allreduce_at_every_logged_step(np4_runs):
-    assert [s["step"] for s in np4_runs["allreduce"]["steps"]] == [2, 4, 6, 8, 10, 12]
-    assert relative_gap(losses(np4_runs["gather_scatter"]), losses(np4_runs["allreduce"])) <= 1e-5
+def test_gather_scatter_matches_allreduce_at_every_logged_step(np4):
+    assert [s["step"] for s in np4["allreduce"]["steps"]] == [2, 4, 6, 8, 10, 12]
+    assert relative_gap(losses(np4["gather_scatter"]), losses(np4["allreduce"])) <= 1e-5
 
 
-def test_ddp_matches_allreduce_within_1e_4(np4_runs):
-    assert relative_gap(losses(np4_runs["ddp"]), losses(np4_runs["allreduce"])) <= 1e-4
+def test_ddp_matches_allreduce_within_1e_4(np4):
+    assert relative_gap(losses(np4["ddp"]), losses(np4["allreduce"])) <= 1e-4
 
 
-def test_flat_matches_allreduce_within_1e_5(np4_runs, np4_packed_runs):
-    assert relative_gap(losses(np4_packed_runs["flat"]), losses(np4_runs["allreduce"])) <= 1e-5
+def test_flat_matches_allreduce_within_1e_5(np4):
+    assert relative_gap(losses(np4["flat"]), losses(np4["allreduce"])) <= 1e-5
 
 
 @pytest.mark.parametrize("name", ["ring", "bucketed"])
-def test_methods_summing_in_another_order_match_allreduce_within_1e_4(np4_runs, np4_packed_runs, name):
+def test_methods_summing_in_another_order_match_allreduce_within_1e_4(np4, name):
     # Float addition is not associative: the ring (and Gloo on other buffer layouts) adds the four
     # ranks' gradients in another order, so the losses drift apart by rounding only (measured: ~3e-8
     # after 12 steps). 1e-4, ddp's bound for the same reason, leaves a wide margin for that and still
     # catches real faults: one rank's share missing from the ring's sums, or one bucket left
     # undivided, moved the loss by 0.09 and 0.19 in the same job.
-    assert relative_gap(losses(np4_packed_runs[name]), losses(np4_runs["allreduce"])) <= 1e-4
-    assert np4_packed_runs[name]["config"]["sync"] == name
+    assert relative_gap(losses(np4[name]), losses(np4["allreduce"])) <= 1e-4
+    assert np4[name]["config"]["sync"] == name
 
 
-def test_float16_compression_matches_allreduce_to_float16_precision(np4_runs, np4_packed_runs):
+def test_float16_compression_matches_allreduce_to_float16_precision(np4):
     # Each rank's gradient share is rounded to float16 (relative error up to 2^-11) before the sum, so the
     # losses drift apart further than by float32 summation order (measured: 1.9e-5 after 12 steps), but
     # far less than a sync fault moves them (0.09 and more, see above).
-    gap = relative_gap(losses(np4_packed_runs["flat_fp16"]), losses(np4_runs["allreduce"]))
+    gap = relative_gap(losses(np4["flat_fp16"]), losses(np4["allreduce"]))
     assert gap <= 2e-4, gap
 
 
-def test_training_learns_and_the_summary_is_complete(np4_runs):
-    summary = np4_runs["allreduce"]
+def test_training_learns_and_the_summary_is_complete(np4):
+    summary = np4["allreduce"]
     # 12 steps at lr 0.05 from scratch are the noisy start of training: the loss falls by 7% here
     # (2.32 to 2.16; 5-12% with other seeds); a job that does not learn stays at ln 10 = 2.30.
     assert losses(summary)[-1] < 0.95 * losses(summary)[0]
@@ -159,24 +135,42 @@ def test_one_process_at_batch_64_follows_four_at_16_each(tmp_path, quick_args):
     assert relative_gap(losses(four), losses(single)) <= 1e-4
 
 
-def test_identical_runs_give_identical_losses(tmp_path, quick_args):
-    args = [*quick_args, "--max-steps", "6"]
-    first, second = (train(2, tmp_path, *args, name=f"run{i}") for i in range(2))
-    assert losses(first) == losses(second)
+QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2",
+         "--no-tracking"]
 
 
-def test_a_different_seed_gives_different_losses(tmp_path, quick_args):
-    args = [*quick_args, "--max-steps", "4"]
-    assert (losses(train(2, tmp_path, *args, "--seed", "1", name="a"))
-            != losses(train(2, tmp_path, *args, "--seed", "2", name="b")))
+@pytest.fixture(scope="module")
+def np2(tmp_path_factory):
+    """Short jobs at np 2, all in one mpirun: two identical ones, two seeds, MNIST's IDX files, several epochs."""
+    tmp = tmp_path_factory.mktemp("np2")
+    write_mnist(tmp / "data", train=256, test=64)
+    return train_several(2, tmp, {
+        "run0": [*QUICK, "--max-steps", "6"], "run1": [*QUICK, "--max-steps", "6"],
+        "seed1": [*QUICK, "--max-steps", "4", "--seed", "1"], "seed2": [*QUICK, "--max-steps", "4", "--seed", "2"],
+        "mnist": ["--dataset", "mnist", "--data-dir", str(tmp / "data"), "--batch-size", "64", "--log-every", "1",
+                  "--no-tracking"],
+        "epochs": [*QUICK, "--synthetic-size", "256", "--epochs", "3", "--log-every", "100"],
+    })
 
 
-def test_mnist_idx_files_train_a_full_epoch(tmp_path):
-    write_mnist(tmp_path / "data", train=256, test=64)
-    summary = train(2, tmp_path, "--dataset", "mnist", "--data-dir", str(tmp_path / "data"), "--batch-size", "64",
-                    "--log-every", "1", "--no-tracking")
+def test_identical_runs_give_identical_losses(np2):
+    assert losses(np2["run0"]) == losses(np2["run1"])
+
+
+def test_a_different_seed_gives_different_losses(np2):
+    assert losses(np2["seed1"]) != losses(np2["seed2"])
+
+
+def test_mnist_idx_files_train_a_full_epoch(np2):
+    summary = np2["mnist"]
     assert [s["step"] for s in summary["steps"]] == [1, 2, 3, 4]
     assert summary["config"]["model"] == "mnist_cnn" and len(summary["epochs"]) == 1
+
+
+def test_max_steps_and_epochs_bound_the_run(np2):
+    summary = np2["epochs"]
+    assert summary["total_steps"] == 12 and [s["step"] for s in summary["steps"]] == [4, 8, 12]
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]
 
 
 def test_cifar10_image_folders_train_vgg11_on_four_ranks(tmp_path):
@@ -188,9 +182,3 @@ def test_cifar10_image_folders_train_vgg11_on_four_ranks(tmp_path):
     scored = summary["epochs"][0]["test_accuracy"] * 40  # 40 test images over 4 ranks, each scored exactly once
     assert scored == pytest.approx(round(scored), abs=1e-9) and 0 <= round(scored) <= 40
     assert summary["epochs"][0]["test_loss"] > 0
-
-
-def test_max_steps_and_epochs_bound_the_run(tmp_path, quick_args):
-    summary = train(2, tmp_path, *quick_args, "--synthetic-size", "256", "--epochs", "3", "--log-every", "100")
-    assert summary["total_steps"] == 12 and [s["step"] for s in summary["steps"]] == [4, 8, 12]
-    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]

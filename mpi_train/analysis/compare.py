@@ -4,8 +4,9 @@ Reads parent and child runs through the MLflow client (the same keys in every jo
 this, and the UI's compare view, work), prints one row per job and writes PNGs:
 loss against step per job, the mean step split into its phases, and each rank's
 step-time spread. With --log-artifacts the plots and table become a comparison run.
-Step times are the means leaving out each job's first --timing-warmup-steps steps (the
-seed assignment's convention), where the job recorded them; older jobs show whole-run means.
+Every time is the job's `summary/` figure (tracking/names.py), taken once by one rule
+(SUMMARY_RULE: means over ranks and over the steps after the timing warm-up) and shown the
+same in every table; jobs of earlier versions are read under the names they logged.
 
     python -m mpi_train.compare --experiment mpi_train --tracking-uri http://127.0.0.1:5000 --out plots
 """
@@ -22,7 +23,8 @@ from ..config import ENV_DEFAULTS, redact_uri
 from ..errors import UserError, format_error
 from ..stragglers import Straggler
 from ..sync import SYNC_METHODS, label, split_label
-from ..tracking import check_uri, default_store_uri, job_metrics, probe_server
+from ..tracking import check_uri, default_store_uri, job_metrics, mlflow_client, probe_server
+from ..tracking import names as metric_names
 
 PLOTTED_PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
 COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "samples/s", "final_loss", "test_acc", "speed-up")
@@ -66,21 +68,27 @@ def load_jobs(client, experiment_id: str, since_ms: int | None = None, names: se
         sync = label(params.get("sync", "?"), params.get("compression", "none"))
         job = FinishedJob(run.info.run_id, run.info.run_name, sync, int(params.get("world_size", 0)), metrics,
                           params=dict(params), slow_host=run.data.tags.get("mpi_train.slow_host_link"))
-        job.loss_curve = [(m.step, m.value)
-                          for m in sorted(client.get_metric_history(job.run_id, "loss"), key=lambda m: m.step)]
+        job.loss_curve = [(m.step, m.value) for m in sorted(history(client, job.run_id, metric_names.LOSS),
+                                                           key=lambda m: m.step)]
         children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{job.run_id}'",
                                       max_results=1000)
         for child in sorted(children, key=lambda c: int(c.data.tags.get("rank", 0))):
-            job.rank_step_times.append([m.value for m in client.get_metric_history(child.info.run_id, "step_time_s")])
+            steps = history(client, child.info.run_id, metric_names.rank_key("step_time_s"))
+            job.rank_step_times.append([m.value for m in steps])
         jobs.append(job)
     return sorted(jobs, key=lambda j: (j.sync, j.world_size, j.name))
+
+
+def history(client, run_id: str, key: str) -> list:
+    """A metric's history under its name today, else under the name earlier versions logged it as."""
+    found = client.get_metric_history(run_id, key)
+    old = metric_names.OLD_NAMES.get(key)
+    return found if found or old is None else client.get_metric_history(run_id, old)
 
 
 def job_from_summary(name: str, summary: dict) -> FinishedJob:
     """A job read from its --summary-json file instead of MLflow (runs made with --no-tracking)."""
     metrics = job_metrics(summary, summary["config"]["batch_size"])
-    if summary.get("epochs"):
-        metrics["test_accuracy"] = summary["epochs"][-1]["test_accuracy"]
     sync = label(summary["config"]["sync"], summary["config"].get("compression", "none"))
     return FinishedJob(run_id="", name=name, sync=sync, world_size=summary["world_size"], metrics=metrics,
                loss_curve=[(step["step"], step["loss"]) for step in summary["steps"]],
@@ -95,7 +103,7 @@ def slow_host_lines(jobs: list[FinishedJob]) -> list[str]:
     lines = []
     for job in jobs:
         if job.slow_host:
-            cost = job.metrics.get("slow_host_cost_s")
+            cost = metric_names.read(job.metrics, metric_names.summary_key("slow_host_cost_s"))
             sync = timing(job.metrics, "sync_time_s")
             lines.append(f"  {job.name} ({job.label}): slow {job.slow_host}; it costs "
                          + (f"about {1000 * cost:.0f} ms per step by the model" if cost is not None
@@ -105,12 +113,12 @@ def slow_host_lines(jobs: list[FinishedJob]) -> list[str]:
 
 
 def timing(metrics: dict, phase: str) -> float | None:
-    """A job's mean `phase` time per step, warm-up steps left out when the job recorded that mean."""
-    return metrics.get(f"steady_mean_{phase}", metrics.get(f"mean_{phase}"))
+    """A job's mean `phase` time per step by SUMMARY_RULE (older jobs: whole-run means, if that is all they have)."""
+    return metric_names.read(metrics, metric_names.summary_key(phase))
 
 
 def throughput(metrics: dict) -> float | None:
-    return metrics.get("steady_throughput_samples_per_s", metrics.get("mean_throughput_samples_per_s"))
+    return metric_names.read(metrics, metric_names.summary_key("samples_per_s"))
 
 
 def table_rows(jobs: list[FinishedJob]) -> list[dict]:
@@ -124,8 +132,11 @@ def table_rows(jobs: list[FinishedJob]) -> list[dict]:
             "run": job.name, "sync": job.sync, "np": job.world_size,
             "step_s": step_s, "sync_s": sync_s,
             "sync_%": 100 * sync_s / step_s if step_s and sync_s is not None else None,
-            "samples/s": throughput(m), "final_loss": m.get("final_loss", m.get("loss")),
-            "test_acc": m.get("test_accuracy"),
+            "samples/s": throughput(m),
+            "final_loss": metric_names.read(m, metric_names.summary_key("final_loss")) or metric_names.read(
+                m, metric_names.LOSS),
+            "test_acc": metric_names.read(m, metric_names.summary_key("test_accuracy")) or metric_names.read(
+                m, metric_names.TEST_ACCURACY),
             "speed-up": throughput(m) / slowest if throughput(m) is not None else None,
         })
     return rows
@@ -203,14 +214,16 @@ def hidden_in_backward(sync: str) -> bool:
 
 
 def prediction_rows(jobs: list[FinishedJob]) -> list[dict]:
-    """Predicted (mpi_train/netmodel.py) against measured sync time per job, with the relative error."""
+    """Predicted (mpi_train/netmodel/) against measured sync time per job, with the relative error; measured is the
+    same summary figure as in the runs table (SUMMARY_RULE)."""
     rows = []
     for job in jobs:
         m = job.metrics
-        predicted, measured = m.get("predicted_sync_time_s"), m.get("mean_sync_time_s")
+        predicted = metric_names.read(m, metric_names.summary_key("predicted_sync_s"))
+        measured = timing(m, "sync_time_s")
         hidden = hidden_in_backward(job.sync)
         rows.append({"sync": job.sync, "model": job.params.get("model"), "np": job.world_size,
-                     "hosts": job.params.get("num_hosts"), "link": job.params.get("link") or "-",
+                     "hosts": job.params.get("num_hosts"), "link": job.params.get("link") or "-",  # unset: not logged
                      "measured_s": measured, "predicted_s": predicted,
                      "error": None if hidden or not predicted or not measured else (predicted - measured) / measured,
                      "hidden": hidden})
@@ -299,6 +312,22 @@ def log_comparison(client, experiment_id: str, jobs: list[FinishedJob], text: st
     return run.info.run_id
 
 
+def comparison(jobs: list[FinishedJob], title: str) -> str:
+    """The comparison's text: its rule said once, the runs table, predicted against measured sync (jobs on several
+    hosts), the slow hosts."""
+    sections = [f"{title} ({len(jobs)} finished). Times per step: {metric_names.SUMMARY_RULE}.\n"
+                + format_table(table_rows(jobs))]
+    predictions = prediction_rows(jobs)
+    if any(row["predicted_s"] is not None for row in predictions):
+        sections.append("Sync time per step, measured (the runs table's sync_s) against the alpha-beta model "
+                        "(mpi_train/netmodel/), per method and setting; error = (predicted - measured) / measured:\n"
+                        + format_prediction_table(predictions))
+    slow = slow_host_lines(jobs)
+    if slow:
+        sections.append("Slow hosts (every rank waits for the slowest link):\n" + "\n".join(slow))
+    return "\n\n".join(sections)
+
+
 def save_figure(fig, path: Path, rect: tuple | None = None) -> Path:
     """Lay the figure out (inside `rect`, leaving room for a legend or title outside the axes), write it, close it."""
     fig.tight_layout(rect=rect)
@@ -328,9 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if check_uri(uri) in ("http", "https"):
             probe_server(uri)
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri=uri)
+        client = mlflow_client(uri)
         experiment = client.get_experiment_by_name(args.experiment)
         if experiment is None:
             raise UserError(f"Experiment {args.experiment!r} does not exist at {redact_uri(uri)}. Name one that "
@@ -342,15 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
-    table = format_table(table_rows(jobs))
+    table = comparison(jobs, f"Jobs of {args.experiment!r}")
+    print(table)
     predictions = prediction_rows(jobs)
     predicted = any(row["predicted_s"] is not None for row in predictions)
-    if predicted:  # jobs on several ranks: predicted (alpha-beta model) against measured sync
-        table += "\n\nsync time, measured against predicted:\n" + format_prediction_table(predictions)
-    slow = slow_host_lines(jobs)
-    if slow:
-        table += "\n\nslow hosts (every rank waits for the slowest link):\n" + "\n".join(slow)
-    print(table)
     paths = plot(jobs, Path(args.out)) + ([plot_predictions(predictions, Path(args.out))] if predicted else [])
     print("plots: " + ", ".join(str(p) for p in paths))
     if args.log_artifacts:

@@ -73,6 +73,9 @@ from ..netmodel.families import bus_bandwidth, family_of
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, parse_labels, split_label
 from ..sync.flat import FlatBuffer
+from ..sync.messages import BUCKETS
+from ..tracking import names as metric_names
+from ..tracking.links import share_views, where
 from .collectives import allreduce_bandwidth
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
@@ -456,7 +459,7 @@ def describe(result: dict) -> str:
     lines.append("S = bytes summed per step as the method sends them (cost model's S); "
                  "exposed = step minus the no-sync step in the same round (± half its interquartile range over steps: "
                  "the machine's noise); efficiency = floor / sync (at most 1; n/a where communication overlaps "
-                 "backward); predicted = the alpha-beta model's wire time (mpi_train/netmodel.py) plus codec, pred_err "
+                 "backward); predicted = the alpha-beta model's wire time (mpi_train/netmodel/) plus codec, pred_err "
                  "against sync, or against exposed for overlapped methods; codec = the compressor's own CPU work per "
                  "step, timed with nothing sent.")
     return "\n".join(lines)
@@ -464,35 +467,64 @@ def describe(result: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------
 
+def method_params(row: dict, result: dict) -> dict:
+    """A method's child run params: what it is and where it ran, the same keys on every child."""
+    name, compression = split_label(row["method"])
+    layout = result.get("layout") or {}
+    method = configured(row["method"], result.get("bucket_mb", TrainConfig.bucket_mb))
+    bucket = method.bucket_caps()[1] / 2**20 if method.messages == BUCKETS else None
+    return {"sync": name, "compression": compression, "bucket_mb": f"{bucket:g}" if bucket else "-",
+            "collective": row.get("collective") or "-", "link": result.get("network_link") or "unlimited",
+            "num_hosts": layout.get("hosts", 1), "ranks_per_host": layout.get("ranks_per_host", result["world_size"]),
+            "world_size": result["world_size"], "model": result["model"], "batch_size": result["batch_size"]}
+
+
+def method_metrics(row: dict) -> dict:
+    """A method's figures under the same `bench/` keys on every child run (tracking/names.py), so one chart per
+    figure holds every method."""
+    sent = max(row["sent_bytes"]) / 1e6 if row.get("sent_bytes") else None
+    figures = {"step_s": row["step_s"], "compute_s": row["compute_s"], "sync_s": row["sync_s"],
+               "exposed_s": row["exposed_s"], "predicted_s": row.get("predicted_s"),
+               "prediction_error": row.get("prediction_error"), "sent_mb": sent, "codec_s": row.get("codec_s"),
+               "efficiency": row.get("efficiency")}
+    return {metric_names.bench_key(key): float(value) for key, value in figures.items()
+            if isinstance(value, (int, float)) and math.isfinite(value)}
+
+
 def log_run(connection: tracking.Connection, run_name: str, result: dict, text: str) -> str:
-    """Rank 0: one MLflow run holding the parameters, a metric per method and figure, the JSON and the table."""
+    """Rank 0: the bench as a parent run (its setting as params, the JSON and the table as artifacts) with one child
+    run per method label, so MLflow's chart view compares the methods side by side."""
     from mlflow.entities import Metric, Param
 
-    client = connection.client
-    run = client.create_run(connection.experiment_id, run_name=run_name, tags={"mpi_train.role": "bench"})
-    run_id = run.info.run_id
+    client, experiment = connection.client, connection.experiment_id
+    run_id = client.create_run(experiment, run_name=run_name, tags={"mpi_train.role": "bench"}).info.run_id
+    children = []
     try:
         params = {key: result[key]
                   for key in ("world_size", "backend", "model", "batch_size", "steps", "warmup", "gradient_bytes")}
-        if result.get("layout"):
-            params.update(link=result.get("network_link") or "unlimited", num_hosts=result["layout"]["hosts"],
-                          ranks_per_host=result["layout"]["ranks_per_host"])
-        stamp = int(time.time() * 1000)
-        metrics = ([Metric("link_bandwidth_bytes_per_s", result["link"]["bandwidth_bytes_per_s"], stamp, 0)]
-                   if result["world_size"] > 1 else [])
-        for row in result["methods"]:
-            for key in ("compute_s", "sync_s", "step_s", "exposed_s", "busbw_bytes_per_s", "floor_s", "efficiency",
-                        "predicted_s", "prediction_error", "codec_s"):
-                if isinstance(row.get(key), (int, float)) and math.isfinite(row[key]):
-                    metrics.append(Metric(f"{row['method'].replace('+', '.')}/{key}", float(row[key]), stamp, 0))
-        client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()],
-                         synchronous=True)
+        layout = result.get("layout") or {}
+        params.update(link=result.get("network_link") or "unlimited", num_hosts=layout.get("hosts", 1),
+                      ranks_per_host=layout.get("ranks_per_host", result["world_size"]))
+        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()], synchronous=True)
         client.log_dict(run_id, result, "bench.json")
         client.log_text(run_id, text + "\n", "bench.txt")
+        setting = f"np{result['world_size']}" + (f"-h{layout['hosts']}-{result['network_link']}"
+                                                 if result.get("network_link") else "")
+        stamp = int(time.time() * 1000)
+        for row in result["methods"]:
+            child = client.create_run(experiment, run_name=f"{row['method']}-{setting}", tags={
+                "mlflow.parentRunId": run_id, "mpi_train.role": "bench_method"}).info.run_id
+            children.append(child)
+            client.log_batch(child, metrics=[Metric(k, v, stamp, 0) for k, v in method_metrics(row).items()],
+                             params=[Param(k, str(v)) for k, v in method_params(row, result).items()],
+                             synchronous=True)
+            client.set_terminated(child, "FINISHED")
     except BaseException:
-        client.set_terminated(run_id, "FAILED")
+        for failed in [*children, run_id]:
+            client.set_terminated(failed, "FAILED")
         raise
     client.set_terminated(run_id, "FINISHED")
+    share_views(client, experiment)
     return run_id
 
 
@@ -559,7 +591,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         "steps": args.steps, "warmup": args.warmup, "threads": threads, "gradient_bytes": gradient_bytes,
         "link": link, "hosts": list(cluster.hosts), "unavailable": unavailable,
         "layout": {"hosts": layout.hosts, "ranks_per_host": layout.ranks_per_host, "host_of_rank": list(cluster.hosts)},
-        "network_link": args.link, "calibration": calibration,
+        "network_link": args.link, "bucket_mb": args.bucket_mb, "calibration": calibration,
         "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"], sent, cluster.hosts,
                              inputs, codec),
         "per_rank_times": per_rank,
@@ -571,7 +603,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         print(f"wrote {args.json}")
     if connection is not None:
         run_id = log_run(connection, args.run_name or f"bench-{args.model}-np{world}", result, text)
-        print(f"logged as MLflow run {run_id} in experiment {args.experiment!r}")
+        print(f"logged as MLflow run {run_id} in experiment {args.experiment!r}, a child run per method; "
+              + where(connection.uri, connection.experiment_id, run_id, charts=True), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

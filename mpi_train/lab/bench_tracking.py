@@ -25,7 +25,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..tracking import names
 from ..tracking.probe import wait_for_server
+from ..tracking.store import mlflow_client
 from . import mpirun
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -77,12 +79,10 @@ def per_step(summary: dict) -> float:
 
 
 def tracking_share(uri: str, name: str) -> float:
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
+    client = mlflow_client(uri)
     experiment = client.get_experiment_by_name("bench_tracking")
     (run,) = client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'")
-    return run.data.metrics["tracking_share"]
+    return run.data.metrics[names.summary_key("tracking_share")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

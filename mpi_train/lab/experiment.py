@@ -40,8 +40,7 @@ from pathlib import Path
 
 from ..analysis import model_accuracy
 from ..analysis.compare import (
-    format_prediction_table,
-    format_table,
+    comparison,
     job_from_summary,
     load_jobs,
     log_comparison,
@@ -49,13 +48,12 @@ from ..analysis.compare import (
     plot_predictions,
     plot_sync_costs,
     prediction_rows,
-    slow_host_lines,
-    table_rows,
 )
 from ..commands.bench import describe
 from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
 from ..errors import UserError, format_error
-from ..tracking import check_uri, default_store_uri, probe_server
+from ..tracking import check_uri, default_store_uri, mlflow_client, probe_server
+from ..tracking.links import share_views, where
 from .experiment_file import BenchPlan, PlannedRun, Sweep, load
 from .mpirun import own_tmpdir, start, stop
 from .network import NetworkSetting
@@ -399,9 +397,7 @@ def collect_jobs(sweep: Sweep, uri: str | None, launches: list[Launch], since_ms
     experiment id)."""
     finished = {l.name for l in launches if l.returncode == 0 and not l.name.startswith("bench-")}
     if uri:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri=uri)
+        client = mlflow_client(uri)
         experiment = client.get_experiment_by_name(sweep.name)
         if experiment is None:
             return [], client, None
@@ -420,17 +416,11 @@ def report(sweep: Sweep, uri: str | None, launches: list[Launch], since_ms: int)
     jobs, client, experiment_id = collect_jobs(sweep, uri, launches, since_ms)
     sections, paths = [], []
     if jobs:
-        sections.append(f"Runs of {sweep.name!r} ({len(jobs)} finished):\n{format_table(table_rows(jobs))}")
+        sections.append(comparison(jobs, f"Runs of {sweep.name!r}"))
         paths += plot(jobs, sweep.out / "plots")
         predictions = prediction_rows(jobs)
         if any(row["predicted_s"] is not None for row in predictions):
-            sections.append("Sync time per step, measured (mean over ranks and steps) against the alpha-beta model "
-                            "(mpi_train/netmodel.py), per method and setting; error = (predicted - measured) / "
-                            "measured:\n" + format_prediction_table(predictions))
             paths.append(plot_predictions(predictions, sweep.out / "plots"))
-        slow = slow_host_lines(jobs)
-        if slow:
-            sections.append("Slow hosts (every rank waits for the slowest link):\n" + "\n".join(slow))
     elif sweep.runs:
         sections.append(f"Runs of {sweep.name!r}: none finished, nothing to compare.")
     settings = sweep.network.settings if sweep.network else (None,)
@@ -458,6 +448,9 @@ def report(sweep: Sweep, uri: str | None, launches: list[Launch], since_ms: int)
     if client is not None and experiment_id is not None and jobs:
         run_id = log_comparison(client, experiment_id, jobs, text, paths, run_name=f"report-{sweep.name}")
         print(f"stored as MLflow run {run_id} in experiment {sweep.name!r} ({redact_uri(uri)})")
+    if client is not None and experiment_id is not None:
+        share_views(client, experiment_id)
+        print(f"MLflow {where(uri, experiment_id, charts=True)}")
 
 
 def run_sweep(sweep: Sweep, launches: list[Launch], uri: str | None) -> int:

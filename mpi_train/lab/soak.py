@@ -37,8 +37,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import UserError, format_error
+from ..tracking import names
 from ..tracking.server import server_command, wait_until_healthy
 from ..tracking.server import stop as stop_server
+from ..tracking.store import mlflow_client
 from . import mpirun
 from .network import NetworkPlan, NetworkSetting
 from .testhosts import TestHosts, check_can_run
@@ -268,9 +270,7 @@ def inject(trial: Trial, marker: str, hosts: TestHosts, server: Server) -> None:
 def tracked(uri: str, run_name: str, printed: set) -> tuple[str, int]:
     """The job's parent run status once it has one (or RUNNING after SETTLE_S), and how many printed steps have
     their loss in MLflow."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
+    client = mlflow_client(uri)
     deadline = time.monotonic() + SETTLE_S
     while True:
         experiment = client.get_experiment_by_name("soak")
@@ -281,7 +281,7 @@ def tracked(uri: str, run_name: str, printed: set) -> tuple[str, int]:
         time.sleep(1)
     if not runs:
         return "none", 0
-    logged = {m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")}
+    logged = {m.step for m in client.get_metric_history(runs[0].info.run_id, names.LOSS)}
     return runs[0].info.status, len(printed & logged)
 
 

@@ -27,7 +27,15 @@ from ..errors import UserError
 from .probe import ServerUnreachable, probe_server, server_answers
 from .runs import MlflowTracker, job_metrics
 from .sampler import HostSampler
-from .store import DEFAULT_STORE_DIR, Connection, check_store_dir, check_uri, default_store_uri, open_store
+from .store import (
+    DEFAULT_STORE_DIR,
+    Connection,
+    check_store_dir,
+    check_uri,
+    default_store_uri,
+    mlflow_client,
+    open_store,
+)
 from .tracker import NullTracker, RankTracker
 
 __all__ = [
@@ -40,6 +48,7 @@ __all__ = [
     "connect",
     "default_store_uri",
     "job_metrics",
+    "mlflow_client",
     "probe_server",
     "server_answers",
     "start",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .probe import server_answers
 from .spool import OFFLINE_PREFIX, MetricHistory, Spool, batch_record, deliver, server_run_id
+from .store import mlflow_client
 
 
 class RunGuard:
@@ -96,9 +97,7 @@ def main() -> int:
     if outcome is None:
         outcome = {"status": "KILLED", "tags": {"mpi_train.killed_by": "rank 0 ended without recording the run"},
                    "child_statuses": ["KILLED"] * len(setup["children"])}
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=setup["uri"])
+    client = mlflow_client(setup["uri"])
     unsent: dict[str, list] = {}
     for _, run_id, rows in kept:
         unsent.setdefault(run_id, []).extend(rows)

@@ -20,7 +20,7 @@ from ..config import redact_uri
 from ..errors import UserError, format_error
 from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, first_line
-from .store import check_uri
+from .store import check_uri, mlflow_client
 
 WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
 
@@ -73,8 +73,6 @@ def target_uri(spool: Spool, override: str | None) -> str:
 
 
 def replay_one(path: Path, override: str | None) -> None:
-    from mlflow import MlflowClient
-
     spool = Spool(path)
     pending = len(spool)
     if not pending:
@@ -90,7 +88,7 @@ def replay_one(path: Path, override: str | None) -> None:
                         f"server (`python -m mpi_train.server`) or pass --tracking-uri http://HOST:PORT, and run this "
                         f"command again.") from None
     try:
-        sent, ids = spool.replay(MlflowClient(tracking_uri=uri), uri)
+        sent, ids = spool.replay(mlflow_client(uri), uri)
     except Exception as error:  # noqa: BLE001 - what was sent is acknowledged; the rest waits for the next replay
         left = len(spool)
         raise UserError(f"sending {path} to {redact_uri(uri)} stopped after {pending - left} of {pending} write(s) "

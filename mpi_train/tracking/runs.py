@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..config import JobInfo, TrainConfig, redact_uri
 from ..errors import raised_in_collective
+from . import links, names
 from .sampler import HostSampler
 from .sender import END_TIMEOUT_S, BatchSender
 from .spool import OFFLINE_PREFIX, SpoolingClient, server_run_id
@@ -35,30 +36,28 @@ PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backen
 
 
 def job_metrics(summary: dict, global_batch: int) -> dict:
-    """The whole-job figures of a finished job's summary, under the parent run's metric names."""
-    means, steps = summary["mean_times"], summary["total_steps"]
-    return {
-        **{f"mean_{key}": value for key, value in means.items()},
-        **{f"total_{key}": value * steps for key, value in means.items()},
-        "sync_share": means["sync_time_s"] / means["step_time_s"] if means["step_time_s"] else 0.0,
-        "total_steps": steps, "wall_time_s": summary["wall_time_s"],
-        "mean_throughput_samples_per_s": global_batch / means["step_time_s"] if means["step_time_s"] else 0.0,
-        **({"final_loss": summary["final_loss"]} if summary["final_loss"] is not None else {}),
-        **steady_metrics(summary, global_batch),
-        **({"predicted_sync_time_s": summary["predicted_sync_time_s"]} if "predicted_sync_time_s" in summary else {}),
-        **({"slow_host_cost_s": summary["slow_host"]["cost_s"],
-            "slow_host_link_mb_s": summary["slow_host"]["bandwidth"] / 1e6} if summary.get("slow_host") else {}),
+    """The whole-job figures of a finished job's summary, under the parent run's `summary/` names (names.py):
+    one steady-state mean per phase (names.SUMMARY_RULE), and the run's outcome."""
+    steady = summary.get("mean_times_after_warmup") or summary["mean_times"]
+    step_s = steady["step_time_s"]
+    figures = {
+        **{names.summary_key(phase): value for phase, value in steady.items()},
+        names.summary_key("samples_per_s"): global_batch / step_s if step_s else 0.0,
+        names.summary_key("sync_share"): steady["sync_time_s"] / step_s if step_s else 0.0,
+        names.summary_key("total_steps"): summary["total_steps"],
+        names.summary_key("wall_time_s"): summary["wall_time_s"],
     }
-
-
-def steady_metrics(summary: dict, global_batch: int) -> dict:
-    """The means leaving out the first --timing-warmup-steps steps (absent from summaries older than them)."""
-    steady = summary.get("mean_times_after_warmup")
-    if not steady:
-        return {}
-    return {**{f"steady_mean_{key}": value for key, value in steady.items()},
-            "timing_warmup_steps": summary["timing_warmup_steps"],
-            "steady_throughput_samples_per_s": global_batch / steady["step_time_s"] if steady["step_time_s"] else 0.0}
+    if summary["final_loss"] is not None:
+        figures[names.summary_key("final_loss")] = summary["final_loss"]
+    if summary.get("epochs"):
+        figures[names.summary_key("test_accuracy")] = summary["epochs"][-1]["test_accuracy"]
+        figures[names.summary_key("test_loss")] = summary["epochs"][-1]["test_loss"]
+    if "predicted_sync_time_s" in summary:
+        figures[names.summary_key("predicted_sync_s")] = summary["predicted_sync_time_s"]
+    if summary.get("slow_host"):
+        figures[names.summary_key("slow_host_cost_s")] = summary["slow_host"]["cost_s"]
+        figures[names.summary_key("slow_host_link_mb_s")] = summary["slow_host"]["bandwidth"] / 1e6
+    return figures
 
 
 class MlflowTracker(NullTracker):
@@ -81,10 +80,11 @@ class MlflowTracker(NullTracker):
         self.wakeup: tuple[int, int] | None = None
 
         environment = describe_environment(cluster)
-        params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS},
+        params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS and v is not None},  # unset: not logged
                   **{k: v for k, v in job.as_dict().items() if k in PARAMS}}
         params["hosts"] = ",".join(sorted(set(self.hosts)))
-        tags = {"mpi_train.role": "job", "torch_version": environment["torch"], "mpi4py_version": environment["mpi4py"],
+        tags = {"mpi_train.role": "job", "mlflow.note.content": names.JOB_NOTE, "torch_version": environment["torch"],
+                "mpi4py_version": environment["mpi4py"],
                 "mpi_library_version": (environment["mpi_library"].splitlines()[0] if environment["mpi_library"]
                                         else "unknown"),
                 "mlflow_version": environment["mlflow"], "hosts": params["hosts"]}
@@ -115,7 +115,9 @@ class MlflowTracker(NullTracker):
                 except Exception:  # noqa: BLE001, S110 - the original error matters more
                     pass
             raise
-        self.uri = connection.uri
+        self.uri, self.experiment_id = connection.uri, connection.experiment_id
+        if connection.online:
+            links.share_views(self.client, self.experiment_id)
         spool = self.client.spool.path if isinstance(self.client, SpoolingClient) else None
         from .guard import RunGuard  # here, not at the top: the guard's own process imports this package first
 
@@ -152,12 +154,17 @@ class MlflowTracker(NullTracker):
     def console(self, line: str) -> None:
         self.lines.append(line)
 
+    def where(self) -> str | None:
+        if self.experiment_id is None:  # trained offline: the spool's message says how to send it
+            return None
+        return links.where(self.uri, self.experiment_id, self.parent_id, charts=True)
+
     def log_stall(self, stall) -> None:
         """A host that went silent and came back (liveness.Stall): a metric at its step on the job and its ranks,
         and a tag listing every stall when the run ends."""
         self.stalls.append(stall.describe())
         for run_id in [self.parent_id, *(self.child_ids[rank] for rank in stall.ranks)]:
-            self._put(run_id, self._metrics({"network_stall_s": stall.seconds}, stall.step))
+            self._put(run_id, self._metrics({names.STALL: stall.seconds}, stall.step))
 
     def log_straggler(self, straggler) -> None:
         """A slow host found at start (stragglers.Straggler): tags naming it when the run ends."""
@@ -166,32 +173,36 @@ class MlflowTracker(NullTracker):
     def log_step(self, epoch, step, loss, times, throughput, per_rank, lr=None) -> None:
         started = time.perf_counter()
         self._put(self.parent_id, self._metrics({
-            "loss": loss, "step_time_s": times["step_time_s"], "compute_time_s": times["compute_time_s"],
-            "sync_time_s": times["sync_time_s"], "throughput_samples_per_s": throughput,
-            **({"lr": lr} if lr is not None else {}),
-            **{k: times[k] for k in ("predicted_sync_time_s",) if k in times}}, step))
+            names.LOSS: loss, names.SAMPLES_PER_S: throughput, **({names.LR: lr} if lr is not None else {}),
+            **{names.step_key(phase): times[phase] for phase in names.PHASES},
+            **({names.PREDICTED_SYNC: times["predicted_sync_time_s"]} if "predicted_sync_time_s" in times else {}),
+        }, step))
         for rank, record in enumerate(per_rank):
-            self._put(self.child_ids[rank], self._metrics({k: v for k, v in record.items() if k != "system"}, step))
+            self._put(self.child_ids[rank],
+                      self._metrics({names.rank_key(k): v for k, v in record.items() if k != "system"}, step))
             if record.get("system"):
                 host = self.hosts[rank]
                 self._put(self.parent_id,
                           self._metrics({f"system/{host}/{k}": v for k, v in record["system"].items()}, step))
         self.loop_time_s += time.perf_counter() - started
 
-    def log_epoch(self, epoch, test_loss, test_accuracy, epoch_time_s) -> None:
+    def log_epoch(self, epoch, step, test_loss, test_accuracy, epoch_time_s) -> None:
+        """An epoch's test figures, at the step it ended, so they chart on the same axis as the loss."""
         self._put(self.parent_id, self._metrics(
-            {"test_loss": test_loss, "test_accuracy": test_accuracy, "epoch_time_s": epoch_time_s}, epoch))
+            {names.TEST_LOSS: test_loss, names.TEST_ACCURACY: test_accuracy, names.EPOCH_TIME: epoch_time_s}, step))
 
     def finish(self, summary: dict) -> None:
         means, steps = summary["mean_times"], summary["total_steps"]
         step_time_total = means["step_time_s"] * steps
         self._put(self.parent_id, self._metrics({
             **job_metrics(summary, self.config.batch_size),
-            "tracking_loop_time_s": self.loop_time_s,
-            "tracking_share": self.loop_time_s / step_time_total if step_time_total else 0.0,
-        }, steps))
-        for rank, rank_means in enumerate(summary["per_rank_mean_times"]):
-            self._put(self.child_ids[rank], self._metrics({f"mean_{k}": v for k, v in rank_means.items()}, steps))
+            names.summary_key("tracking_loop_s"): self.loop_time_s,
+            names.summary_key("tracking_share"): self.loop_time_s / step_time_total if step_time_total else 0.0,
+        }, 0))
+        steady = summary.get("per_rank_mean_times_after_warmup") or summary["per_rank_mean_times"]
+        for rank, rank_means in enumerate(steady):
+            self._put(self.child_ids[rank],
+                      self._metrics({names.rank_summary_key(phase): value for phase, value in rank_means.items()}, 0))
         self.client.log_dict(self.parent_id, summary, "summary.json")
 
     def save_weights(self, model) -> None:

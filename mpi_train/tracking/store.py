@@ -22,6 +22,9 @@ DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 # doubling back-off, take minutes), a hung server after 3 x 10 s. Writes that fail are spooled and re-sent (spool.py).
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# MLflow's own "View experiment at .../#/experiments/<id>" opens its GenAI overview: we print the runs page instead
+# (links.py).
+QUIET_LINKS = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,16 @@ class Connection:
     @property
     def online(self) -> bool:
         return self.experiment_id is not None
+
+
+def mlflow_client(uri: str):
+    """An MlflowClient for `uri` that leaves MLflow's own "View run / View experiment" lines out: its experiment link
+    opens the GenAI overview, ours the runs (links.py)."""
+    from mlflow import MlflowClient
+
+    for variable, value in QUIET_LINKS.items():
+        os.environ.setdefault(variable, value)
+    return MlflowClient(tracking_uri=uri)
 
 
 def default_store_uri() -> str:
@@ -96,10 +109,9 @@ def open_store(config: TrainConfig) -> Connection:
             if not config.tracking_spool:
                 raise UserError(f"{error} To train now and send the runs later, pass --tracking-spool.") from None
             return _offline(config, uri, error)
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri=uri)
+    client = mlflow_client(uri)
     if scheme in SERVER_SCHEMES:
         client = SpoolingClient(client, uri, Spool(job_spool_path()), config.experiment)
     try:
@@ -124,12 +136,10 @@ def job_spool_path() -> Path:
 
 def _offline(config: TrainConfig, uri: str, error: ServerUnreachable) -> Connection:
     """--tracking-spool with no server: runs get local ids and everything goes to the spool."""
-    from mlflow import MlflowClient
-
     check_store_dir(SPOOL_DIR, "run from another working directory")
     spool = Spool(job_spool_path())
     print(f"mpi_train: warning: {error.what} Training anyway (--tracking-spool): the runs "
           f"are kept in {spool.path}; send them with `python -m mpi_train.replay --tracking-uri {redact_uri(uri)}`.",
           file=sys.stderr, flush=True)
-    return Connection(SpoolingClient(MlflowClient(tracking_uri=uri), uri, spool, config.experiment, online=False), uri,
+    return Connection(SpoolingClient(mlflow_client(uri), uri, spool, config.experiment, online=False), uri,
                       None)

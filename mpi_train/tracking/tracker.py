@@ -33,6 +33,10 @@ class NullTracker:
     def __exit__(self, kind, error, trace) -> bool:
         return False
 
+    def where(self) -> str | None:
+        """Where the job's runs can be seen (tracking off, or not rank 0: nowhere)."""
+        return None
+
     def host_sample(self) -> dict:
         """What this rank adds to the logged-step gather (system metrics of its host, if it samples them)."""
         return self.sampler.sample() if self.sampler else {}
@@ -42,7 +46,8 @@ class NullTracker:
     def log_straggler(self, straggler) -> None: ...
     def log_step(self, epoch: int, step: int, loss: float, times: dict, throughput: float, per_rank: list[dict],
                  lr: float | None = None) -> None: ...
-    def log_epoch(self, epoch: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None: ...
+    def log_epoch(self, epoch: int, step: int, test_loss: float, test_accuracy: float,
+                  epoch_time_s: float) -> None: ...
     def finish(self, summary: dict) -> None: ...
     def save_weights(self, model) -> None: ...
 

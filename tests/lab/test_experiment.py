@@ -53,7 +53,8 @@ seed = [1, 2]
     assert not (out / "runs" / "gather_scatter-np2-seed42.json").exists()
     assert "left (estimate)" in output
 
-    report = output[output.index("Runs of 'tests-sweep' (2 finished):"):]
+    report = output[output.index("Runs of 'tests-sweep' (2 finished). Times per step: summary/<phase> = the mean over "
+                                 "ranks and over the steps after the first --timing-warmup-steps"):]
     rows = [line.split() for line in report.splitlines()[3:5]]
     assert sorted(row[0] for row in rows) == ["allreduce-np2-seed1", "allreduce-np2-seed2"]
     assert all(row[1:3] == ["allreduce", "2"] for row in rows)

@@ -187,12 +187,12 @@ subnet = "{SUBNET}"
         params, metrics = run.data.params, run.data.metrics
         assert (params["num_hosts"], params["ranks_per_host"], params["world_size"]) == ("2", "2", "4")
         assert params["link"] in ("1gbit", "100mbit") and run.info.run_name.endswith(params["link"])
-        history = client.get_metric_history(run.info.run_id, "predicted_sync_time_s")
-        assert len(history) >= 4 and metrics["predicted_sync_time_s"] > 0
+        history = client.get_metric_history(run.info.run_id, "time/predicted_sync_s")
+        assert len(history) >= 4 and metrics["summary/predicted_sync_s"] > 0
         summary = json.loads((out / "runs" / f"{run.info.run_name}.json").read_text())
         # step 1 opens connections
         after_first = statistics.median(step["sync_time_s"] for step in summary["steps"][1:])
-        measured[params["sync"], params["link"]] = (after_first, metrics["predicted_sync_time_s"])
+        measured[params["sync"], params["link"]] = (after_first, metrics["summary/predicted_sync_s"])
     for (sync, link), (seconds, predicted) in measured.items():  # loose: the CPU is shared, the model is not that rough
         assert predicted / 4 < seconds < predicted * 4, (sync, link, seconds, predicted)
     for sync in ("ring", "gather_scatter"):  # the shaping is real: a tenth of the rate costs several times the time

@@ -78,7 +78,7 @@ def runs_named(client, experiment: str, name: str):
 
 def has_logged(client, name: str) -> bool:
     parent, _ = runs_named(client, "outage", name)
-    return parent is not None and "loss" in parent.data.metrics
+    return parent is not None and "learning/loss" in parent.data.metrics
 
 
 def assert_every_step_once(client, run, key: str, steps: int) -> None:
@@ -181,10 +181,10 @@ def test_a_job_keeps_training_through_an_outage_and_resends_everything_once(outa
     client = outage["client"]
     parent, children = runs_named(client, "outage", "A")
     assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"] * 2
-    for key in ("loss", "step_time_s"):
+    for key in ("learning/loss", "time/step_s"):
         assert_every_step_once(client, parent, key, STEPS_A)
     for child in children:
-        assert_every_step_once(client, child, "loss", STEPS_A)
+        assert_every_step_once(client, child, "rank/loss", STEPS_A)
     assert_every_step_once(client, parent, f"system/{children[0].data.tags['host']}/cpu_utilization_percentage",
                            STEPS_A)
     assert "summary.json" in {item.path for item in client.list_artifacts(parent.info.run_id)}
@@ -205,9 +205,9 @@ def test_a_job_started_without_a_server_by_choice_is_replayed_once(outage):
     assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"] * 2
     assert (parent.data.params["sync"] == "allreduce"
             and "config.json" in {a.path for a in client.list_artifacts(parent.info.run_id)})
-    assert_every_step_once(client, parent, "loss", STEPS_B)
+    assert_every_step_once(client, parent, "learning/loss", STEPS_B)
     for child in children:
-        assert_every_step_once(client, child, "loss", STEPS_B)
+        assert_every_step_once(client, child, "rank/loss", STEPS_B)
     assert {child.data.tags["mlflow.parentRunId"] for child in children} == {parent.info.run_id}
     local_id = parent.data.tags[OFFLINE_ID_TAG]  # what B's checkpoints would name: a job resumed from one finds the run
     assert (local_id.startswith(OFFLINE_PREFIX)
@@ -225,7 +225,7 @@ def test_a_job_stopped_by_sigterm_while_spooling_says_where_its_record_is_and_is
     parent, children = runs_named(outage["client"], "outage", "D")
     assert parent.info.status == "KILLED" and parent.data.tags["mpi_train.killed_by"] == "SIGTERM"
     assert [child.info.status for child in children] == ["KILLED"] * 2
-    assert len(outage["client"].get_metric_history(parent.info.run_id, "loss")) >= 2
+    assert len(outage["client"].get_metric_history(parent.info.run_id, "learning/loss")) >= 2
 
 
 def test_an_unreachable_server_at_start_is_refused_quickly_unless_spooling_was_chosen(outage):

@@ -21,8 +21,9 @@ from mpi_train.tracking.store import open_store
 # Tests that run jobs or use the session's server are e2e; the URI, store-folder, sampler and sender checks run
 # in-process.
 
-PARENT_STEP_METRICS = ("loss", "step_time_s", "compute_time_s", "sync_time_s", "throughput_samples_per_s", "lr")
-CHILD_STEP_METRICS = ("loss", "data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")
+PARENT_STEP_METRICS = ("learning/loss", "learning/lr", "time/step_s", "time/data_s", "time/compute_s", "time/sync_s",
+                       "time/optimizer_s", "time/samples_per_s")
+CHILD_STEP_METRICS = ("rank/loss", "rank/data_s", "rank/compute_s", "rank/sync_s", "rank/optimizer_s", "rank/step_s")
 PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
           "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts")
 QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2"]
@@ -68,19 +69,29 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
     assert logged_steps == [2, 4, 6, 8]
     for key in PARENT_STEP_METRICS:
         assert [m.step for m in client.get_metric_history(parent.info.run_id, key)] == logged_steps, key
-    losses = [m.value for m in client.get_metric_history(parent.info.run_id, "loss")]
+    losses = [m.value for m in client.get_metric_history(parent.info.run_id, "learning/loss")]
     assert losses == pytest.approx([s["loss"] for s in tracked_jobs["allreduce"]["steps"]])
-    assert {"test_loss", "test_accuracy", "epoch_time_s", "sync_share", "mean_step_time_s", "total_step_time_s",
-            "wall_time_s", "tracking_share", "steady_mean_step_time_s",
-            "steady_throughput_samples_per_s"} <= set(parent.data.metrics)
-    means = tracked_jobs["allreduce"]["mean_times"]
-    assert parent.data.metrics["sync_share"] == pytest.approx(means["sync_time_s"] / means["step_time_s"])
+    assert [m.step for m in client.get_metric_history(parent.info.run_id, "learning/test_accuracy")] == [8]
+    sections = {key.split("/")[0] for key in parent.data.metrics}
+    assert sections == {"learning", "time", "summary", "system"}, sections  # every key in a section of its own kind
+    summary = {key for key in parent.data.metrics if key.startswith("summary/")}
+    assert {"summary/step_s", "summary/data_s", "summary/compute_s", "summary/sync_s", "summary/optimizer_s",
+            "summary/samples_per_s", "summary/sync_share", "summary/final_loss", "summary/test_accuracy",
+            "summary/wall_time_s", "summary/tracking_share"} <= summary
+    assert {m.step for m in client.get_metric_history(parent.info.run_id, "summary/step_s")} == {0}  # bars, not lines
+    assert not any("mean_" in key or "total_" in key for key in parent.data.metrics)  # one mean per phase, no variants
+    steady = tracked_jobs["allreduce"]["mean_times_after_warmup"]  # the summary's rule: warm-up steps left out
+    assert parent.data.metrics["summary/sync_s"] == pytest.approx(steady["sync_time_s"])
+    assert parent.data.metrics["summary/sync_share"] == pytest.approx(steady["sync_time_s"] / steady["step_time_s"])
+    assert "--timing-warmup-steps" in parent.data.tags["mlflow.note.content"]  # the rule, said on the run
     assert any(key.startswith("system/") and key.endswith("/cpu_utilization_percentage") for key in parent.data.metrics)
     child_losses = []
     for child in children:
         for key in CHILD_STEP_METRICS:
             assert [m.step for m in client.get_metric_history(child.info.run_id, key)] == logged_steps, key
-        child_losses.append([m.value for m in client.get_metric_history(child.info.run_id, "loss")])
+        child_losses.append([m.value for m in client.get_metric_history(child.info.run_id, "rank/loss")])
+        assert {key.split("/")[0] for key in child.data.metrics} == {"rank"}
+        assert "rank/mean_step_s" in child.data.metrics
     # the parent's loss is the ranks' mean
     assert [sum(pair) / 2 for pair in zip(*child_losses)] == pytest.approx(losses)
 
@@ -140,7 +151,7 @@ def test_sigterm_marks_the_run_killed(mlflow_server, target):
             experiment = client.get_experiment_by_name("tests-kill")
             runs = (client.search_runs([experiment.experiment_id], f"attributes.run_name = '{run_name}'")
                     if experiment else [])
-            return bool(runs) and "loss" in runs[0].data.metrics
+            return bool(runs) and "learning/loss" in runs[0].data.metrics
 
         wait_for(logged_a_loss, 90, "training to log metrics to the server", every_s=0.5)
         if target == "mpirun":

@@ -1,0 +1,89 @@
+"""What every metric is called in MLflow, and so which section of the UI's chart view it lands in.
+
+The chart view groups metrics by the prefix before the first "/", one section per prefix, so the
+prefixes are the questions a user asks of a comparison:
+
+    learning/   is it learning?         loss, lr, test_loss, test_accuracy (at the step they were taken)
+    time/       where does a step go?   per logged step, means over ranks: step_s, data_s, compute_s, sync_s,
+                                        optimizer_s, predicted_sync_s, samples_per_s
+    summary/    how did the run end?    one steady-state mean per phase (SUMMARY_RULE), final loss and accuracy,
+                                        wall time, the tracking overhead, a slow host's cost
+    rank/       how do the ranks differ? each rank's child run: its own loss and phase times
+    sync_cost/  what does a method cost? one child run of a bench per method label
+    network/    stalls of a host's link
+    system/     CPU, memory, network and disk per host (system/<host>/...)
+
+No key carries a method's name: methods are runs, so one chart compares them all. The chart view
+orders sections alphabetically, so the first a user sees is learning/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")  # the summary's keys
+
+
+def leaf(name: str) -> str:
+    """`sync_time_s` -> `sync_s`: a phase's name in a metric key (other names stay as they are)."""
+    return name.replace("_time_s", "_s") if name in PHASES else name
+
+
+LOSS, LR, TEST_LOSS, TEST_ACCURACY = "learning/loss", "learning/lr", "learning/test_loss", "learning/test_accuracy"
+SAMPLES_PER_S, PREDICTED_SYNC = "time/samples_per_s", "time/predicted_sync_s"
+EPOCH_TIME = "time/epoch_s"
+STALL = "network/stall_s"
+
+
+def step_key(phase: str) -> str:
+    """A phase's mean over ranks at a logged step: `time/sync_s`."""
+    return f"time/{leaf(phase)}"
+
+
+def rank_key(name: str) -> str:
+    """A rank's own figure at a logged step, on its child run: `rank/loss`, `rank/sync_s`."""
+    return f"rank/{leaf(name)}"
+
+
+def summary_key(name: str) -> str:
+    """A whole-run figure: `summary/sync_s` (a phase's steady-state mean), `summary/final_loss`. Logged at step 0,
+    once, so the chart view draws it as bars, one per run or method."""
+    return f"summary/{leaf(name)}"
+
+
+def rank_summary_key(phase: str) -> str:
+    """A rank's own steady-state mean, on its child run: `rank/mean_sync_s`."""
+    return f"rank/mean_{leaf(phase)}"
+
+
+SUMMARY_RULE = ("summary/<phase> = the mean over ranks and over the steps after the first --timing-warmup-steps "
+                "(the timing warm-up; the whole job's when it is too short to leave any out)")
+
+JOB_NOTE = ("A training job: learning/ holds its loss and test accuracy, time/ each logged step's phases (means over "
+            "ranks), summary/ how it ended, system/ its hosts; each rank's own figures are on its child run (rank/). "
+            f"In summary/, {SUMMARY_RULE}.")
+
+
+def bench_key(name: str) -> str:
+    """A bench row's figure, the same key on every method's child run: `sync_cost/exposed_s`."""
+    return f"sync_cost/{name}"
+
+
+# The names before these sections, as jobs of earlier versions logged them (their readers accept both).
+OLD_NAMES = {
+    LOSS: "loss", TEST_ACCURACY: "test_accuracy", PREDICTED_SYNC: "predicted_sync_time_s",
+    summary_key("final_loss"): "final_loss", summary_key("slow_host_cost_s"): "slow_host_cost_s",
+    summary_key("samples_per_s"): "steady_throughput_samples_per_s",
+    **{summary_key(phase): f"steady_mean_{phase}" for phase in PHASES},
+    **{rank_key(phase): phase for phase in PHASES}, rank_key("loss"): "loss",
+}
+WHOLE_RUN_NAMES = {summary_key("samples_per_s"): "mean_throughput_samples_per_s",
+                   **{summary_key(phase): f"mean_{phase}" for phase in PHASES}}  # jobs older still: no warm-up rule
+
+
+def read(metrics: Mapping[str, float], key: str) -> float | None:
+    """A run's latest value of `key`, under its name today or the one it had before."""
+    for name in (key, OLD_NAMES.get(key), WHOLE_RUN_NAMES.get(key)):
+        if name is not None and name in metrics:
+            return metrics[name]
+    return None
