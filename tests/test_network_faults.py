@@ -183,5 +183,5 @@ def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_
     parent, _ = job_runs(client, "blink", RUN_NAME)
     assert parent.info.status == "FINISHED"
     assert hosts.host(2) in parent.data.tags["mpi_train.network_stalls"]
-    history = client.get_metric_history(parent.info.run_id, "network_stall_s")
+    history = client.get_metric_history(parent.info.run_id, "network/stall_s")
     assert [(m.step, round(m.value, 3)) for m in history] == [(stalls[0]["step"], round(stalls[0]["seconds"], 3))]

@@ -102,7 +102,7 @@ def test_a_host_at_a_tenth_of_the_others_rate_is_named_and_its_cost_predicted(ho
     client = client_for(uri)
     parent, _ = job_runs(client, "straggler", "ring-np3-seed42")  # the job's default run name
     assert parent.data.tags["mpi_train.slow_host"] == name and parent.data.tags["mpi_train.slow_host_ranks"] == "2"
-    assert parent.data.metrics["slow_host_cost_s"] == pytest.approx(predicted)
+    assert parent.data.metrics["summary/slow_host_cost_s"] == pytest.approx(predicted)
 
     report = subprocess.run([sys.executable, "-m", "mpi_train.compare", "--tracking-uri", uri, "--experiment",
                              "straggler", "--out", str(tmp_path / "plots")],

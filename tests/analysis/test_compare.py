@@ -45,8 +45,9 @@ def test_compare_prints_the_table_writes_plots_and_logs_a_comparison_run(mlflow_
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == list(COLUMNS)
-    rows = {line.split()[1]: line.split() for line in lines[2:4]}
+    assert lines[0].startswith("Jobs of 'tests-compare' (2 finished). Times per step: summary/<phase> = the mean")
+    assert lines[1].split() == list(COLUMNS)
+    rows = {line.split()[1]: line.split() for line in lines[3:5]}
     assert set(rows) == {"allreduce", "gather_scatter"}
     for sync, cells in rows.items():
         assert cells[2] == "2"  # world size

@@ -112,7 +112,7 @@ def test_scancel_ends_every_rank_and_the_run_is_killed_with_its_metrics(cluster,
             experiment = client.get_experiment_by_name("tests-slurm")
             runs = (client.search_runs([experiment.experiment_id], "attributes.run_name = 'slurm-cancelled'")
                     if experiment else [])
-            if runs and any(m.step >= 4 for m in client.get_metric_history(runs[0].info.run_id, "loss")):
+            if runs and any(m.step >= 4 for m in client.get_metric_history(runs[0].info.run_id, "learning/loss")):
                 break
             assert time.monotonic() < deadline, ("the job never logged a loss:\n"
                                                  + (out.read_text() if out.exists() else ""))
@@ -136,5 +136,5 @@ def test_scancel_ends_every_rank_and_the_run_is_killed_with_its_metrics(cluster,
         time.sleep(0.5)
     assert parent.info.status == "KILLED"
     assert parent.data.tags.get("mpi_train.killed_by") == "SIGTERM"
-    steps = [m.step for m in client.get_metric_history(parent.info.run_id, "loss")]
+    steps = [m.step for m in client.get_metric_history(parent.info.run_id, "learning/loss")]
     assert steps and steps[:2] == [2, 4], "the metrics logged before scancel were lost"

@@ -75,7 +75,7 @@ def test_a_killed_torchrun_rank_ends_the_job_and_keeps_the_record(mlflow_server,
         time.sleep(0.5)
     assert parent.info.status in ("FAILED", "KILLED")
     assert parent.data.params["world_size"] == "2"
-    assert [m.step for m in client.get_metric_history(parent.info.run_id, "loss")] == [2, 4]
+    assert [m.step for m in client.get_metric_history(parent.info.run_id, "learning/loss")] == [2, 4]
 
 
 def test_a_launcher_that_finds_fewer_ranks_than_torchrun_started_stops(no_mpi, quick_args):

@@ -317,9 +317,9 @@ def test_a_resumed_job_links_to_the_run_it_continues(outage):
     parent, _children = runs_named(client, "outage", "A-resumed")
     assert parent.data.tags["resumed_from"] == original.info.run_id
     assert parent.data.tags["resumed_from_step"] == str(RESUME_AT)
-    history = client.get_metric_history(parent.info.run_id, "loss")
+    history = client.get_metric_history(parent.info.run_id, "learning/loss")
     assert [m.step for m in history] == list(range(RESUME_AT + 1, STEPS_A + 1))
-    before = {m.step: m.value for m in client.get_metric_history(original.info.run_id, "loss")}
+    before = {m.step: m.value for m in client.get_metric_history(original.info.run_id, "learning/loss")}
     assert [m.value for m in history] == pytest.approx([before[m.step] for m in history], rel=1e-6, abs=0)
 
 

@@ -79,7 +79,9 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
             "summary/samples_per_s", "summary/sync_share", "summary/final_loss", "summary/test_accuracy",
             "summary/wall_time_s", "summary/tracking_share"} <= summary
     assert {m.step for m in client.get_metric_history(parent.info.run_id, "summary/step_s")} == {0}  # bars, not lines
-    assert not any("mean_" in key or "total_" in key for key in parent.data.metrics)  # one mean per phase, no variants
+    # one mean per phase: no whole-run or total variants beside it
+    assert not any("mean_" in key or key.startswith("summary/total_") and key != "summary/total_steps"
+                   for key in parent.data.metrics)
     steady = tracked_jobs["allreduce"]["mean_times_after_warmup"]  # the summary's rule: warm-up steps left out
     assert parent.data.metrics["summary/sync_s"] == pytest.approx(steady["sync_time_s"])
     assert parent.data.metrics["summary/sync_share"] == pytest.approx(steady["sync_time_s"] / steady["step_time_s"])
