@@ -18,6 +18,7 @@ from .lr_schedule import LR_SCHEDULES, MODEL_DEFAULTS, OptimizerDefaults
 from .models import MODELS
 from .netmodel.links import rate_bytes_per_s
 from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label
+from .timeline import ALL_STEPS, parse_window
 
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
 DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
@@ -88,6 +89,10 @@ class TrainConfig:
     # Output.
     log_every: int = _opt(20, "print the loss averaged over all ranks every N steps")
     summary_json: str | None = _opt(None, "rank 0 writes the config, losses, timings and test results here")
+    timeline: bool = _opt(False, "record where every step's time goes on every rank (phases, gradients, messages) as a "
+                          "Chrome-trace JSON and a swimlane PNG under timelines/, also logged to MLflow")
+    timeline_steps: str | None = _opt(None, "the steps the timeline records, FIRST:LAST (e.g. 10:20), FIRST: or one "
+                                      "step; implies --timeline (default: every step)", metavar="FIRST:LAST")
 
     # Checkpoints (written by global rank 0 only, atomically).
     checkpoint_dir: str | None = _opt(None, "write checkpoints (step-NNNNNNNN.pt) to this folder, at the end and every "
@@ -122,6 +127,13 @@ class TrainConfig:
         given = {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
                  "warmup_steps": self.warmup_steps}
         return dataclasses.replace(defaults, **{key: value for key, value in given.items() if value is not None})
+
+    @property
+    def timeline_window(self) -> tuple[int, int] | None:
+        """The steps --timeline records (both ends included), or None without a timeline."""
+        if not (self.timeline or self.timeline_steps):
+            return None
+        return parse_window(self.timeline_steps) or (1, ALL_STEPS)
 
     def as_dict(self) -> dict:
         """The resolved config, as saved in summaries and run artifacts (passwords in URIs masked)."""
@@ -168,6 +180,10 @@ class TrainConfig:
                 rate_bytes_per_s(self.link)
             except ValueError as error:
                 raise UserError(f"--link: {error}.") from None
+        try:
+            self.timeline_window  # noqa: B018 - parses --timeline-steps
+        except ValueError as error:
+            raise UserError(f"{error}.") from None
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}.")
         if self.batch_size % world_size:
@@ -218,6 +234,13 @@ class JobInfo:
     num_hosts: int = 1
     ranks_per_host: int = 1  # the most ranks on one host
     resumed_from: dict | None = None  # checkpoint, step and run id of the job this one continues
+
+    @property
+    def timeline_window(self) -> tuple[int, int] | None:
+        """The steps --timeline records (both ends included), or None without a timeline."""
+        if not (self.timeline or self.timeline_steps):
+            return None
+        return parse_window(self.timeline_steps) or (1, ALL_STEPS)
 
     def as_dict(self) -> dict:
         """The summary's job fields, in this order; `resumed_from` only when resumed."""

@@ -7,6 +7,9 @@ Set MPI_TRAIN_FAIL_AT="RANK:POINT[:HOW]" on the launch:
          eval        at the start of the first evaluation
   HOW    raise (default): a Python exception; kill: SIGKILL to itself; hang: sleep forever
 
+Set MPI_TRAIN_SLOW="RANK:SECONDS" to make one rank a straggler: every step of that rank takes SECONDS
+more compute (a sleep at the end of its backward, before the sync), so the others wait for it.
+
 `python -m mpi_train.soak --trials N` makes faults from outside instead: short jobs on test
 hosts, each with a random rank killed or stopped, a link taken down or the server stopped
 (lab/soak.py).
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from .errors import UserError
 
 FAIL_AT_ENV = "MPI_TRAIN_FAIL_AT"
+SLOW_ENV = "MPI_TRAIN_SLOW"
 POINTS = ("start", "rendezvous", "eval")
 HOWS = ("raise", "kill", "hang")
 
@@ -77,3 +81,40 @@ class NoFault:
 def injected() -> Fault | NoFault:
     return Fault.from_env() or NoFault()
 
+
+@dataclass(frozen=True)
+class Slowdown:
+    """A simulated straggler: `rank` computes `seconds` longer every step."""
+
+    rank: int
+    seconds: float
+
+    @classmethod
+    def from_env(cls) -> Slowdown | None:
+        value = os.environ.get(SLOW_ENV, "")
+        if not value:
+            return None
+        rank, _, seconds = value.partition(":")
+        try:
+            slowdown = cls(int(rank), float(seconds))
+        except ValueError:
+            slowdown = None
+        if slowdown is None or slowdown.rank < 0 or not 0 <= slowdown.seconds < 3600:
+            raise UserError(f"${SLOW_ENV}={value!r} is not RANK:SECONDS with a rank of the job and 0 <= SECONDS < "
+                            f"3600 (e.g. {SLOW_ENV}=1:0.3 adds 0.3 s of compute to every step of rank 1); unset it "
+                            f"for a normal run.")
+        return slowdown
+
+    def at(self, rank: int) -> None:
+        """Inside the compute phase of every step: sleep on the slow rank."""
+        if rank == self.rank:
+            time.sleep(self.seconds)
+
+
+class NoSlowdown:
+    def at(self, rank: int) -> None:
+        pass
+
+
+def slowed() -> Slowdown | NoSlowdown:
+    return Slowdown.from_env() or NoSlowdown()

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
+from . import swimlanes, timeline
 from .config import JobInfo
 from .files import write_json_atomically
 from .tracking import NullTracker
-from .tracking.names import PHASES
+from .tracking.names import PHASES, SPLIT
 
 
 def mean_over_ranks(per_rank: list[dict], key: str) -> float:
@@ -32,13 +34,15 @@ class SilentReporter:
                timing_warmup_steps: int = 0) -> None: ...
     def save_weights(self, model) -> None: ...
     def note_stall(self, stall) -> None: ...
+    def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None: ...
 
 
 class Reporter(SilentReporter):
     """Rank 0: prints progress, collects the summary written at the end, and forwards both to the tracker."""
 
     def __init__(self, config_dict: dict, global_batch: int, summary_path: str | None, print_fn=print,
-                 tracker: NullTracker | None = None, sync_model=None):
+                 tracker: NullTracker | None = None, sync_model=None, steady_from: int = 1, name: str = "job",
+                 alignments: list | None = None):
         self.config = config_dict
         self.global_batch = global_batch
         self.summary_path = summary_path
@@ -49,6 +53,10 @@ class Reporter(SilentReporter):
         self.steps: list[dict] = []
         self.epochs: list[dict] = []
         self.stalls: list[dict] = []  # hosts that went silent and came back (liveness.Stall)
+        self.steady_from, self.name = steady_from, name  # steps after `steady_from` count in the steady means
+        self.alignments = alignments or []  # each rank's clock offset to rank 0's and its error bound (timeline.py)
+        self.split_steps: list[list[dict]] = []  # each rank's split steps (timeline.split)
+        self.timeline: dict = {}  # the recorded window's per-message figures beside the model's, for the summary
 
     def print(self, line: str) -> None:
         """Console output, also kept by the tracker as the run's console log."""
@@ -67,6 +75,11 @@ class Reporter(SilentReporter):
         where = self.tracker.where()
         if where:
             self.print(f"mpi_train: {where}")
+        if len(self.alignments) > 1:
+            offset = max(abs(a.offset_s) for a in self.alignments)
+            worst = max(a.error_s for a in self.alignments)
+            self.print(f"mpi_train: clocks aligned to rank 0's (ping-pong, as NTP does): offsets up to "
+                       f"{offset * 1e3:.3f} ms, error at most {worst * 1e3:.3f} ms")
         model = self.sync_model
         if model and model.host_links:
             self.print("mpi_train: host links measured: " + ", ".join(
@@ -80,6 +93,13 @@ class Reporter(SilentReporter):
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict], lr: float | None = None) -> None:
         loss = mean_over_ranks(per_rank, "loss")
         times = {key: mean_over_ranks(per_rank, key) for key in PHASES}
+        splits = timeline.split([record.pop("steps") for record in per_rank])
+        if splits and splits[0]:  # each rank's wait for the last to arrive, apart from its transfer
+            for record, steps in zip(per_rank, splits):
+                record.update(timeline.means(steps))
+            times.update({key: mean_over_ranks(per_rank, key) for key in SPLIT})
+            times["slowest_rank"] = timeline.slowest(splits)
+            self.split_steps = [kept + steps for kept, steps in zip(self.split_steps or [[] for _ in splits], splits)]
         if self.sync_model:
             times["predicted_sync_time_s"] = self.sync_model.sync_time(times["compute_time_s"])
         self.steps.append({"step": step, "epoch": epoch, "loss": loss, **({"lr": lr} if lr is not None else {}),
@@ -89,7 +109,8 @@ class Reporter(SilentReporter):
             f"epoch {epoch} step {step:>5}/{total_steps}  loss {loss:.4f}  "
             + (f"lr {lr:.4g}  " if lr is not None else "")
             + f"step {times['step_time_s']:.3f}s "
-            f"(compute {times['compute_time_s']:.3f}s, sync {times['sync_time_s']:.3f}s)  "
+            f"(compute {times['compute_time_s']:.3f}s, sync {times['sync_time_s']:.3f}s"
+            + (f": wait {times['sync_wait_s']:.3f}s" if "sync_wait_s" in times else "") + ")  "
             f"{self.global_batch / times['step_time_s']:.0f} samples/s"
         )
 
@@ -140,6 +161,10 @@ class Reporter(SilentReporter):
             "mean_times_after_warmup": steady,
             "final_loss": self.steps[-1]["loss"] if self.steps else None,
             "network_stalls": self.stalls,
+            **self.split_summary(steady),
+            **({"timeline": self.timeline} if self.timeline else {}),
+            "clock_alignment": [{"rank": rank, "offset_s": a.offset_s, "error_s": a.error_s}
+                                for rank, a in enumerate(self.alignments)],
             **({"predicted_sync_time_s": self.sync_model.sync_time(steady["compute_time_s"])}
                if self.sync_model else {}),
             **({"slow_host": self.slow_host(steady)} if self.sync_model and self.sync_model.straggler else {}),
@@ -149,6 +174,48 @@ class Reporter(SilentReporter):
         if self.summary_path:
             write_json_atomically(self.summary_path, summary)
         self.tracker.finish(summary)
+
+    def split_summary(self, steady: dict) -> dict:
+        """The wait for the last rank apart from transfer, over the steps after the warm-up (said and printed)."""
+        if not self.split_steps:
+            return {}
+        after = [[s for s in steps if s["step"] > self.steady_from] for steps in self.split_steps]
+        chosen = after if after[0] else self.split_steps  # a job too short to leave any out: all its steps
+        per_rank = [timeline.means(steps) for steps in chosen]
+        mean = {key: statistics.fmean(rank[key] for rank in per_rank) for key in SPLIT}
+        slowest = timeline.slowest(chosen)
+        self.print(f"mpi_train: sync split: wait for the last rank {mean['sync_wait_s']:.3f}s, transfer "
+                   f"{mean['sync_transfer_s']:.3f}s, exposed communication {mean['exposed_comm_s']:.3f}s "
+                   f"({100 * mean['comm_overlap']:.0f}% of message time during backward); the ranks waited most "
+                   f"for rank {slowest}")
+        return {"sync_split_after_warmup": {"mean": mean, "per_rank": per_rank, "slowest_rank": slowest}}
+
+    def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None:
+        """The job's trace (Chrome-trace JSON) and its swimlane picture under timelines/, and in MLflow."""
+        folder = Path("timelines")
+        folder.mkdir(exist_ok=True)
+        about = {"run": self.name, "sync": self.config["sync"], "compression": self.config["compression"],
+                 "steps": list(recorder.window)}
+        document = timeline.trace(per_rank_events, self.job["hosts"], alignments, about)
+        path = folder / f"{self.name}.trace.json"
+        write_json_atomically(str(path), document)
+        plan = self.predicted_plan(recorder, method)
+        picture = swimlanes.draw(document, folder / f"{self.name}.swimlanes.png", plan)
+        self.timeline = {"steps": [recorder.kept[0].step, recorder.kept[-1].step] if recorder.kept else [],
+                         "trace": str(path), "messages": swimlanes.bucket_rows(recorder.kept, plan)}
+        self.print(f"mpi_train: timeline of steps {recorder.window[0]}.."
+                   f"{min(recorder.window[1], self.job['total_steps'])}: {path} (open it in https://ui.perfetto.dev or "
+                   f"chrome://tracing), {picture}")
+        for written in (path, picture):
+            self.tracker.log_artifact(written, "timeline")
+
+    def predicted_plan(self, recorder, method) -> dict | None:
+        """What the alpha-beta model expects of rank 0's first kept step's messages, from when that step's
+        gradients were ready (seconds from its backward's start), for the swimlanes; None without a model."""
+        model = self.sync_model
+        if model is None or not recorder.kept:
+            return None
+        return swimlanes.predicted(recorder.kept[0], model, method)
 
     def save_weights(self, model) -> None:
         self.tracker.save_weights(model)

@@ -22,13 +22,14 @@ from .config import JobInfo, TrainConfig
 from .data import load_datasets, make_loaders
 from .devices import place
 from .errors import UserError
-from .failpoints import injected
+from .failpoints import injected, slowed
 from .lr_schedule import LearningRate
 from .models import build_model
 from .netmodel import JobModel, job_model, layout_params
 from .randomness import seed_rank_streams
 from .reporter import PHASES, Reporter, SilentReporter
 from .sync import SYNC_METHODS, SyncMethod, backend_error
+from .timeline import Alignment, StepRecorder, align_clocks, step_events
 
 
 def seed_everything(seed: int) -> None:
@@ -111,6 +112,9 @@ class Job:
     resume: Resume | None
     connection: tracking.Connection | None
     fault: Any
+    slow: Any  # a simulated straggler ($MPI_TRAIN_SLOW), or nothing
+    recorder: StepRecorder  # each step's arrival, sync region and messages; a timeline's everything
+    alignments: list[Alignment] | None  # every rank's clock offset to rank 0's (on rank 0)
 
 
 def setup(config: TrainConfig, cluster: Cluster) -> Job:
@@ -119,6 +123,7 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
     config.validate(info.world_size)
     connection = tracking.connect(config, cluster)  # rank 0 checks the tracking store now, before any work
     fault = injected()  # a no-op unless a test names a failure to inject
+    slow = slowed()  # and a no-op unless a test or demo names a rank to slow down
     fault.at(info.rank, "start")
     placement = place(cluster, config.backend, config.threads)
     unsupported = backend_error(config.sync, placement.backend)
@@ -138,6 +143,10 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
     seed_rank_streams(config.seed, info.rank)  # augmentation and dropout: a stream of each rank's own
     method = SYNC_METHODS[config.sync].from_config(config)
     net = method.wrap(model)
+    alignment, alignments = align_clocks(cluster, device) if info.world_size > 1 else (Alignment(), [Alignment()])
+    recorder = StepRecorder(alignment, method.overlapped(), config.timeline_window)
+    recorder.watch(model)
+    method.record_into(recorder)
     sync_model = job_model(config, cluster, model, method, device)
     settings = config.optimizer  # the flags given, else the model's defaults
     optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
@@ -163,12 +172,14 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
                       if resume else None),
     )
     return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, train_loader, sampler,
-               test_loader, checkpoints, resume, connection, fault)
+               test_loader, checkpoints, resume, connection, fault, slow, recorder, alignments)
 
 
-def train_step(job: Job, batches, clock: Clock) -> tuple[torch.Tensor, float, dict] | None:
+def train_step(job: Job, batches, clock: Clock, step: int, rank: int) -> tuple[torch.Tensor, float, dict] | None:
     """Data, forward and backward, sync, optimizer step; the loss, the step's learning rate and each phase's time
-    (None: the epoch is over)."""
+    (None: the epoch is over). The recorder notes the phases' boundaries (forward apart from backward only in a
+    timeline: on a GPU that costs a synchronisation)."""
+    job.recorder.begin(step)
     t0 = clock()
     batch = next(batches, None)
     if batch is None:
@@ -177,12 +188,15 @@ def train_step(job: Job, batches, clock: Clock) -> tuple[torch.Tensor, float, di
     t1 = clock()
     job.optimizer.zero_grad(set_to_none=True)
     loss = F.cross_entropy(job.net(images), labels)
+    job.slow.at(rank)  # a simulated straggler computes longer, before any of its gradients is ready
+    forward_end = clock() if job.recorder.detailed else t1
     loss.backward()
     t2 = clock()
     job.method.sync(job.model)
     t3 = clock()
     job.optimizer.step()
     t4 = clock()
+    job.recorder.end((t0, t1, forward_end, t2, t3, t4))
     lr = job.learning_rate.current
     job.learning_rate.step()
     return loss, lr, {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": t3 - t2,
@@ -209,7 +223,8 @@ class AfterStep:
             self.after_warmup.add(times)
         self.window.add(times)
         if step % config.log_every == 0 or step == total_steps or step % self.job.info.steps_per_epoch == 0:
-            per_rank = self.cluster.gather({"loss": loss.item(), **self.window.means(), **self.tracker.host_sample()})
+            per_rank = self.cluster.gather({"loss": loss.item(), **self.window.means(), **self.tracker.host_sample(),
+                                            "steps": self.job.recorder.take()})
             self.reporter.log_step(position.epoch, step, total_steps, per_rank, lr=lr)
             self.window = PhaseTotals()
         if self.job.checkpoints.due(step, total_steps):
@@ -221,8 +236,11 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
     job = setup(config, cluster)
     rank, total_steps = cluster.info.rank, job.info.total_steps
     tracker = tracking.start(job.connection, config, cluster, job.info)
+    first_step = job.resume.position.step if job.resume else 0
     reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker,
-                        sync_model=job.sync_model) if cluster.info.is_main else SilentReporter()
+                        sync_model=job.sync_model, steady_from=first_step + config.timing_warmup_steps,
+                        name=config.default_run_name(cluster.info.world_size),
+                        alignments=job.alignments) if cluster.info.is_main else SilentReporter()
     cluster.liveness.on_stall(reporter.note_stall)  # a host that went silent and came back, when the job spans hosts
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
         reporter.start(job.info)
@@ -246,7 +264,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
             while step < total_steps and step_in_epoch < job.info.steps_per_epoch:
                 job.fault.at(rank, step + 1)
                 cluster.note_progress(step + 1)  # lets a rank whose collective times out name who is behind
-                done = train_step(job, batches, clock)
+                done = train_step(job, batches, clock, step + 1, rank)
                 if done is None:
                     break
                 step, step_in_epoch = step + 1, step_in_epoch + 1
@@ -259,6 +277,10 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
             reporter.log_epoch(epoch, step, test_loss, test_accuracy, time.perf_counter() - epoch_started)
 
         check_replicas_agree(cluster, job.model, f"after step {step}")
+        if config.timeline_window:
+            names = [name for name, p in job.model.named_parameters() if p.requires_grad]
+            events = step_events(rank, job.recorder.kept, job.recorder.alignment.offset_s, names)
+            reporter.save_timeline(cluster.gather(events), job.alignments, job.recorder, job.method)
         cluster.liveness.close()  # ranks may now leave at different times: silence is no longer news
         # a job too short to leave any out
         steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals

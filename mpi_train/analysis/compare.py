@@ -312,11 +312,33 @@ def log_comparison(client, experiment_id: str, jobs: list[FinishedJob], text: st
     return run.info.run_id
 
 
+def communication_table(jobs: list[FinishedJob]) -> str:
+    """Jobs by their exposed communication, the wait for the last rank beside it; "" when no job measured it."""
+    rows = []
+    for job in jobs:
+        figures = [metric_names.read(job.metrics, metric_names.summary_key(key)) for key in metric_names.SPLIT]
+        if figures[0] is not None:
+            rows.append((job, figures))
+    if not rows:
+        return ""
+    lines = [f"{'run':<28}{'sync':<22}{'np':>4}{'exposed_ms':>12}{'wait_ms':>10}{'transfer_ms':>13}{'overlap':>9}"]
+    for job, (wait, transfer, exposed, overlap) in sorted(rows, key=lambda r: r[1][2]):
+        lines.append(f"{job.name:<28}{job.sync:<22}{job.world_size:>4}{1000 * exposed:>12.1f}{1000 * wait:>10.1f}"
+                     f"{1000 * transfer:>13.1f}{100 * overlap:>8.0f}%")
+    return "\n".join(lines)
+
+
 def comparison(jobs: list[FinishedJob], title: str) -> str:
     """The comparison's text: its rule said once, the runs table, predicted against measured sync (jobs on several
     hosts), the slow hosts."""
     sections = [f"{title} ({len(jobs)} finished). Times per step: {metric_names.SUMMARY_RULE}.\n"
                 + format_table(table_rows(jobs))]
+    communication = communication_table(jobs)
+    if communication:
+        sections.append("Communication per step, least exposed first: exposed = what compute did not hide (for a "
+                        "method that communicates during backward, from its last gradient to the end of its sync), "
+                        "split into waiting for the last rank to arrive and transfer; overlap = the share of message "
+                        "time that ran during backward:\n" + communication)
     predictions = prediction_rows(jobs)
     if any(row["predicted_s"] is not None for row in predictions):
         sections.append("Sync time per step, measured (the runs table's sync_s) against the alpha-beta model "

@@ -183,3 +183,31 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
         fig.suptitle("Sync time against link rate: measured (markers) and the alpha-beta model (dashed)")
         paths.append(save_figure(fig, out / "sync_vs_link.png", rect))
     return paths
+
+
+def timeline_report(summaries: dict[str, dict]) -> str | None:
+    """Per message of the runs recorded with --timeline (a bucket, a tensor or the one buffer, in the order sent):
+    its measured duration and end after backward (medians over the window, rank 0) beside the model's, started from
+    when the gradients were really ready; the rows where they part by more than the targets are marked."""
+    lines = []
+    for name, summary in sorted(summaries.items()):
+        rows = (summary.get("timeline") or {}).get("messages") or []
+        if not rows:
+            continue
+        lines.append(f"{name} (steps {'-'.join(map(str, summary['timeline']['steps']))}):")
+        lines.append(f"  {'message':>7} {'measured_ms':>12} {'model_ms':>9} {'end_after_backward_ms':>22} "
+                     f"{'model_end_ms':>13}  verdict")
+        for row in rows:
+            if "predicted_s" not in row:
+                lines.append(f"  {row['message']:>7} {1000 * row['measured_s']:>12.1f} {'-':>9}")
+                continue
+            error = (row["predicted_s"] - row["measured_s"]) / row["measured_s"] if row["measured_s"] > 0 else 0.0
+            verdict = "ok" if abs(error) <= TARGETS[True] else f"parts: {100 * error:+.0f}%"
+            lines.append(f"  {row['message']:>7} {1000 * row['measured_s']:>12.1f} {1000 * row['predicted_s']:>9.1f} "
+                         f"{1000 * row['measured_end_after_backward_s']:>22.1f} "
+                         f"{1000 * row['predicted_end_after_backward_s']:>13.1f}  {verdict}")
+    if not lines:
+        return None
+    return ("Messages of the runs recorded with --timeline, measured (rank 0, medians over the window) against the "
+            "alpha-beta model started from the measured gradient times; end after backward > 0 is exposed:\n"
+            + "\n".join(lines))

@@ -434,6 +434,11 @@ def report(sweep: Sweep, uri: str | None, launches: list[Launch], since_ms: int)
             sections.append(describe(result))
             paths.append(plot_sync_costs(result, sweep.out / "plots",
                                          name=path.stem.replace("bench", "sync_cost_vs_floor") + ".png"))
+    written = {launch.name: sweep.out / "runs" / f"{launch.name}.json" for launch in launches if launch.returncode == 0}
+    summaries = {name: json.loads(path.read_text()) for name, path in written.items() if path.is_file()}
+    messages = model_accuracy.timeline_report(summaries)
+    if messages:
+        sections.append(messages)
     if sweep.network and benches:  # the lab: every setting's bench against the model, in one table and two plots
         lab = model_accuracy.report(benches)
         if lab:

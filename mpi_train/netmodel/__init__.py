@@ -11,7 +11,16 @@ from .calibration import calibrate, calibration_sizes, load_backward, load_calib
 from .families import FAMILIES, Family, bus_bandwidth, family_of
 from .job import JobModel, job_model, layout_params
 from .links import LOOPBACK_LINK, UNLIMITED, Link, Network, capped, describe_network, nominal_link, rate_bytes_per_s
-from .prediction import ASSUMED_BACKWARD, Backward, Layout, Prediction, exposed_time, predict, tensor_sizes
+from .prediction import (
+           ASSUMED_BACKWARD,
+           Backward,
+           Layout,
+           PlannedMessage,
+           Prediction,
+           message_plan,
+           predict,
+           tensor_sizes,
+)
 
 __all__ = [
            "ASSUMED_BACKWARD",
@@ -24,6 +33,7 @@ __all__ = [
            "Layout",
            "Link",
            "Network",
+           "PlannedMessage",
            "Prediction",
            "bus_bandwidth",
            "calibrate",
@@ -36,6 +46,7 @@ __all__ = [
            "layout_params",
            "load_backward",
            "load_calibration",
+           "message_plan",
            "nominal_link",
            "ping_pong",
            "predict",

@@ -102,13 +102,45 @@ class Prediction:
         return self.exposed_s if self.exposed_s is not None else self.comm_s
 
 
-def exposed_time(message_times: Sequence[float], ready_s: Sequence[float], backward_s: float) -> float:
-    """Messages sent one after the other, each once backward has produced its last gradient (`ready_s`, seconds into
-    backward); what runs past the end of backward."""
-    finish = 0.0
-    for seconds, ready in zip(message_times, ready_s):
-        finish = max(finish, ready) + seconds
-    return max(0.0, finish - backward_s)
+@dataclass(frozen=True)
+class PlannedMessage:
+    """One message of a step as the model sees it: which tensors, its bytes on the wire, when its last gradient is
+    ready and when it starts and ends (seconds from the start of backward)."""
+
+    tensors: tuple[int, ...]
+    nbytes: float
+    ready_s: float
+    start_s: float
+    end_s: float
+
+
+def _wire(method, ratio: float | None) -> float:
+    if ratio is not None:
+        return ratio
+    return method.wire_dtype.itemsize / 4 if method.wire_dtype is not None else 1.0
+
+
+def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network, ratio: float | None = None,
+                 backward_s: float = 0.0, backward: Backward = ASSUMED_BACKWARD) -> list[PlannedMessage]:
+    """Each message of a step, one after the other: an overlapped method's leaves once backward has produced its
+    last gradient, the others' once backward (`backward_s` long) is over; each takes the family's time for its
+    bytes plus the latency of every further round of sums (PowerSGD: 2 rounds). [] for a method without family."""
+    family = family_of(method)
+    if family is None:
+        return []
+    ratio, rounds = _wire(method, ratio), method.compressor.rounds_per_step
+    groups = message_groups(tensor_bytes, method.messages, method.bucket_caps(), backward.order)
+    ready = backward.ready_times(tensor_bytes, backward_s) if method.overlapped() else [backward_s] * len(tensor_bytes)
+    latency = family.time(0.0, layout, network)
+    plan, finish = [], 0.0
+    for group in groups:
+        size = sum(tensor_bytes[i] for i in group) * ratio
+        seconds = family.time(size, layout, network) + (rounds - 1) * latency
+        at = max(ready[i] for i in group)
+        start = max(finish, at)
+        finish = start + seconds
+        plan.append(PlannedMessage(tuple(group), size, at, start, finish))
+    return plan
 
 
 def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, label: str = "",
@@ -116,26 +148,19 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
             backward: Backward = ASSUMED_BACKWARD) -> Prediction | None:
     """A configured sync method's (`method`, a SyncMethod) predicted sync per step on `network` (links.Network);
     None when it declares no collective family. `ratio` is the bytes on the wire per gradient byte (its
-    compressor's, measured on the model's parameters by the caller; default: from its wire dtype); each message
-    takes the compressor's rounds of sums, each paying the latency again. `backward` says when each gradient is
-    ready and in which order, for an overlapped method's buckets and exposed time (given `backward_s`)."""
+    compressor's, measured on the model's parameters by the caller; default: from its wire dtype). `backward` says
+    when each gradient is ready and in which order, for an overlapped method's buckets and exposed time (given
+    `backward_s`): message_plan's messages, and what of them runs past the end of backward."""
     family = family_of(method)
     if family is None:
         return None
-    if ratio is None:
-        ratio = method.wire_dtype.itemsize / 4 if method.wire_dtype is not None else 1.0
-    rounds = method.compressor.rounds_per_step
-    groups = message_groups(tensor_bytes, method.messages, method.bucket_caps(), backward.order)
-    sizes = [sum(tensor_bytes[i] for i in group) * ratio for group in groups]
-    latency = family.time(0.0, layout, network)
-    times = [family.time(size, layout, network) + (rounds - 1) * latency for size in sizes]
+    plan = message_plan(method, tensor_bytes, layout, network, ratio, backward_s or 0.0, backward)
     overlapped = method.overlapped()
     exposed = None
     if overlapped and backward_s is not None:
-        ready = backward.ready_times(tensor_bytes, backward_s)
-        exposed = exposed_time(times, [max(ready[i] for i in group) for group in groups], backward_s)
-    return Prediction(label or type(method).__name__, family.name, len(sizes), sum(sizes), sum(times), overlapped,
-                      exposed)
+        exposed = max(0.0, plan[-1].end_s - backward_s) if plan else 0.0
+    return Prediction(label or type(method).__name__, family.name, len(plan), sum(m.nbytes for m in plan),
+                      sum(m.end_s - m.start_s for m in plan), overlapped, exposed)
 
 
 def tensor_sizes(model) -> list[int]:

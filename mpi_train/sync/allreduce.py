@@ -19,6 +19,7 @@ class AllReduce(SyncMethod):
 
     def sync(self, model: nn.Module) -> None:
         world = dist.get_world_size()
-        for p in model.parameters():
+        for index, p in enumerate(model.parameters()):
             if p.grad is not None:
-                sum_each_round(self.compressor.rounds((p,), p.grad, (p.grad,), world), dist.all_reduce)
+                sum_each_round(self.compressor.rounds((p,), p.grad, (p.grad,), world), dist.all_reduce, self.recorder,
+                               "allreduce", index)

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..timeline import NO_RECORDER, Recorder, now, timed
 from .compression import COMPRESSORS, Compressor
 from .compression.none import NoCompression
 from .messages import DDP_BUCKET_MB, DDP_FIRST_BUCKET_MB, ONE_BUFFER
@@ -24,10 +25,18 @@ def gradients(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad for p in model.parameters() if p.grad is not None]
 
 
-def sum_each_round(rounds: Iterator[torch.Tensor], allreduce_sum: Callable[[torch.Tensor], None]) -> None:
-    """Drive a compressor's rounds to the end, summing each message across ranks before the next."""
-    for message in rounds:
-        allreduce_sum(message)
+def sum_each_round(rounds: Iterator[torch.Tensor], allreduce_sum: Callable[[torch.Tensor], None],
+                   recorder: Recorder = NO_RECORDER, name: str = "allreduce", bucket: int | None = None) -> None:
+    """Drive a compressor's rounds to the end, summing each message across ranks before the next; for a recorder
+    that wants them, each sum is a message and, in a timeline, the compressor's work between them a codec interval."""
+    while True:
+        start = now()
+        message = next(rounds, None)
+        if recorder.detailed:
+            recorder.codec(start, now(), bucket)
+        if message is None:
+            return
+        timed(recorder, name, message.numel() * message.element_size(), allreduce_sum, message, bucket=bucket)
 
 
 class SyncMethod:
@@ -52,6 +61,12 @@ class SyncMethod:
     unsupported_backends: ClassVar[dict[str, str]] = {}
     # completes "cannot carry --compression X:"
     no_compression_because = "its schedule has no sum of gradients to compress"
+
+    recorder: Recorder = NO_RECORDER  # where it notes its messages (timeline.py); none unless the job asks
+
+    def record_into(self, recorder: Recorder) -> None:
+        """Note messages (and a compressor's work) in `recorder` from now on."""
+        self.recorder = recorder
 
     def __init__(self, compressor: Compressor | None = None):
         self.compressor = compressor or NoCompression()

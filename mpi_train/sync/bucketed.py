@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..timeline import now
 from .base import DURING_BACKWARD, EVERY_COMPRESSION, SyncMethod
 from .flat import FlatBuffer
 from .messages import BUCKETS, DDP_BUCKET_MB, DDP_FIRST_BUCKET_MB, fill_buckets
@@ -138,8 +139,23 @@ class Bucketed(SyncMethod):
     def launch(self, bucket: Bucket) -> None:
         buffer = bucket.buffer
         bucket.rounds = self.compressor.rounds(buffer.params, buffer.data, buffer.views, dist.get_world_size())
-        bucket.work = dist.all_reduce(next(bucket.rounds), op=dist.ReduceOp.SUM, async_op=True)
+        self.send(bucket, self.next_message(bucket))
         self.next_to_launch = bucket.index + 1
+
+    def next_message(self, bucket: Bucket):
+        """The compressor's next message for `bucket` (None once its average is done); its work, a codec interval."""
+        start = now()
+        message = next(bucket.rounds, None)
+        if self.recorder.detailed:
+            self.recorder.codec(start, now(), bucket.index)
+        return message
+
+    def send(self, bucket: Bucket, message: torch.Tensor) -> None:
+        """Start summing `message` across ranks, noted as a message that ends when the sum completes."""
+        start = now()
+        bucket.work = dist.all_reduce(message, op=dist.ReduceOp.SUM, async_op=True)
+        noted = self.recorder.message("allreduce", start, None, message.numel() * message.element_size(), bucket.index)
+        self.recorder.after(noted, bucket.work.get_future())
 
     def sync(self, model: nn.Module) -> None:
         if self.arrivals is not None:  # the first step: buckets now, in the order just seen, all sent from here
@@ -153,12 +169,12 @@ class Bucketed(SyncMethod):
             still = []
             for bucket in pending:
                 bucket.work.wait()
-                message = next(bucket.rounds, None)  # finishes the bucket's average once its last round is summed
+                message = self.next_message(bucket)  # finishes the bucket's average once its last round is summed
                 if message is None:
                     bucket.buffer.unpack()
                     bucket.work, bucket.rounds, bucket.waiting = None, None, len(bucket.buffer.params)
                 else:
-                    bucket.work = dist.all_reduce(message, op=dist.ReduceOp.SUM, async_op=True)
+                    self.send(bucket, message)
                     still.append(bucket)
             pending = still
         self.next_to_launch = 0

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from ..timeline import now
 from .base import INSIDE_DDP, SyncMethod
 from .messages import BUCKETS
 
@@ -13,7 +15,8 @@ class DDP(SyncMethod):
     """The reference: communication overlaps backward, so its cost shows in compute time, not sync time.
 
     Subclasses compress the way DDP users do, with one of torch's communication hooks
-    (`register_hook`), and name that compression as `fixed_compression`.
+    (`comm_hook`), and name that compression as `fixed_compression`. Whichever hook runs is
+    wrapped so that each bucket's message is noted (timeline.py): when it starts, when it ends.
     """
 
     collective = "ring"
@@ -25,11 +28,25 @@ class DDP(SyncMethod):
     def wrap(self, model: nn.Module) -> nn.Module:
         device = next(model.parameters()).device
         wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.register_hook(wrapped)
+        state, hook = self.comm_hook()
+        wrapped.register_comm_hook(state, self.noting(hook))
         return wrapped
 
-    def register_hook(self, wrapped: DistributedDataParallel) -> None:
-        """Plain DDP: its built-in allreduce."""
+    def comm_hook(self) -> tuple:
+        """(state, hook) of the communication hook: plain DDP's is torch's allreduce of the bucket's mean."""
+        return None, default_hooks.allreduce_hook
+
+    def noting(self, hook):
+        """`hook`, with each bucket noted as a message from its hook's call to its future's completion."""
+        def noted_bucket(state, bucket):
+            start = now()
+            future = hook(state, bucket)
+            buffer = bucket.buffer()
+            wire = self.wire_dtype.itemsize if self.wire_dtype is not None else buffer.element_size()
+            message = self.recorder.message("allreduce (DDP bucket)", start, None, buffer.numel() * wire,
+                                            bucket.index())
+            return self.recorder.after(message, future)
+        return noted_bucket
 
     def sync(self, model: nn.Module) -> None:
         """Nothing left to do: the wrapper already averaged the gradients inside backward."""

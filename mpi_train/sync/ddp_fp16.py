@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel
 
 from .ddp import DDP
 
@@ -16,5 +15,5 @@ class DDPFP16(DDP):
     fixed_compression = "fp16"
     wire_dtype = torch.float16
 
-    def register_hook(self, wrapped: DistributedDataParallel) -> None:
-        wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    def comm_hook(self) -> tuple:
+        return None, default_hooks.fp16_compress_hook

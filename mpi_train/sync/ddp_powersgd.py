@@ -6,7 +6,6 @@ from typing import ClassVar
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
-from torch.nn.parallel import DistributedDataParallel
 
 from .compression.powersgd import MIN_COMPRESSION, PowerSGD
 from .ddp import DDP
@@ -32,10 +31,10 @@ class DDPPowerSGD(DDP):
     def __init__(self, compressor: PowerSGD | None = None):
         super().__init__(compressor or PowerSGD())
 
-    def register_hook(self, wrapped: DistributedDataParallel) -> None:
+    def comm_hook(self) -> tuple:
         state = powersgd.PowerSGDState(
             process_group=None, matrix_approximation_rank=self.compressor.rank,
             start_powerSGD_iter=max(TORCH_FIRST_COMPRESSED_STEP, self.compressor.start_step),
             min_compression_rate=MIN_COMPRESSION,
             use_error_feedback=True, warm_start=True)
-        wrapped.register_comm_hook(state, powersgd.powerSGD_hook)
+        return state, powersgd.powerSGD_hook

@@ -49,6 +49,7 @@ class Flat(SyncMethod):
     """
 
     collective = "ring"  # one allreduce of all the bytes; Gloo and NCCL run it bandwidth-optimally
+    message_name = "allreduce"  # its sum, as a timeline names it
     compressions = EVERY_COMPRESSION
 
     def __init__(self, compressor=None):
@@ -61,7 +62,7 @@ class Flat(SyncMethod):
         self.buffer.pack()
         sum_each_round(self.compressor.rounds(self.buffer.params, self.buffer.data, self.buffer.views,
                                               dist.get_world_size()),
-                       self.allreduce_sum)
+                       self.allreduce_sum, self.recorder, self.message_name)
         self.buffer.unpack()
 
     def allreduce_sum(self, data: torch.Tensor) -> None:

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..timeline import timed
 from .base import SyncMethod, gradients
 from .messages import PER_TENSOR
 
@@ -25,8 +26,10 @@ class GatherScatter(SyncMethod):
     def sync(self, model: nn.Module) -> None:
         world = dist.get_world_size()
         root = dist.get_rank() == 0
-        for grad in gradients(model):
+        for index, grad in enumerate(gradients(model)):
+            nbytes = grad.numel() * grad.element_size()
             received = [torch.empty_like(grad) for _ in range(world)] if root else None
-            dist.gather(grad, gather_list=received, dst=0)
+            timed(self.recorder, "gather", nbytes, dist.gather, grad, gather_list=received, dst=0, bucket=index)
             mean = torch.stack(received).mean(dim=0) if root else None
-            dist.scatter(grad, scatter_list=[mean] * world if root else None, src=0)
+            timed(self.recorder, "scatter", nbytes, dist.scatter, grad, scatter_list=[mean] * world if root else None,
+                  src=0, bucket=index)

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..timeline import NO_RECORDER, timed
 from .flat import Flat
 
 
@@ -45,6 +46,7 @@ class Hierarchical(Flat):
     """
 
     collective = "hierarchical"
+    message_name = "hierarchical allreduce"
 
     def __init__(self, compressor=None, hosts: Sequence[int] | None = None):
         super().__init__(compressor)
@@ -73,7 +75,11 @@ class Hierarchical(Flat):
         if not self.two_levels:
             dist.all_reduce(data, op=dist.ReduceOp.SUM)
             return
-        dist.reduce(data, dst=self.leader, op=dist.ReduceOp.SUM, group=self.host_group)
+        nbytes = data.numel() * data.element_size()
+        recorder = self.recorder if self.recorder.detailed else NO_RECORDER  # the levels: in a timeline only
+        timed(recorder, "reduce in host", nbytes, dist.reduce, data, dst=self.leader, op=dist.ReduceOp.SUM,
+              group=self.host_group)
         if dist.get_rank() == self.leader:
-            dist.all_reduce(data, op=dist.ReduceOp.SUM, group=self.leader_group)
-        dist.broadcast(data, src=self.leader, group=self.host_group)
+            timed(recorder, "allreduce among leaders", nbytes, dist.all_reduce, data, op=dist.ReduceOp.SUM,
+                  group=self.leader_group)
+        timed(recorder, "broadcast in host", nbytes, dist.broadcast, data, src=self.leader, group=self.host_group)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..timeline import now
 from .flat import Flat
 
 
@@ -27,6 +28,8 @@ class Ring(Flat):
     bit-identical gradients (though summed in a different order than Gloo's allreduce).
     """
 
+    message_name = "ring allreduce"
+
     def allreduce_sum(self, data: torch.Tensor) -> None:
         world, rank = dist.get_world_size(), dist.get_rank()
         if world == 1:
@@ -36,11 +39,20 @@ class Ring(Flat):
         incoming = torch.empty_like(chunks[0])  # chunk 0 is the largest
         for step in range(world - 1):  # reduce-scatter
             send, receive = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
-            self.exchange(send, incoming[:receive.numel()], right, left)
+            self.step(f"reduce-scatter {step + 1}", send, incoming[:receive.numel()], right, left)
             receive.add_(incoming[:receive.numel()])
         for step in range(world - 1):  # all-gather
             send, receive = chunks[(rank + 1 - step) % world], chunks[(rank - step) % world]
+            self.step(f"all-gather {step + 1}", send, receive, right, left)
+
+    def step(self, name: str, send: torch.Tensor, receive: torch.Tensor, right: int, left: int) -> None:
+        """One exchange, a message of its own in a timeline."""
+        if not self.recorder.detailed:
             self.exchange(send, receive, right, left)
+            return
+        start = now()
+        self.exchange(send, receive, right, left)
+        self.recorder.message(f"ring {name}", start, now(), send.numel() * send.element_size())
 
     @staticmethod
     def exchange(send: torch.Tensor, receive: torch.Tensor, right: int, left: int) -> None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")  # the summary's keys
+# The sync split (timeline.py): waiting for the last rank, transfer, communication compute did not hide, its overlap.
+SPLIT = ("sync_wait_s", "sync_transfer_s", "exposed_comm_s", "comm_overlap")
 
 
 def leaf(name: str) -> str:

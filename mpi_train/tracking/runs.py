@@ -54,6 +54,12 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
         figures[names.summary_key("test_loss")] = summary["epochs"][-1]["test_loss"]
     if "predicted_sync_time_s" in summary:
         figures[names.summary_key("predicted_sync_s")] = summary["predicted_sync_time_s"]
+    split = summary.get("sync_split_after_warmup")
+    if split:
+        figures.update({names.summary_key(key): split["mean"][key] for key in names.SPLIT})
+        figures[names.summary_key("slowest_rank")] = split["slowest_rank"]
+    if summary.get("clock_alignment"):
+        figures[names.summary_key("clock_error_s")] = max(rank["error_s"] for rank in summary["clock_alignment"])
     if summary.get("slow_host"):
         figures[names.summary_key("slow_host_cost_s")] = summary["slow_host"]["cost_s"]
         figures[names.summary_key("slow_host_link_mb_s")] = summary["slow_host"]["bandwidth"] / 1e6
@@ -174,7 +180,8 @@ class MlflowTracker(NullTracker):
         started = time.perf_counter()
         self._put(self.parent_id, self._metrics({
             names.LOSS: loss, names.SAMPLES_PER_S: throughput, **({names.LR: lr} if lr is not None else {}),
-            **{names.step_key(phase): times[phase] for phase in names.PHASES},
+            **{names.step_key(key): times[key] for key in (*names.PHASES, *names.SPLIT, "slowest_rank")
+               if key in times},
             **({names.PREDICTED_SYNC: times["predicted_sync_time_s"]} if "predicted_sync_time_s" in times else {}),
         }, step))
         for rank, record in enumerate(per_rank):
@@ -200,10 +207,15 @@ class MlflowTracker(NullTracker):
             names.summary_key("tracking_share"): self.loop_time_s / step_time_total if step_time_total else 0.0,
         }, 0))
         steady = summary.get("per_rank_mean_times_after_warmup") or summary["per_rank_mean_times"]
-        for rank, rank_means in enumerate(steady):
+        split = summary.get("sync_split_after_warmup", {}).get("per_rank") or [{} for _ in steady]
+        for rank, (rank_means, rank_split) in enumerate(zip(steady, split)):
+            figures = {**rank_means, **rank_split}
             self._put(self.child_ids[rank],
-                      self._metrics({names.rank_summary_key(phase): value for phase, value in rank_means.items()}, 0))
+                      self._metrics({names.rank_summary_key(key): value for key, value in figures.items()}, 0))
         self.client.log_dict(self.parent_id, summary, "summary.json")
+
+    def log_artifact(self, path, folder: str) -> None:
+        self.client.log_artifact(self.parent_id, str(path), folder)
 
     def save_weights(self, model) -> None:
         import torch

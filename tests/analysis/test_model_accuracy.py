@@ -45,3 +45,15 @@ def test_the_plots_show_ranks_and_link_rates(tmp_path):
     paths = model_accuracy.plot(RESULTS + compressed, tmp_path)  # colour by schedule, marker by compression
     assert [p.name for p in paths] == ["sync_vs_ranks.png", "sync_vs_link.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_the_timeline_s_messages_are_held_against_the_model_and_a_parting_one_is_marked():
+    summary = {"timeline": {"steps": [3, 6], "messages": [
+        {"message": 0, "measured_s": 0.010, "measured_end_after_backward_s": -0.002, "predicted_s": 0.011,
+         "predicted_end_after_backward_s": -0.001},
+        {"message": 1, "measured_s": 0.020, "measured_end_after_backward_s": 0.015, "predicted_s": 0.005,
+         "predicted_end_after_backward_s": 0.004}]}}
+    text = model_accuracy.timeline_report({"bucketed-np4": summary, "flat-np4": {"steps": []}})
+    rows = [line.split() for line in text.splitlines() if line.startswith("  ") and line.split()[0].isdigit()]
+    assert [row[-1] for row in rows] == ["ok", "-75%"] and "bucketed-np4 (steps 3-6):" in text
+    assert "flat-np4" not in text and model_accuracy.timeline_report({"x": {}}) is None

@@ -3,7 +3,7 @@
 import pytest
 
 from mpi_train.config import TrainConfig
-from mpi_train.netmodel import ASSUMED_BACKWARD, Backward, Layout, Link, Network, exposed_time, predict
+from mpi_train.netmodel import ASSUMED_BACKWARD, Backward, Layout, Link, Network, message_plan, predict
 from mpi_train.sync import SYNC_METHODS, SyncMethod
 from mpi_train.sync.messages import BUCKETS, ONE_BUFFER, PER_TENSOR, message_groups
 
@@ -44,10 +44,14 @@ def test_buckets_fill_in_backward_order():
 
 
 def test_buckets_hide_behind_backward():
-    # two buckets of 1 s each, backward 2 s: the first is ready at 1 s, ends at 2 s; the second ready at 2, ends at 3
-    assert exposed_time([1.0, 1.0], [1.0, 2.0], 2.0) == pytest.approx(1.0)
-    assert exposed_time([0.1, 0.1], [1.0, 2.0], 2.0) == pytest.approx(0.1)  # only the last bucket shows
-    assert exposed_time([0.5, 0.5], [0.2, 0.4], 2.0) == pytest.approx(0.0)  # both done before backward ends
+    # two buckets of 0.5 s each on a 4 MB/s link at np 2, backward 2 s: ready at 1 s and 2 s (bytes at a constant
+    # rate, last tensor first); the second waits for backward's end, so 0.5 s outlast it
+    slow = Network(NET.intra, Link(0.0, 1 / 4e6))
+    plan = message_plan(method("bucketed", bucket_mb=2 * MB / 2**20), [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0)
+    assert [(m.tensors, m.ready_s, m.start_s, m.end_s) for m in plan] == [
+        ((3, 2), 1.0, 1.0, 1.5), ((1, 0), 2.0, 2.0, 2.5)]
+    flat = message_plan(method("flat"), [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0)  # after backward: at 2 s
+    assert [(m.start_s, m.end_s) for m in flat] == [(2.0, 3.0)]
     bucketed = predict(method("bucketed"), [1 * MB] * 4, Layout(2, 1), NET, backward_s=10.0)
     assert bucketed.overlapped and bucketed.exposed_s < bucketed.comm_s and bucketed.sync_s == bucketed.exposed_s
 

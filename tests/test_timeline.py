@@ -1,0 +1,152 @@
+"""The sync split's arithmetic, the clock alignment's estimate, the recorder and the trace's format, in one process;
+and, under a real mpirun of four ranks with one made a straggler, what the job logs, prints and traces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import client_for, job_runs, train_several
+
+from mpi_train.errors import UserError
+from mpi_train.failpoints import Slowdown
+from mpi_train.timeline import (
+    Alignment,
+    Message,
+    Step,
+    StepRecorder,
+    means,
+    offset_from,
+    parse_window,
+    slowest,
+    split,
+    step_events,
+    trace,
+)
+
+
+def figures(step, arrival, region, comm=0.0, in_backward=0.0):
+    return {"step": step, "arrival": arrival, "region": region, "sync": region, "comm": comm,
+            "in_backward": in_backward}
+
+
+def test_the_last_rank_waits_for_nobody_and_the_others_for_it():
+    # rank 1 arrives 0.3 s after rank 0; both regions end together at 1.4 s
+    ranks = [[figures(1, 1.0, 0.4, comm=0.1)], [figures(1, 1.3, 0.1, comm=0.1)]]
+    first, second = split(ranks)
+    assert first[0]["sync_wait_s"] == pytest.approx(0.3) and first[0]["sync_transfer_s"] == pytest.approx(0.1)
+    assert second[0]["sync_wait_s"] == 0 and second[0]["sync_transfer_s"] == pytest.approx(0.1)
+    for rank in (first, second):  # wait + transfer is the region, exactly
+        assert rank[0]["sync_wait_s"] + rank[0]["sync_transfer_s"] == pytest.approx(rank[0]["exposed_comm_s"])
+    assert slowest([first, second]) == 1
+
+
+def test_a_wait_never_exceeds_the_rank_s_own_region_and_overlap_is_a_share_of_message_time():
+    # rank 0 left its sync before rank 1 arrived (its buckets were done): it cannot have waited longer than it stayed
+    ranks = [[figures(1, 1.0, 0.2, comm=0.5, in_backward=0.4)], [figures(1, 2.0, 0.2, comm=0.5, in_backward=0.1)]]
+    first, _ = split(ranks)
+    assert first[0]["sync_wait_s"] == pytest.approx(0.2) and first[0]["sync_transfer_s"] == 0
+    assert means(first)["comm_overlap"] == pytest.approx(0.8)
+    assert means([]) == {}
+
+
+def test_the_clock_offset_comes_from_the_fastest_round_trip_and_half_of_it_bounds_the_error():
+    # the peer's clock runs 5 s ahead; a slow round (0.2 s each way) and a fast one (1 ms each way)
+    rounds = [(0.0, 5.2, 5.2, 0.4), (10.0, 15.001, 15.001, 10.002)]
+    assert offset_from(rounds) == Alignment(pytest.approx(5.0), pytest.approx(0.001))
+
+
+def test_the_window_of_steps_and_the_straggler_are_parsed_or_refused():
+    assert parse_window("10:20") == (10, 20) and parse_window("7") == (7, 7) and parse_window(None) is None
+    assert parse_window("5:")[0] == 5
+    for bad in ("x", "0:3", "9:2", "3-4"):
+        with pytest.raises(ValueError, match="--timeline-steps"):
+            parse_window(bad)
+    assert Slowdown(1, 0.3) == Slowdown(1, 0.3)
+    for bad in ("1", "a:0.3", "1:-1", "-1:0.3"):
+        with pytest.raises(UserError, match="MPI_TRAIN_SLOW"):
+            _slowdown(bad)
+
+
+def _slowdown(value: str):
+    import os
+
+    os.environ["MPI_TRAIN_SLOW"] = value
+    try:
+        return Slowdown.from_env()
+    finally:
+        del os.environ["MPI_TRAIN_SLOW"]
+
+
+def test_a_recorder_notes_the_region_and_keeps_only_the_window_s_steps():
+    recorder = StepRecorder(Alignment(offset_s=0.5), overlapped=True, window=(2, 2))
+    for step in (1, 2):
+        recorder.begin(step)
+        assert recorder.detailed == (step == 2) and recorder.wants_messages
+        recorder.current.last_ready = 3.0
+        message = recorder.message("allreduce", 2.5, None, 100, bucket=0)
+        message.end = 3.5
+        recorder.end((0.0, 1.0, 1.5 if step == 2 else 1.0, 3.2, 4.0, 4.5))
+    first, second = recorder.take()
+    assert second["step"] == 2 and second["region"] == first["region"]
+    assert first["arrival"] == pytest.approx(2.5) and first["region"] == pytest.approx(1.0)  # on rank 0's clock
+    assert first["comm"] == pytest.approx(1.0) and first["in_backward"] == pytest.approx(0.5)
+    assert [step.step for step in recorder.kept] == [2] and recorder.take() == []
+
+
+def test_the_trace_has_a_named_process_per_rank_and_a_named_track_per_kind():
+    step = Step(4, bounds=(1.0, 1.1, 1.2, 1.5, 1.6, 1.7), gradients=[(0, 1.3)],
+                messages=[Message("allreduce", 1.25, 1.45, 64.0, bucket=0), Message("codec", 1.5, 1.52, kind="codec")])
+    events = [step_events(rank, [step], 0.0, ["w"]) for rank in range(2)]
+    document = trace(events, ["a", "b"], [Alignment(), Alignment(1e-4, 2e-5)], {"run": "r"})
+    json.dumps(document)  # plain JSON, as Perfetto and chrome://tracing read it
+    names = {(e["pid"], e["args"]["name"]) for e in document["traceEvents"] if e["name"] == "process_name"}
+    assert names == {(0, "rank 0 (a)"), (1, "rank 1 (b)")}
+    tracks = {e["args"]["name"] for e in document["traceEvents"] if e["name"] == "thread_name"}
+    assert tracks == {"phases", "gradients", "messages", "codec"}
+    phases = [e for e in document["traceEvents"] if e.get("cat") == "phase" and e["pid"] == 0]
+    assert [e["name"] for e in phases] == ["data", "forward", "backward", "sync", "optimizer"]
+    message = next(e for e in document["traceEvents"] if e.get("cat") == "message" and e["pid"] == 0)
+    assert (message["ts"], message["dur"], message["args"]["bucket"]) == (1.25e6, pytest.approx(2e5), 0)
+    assert document["otherData"]["clock_alignment"][1] == {"rank": 1, "offset_s": 1e-4, "error_s": 2e-5}
+
+
+@pytest.mark.e2e
+def test_a_straggler_is_waited_for_and_the_trace_shows_it(mlflow_server, tmp_path):
+    """Four ranks, rank 3 computing 0.3 s longer each step: flat (after backward) and ddp (inside it), tracked."""
+    slow = 0.3
+    args = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--max-steps", "8",
+            "--log-every", "4", "--experiment", "tests-timeline", "--tracking-uri", mlflow_server,
+            "--timeline-steps", "3:4", "--system-metrics-every", "0"]
+    runs = train_several(4, tmp_path, {sync: [*args, "--sync", sync] for sync in ("flat", "ddp")},
+                         env={"MPI_TRAIN_SLOW": f"3:{slow}"}, timeout=300, cwd=tmp_path)
+    client = client_for(mlflow_server)
+    for sync, summary in runs.items():
+        split_ = summary["sync_split_after_warmup"]
+        assert split_["slowest_rank"] == 3, split_
+        for rank, figures_ in enumerate(split_["per_rank"]):
+            wait = figures_["sync_wait_s"]
+            assert (slow * 0.85 < wait < slow * 1.3) if rank != 3 else wait < 0.05 * slow, (sync, rank, figures_)
+        assert max(a["error_s"] for a in summary["clock_alignment"]) < 1e-3  # one machine: one clock
+        parent, children = job_runs(client, "tests-timeline", f"{sync}-np4-seed42")
+        assert parent.data.metrics["summary/slowest_rank"] == 3
+        assert parent.data.metrics["summary/sync_wait_s"] == pytest.approx(split_["mean"]["sync_wait_s"])
+        assert {m.step for m in client.get_metric_history(children[0].info.run_id, "rank/sync_wait_s")} == {4, 8}
+        artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "timeline")}
+        assert artifacts == {f"timeline/{sync}-np4-seed42.trace.json", f"timeline/{sync}-np4-seed42.swimlanes.png"}
+        document = json.loads((tmp_path / "timelines" / f"{sync}-np4-seed42.trace.json").read_text())
+        events = document["traceEvents"]
+        assert {e["pid"] for e in events} == {0, 1, 2, 3}
+        assert {e["args"]["step"] for e in events if e.get("cat") == "phase"} == {3, 4}
+        for rank in (0, 1):  # the rank waits for rank 3 inside its sync region: message time covers it
+            phases = {(e["args"]["step"], e["name"]): e for e in events if e["pid"] == rank and e.get("cat") == "phase"}
+            messages = [e for e in events if e["pid"] == rank and e.get("cat") == "message" and e["args"]["step"] == 4]
+            assert messages, sync
+            backward = phases[4, "backward"]
+            if sync == "ddp":  # its buckets leave during backward (which also holds the wait for rank 3)
+                assert {e["args"]["bucket"] for e in messages} == set(range(len(messages)))
+                assert all(backward["ts"] <= e["ts"] <= backward["ts"] + backward["dur"] for e in messages)
+            else:  # after backward, inside the sync phase
+                sync_phase = phases[4, "sync"]
+                assert all(sync_phase["ts"] <= e["ts"] and e["ts"] + e["dur"] <= sync_phase["ts"] + sync_phase["dur"]
+                           + 1000 for e in messages)
