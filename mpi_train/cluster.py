@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import environments
-from .environments import ClusterEnvironment
+from .environments import ClusterEnvironment, ObjectChannel
 from .environments.base import DAEMON_END_DELAY_S
 from .errors import UserError
 from .liveness import Liveness, NoLiveness
@@ -56,6 +56,64 @@ def _group_ready() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
+
+
+class GroupChannel(ObjectChannel):
+    """Bytes through the open process group as uint8 tensors (lengths first, then the bytes padded to the longest),
+    on the device its backend needs: torch's own object collectives would unpickle what arrives."""
+
+    def __init__(self, src: int = 0):
+        import torch
+        import torch.distributed as dist
+
+        self.dist, self.torch, self.src = dist, torch, src  # bcast_bytes' source (the others are rooted at 0)
+        cuda = dist.get_backend() == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+    def _tensor(self, data: bytes, length: int):
+        padded = self.torch.zeros(length, dtype=self.torch.uint8)
+        padded[:len(data)] = self.torch.frombuffer(bytearray(data), dtype=self.torch.uint8) if data else 0
+        return padded.to(self.device)
+
+    def _lengths(self, data: bytes) -> list[int]:
+        lengths = [self.torch.zeros(1, dtype=self.torch.int64, device=self.device)
+                   for _ in range(self.dist.get_world_size())]
+        self.dist.all_gather(lengths, self.torch.tensor([len(data)], dtype=self.torch.int64, device=self.device))
+        return [int(length.item()) for length in lengths]
+
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        lengths = self._lengths(data)
+        parts = [self.torch.zeros(max(lengths), dtype=self.torch.uint8, device=self.device) for _ in lengths]
+        self.dist.all_gather(parts, self._tensor(data, max(lengths)))
+        return [part[:n].cpu().numpy().tobytes() for part, n in zip(parts, lengths)]
+
+    def bcast_bytes(self, data: bytes) -> bytes:
+        length = self.torch.tensor([len(data)], dtype=self.torch.int64, device=self.device)
+        self.dist.broadcast(length, src=self.src)
+        buffer = self._tensor(data if self.dist.get_rank() == self.src else b"", int(length.item()))
+        self.dist.broadcast(buffer, src=self.src)
+        return buffer.cpu().numpy().tobytes()
+
+    def gather_bytes(self, data: bytes) -> list[bytes] | None:
+        lengths = self._lengths(data)
+        root = self.dist.get_rank() == 0
+        parts = [self.torch.zeros(max(lengths), dtype=self.torch.uint8, device=self.device)
+                 for _ in lengths] if root else None
+        self.dist.gather(self._tensor(data, max(lengths)), gather_list=parts, dst=0)
+        return [part[:n].cpu().numpy().tobytes() for part, n in zip(parts, lengths)] if root else None
+
+    def scatter_bytes(self, parts: list[bytes] | None) -> bytes:
+        root = self.dist.get_rank() == 0
+        lengths = self.torch.tensor([len(part) for part in parts] if root else [0] * self.dist.get_world_size(),
+                                    dtype=self.torch.int64, device=self.device)
+        self.dist.broadcast(lengths, src=0)
+        longest = int(lengths.max().item())
+        mine = self.torch.zeros(longest, dtype=self.torch.uint8, device=self.device)
+        self.dist.scatter(mine, scatter_list=[self._tensor(part, longest) for part in parts] if root else None, src=0)
+        return mine[:int(lengths[self.dist.get_rank()].item())].cpu().numpy().tobytes()
+
+    def abort(self, code: int) -> None:
+        raise NotImplementedError("the process group cannot end the job: the launcher's channel does")
 
 
 @dataclass(frozen=True)
@@ -115,47 +173,27 @@ class Cluster:
     def spans_hosts(self) -> bool:
         return self.info.local_world_size != self.info.world_size
 
-    # Once the process group exists, object collectives go through it: its --timeout ends a wait
-    # for a stuck peer, and unlike MPI's pickled collectives it lets rank 0's tracking threads run.
+    # Once the process group exists, object collectives go through it: its --timeout ends a wait for a stuck
+    # peer, and unlike MPI's blocking collectives it lets rank 0's tracking threads run.
+
+    @property
+    def objects(self) -> ObjectChannel:
+        return GroupChannel() if _group_ready() else self.channel
 
     def allgather(self, value: Any) -> list:
-        if _group_ready():
-            import torch.distributed as dist
-
-            values = [None] * self.info.world_size
-            dist.all_gather_object(values, value)
-            return values
-        return self.channel.allgather(value)
+        return self.objects.allgather(value)
 
     def bcast(self, value: Any) -> Any:
         """Rank 0's value on every rank."""
-        if _group_ready():
-            import torch.distributed as dist
-
-            values = [value]
-            dist.broadcast_object_list(values, src=0)
-            return values[0]
-        return self.channel.bcast(value)
+        return self.objects.bcast(value)
 
     def scatter(self, values: list | None) -> Any:
         """values[r] (given on rank 0) on rank r."""
-        if _group_ready():
-            import torch.distributed as dist
-
-            received = [None]
-            dist.scatter_object_list(received, values if self.info.is_main else None, src=0)
-            return received[0]
-        return self.channel.scatter(values)
+        return self.objects.scatter(values)
 
     def gather(self, value: Any) -> list | None:
         """Every rank's value on rank 0; None elsewhere."""
-        if _group_ready():
-            import torch.distributed as dist
-
-            values = [None] * self.info.world_size if self.info.is_main else None
-            dist.gather_object(value, values, dst=0)
-            return values
-        return self.channel.gather(value)
+        return self.objects.gather(value)
 
     def open_process_group(self, backend: str, master_addr: str | None, timeout_s: float) -> str:
         """Open the torch.distributed process group, its store and the heartbeats; returns the rendezvous address.
@@ -178,7 +216,9 @@ class Cluster:
         else:
             address = rendezvous_address(self, master_addr)
             if info.rank == 0:
-                store = TCPStore("0.0.0.0", 0, info.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+                listener = listen_on(address)  # only where the other ranks reach rank 0: loopback on one host
+                store = TCPStore(address, listener.getsockname()[1], info.world_size, is_master=True, timeout=timeout,
+                                 wait_for_workers=False, master_listen_fd=listener.detach())
                 address = f"{address}:{store.port}"
             address = self.bcast(address)
         host, port = address.rsplit(":", 1)
@@ -264,6 +304,20 @@ def host_labels(ranks: list[tuple[str, int]]) -> tuple[str, ...]:
     for name, leader in ranks:
         leaders_by_name.setdefault(name, set()).add(leader)
     return tuple(name if len(leaders_by_name[name]) == 1 else f"{name}-rank{leader}" for name, leader in ranks)
+
+
+def listen_on(address: str) -> socket.socket:
+    """A listening socket on `address` (a free port): the rendezvous store listens there and nowhere else."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((socket.gethostbyname(address), 0))
+    except OSError as error:
+        listener.close()
+        raise UserError(f"rank 0 cannot listen for the rendezvous on {address!r} ({error.strerror or error}): it is "
+                        f"not an address of rank 0's host. Pass --master-addr (or set MASTER_ADDR) to an address of "
+                        f"that host which the other hosts reach.") from None
+    listener.listen(128)
+    return listener
 
 
 def _route_address(destination: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import TYPE_CHECKING
 
 from .config import BACKENDS
@@ -117,7 +117,8 @@ def resolve_backend(cluster, requested: str) -> tuple[str, str]:
     """Collective: the backend and this rank's device (see decide), made current under NCCL."""
     import torch
 
-    seen = cluster.allgather(RankGpus(cluster.info.host, cluster.info.local_rank, visible_gpus()))
+    mine = RankGpus(cluster.info.host, cluster.info.local_rank, visible_gpus())
+    seen = [RankGpus(host, local_rank, tuple(gpus)) for host, local_rank, gpus in cluster.allgather(astuple(mine))]
     decision = decide(requested, seen)
     device = decision.devices[cluster.info.rank]
     if device.startswith("cuda"):

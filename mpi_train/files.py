@@ -33,3 +33,17 @@ def write_json_atomically(path: str, payload: dict) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(target, lambda handle: handle.write((json.dumps(payload, indent=2) + "\n").encode()))
+
+
+def append_private(path: Path):
+    """`path` opened for appending, created readable and writable by its owner only (spools: they hold a job's
+    figures and the server's address), its folder too."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a")
+
+
+def write_private(path: Path, text: str) -> None:
+    """`text` into a new file only its owner can read (a password): never readable by others, not even briefly."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+        handle.write(text)

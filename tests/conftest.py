@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +67,48 @@ def losses(summary: dict) -> list[float]:
     return [step["loss"] for step in summary["steps"]]
 
 
+class LiveJob:
+    """An mpirun job whose output is read while it runs, so a test can act at a given step."""
+
+    def __init__(self, np: int, args: list[str], cwd: Path, steps: int, **options):
+        command, env = mpirun_launch(np, args, **options)
+        self.steps = steps
+        self.cleanup = ExitStack()  # the launch's own TMPDIR, removed once it has ended (see lab/mpirun.py)
+        env.update(self.cleanup.enter_context(launch.own_tmpdir()))
+        self.process = launch.start(command, env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        self.reader.start()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_step(self, step: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not re.search(rf"step\s+{step}/{self.steps}\b", self.output):
+            assert self.process.poll() is None, f"the job ended before step {step}:\n{self.output}"
+            assert time.monotonic() < deadline, f"no step {step} after {timeout_s} s:\n{self.output}"
+            time.sleep(0.05)
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.process.wait(timeout_s)
+        finally:
+            launch.stop(self.process)
+            self.reader.join(10)
+            self.cleanup.close()
+
+
+def listening_on(port: int, namespace: str | None = None) -> set[str]:
+    """The local addresses a TCP port listens on (in a test host's network namespace, if named)."""
+    command = ["ss", "-ltnH", f"sport = :{port}"]
+    if namespace:
+        command = ["ip", "netns", "exec", namespace, *command]
+    listing = subprocess.run(command, capture_output=True, text=True, check=False).stdout
+    return {line.split()[3].rsplit(":", 1)[0].strip("[]") for line in listing.splitlines() if line.strip()}
+
+
 @pytest.fixture
 def quick_args() -> list[str]:
     """A run of a few seconds: small synthetic MNIST-shaped data, not recorded in MLflow."""
@@ -89,6 +133,18 @@ def job_runs(client, experiment: str, run_name: str):
     parent = parents[0]
     children = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     return parent, sorted(children, key=lambda c: int(c.data.tags["rank"]))
+
+
+def artifact_texts(client, run_id: str, folder: Path) -> list[str]:
+    """Every artifact of a run that reads as text, downloaded into `folder`."""
+    texts = []
+    for path in Path(client.download_artifacts(run_id, "", str(folder))).rglob("*"):
+        if path.is_file():
+            try:
+                texts.append(path.read_text())
+            except UnicodeDecodeError:  # a picture or the weights
+                continue
+    return texts
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -119,8 +175,9 @@ class MlflowServer:
     store), as an outage test needs.
     """
 
-    def __init__(self, root: Path, host: str = "127.0.0.1"):
+    def __init__(self, root: Path, host: str = "127.0.0.1", credentials: dict | None = None):
         self.root, self.host, self.port, self.process = root, host, free_port(host), None
+        self.credentials = credentials  # MLFLOW_TRACKING_USERNAME/PASSWORD: run it with --auth, that user its admin
         self.url = f"http://{host}:{self.port}"
         self.log = root / "server.log"
         self.launch()
@@ -132,10 +189,17 @@ class MlflowServer:
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "mpi_train.server", "--host", self.host, "--port", str(self.port),
-                 "--workers", "1", "--root", str(self.root / DEFAULT_STORE_DIR)],
+                 "--workers", "1", "--root", str(self.root / DEFAULT_STORE_DIR), *self.security()],
                 cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
-                # one process less
-                env={**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+                env={**os.environ, "PYTHONPATH": str(REPO), **(self.credentials or {}),
+                     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # one process less
+
+    def security(self) -> list[str]:
+        """--auth with credentials; beyond loopback without them --insecure: the test hosts' bridge exists on this
+        machine alone."""
+        if self.credentials:
+            return ["--auth"]
+        return [] if self.host.startswith("127.") else ["--insecure"]
 
     def answers(self) -> bool:
         from mpi_train.tracking.probe import server_answers

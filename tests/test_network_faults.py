@@ -12,15 +12,11 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from conftest import MlflowServer, client_for, hosts_brought_up, job_runs, losses, mpirun_launch, train
-
-from mpi_train.lab import mpirun as launch
+from conftest import LiveJob, MlflowServer, client_for, hosts_brought_up, job_runs, listening_on, losses, train
 
 pytestmark = pytest.mark.e2e
 
@@ -32,36 +28,11 @@ JOB = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64
        "--max-steps", str(STEPS), "--timeout", str(TIMEOUT_S), "--sync", "allreduce"]
 
 
-class LiveJob:
-    """An mpirun job whose output is read while it runs, so a test can act at a given step."""
+class FaultedJob(LiveJob):
+    """A job on the test hosts whose link a test takes down at a step."""
 
     def __init__(self, hosts, args: list[str], cwd: Path):
-        command, env = mpirun_launch(4, args, **hosts.mpirun_options())
-        self.cleanup = ExitStack()  # the launch's own TMPDIR, removed once it has ended (see lab/mpirun.py)
-        env.update(self.cleanup.enter_context(launch.own_tmpdir()))
-        self.process = launch.start(command, env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
-        self.reader.start()
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for_step(self, step: int, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not re.search(rf"step\s+{step}/{STEPS}\b", self.output):
-            assert self.process.poll() is None, f"the job ended before step {step}:\n{self.output}"
-            assert time.monotonic() < deadline, f"no step {step} after {timeout_s} s:\n{self.output}"
-            time.sleep(0.05)
-
-    def wait(self, timeout_s: float) -> int:
-        try:
-            return self.process.wait(timeout_s)
-        finally:
-            launch.stop(self.process)
-            self.reader.join(10)
-            self.cleanup.close()
+        super().__init__(4, args, cwd, STEPS, **hosts.mpirun_options())
 
     def cut_link_at_step(self, hosts, number: int, step: int) -> tuple[int, float]:
         """Take test host `number`'s link down at `step` for good: the job's exit status, and seconds from the cut
@@ -107,8 +78,8 @@ def uninterrupted(hosts, tmp_path_factory):
 def test_a_host_that_loses_its_link_ends_the_job_named_and_resume_continues_exactly(hosts, uninterrupted, tmp_path):
     checkpoints = tmp_path / "checkpoints"
     uri = hosts.server.uri()
-    job = LiveJob(hosts, [*JOB, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2", "--tracking-uri", uri,
-                          "--experiment", "linkdown", "--summary-json", str(tmp_path / "cut.json")], tmp_path)
+    job = FaultedJob(hosts, [*JOB, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2", "--tracking-uri",
+                             uri, "--experiment", "linkdown", "--summary-json", str(tmp_path / "cut.json")], tmp_path)
     code, ended = job.cut_link_at_step(hosts, 2, step=5)
     output = job.output
     print(f"link down at step 5: the job ended {ended:.1f} s later with exit status {code}")  # shown with pytest -s
@@ -137,7 +108,7 @@ def test_when_rank_0s_own_host_loses_its_link_every_side_still_ends(hosts, tmp_p
     """Rank 0 cannot tell its own cut from every other host's; nor can mpirun reach rank 0's daemon or the others'
     ranks reach rank 0. Both sides end, mpirun exits non-zero, and what rank 0 could not send is replayed after."""
     uri = hosts.server.uri()
-    job = LiveJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "rank0cut", "--summary-json",
+    job = FaultedJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "rank0cut", "--summary-json",
                           str(tmp_path / "cut.json")],
                   tmp_path)
     code, ended = job.cut_link_at_step(hosts, 1, step=5)
@@ -162,9 +133,12 @@ def test_when_rank_0s_own_host_loses_its_link_every_side_still_ends(hosts, tmp_p
 
 def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_path):
     uri = hosts.server.uri()
-    job = LiveJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "blink", "--summary-json",
+    job = FaultedJob(hosts, [*JOB, "--tracking-uri", uri, "--experiment", "blink", "--summary-json",
                           str(tmp_path / "blink.json")], tmp_path)
     job.wait_for_step(4)
+    address, port = re.search(r"rendezvous ([\d.]+):(\d+)", job.output).groups()
+    # the rendezvous store listens where the other host reaches rank 0, nowhere else
+    assert address == f"{SUBNET}.2" and listening_on(int(port), hosts.host(1)) == {address}
     hosts.link(2, "down")
     time.sleep(6)
     hosts.link(2, "up")

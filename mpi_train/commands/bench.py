@@ -62,7 +62,7 @@ from torch import nn
 
 from .. import netmodel, tracking
 from ..clock import Clock
-from ..cluster import Cluster, exit_process
+from ..cluster import Cluster, GroupChannel, exit_process
 from ..config import BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig
 from ..data import SyntheticImages
 from ..devices import place
@@ -206,8 +206,7 @@ def allreduce_calibration(largest: int, iters: int, device: torch.device) -> dic
             if i:
                 times.append(time.perf_counter() - started)
         seconds.append(statistics.median(times))
-    slowest = [None] * dist.get_world_size()
-    dist.all_gather_object(slowest, seconds)
+    slowest = GroupChannel().allgather(seconds)
     seconds = [max(column) for column in zip(*slowest)]
     fit = netmodel.Link.fit(sizes, seconds, source="allreduce")
     return {"alpha": fit.alpha, "beta": fit.beta, "fit_error": fit.fit_error, "sizes": sizes, "seconds": seconds}

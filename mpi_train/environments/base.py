@@ -12,26 +12,53 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+from ..wire import decode, encode
+
 DAEMON_END_DELAY_S = 1  # a cut-off host's daemon is ended this long after its rank's abort: its console lines go first
 
 
 class ObjectChannel(ABC):
-    """Small-object collectives the job needs before (and besides) the torch process group."""
+    """Small-object collectives the job needs before (and besides) the torch process group.
 
-    @abstractmethod
-    def allgather(self, value: Any) -> list: ...
+    A channel moves bytes; values travel encoded by wire.py (JSON, or torch's weights-only format), never
+    pickled, and are checked as they arrive."""
 
-    @abstractmethod
+    def origin(self, collective: str, rank: int | None = None) -> str:
+        """How a refused value's origin is named in the error."""
+        return f"an object collective ({collective}{'' if rank is None else f', from rank {rank}'})"
+
+    def allgather(self, value: Any) -> list:
+        return [decode(data, self.origin("allgather", rank))
+                for rank, data in enumerate(self.allgather_bytes(encode(value)))]
+
     def bcast(self, value: Any) -> Any:
         """Rank 0's value on every rank."""
+        return decode(self.bcast_bytes(encode(value)), self.origin("broadcast"))
 
-    @abstractmethod
     def gather(self, value: Any) -> list | None:
         """Every rank's value on rank 0; None elsewhere."""
+        gathered = self.gather_bytes(encode(value))
+        if gathered is None:
+            return None
+        return [decode(data, self.origin("gather", rank)) for rank, data in enumerate(gathered)]
 
-    @abstractmethod
     def scatter(self, values: list | None) -> Any:
         """values[r] (given on rank 0) on rank r."""
+        data = self.scatter_bytes([encode(value) for value in values] if values is not None else None)
+        return decode(data, self.origin("scatter"))
+
+    @abstractmethod
+    def allgather_bytes(self, data: bytes) -> list[bytes]: ...
+
+    @abstractmethod
+    def bcast_bytes(self, data: bytes) -> bytes:
+        """Rank 0's bytes on every rank (the others' `data` is ignored)."""
+
+    @abstractmethod
+    def gather_bytes(self, data: bytes) -> list[bytes] | None: ...
+
+    @abstractmethod
+    def scatter_bytes(self, parts: list[bytes] | None) -> bytes: ...
 
     @abstractmethod
     def abort(self, code: int) -> None:

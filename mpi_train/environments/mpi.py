@@ -25,20 +25,66 @@ MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "M
 
 
 class MpiChannel(ObjectChannel):
+    """Bytes through MPI's buffer collectives (lengths first, then the bytes): mpi4py's object collectives
+    would unpickle whatever arrives."""
+
     def __init__(self, comm: Any):
         self.comm = comm
 
-    def allgather(self, value: Any) -> list:
-        return self.comm.allgather(value)
+    def _lengths(self, data: bytes | None, root_only: bool = False):
+        import numpy as np
 
-    def bcast(self, value: Any) -> Any:
-        return self.comm.bcast(value, root=0)
+        mine = np.array([len(data) if data is not None else 0], dtype=np.int64)
+        lengths = np.zeros(self.comm.Get_size(), dtype=np.int64)
+        if root_only:
+            self.comm.Gather(mine, lengths, root=0)
+        else:
+            self.comm.Allgather(mine, lengths)
+        return lengths
 
-    def gather(self, value: Any) -> list | None:
-        return self.comm.gather(value, root=0)
+    @staticmethod
+    def _split(buffer, lengths) -> list[bytes]:
+        offsets = [0, *lengths.cumsum().tolist()]
+        return [buffer[offsets[i]:offsets[i + 1]].tobytes() for i in range(len(lengths))]
 
-    def scatter(self, values: list | None) -> Any:
-        return self.comm.scatter(values, root=0)
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        import numpy as np
+
+        lengths = self._lengths(data)
+        buffer = np.empty(int(lengths.sum()), dtype=np.uint8)
+        self.comm.Allgatherv(np.frombuffer(bytearray(data), dtype=np.uint8), (buffer, lengths))
+        return self._split(buffer, lengths)
+
+    def bcast_bytes(self, data: bytes) -> bytes:
+        import numpy as np
+
+        root = self.comm.Get_rank() == 0
+        length = np.array([len(data) if root else 0], dtype=np.int64)
+        self.comm.Bcast(length, root=0)
+        buffer = np.frombuffer(bytearray(data), dtype=np.uint8) if root else np.empty(int(length[0]), dtype=np.uint8)
+        self.comm.Bcast(buffer, root=0)
+        return buffer.tobytes()
+
+    def gather_bytes(self, data: bytes) -> list[bytes] | None:
+        import numpy as np
+
+        root = self.comm.Get_rank() == 0
+        lengths = self._lengths(data, root_only=True)
+        buffer = np.empty(int(lengths.sum()), dtype=np.uint8) if root else None
+        self.comm.Gatherv(np.frombuffer(bytearray(data), dtype=np.uint8), (buffer, lengths) if root else None, root=0)
+        return self._split(buffer, lengths) if root else None
+
+    def scatter_bytes(self, parts: list[bytes] | None) -> bytes:
+        import numpy as np
+
+        root = self.comm.Get_rank() == 0
+        lengths = np.array([len(part) for part in parts], dtype=np.int64) if root else None
+        length = np.zeros(1, dtype=np.int64)
+        self.comm.Scatter(lengths, length, root=0)
+        buffer = np.empty(int(length[0]), dtype=np.uint8)
+        sent = (np.frombuffer(bytearray(b"".join(parts)), dtype=np.uint8), lengths) if root else None
+        self.comm.Scatterv(sent, buffer, root=0)
+        return buffer.tobytes()
 
     def abort(self, code: int) -> None:
         sys.stdout.flush()
@@ -85,7 +131,11 @@ class MpiEnvironment(ClusterEnvironment):
         self.comm = MPI.COMM_WORLD
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.comm.Get_rank())
         self._local_rank, self._local_size = local.Get_rank(), local.Get_size()
-        self._leader = local.bcast(self.comm.Get_rank(), root=0)  # the host's first rank identifies the host
+        import numpy as np
+
+        leader = np.array([self.comm.Get_rank()], dtype=np.int64)
+        local.Bcast(leader, root=0)  # the host's first rank identifies the host (a buffer: nothing unpickled)
+        self._leader = int(leader[0])
         local.Free()
         self._channel = MpiChannel(self.comm)
 

@@ -7,7 +7,6 @@ Each collective writes under a fresh key (`mpi_train/objects/<n>/<rank>`); the s
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 from typing import Any
 
@@ -17,6 +16,9 @@ PREFIX = "mpi_train/objects"
 
 
 class StoreChannel(ObjectChannel):
+    """Values under keys of the store, encoded by wire.py: a value someone else set under a key is refused, and
+    nothing of it runs."""
+
     def __init__(self, store: Any, rank: int, world_size: int):
         self.store, self.rank, self.world_size = store, rank, world_size
         self.count = 0  # collectives so far: every rank calls them in the same order
@@ -25,38 +27,39 @@ class StoreChannel(ObjectChannel):
         self.count += 1
         return f"{PREFIX}/{self.count}"
 
-    def _put(self, key: str, value: Any) -> None:
-        self.store.set(key, pickle.dumps(value))
+    def origin(self, collective: str, rank: int | None = None) -> str:
+        key = f"{PREFIX}/{self.count}"
+        if collective in ("allgather", "gather") or (collective == "scatter" and self.rank != 0):
+            key += f"/{rank if rank is not None else self.rank}"
+        return f"the store key {key!r} ({collective})"
 
-    def _take(self, key: str) -> Any:
-        return pickle.loads(self.store.get(key))
-
-    def allgather(self, value: Any) -> list:
+    # The bytes pass through the store unread; the object methods (base.py) decode them, naming the key.
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
         key = self._next()
-        self._put(f"{key}/{self.rank}", value)
-        return [self._take(f"{key}/{rank}") for rank in range(self.world_size)]
+        self.store.set(f"{key}/{self.rank}", data)
+        return [self.store.get(f"{key}/{rank}") for rank in range(self.world_size)]
 
-    def bcast(self, value: Any) -> Any:
+    def bcast_bytes(self, data: bytes) -> bytes:
         key = self._next()
         if self.rank == 0:
-            self._put(key, value)
-            return value
-        return self._take(key)
+            self.store.set(key, data)
+            return data
+        return self.store.get(key)
 
-    def gather(self, value: Any) -> list | None:
+    def gather_bytes(self, data: bytes) -> list[bytes] | None:
         key = self._next()
         if self.rank != 0:
-            self._put(f"{key}/{self.rank}", value)
+            self.store.set(f"{key}/{self.rank}", data)
             return None
-        return [value] + [self._take(f"{key}/{rank}") for rank in range(1, self.world_size)]
+        return [data] + [self.store.get(f"{key}/{rank}") for rank in range(1, self.world_size)]
 
-    def scatter(self, values: list | None) -> Any:
+    def scatter_bytes(self, parts: list[bytes] | None) -> bytes:
         key = self._next()
         if self.rank != 0:
-            return self._take(f"{key}/{self.rank}")
+            return self.store.get(f"{key}/{self.rank}")
         for rank in range(1, self.world_size):
-            self._put(f"{key}/{rank}", values[rank])
-        return values[0]
+            self.store.set(f"{key}/{rank}", parts[rank])
+        return parts[0]
 
     def abort(self, code: int) -> None:
         """Exit now; the launcher (torchrun's agent, srun --kill-on-bad-exit) ends the other ranks."""

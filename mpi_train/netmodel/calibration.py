@@ -14,12 +14,14 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from .. import stragglers
+from ..cluster import GroupChannel
 from ..errors import UserError
 from .links import Link, Network, rate_bytes_per_s
 from .prediction import ASSUMED_BACKWARD, Backward
@@ -96,10 +98,9 @@ def time_pairs(pairs: Sequence[tuple[int, int]], sizes: Sequence[int], iters: in
     found = []
     for a, b in pairs:
         seconds = ping_pong(b, sizes, iters, device, origin=a, fastest=fastest)
-        shared = [(Link.fit(sizes, seconds, source=f"ping-pong rank {a} <-> {b}"), seconds) if dist.get_rank() == a
-                  else None]
-        dist.broadcast_object_list(shared, src=a)
-        found.append(shared[0])
+        fit = asdict(Link.fit(sizes, seconds, source=f"ping-pong rank {a} <-> {b}")) if dist.get_rank() == a else None
+        link, times = GroupChannel(src=a).bcast([fit, seconds])  # rank a's, as plain data
+        found.append((Link(**link), times))
     return found
 
 

@@ -6,10 +6,12 @@ import socket
 import sys
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..cluster import GroupChannel
 from ..timeline import NO_RECORDER, timed
 from .flat import Flat
 
@@ -24,11 +26,13 @@ def host_of_each_rank() -> list[int]:
         comm = MPI.COMM_WORLD
         if comm.Get_size() == world:  # ranks numbered as the process group's (Cluster.open_process_group)
             local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-            leader = local.bcast(comm.Get_rank(), root=0)
+            leader = np.array([comm.Get_rank()], dtype=np.int64)
+            local.Bcast(leader, root=0)  # buffer collectives: mpi4py's object ones would unpickle what arrives
             local.Free()
-            return comm.allgather(leader)
-    names: list = [None] * world
-    dist.all_gather_object(names, socket.gethostname())
+            leaders = np.zeros(world, dtype=np.int64)
+            comm.Allgather(leader, leaders)
+            return leaders.tolist()
+    names = GroupChannel().allgather(socket.gethostname())
     return [names.index(name) for name in names]
 
 

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from ..config import JobInfo, TrainConfig, redact_uri
-from ..errors import raised_in_collective
+from ..errors import UserError, raised_in_collective
 from . import links, names
 from .sampler import HostSampler
 from .sender import END_TIMEOUT_S, BatchSender
@@ -33,6 +33,21 @@ PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backen
           "batch_size_per_rank", "model", "dataset", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_steps",
           "timing_warmup_steps", "epochs", "max_steps", "seed", "hosts", "threads", "rendezvous", "link", "num_hosts",
           "ranks_per_host")
+
+
+def checked_failure(posted: bytes) -> dict:
+    """A failure report another rank posted in the store (tracker.RankTracker): JSON with its rank, host and
+    traceback, or a UserError naming the key; nothing else is read from it."""
+    try:
+        failure = json.loads(bytes(posted).decode())
+        if (isinstance(failure, dict) and isinstance(failure.get("rank"), int) and isinstance(failure.get("host"), str)
+                and isinstance(failure.get("traceback"), str)):
+            return failure
+        reason = "not a report of a rank, its host and its traceback"
+    except (UnicodeDecodeError, ValueError) as error:
+        reason = f"{type(error).__name__}: {error}"
+    raise UserError(f"the value under the store key {FAILURE_KEY!r} is garbled or forged ({reason}); it was refused "
+                    f"and nothing of it ran", collective=False)
 
 
 def job_metrics(summary: dict, global_batch: int) -> dict:
@@ -340,9 +355,15 @@ class MlflowTracker(NullTracker):
             try:
                 if not store.check([FAILURE_KEY]):
                     continue
-                failure = json.loads(store.get(FAILURE_KEY))
+                posted = store.get(FAILURE_KEY)
             except Exception:  # noqa: BLE001 - the store is gone: the job is ending anyway
                 return
+            try:
+                failure = checked_failure(posted)
+            except UserError as refused:  # not a rank's report: say so, drop it, keep watching
+                print(f"mpi_train: warning: {refused}", file=sys.stderr, flush=True)
+                store.delete_key(FAILURE_KEY)
+                continue
             self.end("FAILED", failure=failure)
             store.set(ACK_KEY, "1")
             return

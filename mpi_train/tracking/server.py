@@ -6,12 +6,22 @@ It binds to loopback unless --host names another address; Ctrl-C stops it cleanl
 
     python -m mpi_train.server --host 127.0.0.1 --port 5000
     mpirun -np 4 python -m mpi_train --tracking-uri http://127.0.0.1:5000
+
+Anyone who reaches an MLflow server without authentication can read, change and delete every
+run. So beyond loopback it runs MLflow's authentication app (--auth): the admin is
+$MLFLOW_TRACKING_USERNAME / $MLFLOW_TRACKING_PASSWORD when set (the variables jobs and MLflow's
+clients read), else `admin` with a generated password kept in ROOT/credentials, readable by its
+owner only (`set -a; . mlruns/credentials; set +a` gives a shell the variables). Listening beyond
+loopback without --auth is refused unless --insecure says it is meant.
+
+    python -m mpi_train.server --host 0.0.0.0 --auth
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -19,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UserError, format_error
+from ..files import write_private
 from .probe import wait_for_server
 from .store import DEFAULT_STORE_DIR, check_store_dir
 
@@ -34,14 +45,69 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", default=DEFAULT_STORE_DIR,
                         help=f"folder holding mlflow.db and the artifacts (default: {DEFAULT_STORE_DIR})")
     parser.add_argument("--workers", type=int, default=2, help="server worker processes (default: 2)")
+    parser.add_argument("--auth", action="store_true",
+                        help="run MLflow's authentication app: every request needs a user and password (the admin: "
+                             "$MLFLOW_TRACKING_USERNAME/$MLFLOW_TRACKING_PASSWORD, else generated into "
+                             "ROOT/credentials)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="listen beyond loopback without authentication, knowing anyone who reaches the port can "
+                             "read, change and delete every run")
     return parser
 
 
-def server_command(host: str, port: int, root: Path, workers: int) -> list[str]:
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+CREDENTIALS = "credentials"  # under --root: the generated admin's variables, readable by its owner only
+
+
+def check_exposure(host: str, auth: bool, insecure: bool) -> None:
+    """Refuse to open the store to a network without authentication, unless told that is meant."""
+    if host in LOOPBACK_HOSTS or host.startswith("127.") or auth or insecure:
+        return
+    raise UserError(f"--host {host} would open the tracking server to the network without authentication: anyone who "
+                    f"reaches port and address could read, change and delete every run and artifact. Add --auth to "
+                    f"require a user and password (MLflow's authentication app; jobs pass MLFLOW_TRACKING_USERNAME and "
+                    f"MLFLOW_TRACKING_PASSWORD), keep the default --host 127.0.0.1, or add --insecure if the network "
+                    f"is yours alone.")
+
+
+def admin_credentials(root: Path) -> tuple[str, str, str]:
+    """(user, password, where they come from): the variables jobs read, else the generated ones in ROOT/credentials
+    (made once, readable by its owner only)."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        return user, password, "$MLFLOW_TRACKING_USERNAME and $MLFLOW_TRACKING_PASSWORD"
+    path = root / CREDENTIALS
+    if not path.exists():
+        write_private(path, f"MLFLOW_TRACKING_USERNAME=admin\nMLFLOW_TRACKING_PASSWORD={secrets.token_urlsafe(24)}\n")
+    values = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    if not values.get("MLFLOW_TRACKING_USERNAME") or not values.get("MLFLOW_TRACKING_PASSWORD"):
+        raise UserError(f"{path} holds no MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD lines. Delete it to "
+                        f"have a password generated, or set both variables.")
+    return values["MLFLOW_TRACKING_USERNAME"], values["MLFLOW_TRACKING_PASSWORD"], str(path)
+
+
+def auth_environment(root: Path, user: str, password: str) -> dict:
+    """What MLflow's authentication app reads: its config (users kept in ROOT/basic_auth.db), the admin, and the
+    key that signs its forms (kept in ROOT/flask_secret, owner only, so a restart keeps it)."""
+    secret = os.environ.get("MLFLOW_FLASK_SERVER_SECRET_KEY")
+    if not secret:
+        keep = root / "flask_secret"
+        if not keep.exists():
+            write_private(keep, secrets.token_urlsafe(32))
+        secret = keep.read_text().strip()
+    config = root / "basic_auth.ini"
+    config.write_text("[mlflow]\ndefault_permission = READ\n"
+                      f"database_uri = sqlite:///{root / 'basic_auth.db'}\n"
+                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_AUTH_ADMIN_USERNAME": user,
+            "MLFLOW_AUTH_ADMIN_PASSWORD": password, "MLFLOW_FLASK_SERVER_SECRET_KEY": secret}
+
+
+def server_command(host: str, port: int, root: Path, workers: int, auth: bool = False) -> list[str]:
     return [
         sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", str(workers),
         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--serve-artifacts", "--artifacts-destination",
-        str(root),
+        str(root), *(["--app-name", "basic-auth"] if auth else []),
     ]
 
 
@@ -77,9 +143,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(args.root).resolve()
     url = f"http://{args.host}:{args.port}"
     try:
+        check_exposure(args.host, args.auth, args.insecure)
         check_store_dir(root, "pass --root with another folder")
+        env, who = dict(os.environ), "none: anyone who reaches it may read and write every run"
+        if args.auth:
+            user, password, source = admin_credentials(root)
+            env.update(auth_environment(root, user, password))
+            who = f"user {user} with the password in {source}"
         # Its own process group: Ctrl-C reaches only us, and we stop the server and its workers together.
-        process = subprocess.Popen(server_command(args.host, args.port, root, args.workers), start_new_session=True)
+        process = subprocess.Popen(server_command(args.host, args.port, root, args.workers, args.auth),
+                                   start_new_session=True, env=env)
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
@@ -87,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:
         wait_until_healthy(url, process)
-        print(f"MLflow UI: {url}\nStore: {root / 'mlflow.db'} (artifacts under {root})\n"
+        print(f"MLflow UI: {url}\nStore: {root / 'mlflow.db'} (artifacts under {root})\nAuthentication: {who}\n"
               f"Train with: mpirun -np 4 python -m mpi_train --tracking-uri {url}\nCtrl-C stops the server.",
               flush=True)
         return process.wait()

@@ -42,6 +42,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..config import redact_uri
+from ..files import append_private
 from .probe import server_answers
 
 SPOOL_DIR = Path("mlruns") / "spool"
@@ -173,8 +174,7 @@ class Spool:
         self.append({"id": uuid.uuid4().hex, "uri": redact_uri(uri), **record})
 
     def append(self, record: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as handle:
+        with append_private(self.path) as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             handle.write(json.dumps(record) + "\n")
             handle.flush()
@@ -204,7 +204,7 @@ class Spool:
             entry.update(local_id=record["local_id"], run_id=created_run_id)
         if refusal:
             entry["refused"] = refusal
-        with open(self.acked_path, "a") as handle:
+        with append_private(self.acked_path) as handle:
             handle.write(json.dumps(entry) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -341,8 +341,9 @@ class SpoolingClient:
                 and not Path(record["local_path"]).is_relative_to(self.spool.files.resolve())):
             # the caller may delete its file
             keep = self.spool.files / uuid.uuid4().hex / Path(record["local_path"]).name
-            keep.parent.mkdir(parents=True, exist_ok=True)
+            keep.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             shutil.copyfile(record["local_path"], keep)
+            keep.chmod(0o600)
             record = {**record, "local_path": str(keep.resolve())}
         self.spool.add(record, self.uri)
 

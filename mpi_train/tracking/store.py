@@ -123,11 +123,29 @@ def open_store(config: TrainConfig) -> Connection:
         except MlflowException:  # another job created it a moment ago
             return Connection(client, uri, client.get_experiment_by_name(config.experiment).experiment_id)
     except Exception as error:  # noqa: BLE001 - any store failure here is the user's setup
+        refusal = credentials_refused(str(error), uri)
+        if refusal:
+            raise UserError(refusal) from None
         raise UserError(
             f"The MLflow store at {redact_uri(uri)} could not open experiment {config.experiment!r}: "
             f"{str(error).splitlines()[0] if str(error) else type(error).__name__}. Check --tracking-uri, "
             f"the server's log and its permissions, or pass --no-tracking."
         ) from None
+
+
+def credentials_refused(error: str, uri: str) -> str | None:
+    """The one paragraph for a server that wants credentials this job did not give (or gave wrong), else None."""
+    if "error code 401" not in error and "error code 403" not in error:
+        return None
+    given = os.environ.get("MLFLOW_TRACKING_USERNAME") and os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    answer = ("401: it does not know this user and password" if "error code 401" in error and given else
+              "401: this job gave no user and password" if "error code 401" in error else
+              "403: the user may not write to this experiment")
+    return (f"The MLflow server at {redact_uri(uri)} requires authentication and refused this job ({answer}). Set "
+            f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD for rank 0 (or MLFLOW_TRACKING_TOKEN) to a user "
+            f"the server knows; for a server started by `python -m mpi_train.server --auth` without them, its admin is "
+            f"in its --root folder: `set -a; . mlruns/credentials; set +a`. Or pass --no-tracking. Nothing was "
+            f"trained and nothing was spooled.")
 
 
 def job_spool_path() -> Path:

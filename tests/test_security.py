@@ -1,0 +1,127 @@
+"""Let no one in: an authenticated tracking server, no pickles over the network, listeners only where the job talks.
+
+Real parts: the rendezvous store is a real TCPStore, the server a real `mlflow server` with its authentication
+app, the jobs real mpirun jobs."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pickle
+import re
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+from conftest import LiveJob, MlflowServer, artifact_texts, client_for, free_port, job_runs, listening_on, mpirun
+
+from mpi_train.environments.store import StoreChannel
+from mpi_train.errors import UserError
+from mpi_train.tracking.runs import checked_failure
+from mpi_train.tracking.server import main as server_main
+from mpi_train.wire import decode, encode
+
+QUICK = ["--dataset", "synthetic", "--synthetic-size", "256", "--batch-size", "32", "--max-steps", "4", "--log-every",
+         "2", "--system-metrics-every", "0"]
+
+
+class Planted:
+    """What a forged pickle would run when read: it creates a file."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_values_travel_as_plain_data_and_a_forged_pickle_is_refused_without_running(tmp_path):
+    planted = tmp_path / "planted"
+    assert decode(encode({"rank": 1, "hosts": ["a", "b"]}), "x") == {"rank": 1, "hosts": ["a", "b"]}
+    import torch
+
+    state = decode(encode({"rng": torch.arange(3), 7: (1.5, None)}), "x")  # tensors, non-string keys: torch's format
+    assert torch.equal(state["rng"], torch.arange(3)) and state[7] == (1.5, None)
+    for forged in (pickle.dumps(Planted(str(planted))), b"T" + pickle.dumps(Planted(str(planted))), b"J{not json"):
+        with pytest.raises(UserError, match="under the spot is garbled or forged"):
+            decode(forged, "the spot")
+    assert not planted.exists()
+
+
+def test_a_forged_value_under_a_store_key_is_refused_naming_the_key(tmp_path):
+    """Rank 1 of a torchrun-like job reads rank 0's part of an allgather from a real TCPStore; someone set that key."""
+    from torch.distributed import TCPStore
+
+    planted = tmp_path / "planted"
+    store = TCPStore("127.0.0.1", free_port(), 1, is_master=True, timeout=datetime.timedelta(seconds=10),
+                     wait_for_workers=False)
+    store.set("mpi_train/objects/1/0", pickle.dumps(Planted(str(planted))))
+    with pytest.raises(UserError, match=r"the store key 'mpi_train/objects/1/0' \(allgather\) is garbled or forged"):
+        StoreChannel(store, rank=1, world_size=2).allgather("mine")
+    assert not planted.exists()
+    with pytest.raises(UserError, match="mpi_train/failure' is garbled or forged"):  # the failure report's key too
+        checked_failure(pickle.dumps(Planted(str(planted))))
+    assert not planted.exists()
+    assert checked_failure(json.dumps({"rank": 2, "host": "h", "traceback": "t"}).encode())["rank"] == 2
+
+
+def test_the_server_will_not_open_the_store_to_a_network_without_authentication(tmp_path, capsys):
+    assert server_main(["--host", "0.0.0.0", "--root", str(tmp_path / "mlruns")]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "--host 0.0.0.0 would open the tracking server to the network without authentication" in error
+    assert "Add --auth" in error and "--insecure" in error and not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.e2e
+def test_the_rendezvous_store_listens_on_loopback_alone_for_a_job_on_one_host(tmp_path):
+    job = LiveJob(4, [*QUICK, "--max-steps", "6", "--no-tracking"], tmp_path, 6, env={"MPI_TRAIN_SLOW": "0:0.4"})
+    try:
+        job.wait_for_step(2)
+        port = int(re.search(r"rendezvous 127\.0\.0\.1:(\d+)", job.output).group(1))
+        assert listening_on(port) == {"127.0.0.1"}
+    finally:
+        assert job.wait(120) == 0, job.output
+
+
+@pytest.mark.e2e
+def test_an_authenticated_server_lets_in_the_job_with_credentials_and_no_one_else(tmp_path):
+    password = f"pw-{uuid.uuid4().hex}"
+    credentials = {"MLFLOW_TRACKING_USERNAME": "tester", "MLFLOW_TRACKING_PASSWORD": password}
+    server = MlflowServer(tmp_path, credentials=credentials)
+    try:
+        uri = server.uri()
+        with pytest.raises(urllib.error.HTTPError) as refused:  # anonymous REST: refused
+            urllib.request.urlopen(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1", timeout=10)
+        assert refused.value.code == 401
+
+        started = time.monotonic()
+        without = mpirun(2, [*QUICK, "--tracking-uri", uri, "--experiment", "secured"], timeout=120,
+                         env={"MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""}, cwd=tmp_path)
+        assert without.returncode != 0 and time.monotonic() - started < 30
+        message = " ".join(without.stderr.split())
+        assert f"The MLflow server at {uri} requires authentication and refused this job (401" in message, message
+        assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in message
+        assert not (tmp_path / "mlruns" / "spool").exists() or not list((tmp_path / "mlruns" / "spool").iterdir())
+
+        summary = tmp_path / "secured.json"
+        with_them = mpirun(2, [*QUICK, "--tracking-uri", uri, "--experiment", "secured", "--summary-json",
+                               str(summary)], timeout=180, env=credentials, cwd=tmp_path)
+        assert with_them.returncode == 0, with_them.stdout + with_them.stderr
+        client = client_for(uri)  # the test's own process reads the variables too
+        os.environ.update(credentials)
+        try:
+            parent, children = job_runs(client, "secured", "allreduce-np2-seed42")
+            assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"] * 2
+            recorded = [json.dumps(parent.data.params), json.dumps(parent.data.tags),
+                        *artifact_texts(client, parent.info.run_id, tmp_path / "artifacts")]
+        finally:
+            for name in credentials:
+                os.environ.pop(name, None)
+        for text in (*recorded, with_them.stdout, with_them.stderr, without.stdout, without.stderr,
+                     summary.read_text()):
+            assert password not in text
+    finally:
+        server.stop()
