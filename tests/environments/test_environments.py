@@ -106,8 +106,9 @@ def test_store_collectives_between_two_ranks():
         thread.start()
     for thread in threads:
         thread.join(30)
-    assert results[0] == ([("host", 0), ("host", 1)], "from 0", [0, 10], "zero", [0, 1])
-    assert results[1] == ([("host", 0), ("host", 1)], "from 0", None, "one", [0, 1])
+    # plain data travels as JSON: tuples come back as lists
+    assert results[0] == ([["host", 0], ["host", 1]], "from 0", [0, 10], "zero", [0, 1])
+    assert results[1] == ([["host", 0], ["host", 1]], "from 0", None, "one", [0, 1])
 
 
 def test_a_launch_daemon_knows_whether_mpirun_still_answers():
