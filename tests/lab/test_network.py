@@ -157,7 +157,7 @@ max_steps = 4
 log_every = 1
 system_metrics_every = 0
 [[sweep]]
-sync = ["ring", "gather_scatter"]
+sync = ["ring"]
 [network]
 hosts = [2]
 ranks_per_host = 2
@@ -181,7 +181,7 @@ subnet = "{SUBNET}"
     client = MlflowClient(tracking_uri=store)
     experiment = client.get_experiment_by_name("nettest")
     runs = client.search_runs([experiment.experiment_id], "tags.`mpi_train.role` = 'job'")
-    assert len(runs) == 4
+    assert len(runs) == 2
     measured = {}
     for run in runs:
         params, metrics = run.data.params, run.data.metrics
@@ -195,7 +195,7 @@ subnet = "{SUBNET}"
         measured[params["sync"], params["link"]] = (after_first, metrics["summary/predicted_sync_s"])
     for (sync, link), (seconds, predicted) in measured.items():  # loose: the CPU is shared, the model is not that rough
         assert predicted / 4 < seconds < predicted * 4, (sync, link, seconds, predicted)
-    for sync in ("ring", "gather_scatter"):  # the shaping is real: a tenth of the rate costs several times the time
+    for sync in ("ring",):  # the shaping is real: a tenth of the rate costs several times the time
         assert measured[sync, "100mbit"][0] > 3 * measured[sync, "1gbit"][0], measured
     report = (out / "report.txt").read_text()
     assert "against the alpha-beta model" in report and "100mbit" in report
