@@ -90,9 +90,10 @@ class TrainConfig:
     log_every: int = _opt(20, "print the loss averaged over all ranks every N steps")
     summary_json: str | None = _opt(None, "rank 0 writes the config, losses, timings and test results here")
     timeline: bool = _opt(False, "record where every step's time goes on every rank (phases, gradients, messages) as a "
-                          "Chrome-trace JSON and a swimlane PNG under timelines/, also logged to MLflow")
+                          "Chrome-trace JSON and a swimlane PNG under --timeline-dir, also logged to MLflow")
     timeline_steps: str | None = _opt(None, "the steps the timeline records, FIRST:LAST (e.g. 10:20), FIRST: or one "
                                       "step; implies --timeline (default: every step)", metavar="FIRST:LAST")
+    timeline_dir: str = _opt("timelines", "folder for the timeline's trace and swimlanes, named by the run")
 
     # Checkpoints (written by global rank 0 only, atomically).
     checkpoint_dir: str | None = _opt(None, "write checkpoints (step-NNNNNNNN.pt) to this folder, at the end and every "

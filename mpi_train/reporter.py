@@ -31,7 +31,7 @@ class SilentReporter:
     def log_epoch(self, epoch: int, step: int, test_loss: float, test_accuracy: float,
                   epoch_time_s: float) -> None: ...
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: list[dict] | None = None,
-               timing_warmup_steps: int = 0) -> None: ...
+               timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None) -> None: ...
     def save_weights(self, model) -> None: ...
     def note_stall(self, stall) -> None: ...
     def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None: ...
@@ -139,9 +139,10 @@ class Reporter(SilentReporter):
                    f"({epoch_time_s:.1f}s)")
 
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: list[dict] | None = None,
-               timing_warmup_steps: int = 0) -> None:
+               timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None) -> None:
         """The whole-job summary; `per_rank_steady` are the means leaving out the first `timing_warmup_steps`
-        (the seed assignment's convention: warm-up iterations are not timed)."""
+        (the seed assignment's convention: warm-up iterations are not timed); `recorder_busy_s`, each rank's time
+        in its step recorder (the split's and the timeline's own cost)."""
         overall = {key: mean_over_ranks(per_rank_means, key) for key in PHASES}
         steady = {key: mean_over_ranks(per_rank_steady or per_rank_means, key) for key in PHASES}
         self.print(
@@ -162,6 +163,7 @@ class Reporter(SilentReporter):
             "final_loss": self.steps[-1]["loss"] if self.steps else None,
             "network_stalls": self.stalls,
             **self.split_summary(steady),
+            **({"recorder_busy_s": recorder_busy_s} if recorder_busy_s else {}),
             **({"timeline": self.timeline} if self.timeline else {}),
             "clock_alignment": [{"rank": rank, "offset_s": a.offset_s, "error_s": a.error_s}
                                 for rank, a in enumerate(self.alignments)],
@@ -191,9 +193,9 @@ class Reporter(SilentReporter):
         return {"sync_split_after_warmup": {"mean": mean, "per_rank": per_rank, "slowest_rank": slowest}}
 
     def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None:
-        """The job's trace (Chrome-trace JSON) and its swimlane picture under timelines/, and in MLflow."""
-        folder = Path("timelines")
-        folder.mkdir(exist_ok=True)
+        """The job's trace (Chrome-trace JSON) and its swimlane picture under --timeline-dir, and in MLflow."""
+        folder = Path(self.config["timeline_dir"])
+        folder.mkdir(parents=True, exist_ok=True)
         about = {"run": self.name, "sync": self.config["sync"], "compression": self.config["compression"],
                  "steps": list(recorder.window)}
         document = timeline.trace(per_rank_events, self.job["hosts"], alignments, about)

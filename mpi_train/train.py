@@ -286,7 +286,8 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
         steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals
         reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,
                         cluster.gather(steady.means()),
-                        config.timing_warmup_steps if after_step.after_warmup.steps else 0)
+                        config.timing_warmup_steps if after_step.after_warmup.steps else 0,
+                        cluster.gather(job.recorder.busy_s))
         if config.save_model:
             reporter.save_weights(job.model)
     dist.destroy_process_group()

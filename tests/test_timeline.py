@@ -131,6 +131,8 @@ def test_a_straggler_is_waited_for_and_the_trace_shows_it(mlflow_server, tmp_pat
         parent, children = job_runs(client, "tests-timeline", f"{sync}-np4-seed42")
         assert parent.data.metrics["summary/slowest_rank"] == 3
         assert parent.data.metrics["summary/sync_wait_s"] == pytest.approx(split_["mean"]["sync_wait_s"])
+        assert len(summary["recorder_busy_s"]) == 4  # the recorder's own time, a timeline's included: a sliver
+        assert 0 < parent.data.metrics["summary/recorder_share"] < 0.01
         assert {m.step for m in client.get_metric_history(children[0].info.run_id, "rank/sync_wait_s")} == {4, 8}
         artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "timeline")}
         assert artifacts == {f"timeline/{sync}-np4-seed42.trace.json", f"timeline/{sync}-np4-seed42.swimlanes.png"}

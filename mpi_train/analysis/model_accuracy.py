@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..netmodel.links import UNLIMITED, rate_bytes_per_s
-from ..sync import split_label
+from ..sync import label, split_label
 from .compare import save_figure
 
 TARGETS = {False: 0.20, True: 0.30}  # the largest |error| the model may make: after backward, overlapped (exposed)
@@ -211,3 +211,33 @@ def timeline_report(summaries: dict[str, dict]) -> str | None:
     return ("Messages of the runs recorded with --timeline, measured (rank 0, medians over the window) against the "
             "alpha-beta model started from the measured gradient times; end after backward > 0 is exposed:\n"
             + "\n".join(lines))
+
+
+EXPOSED_TARGET = 0.15  # a run's own exposed communication against the bench's, same method and setting
+
+
+def exposed_report(pairs: Sequence[tuple[str, dict, dict]]) -> str | None:
+    """Each training run's exposed communication, measured in the run itself (the sync split's steady-state mean:
+    what backward did not hide, wait included), beside the bench's exposed time (step minus a no-sync replica's) for
+    the same method on the same setting: one figure measured two ways. `pairs` are (run name, its summary, the
+    bench JSON of its setting)."""
+    lines = []
+    for name, summary, bench in pairs:
+        split = (summary.get("sync_split_after_warmup") or {}).get("mean")
+        config = summary.get("config") or {}
+        method = label(config.get("sync", ""), config.get("compression", "none"))
+        row = next((m for m in bench["methods"] if m["method"] == method), None)
+        if not split or row is None or not row.get("exposed_s"):
+            continue
+        run_s, bench_s = split["exposed_comm_s"], row["exposed_s"]
+        error = (run_s - bench_s) / bench_s
+        verdict = "ok" if abs(error) <= EXPOSED_TARGET else f"parts: {100 * error:+.0f}%"
+        lines.append(f"  {name:<36} {method:<18} {1000 * run_s:>10.1f} {1000 * split['sync_wait_s']:>8.1f} "
+                     f"{100 * split['comm_overlap']:>9.0f}% {1000 * bench_s:>9.1f}  {verdict}")
+    if not lines:
+        return None
+    head = f"  {'run':<36} {'method':<18} {'run_ms':>10} {'wait_ms':>8} {'overlap':>10} {'bench_ms':>9}  verdict"
+    return (f"Exposed communication per step, measured inside each training run (steady-state mean over ranks, wait "
+            f"for the last rank included; overlap = share of message time during backward) against the bench's "
+            f"exposed time for the same method and setting (target +-{100 * EXPOSED_TARGET:.0f}%):\n"
+            + head + "\n" + "\n".join(lines))

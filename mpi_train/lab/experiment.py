@@ -170,8 +170,9 @@ def train_flags(config: TrainConfig) -> list[str]:
 
 
 def run_command(sweep: Sweep, run: PlannedRun, uri: str | None, summary: Path) -> list[str]:
-    tracking = {"experiment": sweep.name, "tracking_uri": uri, "run_name": run.name} if uri else {"no_tracking": True}
-    config = dataclasses.replace(run.config, summary_json=str(summary), **tracking)
+    tracking = {"experiment": sweep.name, "tracking_uri": uri} if uri else {"no_tracking": True}
+    timelines = {"timeline_dir": str(sweep.out / "timelines")} if run.config.timeline_window else {}
+    config = dataclasses.replace(run.config, summary_json=str(summary), run_name=run.name, **timelines, **tracking)
     return [*mpirun_prefix(sweep, run.np, run.network), sys.executable, "-m", "mpi_train", *train_flags(config)]
 
 
@@ -424,13 +425,14 @@ def report(sweep: Sweep, uri: str | None, launches: list[Launch], since_ms: int)
     elif sweep.runs:
         sections.append(f"Runs of {sweep.name!r}: none finished, nothing to compare.")
     settings = sweep.network.settings if sweep.network else (None,)
-    benches = []
+    benches, bench_of = [], {}
     for setting in settings:
         path = bench_json(sweep, setting)
         bench_ran = any(l.name.startswith("bench-") and l.network == setting and l.returncode == 0 for l in launches)
         if bench_ran and path.is_file():
             result = json.loads(path.read_text())
             benches.append(result)
+            bench_of[setting] = result
             sections.append(describe(result))
             paths.append(plot_sync_costs(result, sweep.out / "plots",
                                          name=path.stem.replace("bench", "sync_cost_vs_floor") + ".png"))
@@ -439,6 +441,10 @@ def report(sweep: Sweep, uri: str | None, launches: list[Launch], since_ms: int)
     messages = model_accuracy.timeline_report(summaries)
     if messages:
         sections.append(messages)
+    exposed = model_accuracy.exposed_report([(l.name, summaries[l.name], bench_of[l.network]) for l in launches
+                                             if l.name in summaries and l.network in bench_of])
+    if exposed:
+        sections.append(exposed)
     if sweep.network and benches:  # the lab: every setting's bench against the model, in one table and two plots
         lab = model_accuracy.report(benches)
         if lab:

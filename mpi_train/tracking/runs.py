@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,6 +74,10 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
     if split:
         figures.update({names.summary_key(key): split["mean"][key] for key in names.SPLIT})
         figures[names.summary_key("slowest_rank")] = split["slowest_rank"]
+    if summary.get("recorder_busy_s"):  # the split's own cost (and a timeline's), as tracking_share is tracking's
+        loop_s = summary["mean_times"]["step_time_s"] * summary["total_steps"]
+        busy_s = statistics.fmean(summary["recorder_busy_s"])
+        figures[names.summary_key("recorder_share")] = busy_s / loop_s if loop_s else 0.0
     if summary.get("clock_alignment"):
         figures[names.summary_key("clock_error_s")] = max(rank["error_s"] for rank in summary["clock_alignment"])
     if summary.get("slow_host"):

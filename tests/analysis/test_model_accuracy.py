@@ -57,3 +57,19 @@ def test_the_timeline_s_messages_are_held_against_the_model_and_a_parting_one_is
     rows = [line.split() for line in text.splitlines() if line.startswith("  ") and line.split()[0].isdigit()]
     assert [row[-1] for row in rows] == ["ok", "-75%"] and "bucketed-np4 (steps 3-6):" in text
     assert "flat-np4" not in text and model_accuracy.timeline_report({"x": {}}) is None
+
+
+def test_a_runs_own_exposed_time_is_held_against_the_bench_of_its_method_and_setting():
+    def summary(sync, exposed):
+        return {"config": {"sync": sync, "compression": "none"},
+                "sync_split_after_warmup": {"mean": {"exposed_comm_s": exposed, "sync_wait_s": 0.01,
+                                                     "comm_overlap": 0.8}}}
+
+    bench = {"methods": [{"method": "ddp", "exposed_s": 0.100}, {"method": "bucketed", "exposed_s": 0.200}]}
+    text = model_accuracy.exposed_report([("ddp-run", summary("ddp", 0.110), bench),
+                                          ("bucketed-run", summary("bucketed", 0.150), bench),
+                                          ("ring-run", summary("ring", 0.3), bench)])  # no bench row: left out
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ") and "-run" in line}
+    assert rows["ddp-run"].endswith("ok") and "110.0" in rows["ddp-run"] and "80%" in rows["ddp-run"]
+    assert rows["bucketed-run"].endswith("parts: -25%") and "ring-run" not in rows
+    assert model_accuracy.exposed_report([("ring-run", summary("ring", 0.3), bench)]) is None
