@@ -26,6 +26,7 @@ the file (it is the one that wrote it).
 
 from __future__ import annotations
 
+import copy
 import random
 import re
 from dataclasses import dataclass
@@ -36,9 +37,10 @@ import torch
 from torch import nn
 
 from .cluster import Cluster
-from .config import TrainConfig
+from .config import RESUME_AUTO, TrainConfig
 from .errors import UserError, folder_write_error
 from .files import write_atomically
+from .sync import SyncMethod, label
 
 FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"^step-(\d{8})\.pt$")
@@ -69,8 +71,8 @@ class Position:
 # ---------------------------------------------------------------------------------------------
 # Each rank's own state.
 
-def capture_rank_state(model: nn.Module) -> dict:
-    """This rank's random states and buffers, in types torch.load(weights_only=True) accepts."""
+def capture_rank_state(model: nn.Module, method: SyncMethod) -> dict:
+    """This rank's random states, buffers and sync method state, in types torch.load(weights_only=True) accepts."""
     kind, keys, position, has_gauss, cached = np.random.get_state()
     state = {
         "torch_rng": torch.get_rng_state(),
@@ -78,14 +80,16 @@ def capture_rank_state(model: nn.Module) -> dict:
                       "cached": float(cached)},
         "python_rng": random.getstate(),
         "buffers": {name: buffer.detach().cpu().clone() for name, buffer in model.named_buffers()},
+        "sync": method.state_dict(model),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda_rng"] = torch.cuda.get_rng_state()
     return state
 
 
-def restore_rank_state(state: dict, model: nn.Module) -> None:
-    """Put back what capture_rank_state took; called right before the first resumed batch."""
+def restore_rank_state(state: dict, model: nn.Module, method: SyncMethod | None) -> None:
+    """Put back what capture_rank_state took; called right before the first resumed batch. `method` takes back its
+    state when it is the one that wrote it (None: another method, which starts afresh)."""
     torch.set_rng_state(state["torch_rng"])
     numpy_rng = state["numpy_rng"]
     np.random.set_state((numpy_rng["kind"], np.array(numpy_rng["keys"], dtype=np.uint32), numpy_rng["pos"],
@@ -98,6 +102,8 @@ def restore_rank_state(state: dict, model: nn.Module) -> None:
     with torch.no_grad():
         for name, value in state["buffers"].items():
             buffers[name].copy_(value)
+    if method is not None:
+        method.load_state_dict(state.get("sync") or {}, model)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,27 +126,40 @@ class Checkpointer:
         cluster.agree(outcome, "cannot write checkpoints")
 
     def due(self, step: int, total_steps: int) -> bool:
-        if self.folder is None:
-            return False
+        """Every --checkpoint-every steps, and the last step; the last step's is written only after the final
+        evaluation (see `hold`), so a job whose final checkpoint exists has nothing left to do."""
         every = self.config.checkpoint_every
-        return step == total_steps or bool(every and step % every == 0)
+        return self.folder is not None and (step == total_steps or bool(every and step % every == 0))
 
-    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, position: Position, run_id: str | None) -> None:
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, method: SyncMethod, position: Position,
+             run_id: str | None) -> None:
         """Collective: gather every rank's state, rank 0 writes; a failed write stops every rank together."""
-        rank_states = self.cluster.gather(capture_rank_state(model))
+        self.write(self.capture(model, optimizer, method, position, run_id), position.step)
+
+    def capture(self, model: nn.Module, optimizer: torch.optim.Optimizer, method: SyncMethod, position: Position,
+                run_id: str | None) -> dict | None:
+        """Collective: the checkpoint as of now, on rank 0 (None elsewhere). Taken at the step boundary, where
+        an uninterrupted job's random states stand, even when written later."""
+        rank_states = self.cluster.gather(capture_rank_state(model, method))
+        if not self.cluster.info.is_main:
+            return None
+        config, info = self.config, self.cluster.info
+        return {
+            "format": FORMAT_VERSION, "model": config.model_name, "dataset": config.dataset,
+            "train_size": config.synthetic_size if config.dataset == "synthetic" else None,
+            "world_size": info.world_size, "batch_size": config.batch_size, "sync": config.sync,
+            "compression": config.compression, "seed": config.seed,
+            "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
+            "model_state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+            "optimizer_state": copy.deepcopy(optimizer.state_dict()), "ranks": rank_states,
+            "mlflow_parent_run_id": run_id,
+        }
+
+    def write(self, payload: dict | None, step: int) -> None:
+        """Collective: rank 0 writes what `capture` took and prunes the oldest; every rank learns the outcome."""
         outcome = None
         if self.cluster.info.is_main:
-            config, info = self.config, self.cluster.info
-            payload = {
-                "format": FORMAT_VERSION, "model": config.model_name, "dataset": config.dataset,
-                "train_size": config.synthetic_size if config.dataset == "synthetic" else None,
-                "world_size": info.world_size, "batch_size": config.batch_size, "sync": config.sync,
-                "seed": config.seed,
-                "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
-                "model_state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                "optimizer_state": optimizer.state_dict(), "ranks": rank_states, "mlflow_parent_run_id": run_id,
-            }
-            target = self.folder / checkpoint_name(position.step)
+            target = self.folder / checkpoint_name(step)
             try:
                 save_atomically(payload, target)
                 for old in list_checkpoints(self.folder)[:-KEEP_LAST]:
@@ -148,7 +167,7 @@ class Checkpointer:
             except OSError as error:
                 outcome = (f"writing {target} failed ({error.strerror or error}); the previous checkpoints in "
                            f"{self.folder} are intact. Free space or choose another --checkpoint-dir.")
-        self.cluster.agree(outcome, f"checkpoint at step {position.step}")
+        self.cluster.agree(outcome, f"checkpoint at step {step}")
 
 
 def check_folder(folder: Path) -> str | None:
@@ -172,10 +191,19 @@ class Resume:
     optimizer_state: dict
     rank_state: dict
     parent_run_id: str | None
+    method: str  # the sync method's label that wrote it: its state is taken back by the same method only
+
+    def finished(self, total_steps: int) -> bool:
+        """The checkpoint of a job's end (--resume auto relaunched a job that had finished): nothing to do."""
+        return self.position.step >= total_steps
 
 
-def find_checkpoint(spec: str) -> Path:
-    """--resume's argument: a checkpoint file, or a folder whose latest checkpoint is taken."""
+def find_checkpoint(spec: str, checkpoint_dir: str | None = None) -> Path | None:
+    """--resume's argument: a checkpoint file, or a folder whose latest checkpoint is taken; `auto`, the latest under
+    --checkpoint-dir, or None when it holds none yet (a fresh start)."""
+    if spec == RESUME_AUTO:
+        found = list_checkpoints(Path(checkpoint_dir))
+        return found[-1] if found else None
     path = Path(spec)
     if path.is_dir():
         found = list_checkpoints(path)
@@ -204,7 +232,8 @@ def read_checkpoint(path: Path) -> dict:
 
 
 def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size: int, total_steps: int) -> None:
-    """The checkpoint must come from the same model, ranks, global batch and data, and leave steps to do."""
+    """The checkpoint must come from the same model, ranks, global batch and data, and leave steps to do (under
+    --resume auto, a checkpoint of the last step is a job that finished: see Resume.finished)."""
     train_size = config.synthetic_size if config.dataset == "synthetic" else None
     held = {"model": payload["model"], "ranks": payload["world_size"], "global batch": payload["batch_size"],
             "data set": payload["dataset"], "training samples": payload.get("train_size")}
@@ -224,7 +253,7 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
               "the same model on the same number of ranks with the same global batch and data. Relaunch with "
             + " and ".join(fixes[key] for key in differing) + ", or drop --resume to start afresh."
         )
-    if payload["step"] >= total_steps:
+    if payload["step"] >= total_steps and config.resume != RESUME_AUTO:
         raise UserError(f"--resume {path} is at step {payload['step']}, and this job trains {total_steps} steps in "
                         f"all, so nothing is left to do. Raise --max-steps or --epochs to train further.")
 
@@ -236,20 +265,24 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
     payload, outcome, path = None, None, None
     if cluster.info.is_main:
         try:
-            path = find_checkpoint(config.resume)
-            payload = read_checkpoint(path)
-            check_compatible(payload, path, config, cluster.info.world_size, total_steps)
+            path = find_checkpoint(config.resume, config.checkpoint_dir)
+            if path is not None:
+                payload = read_checkpoint(path)
+                check_compatible(payload, path, config, cluster.info.world_size, total_steps)
         except UserError as error:
             outcome = str(error)
     cluster.agree(outcome, "cannot resume")
+    if not cluster.bcast(path is not None):  # --resume auto with no checkpoint yet: a fresh start
+        return None
     shared = None
     if cluster.info.is_main:
         shared = {key: payload[key] for key in ("epoch", "step", "step_in_epoch", "model_state", "optimizer_state",
                                                 "mlflow_parent_run_id")}
         shared["path"] = str(path)
+        shared["method"] = label(payload["sync"], payload.get("compression", "none"))
     shared = cluster.bcast(shared)
     rank_state = cluster.scatter(payload["ranks"] if payload else None)
     return Resume(path=Path(shared["path"]),
                   position=Position(shared["epoch"], shared["step"], shared["step_in_epoch"]),
                   model_state=shared["model_state"], optimizer_state=shared["optimizer_state"],
-                  rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"])
+                  rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"], method=shared["method"])

@@ -23,6 +23,7 @@ from .timeline import ALL_STEPS, parse_window
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
 DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
 BACKENDS = ("auto", "gloo", "nccl")
+RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-dir, if any
 REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS, "model": MODELS}  # a field's `choices` names one
 
 
@@ -101,7 +102,9 @@ class TrainConfig:
     checkpoint_every: int | None = _opt(None, "steps between checkpoints (default: only at the end); needs "
                                         "--checkpoint-dir")
     resume: str | None = _opt(None, "continue from this checkpoint file, or from the latest checkpoint in this folder, "
-                              "exactly as if never stopped", metavar="PATH")
+                              "exactly as if never stopped; auto: the latest under --checkpoint-dir, or a fresh "
+                              "start when there is none (for a launch line that relaunches itself)",
+                              metavar="PATH|auto")
 
     # Experiment tracking (MLflow; only rank 0 talks to it).
     tracking_uri: str | None = _opt(None, "MLflow tracking server (http://HOST:PORT) or database URI (default: "
@@ -173,6 +176,10 @@ class TrainConfig:
         if self.save_model and self.no_tracking:
             raise UserError("--save-model stores the weights in the job's MLflow run, which --no-tracking turns off. "
                             "Drop one of the two flags.")
+        if self.resume == RESUME_AUTO and not self.checkpoint_dir:
+            raise UserError("--resume auto continues from the latest checkpoint under --checkpoint-dir, which is not "
+                            "set. Add --checkpoint-dir (and --checkpoint-every) so the job has checkpoints to "
+                            "continue from.")
         if self.checkpoint_every is not None and not self.checkpoint_dir:
             raise UserError(f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir to say where "
                             f"checkpoints go.")

@@ -28,7 +28,7 @@ from .models import build_model
 from .netmodel import JobModel, job_model, layout_params
 from .randomness import seed_rank_streams
 from .reporter import PHASES, Reporter, SilentReporter
-from .sync import SYNC_METHODS, SyncMethod, backend_error
+from .sync import SYNC_METHODS, SyncMethod, backend_error, label
 from .timeline import Alignment, StepRecorder, align_clocks, step_events
 
 
@@ -213,6 +213,7 @@ class AfterStep:
         self.config, self.cluster, self.job, self.reporter, self.tracker = config, cluster, job, reporter, tracker
         self.run_totals, self.window, self.after_warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self.first_step = job.resume.position.step if job.resume else 0
+        self.final_checkpoint: dict | None = None  # the last step's, taken at its boundary (rank 0)
 
     def __call__(self, position: Position, loss: torch.Tensor, lr: float, times: dict) -> None:
         config, step, total_steps = self.config, position.step, self.job.info.total_steps
@@ -228,13 +229,24 @@ class AfterStep:
             self.reporter.log_step(position.epoch, step, total_steps, per_rank, lr=lr)
             self.window = PhaseTotals()
         if self.job.checkpoints.due(step, total_steps):
-            self.job.checkpoints.save(self.job.model, self.job.optimizer, position, self.tracker.parent_id)
+            taken = self.job.checkpoints.capture(self.job.model, self.job.optimizer, self.job.method, position,
+                                                 self.tracker.parent_id)
+            if step < total_steps:
+                self.job.checkpoints.write(taken, step)
+            else:  # the end's: written once evaluated, so a relaunch with --resume auto has nothing to do
+                self.final_checkpoint = taken
 
 
 def run(config: TrainConfig, cluster: Cluster) -> None:
     """One training job on every rank of `cluster`."""
     job = setup(config, cluster)
     rank, total_steps = cluster.info.rank, job.info.total_steps
+    if job.resume and job.resume.finished(total_steps):
+        if cluster.info.is_main:
+            print(f"mpi_train: {job.resume.path} is this job's end (step {total_steps}, evaluated): it finished "
+                  f"already, nothing to do.", flush=True)
+        dist.destroy_process_group()
+        return
     tracker = tracking.start(job.connection, config, cluster, job.info)
     first_step = job.resume.position.step if job.resume else 0
     reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker,
@@ -259,7 +271,8 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
             batches = iter(job.train_loader)
             if job.resume and epoch == start.epoch:
                 # after iter(): it draws a seed from torch's generator
-                restore_rank_state(job.resume.rank_state, job.model)
+                same = job.resume.method == label(config.sync, config.compression)
+                restore_rank_state(job.resume.rank_state, job.model, job.method if same else None)
             # a batch is left: fail here, if told to
             while step < total_steps and step_in_epoch < job.info.steps_per_epoch:
                 job.fault.at(rank, step + 1)
@@ -277,6 +290,8 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
             reporter.log_epoch(epoch, step, test_loss, test_accuracy, time.perf_counter() - epoch_started)
 
         check_replicas_agree(cluster, job.model, f"after step {step}")
+        if job.checkpoints.due(step, total_steps) and step > after_step.first_step:
+            job.checkpoints.write(after_step.final_checkpoint, step)
         if config.timeline_window:
             names = [name for name, p in job.model.named_parameters() if p.requires_grad]
             events = step_events(rank, job.recorder.kept, job.recorder.alignment.offset_s, names)

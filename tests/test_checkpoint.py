@@ -5,9 +5,15 @@ import json
 import pytest
 import torch
 from conftest import mpirun, train
-from resume_check import ON_GLOO
+from resume_check import CHECKED
 
-from mpi_train.checkpoint import check_compatible, list_checkpoints, read_checkpoint, save_atomically
+from mpi_train.checkpoint import (
+    check_compatible,
+    checkpoint_name,
+    list_checkpoints,
+    read_checkpoint,
+    save_atomically,
+)
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 
@@ -27,10 +33,10 @@ def all_runs(tmp_path_factory):
     return {sync: {"tmp": tmp, "ck": tmp / f"{sync}-ck",
                    **{job: json.loads((tmp / f"{sync}-{job}.json").read_text())
                       for job in ("whole", "first", "resumed")}}
-            for sync in ON_GLOO}
+            for sync in CHECKED}
 
 
-@pytest.fixture(params=ON_GLOO)
+@pytest.fixture(params=CHECKED)
 def three_runs(request, all_runs):
     return {"sync": request.param, **all_runs[request.param]}
 
@@ -52,7 +58,8 @@ def test_resumed_losses_equal_the_uninterrupted_run_at_every_logged_step(three_r
 def test_a_fresh_job_resumes_exactly_too(all_runs, tmp_path):
     """The in-process resumptions above share their processes with earlier jobs; this one starts from nothing."""
     runs = all_runs["ddp"]
-    resumed = train(2, tmp_path, *ARGS, "--sync", "ddp", "--max-steps", str(TOTAL), "--resume", str(runs["ck"]))
+    at_resume = runs["ck"] / checkpoint_name(RESUME_AT)
+    resumed = train(2, tmp_path, *ARGS, "--sync", "ddp", "--max-steps", str(TOTAL), "--resume", str(at_resume))
     assert ([(s["step"], s["loss"]) for s in resumed["steps"]]
             == [(s["step"], s["loss"]) for s in runs["whole"]["steps"][RESUME_AT:]])
 
@@ -66,7 +73,10 @@ def test_the_resumed_job_evaluates_like_the_uninterrupted_one(three_runs):
 @pytest.mark.e2e
 def test_checkpoints_are_written_by_one_rank_atomically_and_pruned(three_runs):
     folder = three_runs["ck"]
-    assert [p.name for p in list_checkpoints(folder)] == ["step-00000003.pt", "step-00000006.pt"]
+    # the first job's, and the resumed job's own at its end (both --resume auto, the first a fresh start)
+    assert [p.name for p in list_checkpoints(folder)] == ["step-00000003.pt", "step-00000006.pt", "step-00000010.pt"]
+    assert "resumed_from" not in three_runs["first"]
+    assert not (three_runs["tmp"] / f"{three_runs['sync']}-again.json").exists()  # relaunched at its end: no job
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left behind
     payload = read_checkpoint(folder / "step-00000006.pt")
     assert (payload["step"], payload["epoch"], payload["step_in_epoch"], payload["world_size"]) == (6, 2, 2, 2)
@@ -124,3 +134,15 @@ def test_damaged_or_missing_checkpoints_are_refused(tmp_path):
 def test_checkpoint_every_needs_a_folder():
     with pytest.raises(UserError, match="needs --checkpoint-dir"):
         TrainConfig(checkpoint_every=5).validate(world_size=1)
+
+
+def test_resume_auto_needs_a_folder_and_reads_its_latest_checkpoint(tmp_path):
+    from mpi_train.checkpoint import find_checkpoint
+
+    with pytest.raises(UserError, match="--resume auto .* --checkpoint-dir"):
+        TrainConfig(resume="auto").validate(world_size=1)
+    assert find_checkpoint("auto", str(tmp_path / "not-yet")) is None  # nothing yet: a fresh start
+    for step in (3, 12):
+        save_atomically({"step": step}, tmp_path / f"step-{step:08d}.pt")
+    (tmp_path / ".step-00000015.pt.partial").write_bytes(b"half")  # a write cut short is never taken
+    assert find_checkpoint("auto", str(tmp_path)) == tmp_path / "step-00000012.pt"

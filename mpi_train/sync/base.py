@@ -68,6 +68,14 @@ class SyncMethod:
         """Note messages (and a compressor's work) in `recorder` from now on."""
         self.recorder = recorder
 
+    def state_dict(self, model: nn.Module) -> dict:
+        """This rank's state that outlives a step (a compressor's memory), for a checkpoint: a resumed job that
+        takes it back continues exactly."""
+        return {"compressor": self.compressor.state_dict({id(p): i for i, p in enumerate(model.parameters())})}
+
+    def load_state_dict(self, state: dict, model: nn.Module) -> None:
+        self.compressor.load_state_dict(state.get("compressor") or {}, list(model.parameters()))
+
     def __init__(self, compressor: Compressor | None = None):
         self.compressor = compressor or NoCompression()
         if self.compressor.wire_dtype is not None:

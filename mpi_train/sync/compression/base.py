@@ -38,6 +38,14 @@ class Compressor:
         """Bytes summed across ranks per step for these parameters' gradients: S of the cost model."""
         return float(sum(p.numel() * (self.wire_dtype or p.dtype).itemsize for p in params))
 
+    def state_dict(self, position: dict[int, int]) -> dict:
+        """What this rank carries from step to step, for a checkpoint (tensors and plain data); `position` maps
+        id(parameter) to its place among the model's parameters, the key a resumed job finds it by. None here."""
+        return {}
+
+    def load_state_dict(self, state: dict, params: Sequence[nn.Parameter]) -> None:
+        """Take back what state_dict gave; `params` are the resumed job's parameters, in the same places."""
+
 
 class Cast(Compressor):
     """Each rank's share of the mean, rounded once to a narrower float type and summed in it.

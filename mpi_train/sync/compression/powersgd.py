@@ -110,6 +110,7 @@ class PowerSGD(Compressor):
             raise ValueError(f"PowerSGD's start step must not be negative, got {start_step}")
         self.rank, self.start_step = rank, start_step
         self.memory: dict[tuple, BucketMemory] = {}
+        self.pending: dict[tuple, dict] = {}  # bucket states from a checkpoint, not yet made into memories
         self.generator = torch.Generator().manual_seed(SEED)
 
     @classmethod
@@ -128,6 +129,7 @@ class PowerSGD(Compressor):
         memory = self.memory.get(key)
         if memory is None:
             memory = self.memory[key] = BucketMemory(views, self.rank, self.compressible, self.generator)
+            self.restore(key, memory)
         memory.steps += 1
         if memory.steps <= self.start_step or not memory.matrices:
             yield data
@@ -151,6 +153,32 @@ class PowerSGD(Compressor):
             # e = M - P Q^T: what this rank's M has not delivered
             torch.addmm(gradient, m.p, m.qt, alpha=-1, out=m.residual)
             torch.mm(m.p, m.qt, out=gradient)  # the update, the same on every rank
+
+    def state_dict(self, position):
+        """Per bucket, by its parameters' places: reductions done, the warm-start Qs and this rank's residuals."""
+        buckets = []
+        for params, memory in self.memory.items():
+            buckets.append({"params": [position[id(p)] for p in params], "steps": memory.steps,
+                            "qt": memory.second.detach().cpu().clone(),
+                            "residuals": [m.residual.detach().cpu().clone() for m in memory.matrices]})
+        return {"rank": self.rank, "buckets": buckets}
+
+    def load_state_dict(self, state, params):
+        """Kept until each bucket's first reduction makes its memory (the buckets are known only then); the state
+        of another --powersgd-rank does not fit, and that job starts afresh."""
+        if state.get("rank") != self.rank:
+            return
+        self.pending = {tuple(params[i] for i in bucket["params"]): bucket for bucket in state["buckets"]}
+
+    def restore(self, key: tuple, memory: BucketMemory) -> None:
+        """A bucket's memory as the checkpoint left it, if it holds one for these parameters."""
+        saved = self.pending.pop(key, None)
+        if saved is None:
+            return
+        memory.steps = saved["steps"]
+        memory.second.copy_(saved["qt"])
+        for matrix, residual in zip(memory.matrices, saved["residuals"], strict=True):
+            matrix.residual.copy_(residual)
 
     def residual_of(self, param: nn.Parameter) -> torch.Tensor | None:
         """This rank's residual for `param` (shaped like it), or None if it is sent whole (for the tests)."""
