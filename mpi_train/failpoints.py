@@ -6,6 +6,8 @@ Set MPI_TRAIN_FAIL_AT="RANK:POINT[:HOW]" on the launch:
          N           step N, just before its gradient sync: the other ranks are inside the collective
          eval        at the start of the first evaluation
   HOW    raise (default): a Python exception; kill: SIGKILL to itself; hang: sleep forever
+With MPI_TRAIN_FAIL_ONCE=PATH as well, the failure happens only while PATH does not exist (it is
+created then): a relaunched job runs clean, as after a fault that a restart fixes.
 
 Set MPI_TRAIN_SLOW="RANK:SECONDS" to make one rank a straggler: every step of that rank takes SECONDS
 more compute (a sleep at the end of its backward, before the sync), so the others wait for it.
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from .errors import UserError
 
 FAIL_AT_ENV = "MPI_TRAIN_FAIL_AT"
+FAIL_ONCE_ENV = "MPI_TRAIN_FAIL_ONCE"
 SLOW_ENV = "MPI_TRAIN_SLOW"
 POINTS = ("start", "rendezvous", "eval")
 HOWS = ("raise", "kill", "hang")
@@ -63,6 +66,13 @@ class Fault:
         """Fail here if this is the named rank and point."""
         if (rank, point) != (self.rank, self.point):
             return
+        once = os.environ.get(FAIL_ONCE_ENV)
+        if once:
+            try:
+                with open(once, "x"):
+                    pass
+            except FileExistsError:
+                return  # it happened in an earlier launch
         print(f"mpi_train: injecting '{self.how}' on rank {rank} at {point} (unix time {time.time():.3f})",
               file=sys.stderr, flush=True)  # tests time the job's end from here
         if self.how == "kill":

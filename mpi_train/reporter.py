@@ -31,7 +31,8 @@ class SilentReporter:
     def log_epoch(self, epoch: int, step: int, test_loss: float, test_accuracy: float,
                   epoch_time_s: float) -> None: ...
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: list[dict] | None = None,
-               timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None) -> None: ...
+               timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None,
+               weights_sha256: str | None = None) -> None: ...
     def save_weights(self, model) -> None: ...
     def note_stall(self, stall) -> None: ...
     def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None: ...
@@ -139,10 +140,12 @@ class Reporter(SilentReporter):
                    f"({epoch_time_s:.1f}s)")
 
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: list[dict] | None = None,
-               timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None) -> None:
+               timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None,
+               weights_sha256: str | None = None) -> None:
         """The whole-job summary; `per_rank_steady` are the means leaving out the first `timing_warmup_steps`
         (the seed assignment's convention: warm-up iterations are not timed); `recorder_busy_s`, each rank's time
-        in its step recorder (the split's and the timeline's own cost)."""
+        in its step recorder (the split's and the timeline's own cost); `weights_sha256`, the final weights' hash
+        (equal hashes: equal weights, bit for bit, e.g. a resumed job's and the uninterrupted one's)."""
         overall = {key: mean_over_ranks(per_rank_means, key) for key in PHASES}
         steady = {key: mean_over_ranks(per_rank_steady or per_rank_means, key) for key in PHASES}
         self.print(
@@ -161,6 +164,7 @@ class Reporter(SilentReporter):
             "timing_warmup_steps": timing_warmup_steps,
             "mean_times_after_warmup": steady,
             "final_loss": self.steps[-1]["loss"] if self.steps else None,
+            **({"weights_sha256": weights_sha256} if weights_sha256 else {}),
             "network_stalls": self.stalls,
             **self.split_summary(steady),
             **({"recorder_busy_s": recorder_busy_s} if recorder_busy_s else {}),

@@ -233,6 +233,7 @@ class AfterStep:
                                                  self.tracker.parent_id)
             if step < total_steps:
                 self.job.checkpoints.write(taken, step)
+                self.tracker.commit()
             else:  # the end's: written once evaluated, so a relaunch with --resume auto has nothing to do
                 self.final_checkpoint = taken
 
@@ -292,6 +293,7 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
         check_replicas_agree(cluster, job.model, f"after step {step}")
         if job.checkpoints.due(step, total_steps) and step > after_step.first_step:
             job.checkpoints.write(after_step.final_checkpoint, step)
+            tracker.commit()
         if config.timeline_window:
             names = [name for name, p in job.model.named_parameters() if p.requires_grad]
             events = step_events(rank, job.recorder.kept, job.recorder.alignment.offset_s, names)
@@ -302,7 +304,8 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
         reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,
                         cluster.gather(steady.means()),
                         config.timing_warmup_steps if after_step.after_warmup.steps else 0,
-                        cluster.gather(job.recorder.busy_s))
+                        cluster.gather(job.recorder.busy_s),
+                        weights_sha256=parameter_digest(job.model) if cluster.info.is_main else None)
         if config.save_model:
             reporter.save_weights(job.model)
     dist.destroy_process_group()

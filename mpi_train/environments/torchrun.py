@@ -2,7 +2,8 @@
 
 The ranks meet through torch's env:// rendezvous at MASTER_ADDR:MASTER_PORT (under
 torchrun that is the agent's own store), and the job's object collectives go through
-that store, so MPI is never initialised.
+that store, so MPI is never initialised. With --max-restarts, each attempt's keys live under
+a prefix of their own, and --resume auto continues from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class TorchrunEnvironment(ClusterEnvironment):
 
         store, _, _ = next(dist.rendezvous("env://", rank=self.global_rank(), world_size=self.world_size(),
                                            timeout=self._timeout))
+        # torchrun --max-restarts relaunches the workers on the same agent store: the keys of an earlier attempt
+        # (its ranks' addresses, a failure report) must not be read by the next one
+        attempt = self.env.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"mpi_train/attempt{attempt}/", store)
         self._store = store
         self._channel = StoreChannel(store, self.global_rank(), self.world_size())
 

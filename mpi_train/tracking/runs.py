@@ -20,7 +20,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ..config import JobInfo, TrainConfig, redact_uri
+from ..config import RESUME_AUTO, JobInfo, TrainConfig, redact_uri
 from ..errors import UserError, raised_in_collective
 from . import links, names
 from .sampler import HostSampler
@@ -29,6 +29,9 @@ from .spool import OFFLINE_PREFIX, SpoolingClient, server_run_id
 from .store import Connection
 from .tracker import ACK_KEY, ENDED_KEY, FAILURE_KEY, NullTracker
 
+ATTEMPTS_TAG, RESTART_TAG = "mpi_train.attempts", "mpi_train.restart"  # an attempt's count, and each restart's cause
+FAILURE_TAGS = ("mpi_train.failed_rank", "mpi_train.failed_host", "mpi_train.error", "mpi_train.killed_by",
+                "mpi_train.unreachable_hosts", "mpi_train.unreachable_ranks", "mpi_train.requeued")
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
 PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size",
           "batch_size_per_rank", "model", "dataset", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_steps",
@@ -49,6 +52,18 @@ def checked_failure(posted: bytes) -> dict:
         reason = f"{type(error).__name__}: {error}"
     raise UserError(f"the value under the store key {FAILURE_KEY!r} is garbled or forged ({reason}); it was refused "
                     f"and nothing of it ran", collective=False)
+
+
+def restart_cause(status: str, tags: dict) -> str:
+    """How an attempt ended, from its run's status and the tags end() set: `FAILED (rank 1 on h2: Error: ...)`."""
+    if tags.get("mpi_train.requeued"):
+        return f"{status} ({tags['mpi_train.requeued']})"
+    if tags.get("mpi_train.killed_by"):
+        return f"{status} ({tags['mpi_train.killed_by']})"
+    if tags.get("mpi_train.failed_rank"):
+        where = f"rank {tags['mpi_train.failed_rank']} on {tags.get('mpi_train.failed_host', '?')}"
+        return f"{status} ({where}: {tags.get('mpi_train.error', '')})"[:1000]
+    return status if status != "RUNNING" else "without recording its end (its rank 0 and guard were both gone)"
 
 
 def job_metrics(summary: dict, global_batch: int) -> dict:
@@ -90,8 +105,6 @@ class MlflowTracker(NullTracker):
     """Rank 0: the job's parent run and one child run per rank; ends them in exactly one terminal status."""
 
     def __init__(self, connection: Connection, config: TrainConfig, cluster, job: JobInfo, ranks: list[dict]):
-        from mlflow.entities import Param
-
         self.client, self.cluster, self.config = connection.client, cluster, config
         self.info, self.hosts = cluster.info, list(cluster.hosts)
         self.lock = threading.Lock()
@@ -116,30 +129,30 @@ class MlflowTracker(NullTracker):
                 "mlflow_version": environment["mlflow"], "hosts": params["hosts"]}
         if environment["git_commit"]:
             tags["mlflow.source.git.commit"] = environment["git_commit"]
-        if job.resumed_from:  # the run this job continues, and where
+        # --resume auto: this job is an attempt of one run. Its metrics wait for a checkpoint to cover them (commit),
+        # so the steps a failed attempt trained past its last checkpoint reach MLflow once, from the attempt that
+        # trains them again; and it continues the run of the attempt it resumes.
+        self.holding = config.resume == RESUME_AUTO
+        self.held: list[tuple[str, list]] = []
+        self.attempt = 1
+        self.resumed_step = job.resumed_from["step"] if job.resumed_from else 0
+        if self.holding:
+            tags[ATTEMPTS_TAG] = "1"
+        continued = self._reopen(connection, job, len(ranks)) if self.holding and job.resumed_from else None
+        if job.resumed_from and not continued:  # the run this job continues, and where
             resumed = job.resumed_from
             tags.update({"resumed_from": self._continued_run(connection, resumed["run_id"]),
                          "resumed_from_step": str(resumed["step"]), "resumed_from_checkpoint": resumed["checkpoint"]})
-        parent = self.client.create_run(connection.experiment_id,
-                                        run_name=config.default_run_name(self.info.world_size), tags=tags)
-        self.parent_id, self.child_ids = parent.info.run_id, []
+        self.parent_id, self.child_ids = continued or (None, [])
         try:
-            self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in sorted(params.items())],
-                                  synchronous=True)
-            for who in ranks:
-                child = self.client.create_run(connection.experiment_id, run_name=f"rank{who['rank']}", tags={
-                    "mlflow.parentRunId": self.parent_id, "mpi_train.role": "rank",
-                    **{key: str(who[key]) for key in ("rank", "local_rank", "host", "pid")}})
-                self.child_ids.append(child.info.run_id)
-                self.client.log_batch(child.info.run_id, params=[Param("seed", str(config.seed))], synchronous=True)
+            if continued:
+                self._restart_runs(ranks, tags)
+            else:
+                self._create_runs(connection, config, params, tags, ranks)
             self.client.log_dict(self.parent_id, config.as_dict(), "config.json")
             self.client.log_dict(self.parent_id, environment, "environment.json")
         except BaseException:  # never leave a half-made job RUNNING
-            for run_id in [*self.child_ids, self.parent_id]:
-                try:
-                    self.client.set_terminated(run_id, "FAILED")
-                except Exception:  # noqa: BLE001, S110 - the original error matters more
-                    pass
+            self._fail_all()
             raise
         self.uri, self.experiment_id = connection.uri, connection.experiment_id
         if connection.online:
@@ -150,6 +163,74 @@ class MlflowTracker(NullTracker):
         self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids, spool, config.experiment)
         self.sender = BatchSender(self.client, on_handled=self.guard.handled)
         self.sampler = HostSampler(config.system_metrics_every) if config.system_metrics_every else None
+
+    def _create_runs(self, connection: Connection, config: TrainConfig, params: dict, tags: dict,
+                     ranks: list[dict]) -> None:
+        """A new parent run with its params, and one child run per rank."""
+        from mlflow.entities import Param
+
+        parent = self.client.create_run(connection.experiment_id,
+                                        run_name=config.default_run_name(self.info.world_size), tags=tags)
+        self.parent_id = parent.info.run_id
+        self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in sorted(params.items())],
+                              synchronous=True)
+        for who in ranks:
+            child = self.client.create_run(connection.experiment_id, run_name=f"rank{who['rank']}", tags={
+                "mlflow.parentRunId": self.parent_id, "mpi_train.role": "rank",
+                **{key: str(who[key]) for key in ("rank", "local_rank", "host", "pid")}})
+            self.child_ids.append(child.info.run_id)
+            self.client.log_batch(child.info.run_id, params=[Param("seed", str(config.seed))], synchronous=True)
+
+    def _fail_all(self) -> None:
+        for run_id in [*self.child_ids, *([self.parent_id] if self.parent_id else [])]:
+            try:
+                self.client.set_terminated(run_id, "FAILED")
+            except Exception:  # noqa: BLE001, S110 - the original error matters more
+                pass
+
+    def _reopen(self, connection: Connection, job: JobInfo, world_size: int) -> tuple[str, list[str]] | None:
+        """The parent and rank runs of the attempt whose checkpoint this job resumes, if they are on this server
+        in this experiment with one child per rank; None: a new run (linked to it by tags, as an explicit
+        --resume is)."""
+        run_id = job.resumed_from["run_id"]
+        if not run_id or run_id.startswith(OFFLINE_PREFIX) or not connection.online:
+            return None  # untracked, or trained offline: its run is not on the server under that id
+        try:
+            parent = self.client.get_run(run_id)
+            if parent.info.experiment_id != connection.experiment_id or parent.info.lifecycle_stage != "active":
+                return None
+            children = self.client.search_runs(
+                [connection.experiment_id],
+                f"tags.mlflow.parentRunId = '{run_id}' and tags.`mpi_train.role` = 'rank'", max_results=1000)
+        except Exception:  # noqa: BLE001 - gone, or unreadable: a new run is the safe answer
+            return None
+        by_rank = {int(child.data.tags["rank"]): child.info.run_id for child in children}
+        if sorted(by_rank) != list(range(world_size)):
+            return None
+        self.previous = parent
+        return run_id, [by_rank[rank] for rank in range(world_size)]
+
+    def _restart_runs(self, ranks: list[dict], tags: dict) -> None:
+        """The attempt before this one ended (FAILED, KILLED, or requeued): count it, keep its cause in a tag,
+        clear its failure tags, and mark the runs RUNNING again."""
+        from mlflow.entities import RunTag
+
+        previous = self.previous.data.tags
+        self.attempt = int(previous.get(ATTEMPTS_TAG, "1")) + 1
+        cause = restart_cause(self.previous.info.status, previous)
+        step = self.resumed_step
+        tags.update({ATTEMPTS_TAG: str(self.attempt),
+                     f"{RESTART_TAG}.{self.attempt - 1}": f"attempt {self.attempt - 1} ended {cause}; attempt "
+                                                          f"{self.attempt} resumed from step {step}"})
+        for key in FAILURE_TAGS:
+            if key in previous:
+                self.client.delete_tag(self.parent_id, key)
+        self.client.update_run(self.parent_id, status="RUNNING")
+        self.client.log_batch(self.parent_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
+        for who, child_id in zip(ranks, self.child_ids):
+            self.client.update_run(child_id, status="RUNNING")
+            self.client.log_batch(child_id, tags=[RunTag(key, str(who[key])) for key in ("host", "pid")],
+                                  synchronous=True)
 
     def _continued_run(self, connection: Connection, run_id: str | None) -> str:
         """The resumed checkpoint's run, by the server's id once a job that trained offline has been replayed."""
@@ -173,9 +254,20 @@ class MlflowTracker(NullTracker):
                 if isinstance(value, (int, float))]
 
     def _put(self, run_id: str, metrics: list) -> None:
-        """Queue metrics for the sender, and give the guard a copy in case this process dies first."""
+        """Queue metrics for the sender, and give the guard a copy in case this process dies first (under
+        --resume auto, once a checkpoint covers them: commit)."""
+        if self.holding:
+            self.held.append((run_id, metrics))
+            return
         self.guard.keep(run_id, metrics)
         self.sender.put(run_id, metrics)
+
+    def commit(self) -> None:
+        """A checkpoint is on disk: what was logged up to it is what a resumed attempt will not train again."""
+        held, self.held, self.holding = self.held, [], False
+        for run_id, metrics in held:
+            self._put(run_id, metrics)
+        self.holding = self.config.resume == RESUME_AUTO
 
     def console(self, line: str) -> None:
         self.lines.append(line)
@@ -221,8 +313,11 @@ class MlflowTracker(NullTracker):
     def finish(self, summary: dict) -> None:
         means, steps = summary["mean_times"], summary["total_steps"]
         step_time_total = means["step_time_s"] * steps
+        self.commit()  # the job's end: nothing it logged will be trained again
+        self.holding = False
         self._put(self.parent_id, self._metrics({
             **job_metrics(summary, self.config.batch_size),
+            names.summary_key("restarts"): self.attempt - 1,
             names.summary_key("tracking_loop_s"): self.loop_time_s,
             names.summary_key("tracking_share"): self.loop_time_s / step_time_total if step_time_total else 0.0,
         }, 0))

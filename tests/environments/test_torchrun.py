@@ -89,3 +89,28 @@ def test_a_launcher_that_finds_fewer_ranks_than_torchrun_started_stops(no_mpi, q
     # a clear error, not our traceback (torchrun prints its own)
     assert not re.search(r'File "[^"]*mpi_train/', result.stderr)
     assert "done in" not in result.stdout  # nobody trained
+
+
+def test_torchrun_restarts_resume_from_the_checkpoint_into_the_same_run(mlflow_server, no_mpi, tmp_path):
+    # 4 steps an epoch; checkpoints at steps 3 and 6; rank 1 killed at step 5 in the first attempt only
+    job = ["--dataset", "synthetic", "--synthetic-size", "256", "--batch-size", "64", "--epochs", "3", "--max-steps",
+           "8", "--log-every", "1", "--checkpoint-every", "3"]
+    fault = {"MPI_TRAIN_FAIL_AT": "1:5:kill", "MPI_TRAIN_FAIL_ONCE": str(tmp_path / "fault-happened")}
+    summary = tmp_path / "restarted.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "--max-restarts", "1", "-m", "mpi_train", *job, "--checkpoint-dir", str(tmp_path / "ck"), "--resume",
+               "auto", "--tracking-uri", mlflow_server, "--experiment", "tests-torchrun", "--run-name", "restarted",
+               "--summary-json", str(summary)]
+    result = launch.run(command, env={**os.environ, "PYTHONPATH": f"{no_mpi}:{REPO}", "PYTHONUNBUFFERED": "1",
+                                      **fault}, timeout=240, cwd=REPO)
+    assert result.returncode == 0, f"torchrun failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    assert result.stderr.count("injecting 'kill'") == 1
+    restarted = json.loads(summary.read_text())
+    whole = train(2, tmp_path, *job, "--checkpoint-dir", str(tmp_path / "ck-whole"), "--no-tracking", name="whole")
+    assert restarted["resumed_from"]["step"] == 3
+    assert restarted["weights_sha256"] == whole["weights_sha256"]
+    client = client_for(mlflow_server)
+    parent, _ = job_runs(client, "tests-torchrun", "restarted")
+    assert parent.info.status == "FINISHED" and parent.data.tags["mpi_train.attempts"] == "2"
+    history = client.get_metric_history(parent.info.run_id, "learning/loss")
+    assert sorted(m.step for m in history) == list(range(1, 9))
