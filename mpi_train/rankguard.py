@@ -53,7 +53,7 @@ def collective_failure(cluster: Cluster, error: BaseException, timeout_s: float 
             f"Stopping every rank. {advice}")
 
 
-def guarded(cluster: Cluster, body: Callable[[], None], timeout_s: float | None = None) -> int:
+def guarded(cluster: Cluster, body: Callable[[], int | None], timeout_s: float | None = None) -> int:
     """Run `body`; a failure on any rank ends the whole job instead of leaving peers blocked.
 
     Errors every rank raised together exit normally (rank 0 prints them once); anything
@@ -61,8 +61,7 @@ def guarded(cluster: Cluster, body: Callable[[], None], timeout_s: float | None 
     """
     info = cluster.info
     try:
-        body()
-        return 0
+        return body() or 0
     except UserError as error:
         if error.collective:
             if info.is_main:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import tracking
+from . import preemption, tracking
 from .checkpoint import Checkpointer, Position, Resume, load_for_resume, restore_rank_state
 from .clock import Clock
 from .cluster import Cluster
@@ -26,6 +26,7 @@ from .failpoints import injected, slowed
 from .lr_schedule import LearningRate
 from .models import build_model
 from .netmodel import JobModel, job_model, layout_params
+from .preemption import REQUEUE_EXIT, Preemption
 from .randomness import seed_rank_streams
 from .reporter import PHASES, Reporter, SilentReporter
 from .sync import SYNC_METHODS, SyncMethod, backend_error, label
@@ -110,6 +111,7 @@ class Job:
     test_loader: Any
     checkpoints: Checkpointer
     resume: Resume | None
+    preemption: Preemption  # SIGUSR1: checkpoint at the next step boundary and stop for requeue
     connection: tracking.Connection | None
     fault: Any
     slow: Any  # a simulated straggler ($MPI_TRAIN_SLOW), or nothing
@@ -172,7 +174,8 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
                       if resume else None),
     )
     return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, train_loader, sampler,
-               test_loader, checkpoints, resume, connection, fault, slow, recorder, alignments)
+               test_loader, checkpoints, resume, Preemption(config.checkpoint_dir is not None, info.world_size, device),
+               connection, fault, slow, recorder, alignments)
 
 
 def train_step(job: Job, batches, clock: Clock, step: int, rank: int) -> tuple[torch.Tensor, float, dict] | None:
@@ -214,8 +217,10 @@ class AfterStep:
         self.run_totals, self.window, self.after_warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self.first_step = job.resume.position.step if job.resume else 0
         self.final_checkpoint: dict | None = None  # the last step's, taken at its boundary (rank 0)
+        self.requeued: str | None = None  # why the job stopped early to be requeued
 
-    def __call__(self, position: Position, loss: torch.Tensor, lr: float, times: dict) -> None:
+    def __call__(self, position: Position, loss: torch.Tensor, lr: float, times: dict) -> bool:
+        """True when the job stops here for requeue (preemption.py)."""
         config, step, total_steps = self.config, position.step, self.job.info.total_steps
         if config.check_every and step % config.check_every == 0:
             check_replicas_agree(self.cluster, self.job.model, f"at step {step}")
@@ -236,18 +241,27 @@ class AfterStep:
                 self.tracker.commit()
             else:  # the end's: written once evaluated, so a relaunch with --resume auto has nothing to do
                 self.final_checkpoint = taken
+        if step < total_steps and self.job.preemption.agreed():  # SIGUSR1 on some rank: stop here, checkpointed
+            if not self.job.checkpoints.due(step, total_steps):
+                self.job.checkpoints.save(self.job.model, self.job.optimizer, self.job.method, position,
+                                          self.tracker.parent_id)
+                self.tracker.commit()
+            self.requeued = (f"{preemption.SIGNAL.name} received: checkpointed at step {step} and stopped for "
+                             f"requeue (exit status {REQUEUE_EXIT}); --resume auto continues from there")
+        return bool(self.requeued)
 
 
-def run(config: TrainConfig, cluster: Cluster) -> None:
-    """One training job on every rank of `cluster`."""
+def run(config: TrainConfig, cluster: Cluster) -> int:
+    """One training job on every rank of `cluster`; its exit status (REQUEUE_EXIT: stopped by SIGUSR1 to be
+    requeued, see preemption.py)."""
     job = setup(config, cluster)
     rank, total_steps = cluster.info.rank, job.info.total_steps
     if job.resume and job.resume.finished(total_steps):
         if cluster.info.is_main:
-            print(f"mpi_train: {job.resume.path} is this job's end (step {total_steps}, evaluated): it finished "
-                  f"already, nothing to do.", flush=True)
+            print(f"mpi_train: {job.resume.path} is at step {job.resume.position.step}, this job's last is "
+                  f"{total_steps}: it has finished (and been evaluated) already, nothing to do.", flush=True)
         dist.destroy_process_group()
-        return
+        return 0
     tracker = tracking.start(job.connection, config, cluster, job.info)
     first_step = job.resume.position.step if job.resume else 0
     reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker,
@@ -282,7 +296,10 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
                 if done is None:
                     break
                 step, step_in_epoch = step + 1, step_in_epoch + 1
-                after_step(Position(epoch, step, step_in_epoch), *done)
+                if after_step(Position(epoch, step, step_in_epoch), *done):
+                    break
+            if after_step.requeued:
+                break
 
             job.fault.at(rank, "eval")
             cluster.note_progress(step + 0.5)  # past step `step`'s sync, not yet at the next one's
@@ -290,22 +307,32 @@ def run(config: TrainConfig, cluster: Cluster) -> None:
             test_loss, test_accuracy = evaluate(job.model, job.test_loader, job.device, cluster)
             reporter.log_epoch(epoch, step, test_loss, test_accuracy, time.perf_counter() - epoch_started)
 
-        check_replicas_agree(cluster, job.model, f"after step {step}")
-        if job.checkpoints.due(step, total_steps) and step > after_step.first_step:
-            job.checkpoints.write(after_step.final_checkpoint, step)
-            tracker.commit()
-        if config.timeline_window:
-            names = [name for name, p in job.model.named_parameters() if p.requires_grad]
-            events = step_events(rank, job.recorder.kept, job.recorder.alignment.offset_s, names)
-            reporter.save_timeline(cluster.gather(events), job.alignments, job.recorder, job.method)
-        cluster.liveness.close()  # ranks may now leave at different times: silence is no longer news
-        # a job too short to leave any out
-        steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals
-        reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,
-                        cluster.gather(steady.means()),
-                        config.timing_warmup_steps if after_step.after_warmup.steps else 0,
-                        cluster.gather(job.recorder.busy_s),
-                        weights_sha256=parameter_digest(job.model) if cluster.info.is_main else None)
-        if config.save_model:
-            reporter.save_weights(job.model)
+        if after_step.requeued:
+            cluster.liveness.close()
+            tracker.requeue(after_step.requeued)
+            if cluster.info.is_main:
+                print(f"mpi_train: {after_step.requeued}", flush=True)
+        else:
+            check_replicas_agree(cluster, job.model, f"after step {step}")
+            if job.checkpoints.due(step, total_steps) and step > after_step.first_step:
+                job.checkpoints.write(after_step.final_checkpoint, step)
+                tracker.commit()
+            if config.timeline_window:
+                names = [name for name, p in job.model.named_parameters() if p.requires_grad]
+                events = step_events(rank, job.recorder.kept, job.recorder.alignment.offset_s, names)
+                reporter.save_timeline(cluster.gather(events), job.alignments, job.recorder, job.method)
+            cluster.liveness.close()  # ranks may now leave at different times: silence is no longer news
+            # a job too short to leave any out
+            steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals
+            reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,
+                            cluster.gather(steady.means()),
+                            config.timing_warmup_steps if after_step.after_warmup.steps else 0,
+                            cluster.gather(job.recorder.busy_s),
+                            weights_sha256=parameter_digest(job.model) if cluster.info.is_main else None)
+            if config.save_model:
+                reporter.save_weights(job.model)
+    if after_step.requeued:
+        job.preemption.leave_together()
+    job.preemption.close()
     dist.destroy_process_group()
+    return REQUEUE_EXIT if after_step.requeued else 0

@@ -329,6 +329,10 @@ class MlflowTracker(NullTracker):
                       self._metrics({names.rank_summary_key(key): value for key, value in figures.items()}, 0))
         self.client.log_dict(self.parent_id, summary, "summary.json")
 
+    def requeue(self, reason: str) -> None:
+        self.commit()
+        self.end("KILLED", tags={"mpi_train.requeued": reason})
+
     def log_artifact(self, path, folder: str) -> None:
         self.client.log_artifact(self.parent_id, str(path), folder)
 

@@ -21,6 +21,7 @@ PREFIX, SUBNET = "slm", "10.82.0"  # apart from tests/test_testhosts.py (mpitest
 BRIDGE_ADDRESS = f"{SUBNET}.1"
 QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2", "--sync",
          "allreduce"]
+WHOLE = [*QUICK, "--max-steps", "16", "--checkpoint-every", "4"]  # 16 steps: one epoch
 ENDS_WITHIN_S = 60
 
 if why_no_namespaces(PREFIX):  # the Slurm cluster runs its nodes in network namespaces
@@ -70,14 +71,20 @@ def sbatch(cluster: dict, server: str, out: Path, args: list[str], *extra: str, 
                           check=False)
 
 
-def test_a_two_node_job_is_one_run_with_the_losses_of_mpirun(cluster, server, tmp_path):
-    summary = tmp_path / "slurm.json"
-    out = tmp_path / "job.out"
-    result = sbatch(cluster, server, out, [*QUICK, "--max-steps", "6", "--experiment", "tests-slurm",
+@pytest.fixture(scope="module")
+def whole_job(cluster, server, tmp_path_factory):
+    """A two-node job of 16 steps with checkpoints, never stopped: its log, summary and runs."""
+    tmp = tmp_path_factory.mktemp("slurm_whole")
+    out, summary = tmp / "job.out", tmp / "slurm.json"
+    result = sbatch(cluster, server, out, [*WHOLE, "--checkpoint-dir", str(tmp / "ck"), "--experiment", "tests-slurm",
                                            "--run-name", "slurm-finished", "--summary-json", str(summary)], "--wait")
     log = out.read_text() if out.exists() else ""
     assert result.returncode == 0, f"sbatch --wait failed:\n{result.stdout}\n{result.stderr}\n{log}"
-    assert "4 rank(s) on 2 host(s) (slm1, slm2)" in log, log
+    return {"log": log, "summary": json.loads(summary.read_text()), "tmp": tmp}
+
+
+def test_a_two_node_job_is_one_run_with_the_losses_of_mpirun(whole_job, server):
+    assert "4 rank(s) on 2 host(s) (slm1, slm2)" in whole_job["log"], whole_job["log"]
     client = client_for(server)
     parent, children = job_runs(client, "tests-slurm", "slurm-finished")
     assert parent.info.status == "FINISHED"
@@ -85,9 +92,10 @@ def test_a_two_node_job_is_one_run_with_the_losses_of_mpirun(cluster, server, tm
     assert parent.data.params["hosts"] == "slm1,slm2"
     assert [c.data.tags["host"] for c in children] == ["slm1", "slm1", "slm2", "slm2"]
     assert all(c.info.status == "FINISHED" for c in children)
-    under_mpirun = train(4, tmp_path, *QUICK, "--max-steps", "6", "--no-tracking", name="mpirun")
-    under_slurm = json.loads(summary.read_text())
-    assert len(losses(under_slurm)) == 3
+    under_mpirun = train(4, whole_job["tmp"], *WHOLE, "--checkpoint-dir", str(whole_job["tmp"] / "ck-mpirun"),
+                         "--no-tracking", name="mpirun")
+    under_slurm = whole_job["summary"]
+    assert len(losses(under_slurm)) == 8
     assert losses(under_slurm) == pytest.approx(losses(under_mpirun), rel=1e-6, abs=1e-7)
 
 
@@ -138,3 +146,54 @@ def test_scancel_ends_every_rank_and_the_run_is_killed_with_its_metrics(cluster,
     assert parent.data.tags.get("mpi_train.killed_by") == "SIGTERM"
     steps = [m.step for m in client.get_metric_history(parent.info.run_id, "learning/loss")]
     assert steps and steps[:2] == [2, 4], "the metrics logged before scancel were lost"
+
+
+def _squeue_state(cluster: dict, job_id: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=cluster, capture_output=True, text=True,
+                          timeout=30, check=False).stdout.strip()
+
+
+def test_a_signalled_job_checkpoints_is_requeued_and_finishes_in_one_run(cluster, server, whole_job, tmp_path):
+    """Slurm's USR1 (as --signal sends it before the time limit): checkpoint, exit 75, requeue, resume, one run."""
+    job = [*WHOLE, "--experiment", "tests-slurm"]
+    out, checkpoints = tmp_path / "job.out", tmp_path / "ck"
+    submitted = sbatch(cluster, server, out, [*job, "--checkpoint-dir", str(checkpoints), "--run-name",
+                                              "slurm-requeued", "--summary-json", str(tmp_path / "requeued.json")],
+                       "--parsable")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 180
+        while not (checkpoints / "step-00000004.pt").exists():  # training, with a checkpoint behind it
+            assert time.monotonic() < deadline, "no checkpoint:\n" + (out.read_text() if out.exists() else "")
+            time.sleep(0.5)
+        subprocess.run(["scancel", "-s", "USR1", job_id], env=cluster, check=True, timeout=30)
+        deadline = time.monotonic() + 120
+        while "requeueing job" not in (out.read_text() if out.exists() else ""):
+            assert time.monotonic() < deadline, "never requeued:\n" + (out.read_text() if out.exists() else "")
+            time.sleep(0.5)
+        while _squeue_state(cluster, job_id) != "PENDING":
+            assert time.monotonic() < deadline, f"requeued job not pending: {_squeue_state(cluster, job_id)}"
+            time.sleep(0.5)
+        # Slurm holds a requeued job back for a while (BeginTime); let it start now
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster, check=True,
+                       timeout=30)
+        deadline = time.monotonic() + 240
+        while _squeue_state(cluster, job_id):
+            assert time.monotonic() < deadline, "the requeued job did not end:\n" + out.read_text()
+            time.sleep(1)
+    finally:
+        subprocess.run(["scancel", job_id], env=cluster, timeout=30, check=False)
+    log = out.read_text()
+    assert "SIGUSR1 received: checkpointed at step" in log and "(start 1)" in log, log
+    requeued, whole = json.loads((tmp_path / "requeued.json").read_text()), whole_job["summary"]
+    stopped_at = requeued["resumed_from"]["step"]
+    assert 4 <= stopped_at < 16
+    assert requeued["weights_sha256"] == whole["weights_sha256"]
+    client = client_for(server)
+    parent, children = job_runs(client, "tests-slurm", "slurm-requeued")
+    assert parent.info.status == "FINISHED" and all(c.info.status == "FINISHED" for c in children)
+    assert parent.data.tags["mpi_train.attempts"] == "2"
+    assert parent.data.tags["mpi_train.restart.1"].startswith("attempt 1 ended KILLED (SIGUSR1 received")
+    steps = [m.step for m in client.get_metric_history(parent.info.run_id, "learning/loss")]
+    assert sorted(steps) == list(range(2, 17, 2))  # each logged step once
