@@ -258,16 +258,18 @@ class MlflowTracker(NullTracker):
         --resume auto, once a checkpoint covers them: commit)."""
         if self.holding:
             self.held.append((run_id, metrics))
-            return
+        else:
+            self._send(run_id, metrics)
+
+    def _send(self, run_id: str, metrics: list) -> None:
         self.guard.keep(run_id, metrics)
         self.sender.put(run_id, metrics)
 
     def commit(self) -> None:
         """A checkpoint is on disk: what was logged up to it is what a resumed attempt will not train again."""
-        held, self.held, self.holding = self.held, [], False
+        held, self.held = self.held, []
         for run_id, metrics in held:
-            self._put(run_id, metrics)
-        self.holding = self.config.resume == RESUME_AUTO
+            self._send(run_id, metrics)
 
     def console(self, line: str) -> None:
         self.lines.append(line)
