@@ -87,9 +87,12 @@ def capture_rank_state(model: nn.Module, method: SyncMethod) -> dict:
     return state
 
 
-def restore_rank_state(state: dict, model: nn.Module, method: SyncMethod | None) -> None:
+def restore_rank_state(state: dict | None, model: nn.Module, method: SyncMethod | None) -> None:
     """Put back what capture_rank_state took; called right before the first resumed batch. `method` takes back its
-    state when it is the one that wrote it (None: another method, which starts afresh)."""
+    state when it is the one that wrote it (None: another method, which starts afresh). No state: a rank the
+    checkpoint's job did not have (--reshard), which keeps its own."""
+    if state is None:
+        return
     torch.set_rng_state(state["torch_rng"])
     numpy_rng = state["numpy_rng"]
     np.random.set_state((numpy_rng["kind"], np.array(numpy_rng["keys"], dtype=np.uint32), numpy_rng["pos"],
@@ -132,14 +135,15 @@ class Checkpointer:
         return self.folder is not None and (step == total_steps or bool(every and step % every == 0))
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, method: SyncMethod, position: Position,
-             run_id: str | None) -> None:
+             run_id: str | None, unsent_metrics: list[tuple] = ()) -> None:
         """Collective: gather every rank's state, rank 0 writes; a failed write stops every rank together."""
-        self.write(self.capture(model, optimizer, method, position, run_id), position.step)
+        self.write(self.capture(model, optimizer, method, position, run_id, unsent_metrics), position.step)
 
     def capture(self, model: nn.Module, optimizer: torch.optim.Optimizer, method: SyncMethod, position: Position,
-                run_id: str | None) -> dict | None:
+                run_id: str | None, unsent_metrics: list[tuple] = ()) -> dict | None:
         """Collective: the checkpoint as of now, on rank 0 (None elsewhere). Taken at the step boundary, where
-        an uninterrupted job's random states stand, even when written later."""
+        an uninterrupted job's random states stand, even when written later. `unsent_metrics`: what the tracker
+        holds for this checkpoint (tracker.unsent), sent again by an attempt that resumes from it."""
         rank_states = self.cluster.gather(capture_rank_state(model, method))
         if not self.cluster.info.is_main:
             return None
@@ -152,7 +156,7 @@ class Checkpointer:
             "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
             "model_state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
             "optimizer_state": copy.deepcopy(optimizer.state_dict()), "ranks": rank_states,
-            "mlflow_parent_run_id": run_id,
+            "mlflow_parent_run_id": run_id, "unsent_metrics": list(unsent_metrics),
         }
 
     def write(self, payload: dict | None, step: int) -> None:
@@ -192,6 +196,13 @@ class Resume:
     rank_state: dict
     parent_run_id: str | None
     method: str  # the sync method's label that wrote it: its state is taken back by the same method only
+    world_size: int  # the ranks that wrote it (another number than this job's only under --reshard)
+    unsent_metrics: list  # on rank 0: what the attempt that wrote it may not have sent (tracker.resend)
+
+    def resharded(self, world_size: int) -> bool:
+        """Written by another number of ranks: each rank's sync method state (compression residuals, a share of
+        the gradients it no longer holds) starts afresh."""
+        return self.world_size != world_size
 
     def finished(self, total_steps: int) -> bool:
         """The checkpoint of a job's end (--resume auto relaunched a job that had finished): nothing to do."""
@@ -239,7 +250,7 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
             "data set": payload["dataset"], "training samples": payload.get("train_size")}
     asked = {"model": config.model_name, "ranks": world_size, "global batch": config.batch_size,
              "data set": config.dataset, "training samples": train_size}
-    differing = [key for key in held if held[key] != asked[key]]
+    differing = [key for key in held if held[key] != asked[key] and not (key == "ranks" and config.reshard)]
     if differing:
         fixes = {"model": f"--model {held['model']}", "ranks": f"mpirun -np {held['ranks']}",
                  "global batch": f"--batch-size {held['global batch']}",
@@ -252,6 +263,7 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
             + ". A checkpoint stores each rank's random state and its place in the data, so it continues only "
               "the same model on the same number of ranks with the same global batch and data. Relaunch with "
             + " and ".join(fixes[key] for key in differing) + ", or drop --resume to start afresh."
+            + (" (--reshard continues it on another number of ranks.)" if differing == ["ranks"] else "")
         )
     if payload["step"] >= total_steps and config.resume != RESUME_AUTO:
         raise UserError(f"--resume {path} is at step {payload['step']}, and this job trains {total_steps} steps in "
@@ -280,9 +292,16 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
                                                 "mlflow_parent_run_id")}
         shared["path"] = str(path)
         shared["method"] = label(payload["sync"], payload.get("compression", "none"))
+        shared["world_size"] = payload["world_size"]
     shared = cluster.bcast(shared)
-    rank_state = cluster.scatter(payload["ranks"] if payload else None)
+    unsent = payload.get("unsent_metrics", []) if cluster.info.is_main else []
+    # under --reshard, ranks the checkpoint had take theirs back; the others keep the fresh state they started with
+    ranks = payload["ranks"] if payload else None
+    if ranks is not None:
+        ranks = [ranks[rank] if rank < len(ranks) else None for rank in range(cluster.info.world_size)]
+    rank_state = cluster.scatter(ranks)
     return Resume(path=Path(shared["path"]),
                   position=Position(shared["epoch"], shared["step"], shared["step_in_epoch"]),
                   model_state=shared["model_state"], optimizer_state=shared["optimizer_state"],
-                  rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"], method=shared["method"])
+                  rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"], method=shared["method"],
+                  world_size=shared["world_size"], unsent_metrics=unsent)

@@ -105,6 +105,10 @@ class TrainConfig:
                               "exactly as if never stopped; auto: the latest under --checkpoint-dir, or a fresh "
                               "start when there is none (for a launch line that relaunches itself)",
                               metavar="PATH|auto")
+    reshard: bool = _opt(False, "with --resume: continue a checkpoint of a job on another number of ranks (a host gone "
+                         "for good). The global batch and the data order are kept, so each step trains on the same "
+                         "samples; the ranks' random streams are kept where the rank was there before, and "
+                         "compression residuals start afresh")
 
     # Experiment tracking (MLflow; only rank 0 talks to it).
     tracking_uri: str | None = _opt(None, "MLflow tracking server (http://HOST:PORT) or database URI (default: "
@@ -180,6 +184,9 @@ class TrainConfig:
             raise UserError("--resume auto continues from the latest checkpoint under --checkpoint-dir, which is not "
                             "set. Add --checkpoint-dir (and --checkpoint-every) so the job has checkpoints to "
                             "continue from.")
+        if self.reshard and not self.resume:
+            raise UserError("--reshard continues a checkpoint on another number of ranks, and there is no --resume to "
+                            "continue. Add --resume PATH (or --resume auto with --checkpoint-dir), or drop --reshard.")
         if self.checkpoint_every is not None and not self.checkpoint_dir:
             raise UserError(f"--checkpoint-every {self.checkpoint_every} needs --checkpoint-dir to say where "
                             f"checkpoints go.")
@@ -241,7 +248,7 @@ class JobInfo:
     compression: str = "none"  # the compression in effect (fp16 for flat_fp16)
     num_hosts: int = 1
     ranks_per_host: int = 1  # the most ranks on one host
-    resumed_from: dict | None = None  # checkpoint, step and run id of the job this one continues
+    resumed_from: dict | None = None  # checkpoint, step, run id and world size of the job this one continues
 
     @property
     def timeline_window(self) -> tuple[int, int] | None:

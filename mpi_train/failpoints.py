@@ -5,6 +5,7 @@ Set MPI_TRAIN_FAIL_AT="RANK:POINT[:HOW]" on the launch:
          rendezvous  just before the process group opens (rank 0 has not sent its address)
          N           step N, just before its gradient sync: the other ranks are inside the collective
          eval        at the start of the first evaluation
+         checkpointed  right after a checkpoint is written, before the metrics it covers are sent
   HOW    raise (default): a Python exception; kill: SIGKILL to itself; hang: sleep forever
 With MPI_TRAIN_FAIL_ONCE=PATH as well, the failure happens only while PATH does not exist (it is
 created then): a relaunched job runs clean, as after a fault that a restart fixes.
@@ -30,7 +31,7 @@ from .errors import UserError
 FAIL_AT_ENV = "MPI_TRAIN_FAIL_AT"
 FAIL_ONCE_ENV = "MPI_TRAIN_FAIL_ONCE"
 SLOW_ENV = "MPI_TRAIN_SLOW"
-POINTS = ("start", "rendezvous", "eval")
+POINTS = ("start", "rendezvous", "eval", "checkpointed")
 HOWS = ("raise", "kill", "hang")
 
 

@@ -73,6 +73,12 @@ class Reporter(SilentReporter):
             f"{self.config['dataset']}, batch {self.global_batch} ({job.batch_size_per_rank} per rank), "
             f"{job.threads} thread(s) per rank, {job.total_steps} steps, rendezvous {job.rendezvous}"
         )
+        resumed = job.resumed_from
+        if resumed:
+            reshard = resumed.get("world_size", job.world_size) != job.world_size
+            self.print(f"mpi_train: resuming from step {resumed['step']} ({resumed['checkpoint']})"
+                       + (f", written by {resumed['world_size']} ranks: resharded onto {job.world_size} with the same "
+                          f"global batch, compression state started afresh" if reshard else ""))
         where = self.tracker.where()
         if where:
             self.print(f"mpi_train: {where}")

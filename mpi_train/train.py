@@ -18,7 +18,7 @@ from . import preemption, tracking
 from .checkpoint import Checkpointer, Position, Resume, load_for_resume, restore_rank_state
 from .clock import Clock
 from .cluster import Cluster
-from .config import JobInfo, TrainConfig
+from .config import RESUME_AUTO, JobInfo, TrainConfig
 from .data import load_datasets, make_loaders
 from .devices import place
 from .errors import UserError
@@ -170,8 +170,8 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
         rendezvous=rendezvous, batch_size_per_rank=batch_per_rank, steps_per_epoch=steps_per_epoch,
         total_steps=total_steps, compression=SYNC_METHODS[config.sync].compression_name(config.compression),
         **layout_params(cluster.hosts),
-        resumed_from=({"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id}
-                      if resume else None),
+        resumed_from=({"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id,
+                       "world_size": resume.world_size} if resume else None),
     )
     return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, train_loader, sampler,
                test_loader, checkpoints, resume, Preemption(config.checkpoint_dir is not None, info.world_size, device),
@@ -235,16 +235,17 @@ class AfterStep:
             self.window = PhaseTotals()
         if self.job.checkpoints.due(step, total_steps):
             taken = self.job.checkpoints.capture(self.job.model, self.job.optimizer, self.job.method, position,
-                                                 self.tracker.parent_id)
+                                                 self.tracker.parent_id, self.tracker.unsent())
             if step < total_steps:
                 self.job.checkpoints.write(taken, step)
+                self.job.fault.at(self.cluster.info.rank, "checkpointed")
                 self.tracker.commit()
             else:  # the end's: written once evaluated, so a relaunch with --resume auto has nothing to do
                 self.final_checkpoint = taken
         if step < total_steps and self.job.preemption.agreed():  # SIGUSR1 on some rank: stop here, checkpointed
             if not self.job.checkpoints.due(step, total_steps):
                 self.job.checkpoints.save(self.job.model, self.job.optimizer, self.job.method, position,
-                                          self.tracker.parent_id)
+                                          self.tracker.parent_id, self.tracker.unsent())
                 self.tracker.commit()
             self.requeued = (f"{preemption.SIGNAL.name} received: checkpointed at step {step} and stopped for "
                              f"requeue (exit status {REQUEUE_EXIT}); --resume auto continues from there")
@@ -270,6 +271,8 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
                         alignments=job.alignments) if cluster.info.is_main else SilentReporter()
     cluster.liveness.on_stall(reporter.note_stall)  # a host that went silent and came back, when the job spans hosts
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
+        if job.resume and config.resume == RESUME_AUTO:
+            tracker.resend(job.resume.unsent_metrics)
         reporter.start(job.info)
         clock, after_step = Clock(job.device), AfterStep(config, cluster, job, reporter, tracker)
         started = time.perf_counter()
@@ -286,7 +289,8 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             batches = iter(job.train_loader)
             if job.resume and epoch == start.epoch:
                 # after iter(): it draws a seed from torch's generator
-                same = job.resume.method == label(config.sync, config.compression)
+                same = (job.resume.method == label(config.sync, config.compression)
+                        and not job.resume.resharded(cluster.info.world_size))
                 restore_rank_state(job.resume.rank_state, job.model, job.method if same else None)
             # a batch is left: fail here, if told to
             while step < total_steps and step_in_epoch < job.info.steps_per_epoch:

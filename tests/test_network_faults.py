@@ -12,11 +12,25 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import LiveJob, MlflowServer, client_for, hosts_brought_up, job_runs, listening_on, losses, train
+from conftest import (
+    LiveJob,
+    MlflowServer,
+    client_for,
+    hosts_brought_up,
+    job_runs,
+    listening_on,
+    losses,
+    mpirun_launch,
+    train,
+    wait_for,
+)
+
+from mpi_train.lab import mpirun as launch
 
 pytestmark = pytest.mark.e2e
 
@@ -159,3 +173,54 @@ def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_
     assert hosts.host(2) in parent.data.tags["mpi_train.network_stalls"]
     history = client.get_metric_history(parent.info.run_id, "network/stall_s")
     assert [(m.step, round(m.value, 3)) for m in history] == [(stalls[0]["step"], round(stalls[0]["seconds"], 3))]
+
+
+def test_a_host_gone_for_good_the_supervisor_goes_on_without_it_in_the_same_run(hosts, tmp_path):
+    """python -m mpi_train.supervise --min-ranks 2: host 2's link is cut for good at step 5; host 2 does not answer
+    the supervisor either, so the job is relaunched on host 1 alone with 2 ranks and the same global batch, and
+    finishes in the same MLflow run, which logs the change of world size."""
+    checkpoints, uri = tmp_path / "checkpoints", hosts.server.uri()
+    line, env = mpirun_launch(4, [*JOB, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2",
+                                  "--tracking-uri", uri, "--experiment", "gone", "--summary-json",
+                                  str(tmp_path / "gone.json")], **hosts.mpirun_options())
+    command = [sys.executable, "-m", "mpi_train.supervise", "--max-restarts", "1", "--backoff", "0.5",
+               "--host-wait", "3", "--min-ranks", "2", "--", *line]
+    with launch.launched(command, env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True) as supervisor:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(supervisor.stdout), daemon=True)
+        reader.start()
+        try:
+            wait_for(lambda: re.search(rf"step\s+5/{STEPS}\b", "".join(lines)), 120, "step 5")
+            hosts.link(2, "down")
+            code = supervisor.wait(TIMEOUT_S + 120)
+        finally:
+            hosts.link(2, "up")
+        reader.join(10)
+    output = "".join(lines)
+    assert code == 0, output
+    assert f"Unreachable: host {hosts.host(2)} (ranks 2, 3)" in output, output
+    first, second = f"{SUBNET}.2", f"{SUBNET}.3"  # the hosts as the hostfile names them
+    assert (f"host(s) {second} did not answer for 3 s: going on without them on {first} with 2 ranks (was 4), the "
+            f"global batch of 64 resharded") in output, output
+    time.sleep(2)
+    assert left_behind(str(checkpoints)) == []
+
+    summary = json.loads((tmp_path / "gone.json").read_text())
+    assert summary["world_size"] == 2 and summary["batch_size_per_rank"] == 32
+    assert summary["resumed_from"]["world_size"] == 4 and summary["steps"][-1]["step"] == STEPS
+    client = client_for(uri)
+    parent, children = job_runs(client, "gone", RUN_NAME)  # one parent run for both attempts
+    assert parent.info.status == "FINISHED" and parent.data.tags["mpi_train.world_size"] == "2"
+    resumed_at = summary["resumed_from"]["step"]
+    assert parent.data.tags["mpi_train.restart.1"] == (
+        f"attempt 1 ended FAILED (unreachable: host(s) {hosts.host(2)}, ranks 2,3); attempt 2 resumed from step "
+        f"{resumed_at} on 2 ranks (was 4)")
+    sizes = client.get_metric_history(parent.info.run_id, "time/world_size")
+    assert sorted((m.step, m.value) for m in sizes) == [(0, 4), (resumed_at, 2)]
+    steps = sorted(m.step for m in client.get_metric_history(parent.info.run_id, "learning/loss"))
+    assert steps == list(range(1, STEPS + 1))  # each step once, across both attempts
+    by_rank = {c.data.tags["rank"]: c for c in children}
+    assert [by_rank[r].info.status for r in "01"] == ["FINISHED", "FINISHED"]
+    assert by_rank["3"].data.tags["mpi_train.left"].startswith(f"the job went on without this rank from step "
+                                                               f"{resumed_at}")

@@ -93,15 +93,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mpi_train.soak", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--restart", action="store_true",
+                        help="the restart soak: each job under python -m mpi_train.supervise --max-restarts 2 with "
+                             "checkpoints, which must carry on to its last step with the faultless job's weights "
+                             "(faults: kill, stop, link, term; see mpi_train/lab/restart_soak.py)")
     parser.add_argument("--trials", type=int, default=10, help="jobs to run, one fault each (default: 10)")
-    parser.add_argument("--faults", default=",".join(FAULTS), help=f"faults to draw from (default: {','.join(FAULTS)})")
+    parser.add_argument("--faults", default=None,
+                        help=f"faults to draw from (default: {','.join(FAULTS)}; with --restart: kill,stop,link,term)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the draws: faults, ranks, hosts, steps (default: 0)")
     parser.add_argument("--hosts", type=int, default=2, help="test hosts (default: 2)")
     parser.add_argument("--ranks-per-host", type=int, default=2, help="ranks on each host (default: 2)")
-    parser.add_argument("--link", default="50mbit",
-                        help="every host's link rate: about a second per step at 50mbit (default: 50mbit)")
-    parser.add_argument("--steps", type=int, default=12, help="training steps of each job (default: 12)")
+    parser.add_argument("--link", default=None,
+                        help="every host's link rate: about a second per step at 50mbit (default: 50mbit; with "
+                             "--restart: 100mbit)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps of each job (default: 12; with --restart: 20)")
+    parser.add_argument("--checkpoint-every", type=int, default=5,
+                        help="with --restart: steps between the jobs' checkpoints (default: 5)")
     parser.add_argument("--timeout", type=int, default=15, help="the jobs' --timeout in seconds (default: 15)")
     parser.add_argument("--prefix", default="soak", help="the test hosts' names (default: soak, so soak1, soak2, ...)")
     parser.add_argument("--subnet", default="10.87.0", help="the test hosts' /24 network (default: 10.87.0)")
@@ -110,8 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def fill_defaults(args: argparse.Namespace) -> None:
+    """The defaults that depend on --restart."""
+    if args.steps is None:
+        args.steps = 20 if args.restart else 12
+    if args.link is None:
+        args.link = "100mbit" if args.restart else "50mbit"
+
+
 def validate(args: argparse.Namespace) -> list[str]:
-    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    """The faults to draw from."""
+    fill_defaults(args)
+    faults = [f.strip() for f in (args.faults or ",".join(FAULTS)).split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown or not faults:
         raise UserError(f"--faults {args.faults!r} names {', '.join(unknown) or 'nothing'}, which is not a fault here; "
@@ -319,6 +338,15 @@ def totals(trials: list[Trial], timeout_s: int) -> str:
 
 
 def soak(args: argparse.Namespace) -> int:
+    fill_defaults(args)
+    if args.restart:
+        from .restart_soak import soak_restarts  # here: it builds on this module's server and process finding
+
+        validate(argparse.Namespace(**{**vars(args), "faults": "kill"}))  # the shared bounds
+        if args.checkpoint_every < 1 or args.steps < 2 * args.checkpoint_every:
+            raise UserError(f"--checkpoint-every {args.checkpoint_every} with --steps {args.steps}: the restart soak "
+                            f"needs a checkpoint every 1 or more steps and at least two of them in a job.")
+        return soak_restarts(args)
     faults = validate(args)
     out = Path(args.out).resolve()
     plan = NetworkPlan((args.hosts,), (args.ranks_per_host,), (args.link,), prefix=args.prefix, subnet=args.subnet)

@@ -12,7 +12,14 @@ MLflow run. It is not relaunched when:
   the same line), or
 - a rank raised an error of its own (a bug, not a collective that failed because a peer
   went), or the same failure came back at the same checkpoint: a restart would only repeat it.
-Then it stops and exits with the job's status, after the job's own message. SIGINT and
+Then it stops and exits with the job's status, after the job's own message.
+
+Before relaunching an mpirun line that spans hosts, it asks each host to start a process
+(through mpirun, as the job will). A host that does not answer is waited for up to
+--host-wait seconds (a link that comes back); a host still gone stops the supervision, unless
+--min-ranks N allows going on without it: then the line is relaunched on the hosts left, with
+as many ranks (at least N) as split the same global batch, and --reshard, which continues the
+checkpoint on that number of ranks (the MLflow run logs the change in time/world_size). SIGINT and
 SIGTERM are passed on to the launcher and end the supervision; nothing of the job is left
 running when it exits.
 """
@@ -23,9 +30,11 @@ import argparse
 import collections
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -34,12 +43,13 @@ from pathlib import Path
 from ..checkpoint import list_checkpoints
 from ..config import RESUME_AUTO
 from ..errors import UserError, format_error
-from . import mpirun
+from . import launchline, mpirun
 
 BAD_INPUT = 2  # UserError's exit status: the job refused its flags, files or checkpoint
 # a rank's own error (rankguard.guarded): `mpi_train: rank 1 on h2 failed (ValueError: ...); stopping every rank.`
 OWN_ERROR = re.compile(r"^mpi_train: rank \d+ on \S+ failed \((.*)\); stopping every rank\.")
 KEPT_LINES = 400  # of the job's output, to find why it failed
+HOST_RETRY_S = 5.0  # between two askings of a host that did not answer
 
 
 @dataclass(frozen=True)
@@ -126,8 +136,26 @@ class Launch:
         return None
 
 
-def supervise(line: list[str], max_restarts: int, backoff_s: float) -> int:
+def hosts_back(line: list[str], where: launchline.Placement, wait_s: float, stopping: list[int]) -> set[str]:
+    """The hosts of `where` that still do not answer after up to `wait_s` (asked again every few seconds)."""
+    down = set(where.names) - launchline.answering(line, where.names, dict(os.environ))
+    deadline = time.monotonic() + wait_s
+    while down and not stopping and time.monotonic() < deadline:
+        say(f"host(s) {', '.join(sorted(down))} do not answer; asking again for up to "
+            f"{max(0.0, deadline - time.monotonic()):.0f} s.")
+        time.sleep(min(HOST_RETRY_S, max(0.0, deadline - time.monotonic())))
+        down -= launchline.answering(line, sorted(down), dict(os.environ))
+    return down
+
+
+def supervise(line: list[str], max_restarts: int, backoff_s: float, min_ranks: int | None = None,
+              host_wait_s: float = 60.0) -> int:
     folder = checkpoint_dir(line)
+    where = launchline.placement(line)  # None: not an mpirun line across hosts, whose hosts are not asked
+    if min_ranks is not None and where is None:
+        raise UserError("--min-ranks lets a job go on without a host that is gone, and the launch line names no "
+                        "hosts to leave out. Use it with an mpirun line with --hostfile or --host over 2 or more "
+                        "hosts, or drop --min-ranks.")
     command = relaunch_line(line) if "--resume" not in " ".join(line) else line
     stopping: list[int] = []  # a signal this process received: pass it on, restart no more
     launch: Launch | None = None
@@ -139,6 +167,7 @@ def supervise(line: list[str], max_restarts: int, backoff_s: float) -> int:
 
     previous_handlers = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     previous: Attempt | None = None
+    scratch = Path(tempfile.mkdtemp(prefix="mpi_train-supervise-"))  # the hostfile of the hosts left, if any
     try:
         for attempt in range(1, max_restarts + 2):
             started = time.monotonic()
@@ -156,27 +185,43 @@ def supervise(line: list[str], max_restarts: int, backoff_s: float) -> int:
                 say(f"stopped by {signal.Signals(stopping[0]).name}; not relaunching.")
                 return 128 + stopping[0]
             reason = ended.verdict(previous)
-            where = f"latest checkpoint: step {ended.checkpoint_step}" if ended.checkpoint_step else "no checkpoint yet"
+            latest = f"latest checkpoint: step {ended.checkpoint_step}" if ended.checkpoint_step else "no checkpoint"
             if reason:
-                say(f"attempt {attempt} failed (exit status {status}, {where}) and is not relaunched: {reason}.")
+                say(f"attempt {attempt} failed (exit status {status}, {latest}) and is not relaunched: {reason}.")
                 return status
             if attempt > max_restarts:
-                say(f"attempt {attempt} failed (exit status {status}, {where}); --max-restarts {max_restarts} "
+                say(f"attempt {attempt} failed (exit status {status}, {latest}); --max-restarts {max_restarts} "
                     f"reached, giving up.")
                 return status
             wait_s = backoff_s * 2 ** (attempt - 1)
-            say(f"attempt {attempt} failed (exit status {status}, {where}) after {ended.seconds:.0f} s; relaunching "
+            say(f"attempt {attempt} failed (exit status {status}, {latest}) after {ended.seconds:.0f} s; relaunching "
                 f"with --resume auto in {wait_s:g} s (restart {attempt} of {max_restarts}).")
             command = relaunch_line(line)
             previous = ended
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline and not stopping:
                 time.sleep(0.1)
+            gone = hosts_back(line, where, host_wait_s, stopping) if where else set()
             if stopping:
                 say(f"stopped by {signal.Signals(stopping[0]).name}; not relaunching.")
                 return 128 + stopping[0]
+            if gone:
+                smaller = where.fewer(gone, min_ranks) if min_ranks else None
+                if smaller is None:
+                    say(f"host(s) {', '.join(sorted(gone))} did not answer for {host_wait_s:g} s; not relaunching: "
+                        + (f"the hosts left cannot run {min_ranks} or more ranks that split the global batch of "
+                           f"{where.batch_size}. " if min_ranks else "a job on them would fail again. ")
+                        + "Relaunch once they are back, or give --min-ranks N to go on without them.")
+                    return status
+                line = launchline.on_fewer_hosts(line, smaller, scratch)
+                say(f"host(s) {', '.join(sorted(gone))} did not answer for {host_wait_s:g} s: going on without them "
+                    f"on {', '.join(smaller.names)} with {smaller.ranks} ranks (was {where.ranks}), the global batch "
+                    f"of {where.batch_size} resharded (--reshard).")
+                where = launchline.placement(line)
+                command = relaunch_line(line)
         return 1  # not reached
     finally:
+        shutil.rmtree(scratch, ignore_errors=True)
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
 
@@ -195,6 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-restarts", type=int, default=3, help="relaunches at most (default 3)")
     parser.add_argument("--backoff", type=float, default=5.0, metavar="SECONDS",
                         help="wait before the first relaunch, doubled for each next one (default 5)")
+    parser.add_argument("--min-ranks", type=int, default=None, metavar="N",
+                        help="when a host of an mpirun line is gone for good (no answer for --host-wait), go on "
+                             "without it on at least N ranks: the hosts left, as many ranks as split the global "
+                             "batch, the data resharded (default: stop and say so)")
+    parser.add_argument("--host-wait", type=float, default=60.0, metavar="SECONDS",
+                        help="before a relaunch, how long a host of an mpirun line that does not answer is waited "
+                             "for (default 60)")
     parser.add_argument("line", nargs=argparse.REMAINDER, help="-- then the launch line")
     return parser
 
@@ -206,10 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     if not line:
         parser.error("no launch line: put it after `--`, e.g. -- mpirun -np 4 python -m mpi_train --checkpoint-dir "
                      "ckpt --checkpoint-every 50")
-    if args.max_restarts < 0 or args.backoff < 0:
-        parser.error("--max-restarts and --backoff must not be negative")
+    if args.max_restarts < 0 or args.backoff < 0 or args.host_wait < 0:
+        parser.error("--max-restarts, --backoff and --host-wait must not be negative")
+    if args.min_ranks is not None and args.min_ranks < 1:
+        parser.error(f"--min-ranks must be at least 1, got {args.min_ranks}")
     try:
-        return supervise(line, args.max_restarts, args.backoff)
+        return supervise(line, args.max_restarts, args.backoff, args.min_ranks, args.host_wait)
     except UserError as error:
         print(format_error(str(error), prog="mpi_train.supervise"), file=sys.stderr)
         return BAD_INPUT

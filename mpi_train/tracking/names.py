@@ -5,7 +5,8 @@ prefixes are the questions a user asks of a comparison:
 
     learning/   is it learning?         loss, lr, test_loss, test_accuracy (at the step they were taken)
     time/       where does a step go?   per logged step, means over ranks: step_s, data_s, compute_s, sync_s,
-                                        optimizer_s, predicted_sync_s, samples_per_s
+                                        optimizer_s, predicted_sync_s, samples_per_s; world_size (jobs that
+                                        may restart on fewer ranks)
     summary/    how did the run end?    one steady-state mean per phase (SUMMARY_RULE), final loss and accuracy,
                                         wall time, the tracking overhead, a slow host's cost
     rank/       how do the ranks differ? each rank's child run: its own loss and phase times
@@ -34,6 +35,7 @@ def leaf(name: str) -> str:
 LOSS, LR, TEST_LOSS, TEST_ACCURACY = "learning/loss", "learning/lr", "learning/test_loss", "learning/test_accuracy"
 SAMPLES_PER_S, PREDICTED_SYNC = "time/samples_per_s", "time/predicted_sync_s"
 EPOCH_TIME = "time/epoch_s"
+WORLD_SIZE = "time/world_size"  # under --resume auto: the ranks of each attempt, from the step it resumed at
 STALL = "network/stall_s"
 
 

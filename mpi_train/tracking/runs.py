@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..config import RESUME_AUTO, JobInfo, TrainConfig, redact_uri
 from ..errors import UserError, raised_in_collective
+from ..files import write_json_atomically
 from . import links, names
 from .sampler import HostSampler
 from .sender import END_TIMEOUT_S, BatchSender
@@ -30,6 +31,12 @@ from .store import Connection
 from .tracker import ACK_KEY, ENDED_KEY, FAILURE_KEY, NullTracker
 
 ATTEMPTS_TAG, RESTART_TAG = "mpi_train.attempts", "mpi_train.restart"  # an attempt's count, and each restart's cause
+# under --resume auto: the ranks the job trains on now (the world_size param is the first attempt's), and on the run
+# of a rank the job went on without (--reshard), from when
+WORLD_SIZE_TAG, LEFT_TAG = "mpi_train.world_size", "mpi_train.left"
+# under --resume auto, beside the checkpoints: the run the job opened, which an attempt relaunched before the first
+# checkpoint (so with nothing to resume) continues
+RUN_FILE = "mlflow-run.json"
 FAILURE_TAGS = ("mpi_train.failed_rank", "mpi_train.failed_host", "mpi_train.error", "mpi_train.killed_by",
                 "mpi_train.unreachable_hosts", "mpi_train.unreachable_ranks", "mpi_train.requeued")
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
@@ -54,12 +61,23 @@ def checked_failure(posted: bytes) -> dict:
                     f"and nothing of it ran", collective=False)
 
 
+def started_run(checkpoint_dir: str) -> str | None:
+    """The parent run a job under --resume auto opened in `checkpoint_dir` (RUN_FILE), if any."""
+    try:
+        return json.loads((Path(checkpoint_dir) / RUN_FILE).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def restart_cause(status: str, tags: dict) -> str:
     """How an attempt ended, from its run's status and the tags end() set: `FAILED (rank 1 on h2: Error: ...)`."""
     if tags.get("mpi_train.requeued"):
         return f"{status} ({tags['mpi_train.requeued']})"
     if tags.get("mpi_train.killed_by"):
         return f"{status} ({tags['mpi_train.killed_by']})"
+    if tags.get("mpi_train.unreachable_hosts"):
+        return (f"{status} (unreachable: host(s) {tags['mpi_train.unreachable_hosts']}, ranks "
+                f"{tags.get('mpi_train.unreachable_ranks', '?')})")
     if tags.get("mpi_train.failed_rank"):
         where = f"rank {tags['mpi_train.failed_rank']} on {tags.get('mpi_train.failed_host', '?')}"
         return f"{status} ({where}: {tags.get('mpi_train.error', '')})"[:1000]
@@ -137,8 +155,13 @@ class MlflowTracker(NullTracker):
         self.attempt = 1
         self.resumed_step = job.resumed_from["step"] if job.resumed_from else 0
         if self.holding:
-            tags[ATTEMPTS_TAG] = "1"
-        continued = self._reopen(connection, job, len(ranks)) if self.holding and job.resumed_from else None
+            tags.update({ATTEMPTS_TAG: "1", WORLD_SIZE_TAG: str(len(ranks))})
+        continued = None
+        if self.holding and job.resumed_from:
+            resumed = job.resumed_from
+            continued = self._reopen(connection, resumed["run_id"], resumed.get("world_size", len(ranks)))
+        elif self.holding:  # a first checkpoint never came: continue the run of the attempt that failed before it
+            continued = self._reopen(connection, started_run(config.checkpoint_dir), len(ranks), unfinished=True)
         if job.resumed_from and not continued:  # the run this job continues, and where
             resumed = job.resumed_from
             tags.update({"resumed_from": self._continued_run(connection, resumed["run_id"]),
@@ -146,9 +169,11 @@ class MlflowTracker(NullTracker):
         self.parent_id, self.child_ids = continued or (None, [])
         try:
             if continued:
-                self._restart_runs(ranks, tags)
+                self._restart_runs(connection, ranks, tags)
             else:
                 self._create_runs(connection, config, params, tags, ranks)
+            if self.holding and connection.online and not continued:
+                write_json_atomically(str(Path(config.checkpoint_dir) / RUN_FILE), {"run_id": self.parent_id})
             self.client.log_dict(self.parent_id, config.as_dict(), "config.json")
             self.client.log_dict(self.parent_id, environment, "environment.json")
         except BaseException:  # never leave a half-made job RUNNING
@@ -163,6 +188,8 @@ class MlflowTracker(NullTracker):
         self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids, spool, config.experiment)
         self.sender = BatchSender(self.client, on_handled=self.guard.handled)
         self.sampler = HostSampler(config.system_metrics_every) if config.system_metrics_every else None
+        if self.holding:  # a job that may restart, maybe on fewer ranks: each attempt's ranks, from its first step
+            self._put(self.parent_id, self._metrics({names.WORLD_SIZE: len(ranks)}, self.resumed_step))
 
     def _create_runs(self, connection: Connection, config: TrainConfig, params: dict, tags: dict,
                      ranks: list[dict]) -> None:
@@ -175,11 +202,17 @@ class MlflowTracker(NullTracker):
         self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in sorted(params.items())],
                               synchronous=True)
         for who in ranks:
-            child = self.client.create_run(connection.experiment_id, run_name=f"rank{who['rank']}", tags={
-                "mlflow.parentRunId": self.parent_id, "mpi_train.role": "rank",
-                **{key: str(who[key]) for key in ("rank", "local_rank", "host", "pid")}})
-            self.child_ids.append(child.info.run_id)
-            self.client.log_batch(child.info.run_id, params=[Param("seed", str(config.seed))], synchronous=True)
+            self.child_ids.append(self._create_child(connection, who))
+
+    def _create_child(self, connection: Connection, who: dict) -> str:
+        """One rank's run under the parent."""
+        from mlflow.entities import Param
+
+        child = self.client.create_run(connection.experiment_id, run_name=f"rank{who['rank']}", tags={
+            "mlflow.parentRunId": self.parent_id, "mpi_train.role": "rank",
+            **{key: str(who[key]) for key in ("rank", "local_rank", "host", "pid")}})
+        self.client.log_batch(child.info.run_id, params=[Param("seed", str(self.config.seed))], synchronous=True)
+        return child.info.run_id
 
     def _fail_all(self) -> None:
         for run_id in [*self.child_ids, *([self.parent_id] if self.parent_id else [])]:
@@ -188,17 +221,19 @@ class MlflowTracker(NullTracker):
             except Exception:  # noqa: BLE001, S110 - the original error matters more
                 pass
 
-    def _reopen(self, connection: Connection, job: JobInfo, world_size: int) -> tuple[str, list[str]] | None:
-        """The parent and rank runs of the attempt whose checkpoint this job resumes, if they are on this server
-        in this experiment with one child per rank; None: a new run (linked to it by tags, as an explicit
-        --resume is)."""
-        run_id = job.resumed_from["run_id"]
+    def _reopen(self, connection: Connection, run_id: str | None, world_size: int,
+                unfinished: bool = False) -> tuple[str, list[str]] | None:
+        """The parent and rank runs of the attempt whose checkpoint this job resumes (or, `unfinished`, of one that
+        failed before its first checkpoint), if they are on this server in this experiment with one child per rank
+        it had; None: a new run (linked to it by tags, as an explicit --resume is)."""
         if not run_id or run_id.startswith(OFFLINE_PREFIX) or not connection.online:
             return None  # untracked, or trained offline: its run is not on the server under that id
         try:
             parent = self.client.get_run(run_id)
             if parent.info.experiment_id != connection.experiment_id or parent.info.lifecycle_stage != "active":
                 return None
+            if unfinished and parent.info.status not in ("FAILED", "KILLED"):
+                return None  # a job that finished (its checkpoints since removed), or one still running
             children = self.client.search_runs(
                 [connection.experiment_id],
                 f"tags.mlflow.parentRunId = '{run_id}' and tags.`mpi_train.role` = 'rank'", max_results=1000)
@@ -210,18 +245,27 @@ class MlflowTracker(NullTracker):
         self.previous = parent
         return run_id, [by_rank[rank] for rank in range(world_size)]
 
-    def _restart_runs(self, ranks: list[dict], tags: dict) -> None:
+    def _restart_runs(self, connection: Connection, ranks: list[dict], tags: dict) -> None:
         """The attempt before this one ended (FAILED, KILLED, or requeued): count it, keep its cause in a tag,
-        clear its failure tags, and mark the runs RUNNING again."""
+        clear its failure tags, and mark the runs RUNNING again. On fewer ranks (--reshard), the runs of the ranks
+        gone keep how they ended and say when they left; on more, the new ranks get runs of their own."""
         from mlflow.entities import RunTag
 
         previous = self.previous.data.tags
         self.attempt = int(previous.get(ATTEMPTS_TAG, "1")) + 1
         cause = restart_cause(self.previous.info.status, previous)
         step = self.resumed_step
-        tags.update({ATTEMPTS_TAG: str(self.attempt),
+        before, now = len(self.child_ids), len(ranks)
+        resized = f" on {now} ranks (was {before})" if now != before else ""
+        tags.update({ATTEMPTS_TAG: str(self.attempt), WORLD_SIZE_TAG: str(now),
                      f"{RESTART_TAG}.{self.attempt - 1}": f"attempt {self.attempt - 1} ended {cause}; attempt "
-                                                          f"{self.attempt} resumed from step {step}"})
+                                                          f"{self.attempt} " + (f"resumed from step {step}" if step
+                                                                                else "started again (no checkpoint "
+                                                                                     "yet)") + resized})
+        for child_id in self.child_ids[now:]:
+            self.client.set_tag(child_id, LEFT_TAG, f"the job went on without this rank from step {step} "
+                                                    f"(attempt {self.attempt}, on {now} ranks)")
+        self.child_ids = self.child_ids[:now]
         for key in FAILURE_TAGS:
             if key in previous:
                 self.client.delete_tag(self.parent_id, key)
@@ -231,6 +275,8 @@ class MlflowTracker(NullTracker):
             self.client.update_run(child_id, status="RUNNING")
             self.client.log_batch(child_id, tags=[RunTag(key, str(who[key])) for key in ("host", "pid")],
                                   synchronous=True)
+        for who in ranks[before:]:
+            self.child_ids.append(self._create_child(connection, who))
 
     def _continued_run(self, connection: Connection, run_id: str | None) -> str:
         """The resumed checkpoint's run, by the server's id once a job that trained offline has been replayed."""
@@ -269,6 +315,21 @@ class MlflowTracker(NullTracker):
         """A checkpoint is on disk: what was logged up to it is what a resumed attempt will not train again."""
         held, self.held = self.held, []
         for run_id, metrics in held:
+            self._send(run_id, metrics)
+
+    def unsent(self) -> list[tuple]:
+        return [(run_id, m.key, m.value, m.timestamp, m.step) for run_id, metrics in self.held for m in metrics]
+
+    def resend(self, points: list[tuple]) -> None:
+        """The previous attempt may have died between writing its checkpoint and sending what it covers (commit):
+        send it again. MLflow stores a point sent twice (same key, step, time and value) once."""
+        from mlflow.entities import Metric
+
+        by_run: dict[str, list] = {}
+        for run_id, key, value, timestamp, step in points:
+            if not run_id.startswith(OFFLINE_PREFIX):  # an offline attempt's points are in its spool
+                by_run.setdefault(run_id, []).append(Metric(key, value, timestamp, step))
+        for run_id, metrics in by_run.items():
             self._send(run_id, metrics)
 
     def console(self, line: str) -> None:

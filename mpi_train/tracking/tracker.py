@@ -51,6 +51,12 @@ class NullTracker:
     def finish(self, summary: dict) -> None: ...
     def commit(self) -> None:
         """A checkpoint covers everything logged so far (see MlflowTracker.commit)."""
+    def unsent(self) -> list[tuple]:
+        """Metrics held for the checkpoint being taken, as (run id, key, value, timestamp, step): stored in it, so
+        that an attempt resuming from it sends what this one may not have (see MlflowTracker.resend)."""
+        return []
+    def resend(self, points: list[tuple]) -> None:
+        """Send what `unsent` stored in the checkpoint this job resumes."""
     def requeue(self, reason: str) -> None:
         """The job stops early to be requeued (preemption.py): its runs end KILLED, `reason` in a tag."""
     def save_weights(self, model) -> None: ...

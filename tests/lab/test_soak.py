@@ -1,7 +1,7 @@
-"""The fault soak: how a trial is judged, drawn and printed, and the command itself on real test hosts.
+"""The fault soak and the restart soak: how a trial is judged, drawn and printed, and each command on test hosts.
 
-The soak's 30-trial run is a command with its table in docs/results.md, not a test; the
-end-to-end test here runs two trials to show the command works from a fresh clone as root.
+The soaks' 30-trial runs are commands with their tables in docs/results.md, not tests; the
+end-to-end tests here run one trial each to show the commands work from a fresh clone as root.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from conftest import REPO, why_no_namespaces
 
 from mpi_train.errors import UserError
 from mpi_train.lab import soak
+from mpi_train.lab.restart_soak import SLACK_S, RestartTrial
 from mpi_train.lab.soak import Trial
 
 
@@ -79,15 +80,48 @@ def test_the_soak_command_runs_its_trials_and_cleans_up(tmp_path):
     if reason:
         pytest.skip(reason)
     out = tmp_path / "soak"
-    done = subprocess.run([sys.executable, "-m", "mpi_train.faults", "soak", "--trials", "2", "--faults", "kill,link",
+    done = subprocess.run([sys.executable, "-m", "mpi_train.faults", "soak", "--trials", "1", "--faults", "link",
                            "--seed", "3", "--steps", "6", "--timeout", "10", "--out", str(out),
                            "--prefix", "soaktest", "--subnet", "10.85.0"],  # apart from a soak run by hand
                           capture_output=True, text=True, cwd=REPO, timeout=400, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads((out / "soak.json").read_text())
-    assert [row["verdict"] for row in rows] == ["ok", "ok"], done.stdout
+    assert [row["verdict"] for row in rows] == ["ok"], done.stdout
     assert all(row["run_status"] == "FAILED" and row["left"] == 0 and row["logged"] == row["printed"] >= 2
                for row in rows)
-    assert "2 trials, 2 ok" in done.stdout
+    assert "1 trials, 1 ok" in done.stdout
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
     assert "soaktest" not in namespaces
+
+
+def test_a_restart_trial_is_ok_only_when_the_job_carried_on_as_if_never_stopped():
+    fine = RestartTrial(1, "kill", "rank 2", 7, exit=0, attempts=2, last_step=20, weights_equal=True, parent_runs=1,
+                        run_status="FINISHED", loss_steps="ok", lost_s=14.0, restart_s=9.0, interval_s=3.5)
+    assert fine.verdict(20) == "ok"
+    assert RestartTrial(1, "stop", "rank 0", 7, exit=1, last_step=9, parent_runs=2, run_status="FAILED",
+                        loss_steps="missing [10]", lost_s=40.0, restart_s=None, left=2).verdict(20) == \
+        "NOT FINISHED, LAST STEP 9, WEIGHTS DIFFER, RUNS 2 FAILED, LOSSES missing [10], SLOW, LEFT BEHIND"
+    late = RestartTrial(**{**fine.__dict__, "lost_s": 9.0 + 3.5 + SLACK_S + 0.1})  # lost more than it had to
+    assert late.verdict(20) == "SLOW"
+
+
+@pytest.mark.e2e
+def test_the_restart_soak_carries_a_job_on_and_cleans_up(tmp_path):
+    """One trial: a rank killed at step 2, before the first checkpoint (seed 4), so the relaunch starts afresh and
+    still continues the first attempt's MLflow run."""
+    reason = why_no_namespaces("rsoaktest")
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "soak"
+    done = subprocess.run([sys.executable, "-m", "mpi_train.soak", "--restart", "--trials", "1", "--faults", "kill",
+                           "--seed", "4", "--steps", "10", "--checkpoint-every", "5", "--timeout", "10", "--link",
+                           "1gbit", "--out", str(out), "--prefix", "rsoaktest", "--subnet", "10.84.0"],
+                          capture_output=True, text=True, cwd=REPO, timeout=400, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = json.loads((out / "soak.json").read_text())
+    (trial,) = table["trials"]
+    assert (trial["fault"], trial["step"], trial["verdict"]) == ("kill", 2, "ok"), done.stdout
+    assert trial["attempts"] == 2 and trial["parent_runs"] == 1 and trial["loss_steps"] == "ok"
+    assert "1 trials, 1 ok" in done.stdout and "weights equal in 1" in done.stdout
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    assert "rsoaktest" not in namespaces

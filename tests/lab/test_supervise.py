@@ -32,7 +32,9 @@ def job_processes(marker: str) -> list[str]:
 
 def test_a_killed_rank_is_relaunched_into_the_same_run_and_ends_as_if_never_stopped(mlflow_server, tmp_path):
     checkpoints = tmp_path / "ck-supervised"
-    fault = {"MPI_TRAIN_FAIL_AT": "1:5:kill", "MPI_TRAIN_FAIL_ONCE": str(tmp_path / "fault-happened")}
+    # rank 0 killed right after writing the step-3 checkpoint, before sending the metrics it covers: the relaunch
+    # sends them (the checkpoint holds them), so steps 1-3 are logged too, once
+    fault = {"MPI_TRAIN_FAIL_AT": "0:checkpointed:kill", "MPI_TRAIN_FAIL_ONCE": str(tmp_path / "fault-happened")}
     result = supervise(tmp_path, [*JOB, "--checkpoint-dir", str(checkpoints), "--tracking-uri", mlflow_server,
                                   "--experiment", "tests-supervise", "--run-name", "supervised",
                                   "--summary-json", str(tmp_path / "supervised.json")], env=fault)
@@ -51,8 +53,8 @@ def test_a_killed_rank_is_relaunched_into_the_same_run_and_ends_as_if_never_stop
     assert parent.info.status == "FINISHED" and all(c.info.status == "FINISHED" for c in children)
     assert parent.data.tags["mpi_train.attempts"] == "2"
     cause = parent.data.tags["mpi_train.restart.1"]
-    assert cause.startswith("attempt 1 ended FAILED (rank 1 on ") and cause.endswith("attempt 2 resumed from step 3")
-    assert "mpi_train.failed_rank" not in parent.data.tags  # the first attempt's failure is history now
+    assert cause == "attempt 1 ended KILLED (rank 0 ended without recording the run); attempt 2 resumed from step 3"
+    assert "mpi_train.killed_by" not in parent.data.tags  # the first attempt's end is history now
     assert parent.data.metrics["summary/restarts"] == 1
     history = client.get_metric_history(parent.info.run_id, "learning/loss")
     assert sorted(m.step for m in history) == list(range(1, 9))  # each step once, the ones after step 3 included
@@ -65,7 +67,7 @@ def test_bad_input_a_rank_error_and_a_repeated_failure_are_not_retried(tmp_path)
     bad = supervise(tmp_path, [*JOB, "--checkpoint-dir", "ck-bad", "--no-tracking", "--batch-size", "7"])
     assert bad.returncode == 2
     assert "--batch-size 7 is the global batch" in bad.stderr  # the job's own message, once
-    assert "attempt 1 failed (exit status 2, no checkpoint yet) and is not relaunched" in bad.stderr
+    assert "attempt 1 failed (exit status 2, no checkpoint) and is not relaunched" in bad.stderr
 
     bug = supervise(tmp_path, [*JOB, "--checkpoint-dir", "ck-bug", "--no-tracking"],
                     env={"MPI_TRAIN_FAIL_AT": "1:2:raise"})

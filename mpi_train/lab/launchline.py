@@ -1,0 +1,138 @@
+"""An mpirun launch line's hosts: which still answer, and the same line on the hosts left.
+
+The supervisor reads where a line puts its ranks (-np, --hostfile or --host), asks each host
+to run one process through mpirun itself (so through whatever reaches the hosts: ssh, a
+launch agent, the test hosts' namespaces), and, when a host is gone for good and the user
+allows fewer ranks, writes the line again on the hosts left: a hostfile without the host,
+-np lowered to a number of ranks that splits the global batch, and --reshard.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..errors import UserError
+from . import mpirun
+
+LAUNCHERS = ("mpirun", "mpiexec", "prterun")
+NP_FLAGS = ("-np", "--np", "-n", "-c")
+HOSTFILE_FLAGS = ("--hostfile", "-hostfile", "--machinefile", "-machinefile")
+HOST_FLAGS = ("--host", "-host", "-H")
+PROBE_TIMEOUT_S = 20.0  # a host whose probe takes longer does not answer
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The hosts an mpirun line names, each with its slots, and the ranks it starts."""
+
+    hosts: tuple[tuple[str, int], ...]
+    ranks: int
+    batch_size: int  # the job's global batch: the ranks must split it evenly
+
+    @property
+    def names(self) -> list[str]:
+        return [host for host, _ in self.hosts]
+
+    def fewer(self, gone: set[str], min_ranks: int) -> Placement | None:
+        """The most ranks the hosts left can run that split the global batch, at least `min_ranks`; None if none."""
+        left = tuple((host, slots) for host, slots in self.hosts if host not in gone)
+        for ranks in range(min(self.ranks, sum(slots for _, slots in left)), min_ranks - 1, -1):
+            if ranks > 0 and self.batch_size % ranks == 0:
+                return Placement(left, ranks, self.batch_size)
+        return None
+
+
+def _value(line: list[str], flags: tuple[str, ...]) -> tuple[int, str] | None:
+    """(index of the value, value) of the first of `flags` in the line, as `-f V` or `-f=V`."""
+    for i, token in enumerate(line):
+        if token in flags and i + 1 < len(line):
+            return i + 1, line[i + 1]
+        for flag in flags:
+            if flag.startswith("--") and token.startswith(flag + "="):
+                return i, token.split("=", 1)[1]
+    return None
+
+
+def read_hostfile(path: Path) -> tuple[tuple[str, int], ...]:
+    """`host slots=N` lines (comments and blank lines skipped; a host without slots= has one; repeats add up)."""
+    slots: dict[str, int] = {}
+    for raw in path.read_text().splitlines():
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        count = next((int(w.split("=", 1)[1]) for w in words[1:] if w.startswith(("slots=", "max_slots="))), 1)
+        slots[words[0]] = slots.get(words[0], 0) + count
+    return tuple(slots.items())
+
+
+def parse_hosts(spec: str) -> tuple[tuple[str, int], ...]:
+    """--host a:2,b:2 (or a,a,b: each name once per slot)."""
+    slots: dict[str, int] = {}
+    for item in filter(None, spec.split(",")):
+        host, _, count = item.partition(":")
+        slots[host] = slots.get(host, 0) + (int(count) if count else 1)
+    return tuple(slots.items())
+
+
+def placement(line: list[str]) -> Placement | None:
+    """Where an mpirun line puts its ranks; None for other launchers (torchrun, srun) or one host only."""
+    if not line or Path(line[0]).name not in LAUNCHERS:
+        return None
+    try:
+        hostfile, hosts = _value(line, HOSTFILE_FLAGS), _value(line, HOST_FLAGS)
+        named = read_hostfile(Path(hostfile[1])) if hostfile else parse_hosts(hosts[1]) if hosts else ()
+        np_ = _value(line, NP_FLAGS)
+        ranks = int(np_[1]) if np_ else sum(slots for _, slots in named)
+        batch = _value(line, ("--batch-size",))
+        batch_size = int(batch[1]) if batch else TrainConfig.__dataclass_fields__["batch_size"].default
+    except (OSError, ValueError) as error:
+        raise UserError(f"the launch line's hosts could not be read ({error}). Check its -np, --hostfile or --host, "
+                        f"and --batch-size.") from None
+    return Placement(named, ranks, batch_size) if len(named) > 1 else None
+
+
+def answering(line: list[str], hosts: list[str], env: dict) -> set[str]:
+    """The hosts that start a process through the line's own launcher within PROBE_TIMEOUT_S, asked at once."""
+
+    def answers(host: str) -> bool:
+        with mpirun.own_tmpdir() as tmpdir:
+            probe = mpirun.start([line[0], "-np", "1", "--host", f"{host}:1", "true"],
+                                 {**env, **tmpdir}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                return probe.wait(PROBE_TIMEOUT_S) == 0
+            except subprocess.TimeoutExpired:
+                return False
+            finally:
+                mpirun.stop(probe, grace_s=2)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        return {host for host, ok in zip(hosts, pool.map(answers, hosts)) if ok}
+
+
+def _set(line: list[str], found: tuple[int, str], value: str) -> None:
+    """Put `value` where `_value` found the old one (`-f V` or `--flag=V`)."""
+    index, old = found
+    line[index] = value if line[index] == old else line[index].split("=", 1)[0] + f"={value}"
+
+
+def on_fewer_hosts(line: list[str], smaller: Placement, folder: Path) -> list[str]:
+    """The line on `smaller`: a hostfile of the hosts left written to `folder` (or --host rewritten), -np lowered,
+    and --reshard added once."""
+    out = list(line)
+    hostfile = _value(out, HOSTFILE_FLAGS)
+    if hostfile:
+        path = folder / "hostfile"
+        path.write_text("".join(f"{host} slots={slots}\n" for host, slots in smaller.hosts))
+        _set(out, hostfile, str(path))
+    else:
+        _set(out, _value(out, HOST_FLAGS), ",".join(f"{host}:{slots}" for host, slots in smaller.hosts))
+    np_ = _value(out, NP_FLAGS)
+    if np_:
+        _set(out, np_, str(smaller.ranks))
+    else:
+        out[1:1] = ["-np", str(smaller.ranks)]
+    return out if "--reshard" in out else [*out, "--reshard"]
