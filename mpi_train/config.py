@@ -53,6 +53,9 @@ class TrainConfig:
 
     # Optimisation.
     batch_size: int = _opt(256, "global batch size, split evenly across ranks")
+    accumulate: int = _opt(1, "micro-batches per optimizer step: each rank adds up the gradients of K micro-batches "
+                           "of its share of --batch-size (which stays the global batch of a step) and the sync runs "
+                           "once, after the last", metavar="K")
     epochs: int = _opt(1, "passes over the training set")
     max_steps: int | None = _opt(None, "stop after this many optimizer steps (default: run all epochs)")
     lr: float | None = _opt(None, "peak SGD learning rate (default: the model's, 0.01 for vgg11, 0.1 for mnist_cnn)")
@@ -153,7 +156,7 @@ class TrainConfig:
         positive = {
             "--batch-size": self.batch_size, "--epochs": self.epochs, "--log-every": self.log_every,
             "--synthetic-size": self.synthetic_size, "--timeout": self.timeout, "--lr": self.optimizer.lr,
-            "--bucket-mb": self.bucket_mb, "--powersgd-rank": self.powersgd_rank,
+            "--bucket-mb": self.bucket_mb, "--powersgd-rank": self.powersgd_rank, "--accumulate": self.accumulate,
         }
         if self.max_steps is not None:
             positive["--max-steps"] = self.max_steps
@@ -208,6 +211,14 @@ class TrainConfig:
                 f"the {world_size} ranks of this job. Use a multiple of {world_size} "
                 f"(e.g. {lower or world_size} or {lower + world_size}), or change the number of ranks."
             )
+        if self.batch_size % (world_size * self.accumulate):
+            share = world_size * self.accumulate
+            raise UserError(
+                f"--accumulate {self.accumulate} splits each rank's {self.batch_size // world_size} samples of a step "
+                f"(--batch-size {self.batch_size} over {world_size} ranks) into {self.accumulate} equal micro-batches, "
+                f"which they do not make. Use a --batch-size that is a multiple of {share} (ranks x K), e.g. "
+                f"{max(share, self.batch_size - self.batch_size % share)}, or another --accumulate."
+            )
 
     def default_run_name(self, world_size: int) -> str:
         return self.run_name or f"{label(self.sync, self.compression)}-np{world_size}-seed{self.seed}"
@@ -215,6 +226,10 @@ class TrainConfig:
     def per_rank(self, world_size: int) -> int:
         """Each rank's share of the global batch (validate() guarantees it divides)."""
         return self.batch_size // world_size
+
+    def micro_batch(self, world_size: int) -> int:
+        """What each rank's forward and backward take at once: its share over --accumulate."""
+        return self.per_rank(world_size) // self.accumulate
 
 
 def redact_uri(uri: str | None) -> str | None:

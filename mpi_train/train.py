@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import time
@@ -135,7 +136,8 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
 
     train_set, test_set = load_datasets(config, cluster)
     batch_per_rank = config.per_rank(info.world_size)
-    train_loader, sampler, test_loader = make_loaders(train_set, test_set, cluster, batch_per_rank, config.seed)
+    train_loader, sampler, test_loader = make_loaders(train_set, test_set, cluster,
+                                                      config.micro_batch(info.world_size), config.seed)
     fault.at(info.rank, "rendezvous")
     rendezvous = cluster.open_process_group(placement.backend, config.master_addr, config.timeout)
 
@@ -154,7 +156,7 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
     optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
                                 weight_decay=settings.weight_decay)
 
-    steps_per_epoch = len(train_loader)
+    steps_per_epoch = len(train_loader) // config.accumulate  # optimizer steps: K micro-batches each
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
     checkpoints = Checkpointer(config, cluster)
     resume = load_for_resume(config, cluster, total_steps)
@@ -178,22 +180,33 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
                connection, fault, slow, recorder, alignments)
 
 
-def train_step(job: Job, batches, clock: Clock, step: int, rank: int) -> tuple[torch.Tensor, float, dict] | None:
-    """Data, forward and backward, sync, optimizer step; the loss, the step's learning rate and each phase's time
-    (None: the epoch is over). The recorder notes the phases' boundaries (forward apart from backward only in a
-    timeline: on a GPU that costs a synchronisation)."""
+def train_step(job: Job, batches, clock: Clock, step: int, rank: int,
+               accumulate: int = 1) -> tuple[torch.Tensor, float, dict] | None:
+    """Data, forward and backward (of `accumulate` micro-batches, their gradients added up, nothing sent before the
+    last), sync, optimizer step; the loss, the step's learning rate and each phase's time (None: the epoch is over).
+    The recorder notes the phases' boundaries (forward apart from backward only in a timeline: on a GPU that costs a
+    synchronisation); with micro-batches, data time is their loading and compute the rest up to the sync."""
     job.recorder.begin(step)
     t0 = clock()
-    batch = next(batches, None)
-    if batch is None:
-        return None
-    images, labels = batch[0].to(job.device, non_blocking=True), batch[1].to(job.device, non_blocking=True)
-    t1 = clock()
     job.optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(job.net(images), labels)
-    job.slow.at(rank)  # a simulated straggler computes longer, before any of its gradients is ready
-    forward_end = clock() if job.recorder.detailed else t1
-    loss.backward()
+    data_s, loss = 0.0, 0.0
+    for micro in range(accumulate):
+        loaded = clock()
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        images, labels = batch[0].to(job.device, non_blocking=True), batch[1].to(job.device, non_blocking=True)
+        t1 = clock()
+        data_s += t1 - loaded
+        last = micro == accumulate - 1
+        with contextlib.nullcontext() if last else job.method.accumulating(job.net):
+            micro_loss = F.cross_entropy(job.net(images), labels)
+            if last:
+                job.slow.at(rank)  # a simulated straggler computes longer, before its last gradients are ready
+            forward_end = clock() if job.recorder.detailed else t1
+            (micro_loss / accumulate if accumulate > 1 else micro_loss).backward()
+        loss = loss + micro_loss.detach() / accumulate if accumulate > 1 else micro_loss
+    t1 = t0 + data_s  # the phases as one step's: loading first, then computing
     t2 = clock()
     job.method.sync(job.model)
     t3 = clock()
@@ -296,7 +309,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             while step < total_steps and step_in_epoch < job.info.steps_per_epoch:
                 job.fault.at(rank, step + 1)
                 cluster.note_progress(step + 1)  # lets a rank whose collective times out name who is behind
-                done = train_step(job, batches, clock, step + 1, rank)
+                done = train_step(job, batches, clock, step + 1, rank, config.accumulate)
                 if done is None:
                     break
                 step, step_in_epoch = step + 1, step_in_epoch + 1

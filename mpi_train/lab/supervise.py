@@ -136,13 +136,14 @@ class Launch:
         return None
 
 
-def hosts_back(line: list[str], where: launchline.Placement, wait_s: float, stopping: list[int]) -> set[str]:
-    """The hosts of `where` that still do not answer after up to `wait_s` (asked again every few seconds)."""
+def hosts_gone(line: list[str], where: launchline.Placement, wait_s: float, stopping: list[int]) -> set[str]:
+    """The hosts of `where` that still do not answer after up to `wait_s` (asked again every HOST_RETRY_S)."""
     down = set(where.names) - launchline.answering(line, where.names, dict(os.environ))
+    if down:
+        say(f"host(s) {', '.join(sorted(down))} do not answer; asking again every {HOST_RETRY_S:g} s for up to "
+            f"{wait_s:g} s.")
     deadline = time.monotonic() + wait_s
     while down and not stopping and time.monotonic() < deadline:
-        say(f"host(s) {', '.join(sorted(down))} do not answer; asking again for up to "
-            f"{max(0.0, deadline - time.monotonic()):.0f} s.")
         time.sleep(min(HOST_RETRY_S, max(0.0, deadline - time.monotonic())))
         down -= launchline.answering(line, sorted(down), dict(os.environ))
     return down
@@ -201,7 +202,7 @@ def supervise(line: list[str], max_restarts: int, backoff_s: float, min_ranks: i
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline and not stopping:
                 time.sleep(0.1)
-            gone = hosts_back(line, where, host_wait_s, stopping) if where else set()
+            gone = hosts_gone(line, where, host_wait_s, stopping) if where else set()
             if stopping:
                 say(f"stopped by {signal.Signals(stopping[0]).name}; not relaunching.")
                 return 128 + stopping[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar
 
@@ -126,6 +127,12 @@ class SyncMethod:
     def sync(self, model: nn.Module) -> None:
         """Called after backward, before the optimizer step: average the gradients."""
         raise NotImplementedError
+
+    def accumulating(self, net: nn.Module) -> contextlib.AbstractContextManager:
+        """Around the forward and backward of a micro-batch that is not a step's last (--accumulate): its gradients
+        only add up, nothing is sent. A method that syncs after backward has nothing to hold back; one that sends
+        from backward holds its hooks (DDP: no_sync())."""
+        return contextlib.nullcontext()
 
     def sync_buffers(self, model: nn.Module) -> None:
         """Average floating-point buffers (BatchNorm running statistics) so evaluation sees one model."""

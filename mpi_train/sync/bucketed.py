@@ -3,6 +3,8 @@ full."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -73,6 +75,7 @@ class Bucketed(SyncMethod):
         self.buckets: list[Bucket] = []
         self.slot: dict[int, tuple[Bucket, torch.Tensor]] = {}  # parameter index -> its bucket and view
         self.next_to_launch = 0  # buckets before this index are in flight (or done) this step
+        self.holding = False  # a micro-batch that is not the step's last: its gradients only add up (accumulating)
 
     @classmethod
     def from_config(cls, config) -> Bucketed:
@@ -87,6 +90,14 @@ class Bucketed(SyncMethod):
         for index, param in enumerate(self.params):
             param.register_post_accumulate_grad_hook(self.make_hook(index))
         return model
+
+    @contextlib.contextmanager
+    def accumulating(self, net: nn.Module):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
 
     def split(self, order: list[int]) -> list[list[int]]:
         """Parameter indices, in backward `order`, grouped into buckets by fill_buckets."""
@@ -107,14 +118,16 @@ class Bucketed(SyncMethod):
 
     def make_hook(self, index: int):
         def gradient_ready(param: nn.Parameter) -> None:
+            if self.holding:  # more micro-batches to come: the gradient is not complete yet
+                return
             if self.arrivals is not None:  # the first step: only learn the order
                 self.arrivals.append(index)
                 return
             bucket, view = self.slot[index]
             if bucket.work is not None:
                 raise RuntimeError(
-                    "bucketed sync: a gradient arrived for a bucket already being reduced. Call sync() "
-                    "after every backward (gradient accumulation over several backward passes is not supported)."
+                    "bucketed sync: a gradient arrived for a bucket already being reduced. Call sync() after "
+                    "every backward, or hold the hooks with accumulating() for the backward passes before it."
                 )
             view.copy_(param.grad)
             bucket.waiting -= 1

@@ -32,6 +32,10 @@ class DDP(SyncMethod):
         wrapped.register_comm_hook(state, self.noting(hook))
         return wrapped
 
+    def accumulating(self, net: nn.Module):
+        """DDP's own way: no_sync() keeps a micro-batch's gradients local, to be added to the next backward's."""
+        return net.no_sync()
+
     def comm_hook(self) -> tuple:
         """(state, hook) of the communication hook: plain DDP's is torch's allreduce of the bucket's mean."""
         return None, default_hooks.allreduce_hook

@@ -239,7 +239,10 @@ class MlflowTracker(NullTracker):
                 f"tags.mlflow.parentRunId = '{run_id}' and tags.`mpi_train.role` = 'rank'", max_results=1000)
         except Exception:  # noqa: BLE001 - gone, or unreadable: a new run is the safe answer
             return None
-        by_rank = {int(child.data.tags["rank"]): child.info.run_id for child in children}
+        # ranks an earlier attempt went on without (--reshard) keep their runs, tagged LEFT_TAG, and are not
+        # counted unless the checkpoint's job had them
+        by_rank = {int(child.data.tags["rank"]): child.info.run_id for child in children
+                   if LEFT_TAG not in child.data.tags or int(child.data.tags["rank"]) < world_size}
         if sorted(by_rank) != list(range(world_size)):
             return None
         self.previous = parent
