@@ -120,15 +120,15 @@ def test_a_checkpoint_of_another_world_size_is_a_clear_error(all_runs):
 
 @pytest.mark.e2e
 def test_reshard_continues_on_fewer_ranks_training_the_same_samples_each_step(tmp_path):
-    """A host gone for good: --reshard resumes 4 ranks' checkpoint on 2 with the global batch kept. Without dropout
+    """A host gone for good: --reshard resumes 2 ranks' checkpoint on 1 with the global batch kept. Without dropout
     (whose draws belong to a rank) the losses are the uninterrupted job's, but for the order of a sum."""
     job = [*ARGS, "--max-steps", "8", "--dropout", "0", "--checkpoint-dir", str(tmp_path / "ck"),
            "--checkpoint-every", "4", "--lr-schedule", "constant"]
-    whole = train(4, tmp_path, *job, name="whole")
-    resumed = train(2, tmp_path, *job, "--checkpoint-dir", str(tmp_path / "ck2"), "--resume",
+    whole = train(2, tmp_path, *job, name="whole")
+    resumed = train(1, tmp_path, *job, "--checkpoint-dir", str(tmp_path / "ck2"), "--resume",
                     str(tmp_path / "ck" / "step-00000004.pt"), "--reshard", name="resharded")
-    assert resumed["world_size"] == 2 and resumed["batch_size_per_rank"] == 32
-    assert resumed["resumed_from"]["world_size"] == 4 and resumed["resumed_from"]["step"] == 4
+    assert resumed["world_size"] == 1 and resumed["batch_size_per_rank"] == 64
+    assert resumed["resumed_from"]["world_size"] == 2 and resumed["resumed_from"]["step"] == 4
     assert [s["step"] for s in resumed["steps"]] == [5, 6, 7, 8]
     assert losses(resumed) == pytest.approx(losses(whole)[4:], rel=1e-5)
 

@@ -37,7 +37,7 @@ from ..tracking import names
 from ..tracking.store import mlflow_client
 from . import mpirun
 from .network import NetworkPlan, NetworkSetting
-from .soak import Server, end_leftovers, processes_of, rank_pid
+from .soakparts import Server, end_leftovers, processes_of, rank_pid
 from .testhosts import TestHosts, check_can_run
 
 FAULTS = ("kill", "stop", "link", "term")

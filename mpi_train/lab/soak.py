@@ -26,7 +26,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,16 +37,15 @@ from pathlib import Path
 
 from ..errors import UserError, format_error
 from ..tracking import names
-from ..tracking.server import server_command, wait_until_healthy
-from ..tracking.server import stop as stop_server
 from ..tracking.store import mlflow_client
 from . import mpirun
 from .network import NetworkPlan, NetworkSetting
+from .restart_soak import soak_restarts
+from .soakparts import Server, end_leftovers, processes_of, rank_pid
 from .testhosts import TestHosts, check_can_run
 
 FAULTS = ("kill", "stop", "link", "server")
 GRACE_S = 15  # a failed job must end within --timeout + GRACE_S of the fault
-OUTAGE_S = 8  # the server is away this long, plus its restart (~15 s)
 # How each fault's job must end, and its run. A killed rank 0 cannot say why it died: its run guard ends the run
 # KILLED, as for a kill by hand or an out-of-memory kill (see tracking/guard.py).
 EXPECTED = {"kill": ("failed", ("FAILED", "KILLED")), "stop": ("failed", ("FAILED",)), "link": ("failed", ("FAILED",)),
@@ -142,75 +140,6 @@ def validate(args: argparse.Namespace) -> list[str]:
     return faults
 
 
-class Server:
-    """`mlflow server` on the hosts' bridge; `outage()` stops it and starts it again OUTAGE_S later, in a thread."""
-
-    def __init__(self, address: str, root: Path):
-        with socket.socket() as probe:
-            probe.bind((address, 0))
-            self.port = probe.getsockname()[1]
-        self.address, self.root, self.process = address, root, None
-        self.uri = f"http://{address}:{self.port}"
-        self.back: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / "server.log", "a") as log:
-            self.process = subprocess.Popen(server_command(self.address, self.port, self.root, 1), stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True,
-                                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-        wait_until_healthy(self.uri, self.process)
-
-    def outage(self) -> None:
-        stop_server(self.process)
-
-        def come_back() -> None:
-            time.sleep(OUTAGE_S)
-            self.start()
-
-        self.back = threading.Thread(target=come_back, daemon=True)
-        self.back.start()
-
-    def wait_up(self) -> None:
-        if self.back:
-            self.back.join()
-            self.back = None
-
-    def stop(self) -> None:
-        self.wait_up()
-        if self.process:
-            stop_server(self.process)
-
-
-def processes_of(marker: str, mpirun_pid: int | None = None) -> list[int]:
-    """Pids of the job's ranks (their command line names the trial's folder) and of its launch daemons (prted,
-    whose command line names mpirun's job as prterun-HOST-PID@N)."""
-    daemon = re.compile(rf"(^|/)prted .*-{mpirun_pid}@\d") if mpirun_pid else None
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in args or daemon and daemon.search(args):
-            found.append(int(entry.name))
-    return found
-
-
-def rank_pid(marker: str, rank: int) -> int | None:
-    """The pid of the job's rank `rank` (Open MPI tells each rank its number in its environment)."""
-    for pid in processes_of(marker):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and b"mpi_train" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return pid
-    return None
-
-
 def run_trial(trial: Trial, args, hosts: TestHosts, setting: NetworkSetting, server: Server, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     marker = str(folder)
@@ -262,15 +191,6 @@ def run_trial(trial: Trial, args, hosts: TestHosts, setting: NetworkSetting, ser
         trial.note = "spool replayed" if replay.returncode == 0 else f"replay failed: {replay.stderr.strip()[-200:]}"
     trial.printed = len(set(printed()))
     trial.run_status, trial.logged = tracked(server.uri, f"trial-{trial.number:02d}", set(printed()))
-
-
-def end_leftovers(marker: str, mpirun_pid: int) -> None:
-    """SIGKILL whatever of the job is still alive (counted before, as left behind)."""
-    for pid in processes_of(marker, mpirun_pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def inject(trial: Trial, marker: str, hosts: TestHosts, server: Server) -> None:
@@ -340,8 +260,6 @@ def totals(trials: list[Trial], timeout_s: int) -> str:
 def soak(args: argparse.Namespace) -> int:
     fill_defaults(args)
     if args.restart:
-        from .restart_soak import soak_restarts  # here: it builds on this module's server and process finding
-
         validate(argparse.Namespace(**{**vars(args), "faults": "kill"}))  # the shared bounds
         if args.checkpoint_every < 1 or args.steps < 2 * args.checkpoint_every:
             raise UserError(f"--checkpoint-every {args.checkpoint_every} with --steps {args.steps}: the restart soak "

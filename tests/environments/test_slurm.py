@@ -7,6 +7,7 @@ A real MLflow server listens on the hosts' bridge address. Needs root, like the 
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -148,9 +149,16 @@ def test_scancel_ends_every_rank_and_the_run_is_killed_with_its_metrics(cluster,
     assert steps and steps[:2] == [2, 4], "the metrics logged before scancel were lost"
 
 
-def _squeue_state(cluster: dict, job_id: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=cluster, capture_output=True, text=True,
-                          timeout=30, check=False).stdout.strip()
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def _job_state(cluster: dict, job_id: str) -> tuple[str, int] | None:
+    """The job's state and how often it was requeued, as slurmctld has them (it keeps an ended job a few minutes);
+    None when it did not answer (busy: ask again), so a slow answer is never taken for an ended job."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster, capture_output=True, text=True,
+                           timeout=30, check=False)
+    state, restarts = re.search(r"\bJobState=(\S+)", shown.stdout), re.search(r"\bRestarts=(\d+)", shown.stdout)
+    return (state.group(1), int(restarts.group(1))) if shown.returncode == 0 and state and restarts else None
 
 
 def test_a_signalled_job_checkpoints_is_requeued_and_finishes_in_one_run(cluster, server, whole_job, tmp_path):
@@ -172,19 +180,20 @@ def test_a_signalled_job_checkpoints_is_requeued_and_finishes_in_one_run(cluster
         while "requeueing job" not in (out.read_text() if out.exists() else ""):
             assert time.monotonic() < deadline, "never requeued:\n" + (out.read_text() if out.exists() else "")
             time.sleep(0.5)
-        while _squeue_state(cluster, job_id) != "PENDING":
-            assert time.monotonic() < deadline, f"requeued job not pending: {_squeue_state(cluster, job_id)}"
+        while _job_state(cluster, job_id) != ("PENDING", 1):
+            assert time.monotonic() < deadline, f"requeued job not pending: {_job_state(cluster, job_id)}"
             time.sleep(0.5)
         # Slurm holds a requeued job back for a while (BeginTime); let it start now
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster, check=True,
                        timeout=30)
         deadline = time.monotonic() + 240
-        while _squeue_state(cluster, job_id):
+        while (ended := _job_state(cluster, job_id)) is None or ended[0] not in ENDED:
             assert time.monotonic() < deadline, "the requeued job did not end:\n" + out.read_text()
             time.sleep(1)
     finally:
         subprocess.run(["scancel", job_id], env=cluster, timeout=30, check=False)
     log = out.read_text()
+    assert ended == ("COMPLETED", 1), f"{ended}:\n{log}"
     assert "SIGUSR1 received: checkpointed at step" in log and "(start 1)" in log, log
     requeued, whole = json.loads((tmp_path / "requeued.json").read_text()), whole_job["summary"]
     stopped_at = requeued["resumed_from"]["step"]

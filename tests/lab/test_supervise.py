@@ -63,7 +63,7 @@ def test_a_killed_rank_is_relaunched_into_the_same_run_and_ends_as_if_never_stop
     assert sorted(m.step for m in rank1) == list(range(1, 9))
 
 
-def test_bad_input_a_rank_error_and_a_repeated_failure_are_not_retried(tmp_path):
+def test_bad_input_a_rank_error_and_a_repeated_failure_are_not_retried(mlflow_server, tmp_path):
     bad = supervise(tmp_path, [*JOB, "--checkpoint-dir", "ck-bad", "--no-tracking", "--batch-size", "7"])
     assert bad.returncode == 2
     assert "--batch-size 7 is the global batch" in bad.stderr  # the job's own message, once
@@ -75,12 +75,20 @@ def test_bad_input_a_rank_error_and_a_repeated_failure_are_not_retried(tmp_path)
     assert bug.stderr.count("injecting 'raise'") == 1, bug.stderr
     assert "not relaunched: a rank raised an error of its own (InjectedFailure" in bug.stderr
 
-    repeated = supervise(tmp_path, [*JOB, "--checkpoint-dir", "ck-again", "--no-tracking"],
-                         env={"MPI_TRAIN_FAIL_AT": "1:5:kill"}, max_restarts=3)
+    # killed at step 2 in every launch, before the first checkpoint: each relaunch starts again from step 0, in the
+    # run the first attempt opened (its id beside the checkpoints), until the same failure comes back
+    repeated = supervise(tmp_path, [*JOB, "--checkpoint-dir", "ck-again", "--tracking-uri", mlflow_server,
+                                    "--experiment", "tests-supervise", "--run-name", "repeated"],
+                         env={"MPI_TRAIN_FAIL_AT": "1:2:kill"}, max_restarts=3)
     assert repeated.returncode == 137
     assert repeated.stderr.count("injecting 'kill'") == 2, repeated.stderr
     assert "not relaunched: it failed the same way twice (exit status 137) with no checkpoint in between" \
         in repeated.stderr
+    client = client_for(mlflow_server)
+    parent, _ = job_runs(client, "tests-supervise", "repeated")  # one run for both attempts
+    assert parent.info.status == "FAILED" and parent.data.tags["mpi_train.attempts"] == "2"
+    assert parent.data.tags["mpi_train.restart.1"].endswith("attempt 2 started again (no checkpoint yet)")
+    assert client.get_metric_history(parent.info.run_id, "learning/loss") == []  # no step is covered by a checkpoint
 
     missing = subprocess.run([sys.executable, "-m", "mpi_train.supervise", "--", "mpirun", "-np", "2", "python", "-m",
                               "mpi_train"], capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
