@@ -321,10 +321,13 @@ def communication_table(jobs: list[FinishedJob]) -> str:
             rows.append((job, figures))
     if not rows:
         return ""
-    lines = [f"{'run':<28}{'sync':<22}{'np':>4}{'exposed_ms':>12}{'wait_ms':>10}{'transfer_ms':>13}{'overlap':>9}"]
+    name_width = max(28, *(len(job.name) + 2 for job, _ in rows))  # long run names keep their column apart
+    header = (f"{'run':<{name_width}}{'sync':<22}{'np':>4}{'exposed_ms':>12}{'wait_ms':>10}{'transfer_ms':>13}"
+              f"{'overlap':>9}")
+    lines = [header]
     for job, (wait, transfer, exposed, overlap) in sorted(rows, key=lambda r: r[1][2]):
-        lines.append(f"{job.name:<28}{job.sync:<22}{job.world_size:>4}{1000 * exposed:>12.1f}{1000 * wait:>10.1f}"
-                     f"{1000 * transfer:>13.1f}{100 * overlap:>8.0f}%")
+        lines.append(f"{job.name:<{name_width}}{job.sync:<22}{job.world_size:>4}{1000 * exposed:>12.1f}"
+                     f"{1000 * wait:>10.1f}{1000 * transfer:>13.1f}{100 * overlap:>8.0f}%")
     return "\n".join(lines)
 
 

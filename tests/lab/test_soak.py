@@ -1,11 +1,11 @@
 """The fault soak and the restart soak: how a trial is judged, drawn and printed, and the command on test hosts.
 
 The soaks' 30-trial runs are commands with their tables in docs/results.md, not tests. The
-end-to-end test here runs one trial of the restart soak to show the command works from a fresh
-clone as root: the test hosts, the MLflow server on their bridge, finding and ending a job's
-processes and the table are the two soaks' shared parts (lab/soakparts.py); each fault the
-fault soak injects has its own end-to-end test (tests/test_network_faults.py,
-tests/test_failpoints.py, tests/tracking/test_spool.py).
+end-to-end test here runs one trial of the fault soak to show the command works from a fresh
+clone as root; the test hosts, the server and the finding of a job's processes are the two
+soaks' shared parts (lab/soakparts.py). What the restart soak checks has end-to-end tests of
+its own: the supervisor (tests/lab/test_supervise.py), a host gone for good
+(tests/test_network_faults.py), exact resumes (tests/test_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -90,22 +90,21 @@ def test_a_restart_trial_is_ok_only_when_the_job_carried_on_as_if_never_stopped(
 
 
 @pytest.mark.e2e
-def test_the_restart_soak_carries_a_job_on_and_cleans_up(tmp_path):
-    """One trial: a rank killed at step 2, before the first checkpoint (seed 4), so the relaunch starts afresh in the
-    first attempt's MLflow run, and ends with the faultless job's weights."""
-    reason = why_no_namespaces("rsoaktest")
+def test_the_soak_command_runs_its_trial_and_cleans_up(tmp_path):
+    """One trial of the fault soak, a rank killed: the test hosts, the MLflow server on their bridge, finding and
+    ending the job's processes and the table, which the restart soak shares (its 30 trials: docs/results.md)."""
+    reason = why_no_namespaces("soaktest")
     if reason:
         pytest.skip(reason)
     out = tmp_path / "soak"
-    done = subprocess.run([sys.executable, "-m", "mpi_train.soak", "--restart", "--trials", "1", "--faults", "kill",
-                           "--seed", "4", "--steps", "6", "--checkpoint-every", "3", "--timeout", "10", "--link",
-                           "1gbit", "--out", str(out), "--prefix", "rsoaktest", "--subnet", "10.84.0"],
+    done = subprocess.run([sys.executable, "-m", "mpi_train.soak", "--trials", "1", "--faults", "kill", "--seed", "3",
+                           "--steps", "6", "--timeout", "10", "--link", "1gbit", "--out", str(out),
+                           "--prefix", "soaktest", "--subnet", "10.85.0"],  # apart from a soak run by hand
                           capture_output=True, text=True, cwd=REPO, timeout=400, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    table = json.loads((out / "soak.json").read_text())
-    (trial,) = table["trials"]
-    assert (trial["fault"], trial["step"], trial["verdict"]) == ("kill", 2, "ok"), done.stdout
-    assert trial["attempts"] == 2 and trial["parent_runs"] == 1 and trial["loss_steps"] == "ok"
-    assert "1 trials, 1 ok" in done.stdout and "weights equal in 1" in done.stdout
+    (row,) = json.loads((out / "soak.json").read_text())
+    assert row["verdict"] == "ok" and row["fault"] == "kill", done.stdout
+    assert row["run_status"] in ("FAILED", "KILLED") and row["left"] == 0 and row["logged"] == row["printed"] >= 2
+    assert "1 trials, 1 ok" in done.stdout
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
-    assert "rsoaktest" not in namespaces
+    assert "soaktest" not in namespaces
