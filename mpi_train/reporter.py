@@ -70,7 +70,9 @@ class Reporter(SilentReporter):
         self.print(
             f"mpi_train: {job.world_size} rank(s) on {len(hosts)} host(s) ({', '.join(hosts)}), "
             f"backend {job.backend}, sync {self.config['sync']}, {self.config['model']} on "
-            f"{self.config['dataset']}, batch {self.global_batch} ({job.batch_size_per_rank} per rank), "
+            f"{self.config['dataset']}, batch {self.global_batch} ({job.batch_size_per_rank} per rank"
+            + (f", in {self.config['accumulate']} micro-batches" if self.config.get("accumulate", 1) > 1 else "")
+            + "), "
             f"{job.threads} thread(s) per rank, {job.total_steps} steps, rendezvous {job.rendezvous}"
         )
         resumed = job.resumed_from

@@ -259,12 +259,12 @@ class MlflowTracker(NullTracker):
         cause = restart_cause(self.previous.info.status, previous)
         step = self.resumed_step
         before, now = len(self.child_ids), len(ranks)
-        resized = f" on {now} ranks (was {before})" if now != before else ""
+        went_on = f"resumed from step {step}" if step else "started again (no checkpoint yet)"
+        if now != before:
+            went_on += f" on {now} ranks (was {before})"
         tags.update({ATTEMPTS_TAG: str(self.attempt), WORLD_SIZE_TAG: str(now),
                      f"{RESTART_TAG}.{self.attempt - 1}": f"attempt {self.attempt - 1} ended {cause}; attempt "
-                                                          f"{self.attempt} " + (f"resumed from step {step}" if step
-                                                                                else "started again (no checkpoint "
-                                                                                     "yet)") + resized})
+                                                          f"{self.attempt} {went_on}"})
         for child_id in self.child_ids[now:]:
             self.client.set_tag(child_id, LEFT_TAG, f"the job went on without this rank from step {step} "
                                                     f"(attempt {self.attempt}, on {now} ranks)")

@@ -152,6 +152,13 @@ def test_scancel_ends_every_rank_and_the_run_is_killed_with_its_metrics(cluster,
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
+def _nodes_idle(cluster: dict) -> bool:
+    """Every node idle: no job on it, nothing left completing."""
+    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=cluster, capture_output=True, text=True,
+                            timeout=30, check=False).stdout.split()
+    return bool(states) and all(state == "idle" for state in states)
+
+
 def _job_state(cluster: dict, job_id: str) -> tuple[str, int] | None:
     """The job's state and how often it was requeued, as slurmctld has them (it keeps an ended job a few minutes);
     None when it did not answer (busy: ask again), so a slow answer is never taken for an ended job."""
@@ -183,7 +190,11 @@ def test_a_signalled_job_checkpoints_is_requeued_and_finishes_in_one_run(cluster
         while _job_state(cluster, job_id) != ("PENDING", 1):
             assert time.monotonic() < deadline, f"requeued job not pending: {_job_state(cluster, job_id)}"
             time.sleep(0.5)
-        # Slurm holds a requeued job back for a while (BeginTime); let it start now
+        # Slurm holds a requeued job back for a while (BeginTime), which leaves the nodes time to finish cleaning up
+        # after the first start; let it start as soon as they have
+        while not _nodes_idle(cluster):
+            assert time.monotonic() < deadline, "the nodes never came back idle after the requeue"
+            time.sleep(0.5)
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster, check=True,
                        timeout=30)
         deadline = time.monotonic() + 240
@@ -193,7 +204,9 @@ def test_a_signalled_job_checkpoints_is_requeued_and_finishes_in_one_run(cluster
     finally:
         subprocess.run(["scancel", job_id], env=cluster, timeout=30, check=False)
     log = out.read_text()
-    assert ended == ("COMPLETED", 1), f"{ended}:\n{log}"
+    shown = subprocess.run(["scontrol", "show", "job", job_id], env=cluster, capture_output=True, text=True,
+                           timeout=30, check=False).stdout
+    assert ended == ("COMPLETED", 1), f"{ended}:\n{shown}\n{log}"
     assert "SIGUSR1 received: checkpointed at step" in log and "(start 1)" in log, log
     requeued, whole = json.loads((tmp_path / "requeued.json").read_text()), whole_job["summary"]
     stopped_at = requeued["resumed_from"]["step"]
