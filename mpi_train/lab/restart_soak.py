@@ -36,9 +36,9 @@ from ..errors import UserError
 from ..tracking import names
 from ..tracking.store import mlflow_client
 from . import mpirun
-from .network import NetworkPlan, NetworkSetting
-from .soakparts import Server, end_leftovers, processes_of, rank_pid
-from .testhosts import TestHosts, check_can_run
+from .network import NetworkSetting
+from .soakparts import Server, end_leftovers, hosts_and_server, processes_of, rank_pid
+from .testhosts import TestHosts
 
 FAULTS = ("kill", "stop", "link", "term")
 LINK_DOWN_S = 20.0
@@ -290,17 +290,9 @@ def soak_restarts(args) -> int:
         raise UserError(f"--faults {args.faults!r} names {', '.join(unknown)}, which is not a fault of the restart "
                         f"soak; choose from {', '.join(FAULTS)}.")
     out = Path(args.out).resolve()
-    plan = NetworkPlan((args.hosts,), (args.ranks_per_host,), (args.link,), prefix=args.prefix, subnet=args.subnet)
-    check_can_run(plan, Path("python -m mpi_train.soak --restart"))
-    setting = NetworkSetting(args.hosts, args.link, args.ranks_per_host)
     rng = random.Random(args.seed)
     trials: list[RestartTrial] = []
-    with TestHosts(plan, out / "hosts") as hosts, ExitStack() as stack:
-        hosts.apply(setting)
-        server = Server(f"{plan.subnet}.1", out / "mlruns")
-        stack.callback(server.stop)
-        print(f"soak: starting the MLflow server at {server.uri}", flush=True)
-        server.start()
+    with hosts_and_server(args, out, "python -m mpi_train.soak --restart") as (hosts, setting, server):
         print("soak: the reference job, without a fault", flush=True)
         reference = run_reference(args, hosts, setting, server, out / "reference")
         print(f"soak:   {reference.wall_s:.1f} s, {reference.step_s:.2f} s a step", flush=True)

@@ -39,10 +39,10 @@ from ..errors import UserError, format_error
 from ..tracking import names
 from ..tracking.store import mlflow_client
 from . import mpirun
-from .network import NetworkPlan, NetworkSetting
+from .network import NetworkSetting
 from .restart_soak import soak_restarts
-from .soakparts import Server, end_leftovers, processes_of, rank_pid
-from .testhosts import TestHosts, check_can_run
+from .soakparts import Server, end_leftovers, hosts_and_server, processes_of, rank_pid
+from .testhosts import TestHosts
 
 FAULTS = ("kill", "stop", "link", "server")
 GRACE_S = 15  # a failed job must end within --timeout + GRACE_S of the fault
@@ -267,17 +267,9 @@ def soak(args: argparse.Namespace) -> int:
         return soak_restarts(args)
     faults = validate(args)
     out = Path(args.out).resolve()
-    plan = NetworkPlan((args.hosts,), (args.ranks_per_host,), (args.link,), prefix=args.prefix, subnet=args.subnet)
-    check_can_run(plan, Path("python -m mpi_train.soak"))
-    setting = NetworkSetting(args.hosts, args.link, args.ranks_per_host)
     rng = random.Random(args.seed)
     trials: list[Trial] = []
-    with TestHosts(plan, out / "hosts") as hosts, ExitStack() as stack:
-        hosts.apply(setting)
-        server = Server(f"{plan.subnet}.1", out / "mlruns")
-        stack.callback(server.stop)
-        print(f"soak: starting the MLflow server at {server.uri}", flush=True)
-        server.start()
+    with hosts_and_server(args, out, "python -m mpi_train.soak") as (hosts, setting, server):
         for number in range(1, args.trials + 1):
             trial = draw(number, rng, faults, args)
             print(f"soak: trial {number}/{args.trials}: {trial.fault} ({trial.target}) at step {trial.step}",

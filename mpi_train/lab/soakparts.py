@@ -9,10 +9,14 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..tracking.server import server_command, wait_until_healthy
 from ..tracking.server import stop as stop_server
+from .network import NetworkPlan, NetworkSetting
+from .testhosts import TestHosts, check_can_run
 
 OUTAGE_S = 8  # the server is away this long, plus its restart (~15 s)
 
@@ -93,3 +97,21 @@ def end_leftovers(marker: str, mpirun_pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@contextmanager
+def hosts_and_server(args, out: Path, command: str) -> Iterator[tuple[TestHosts, NetworkSetting, Server]]:
+    """The soak's test hosts with their links shaped, and an MLflow server on their bridge, for a `with`: both
+    removed on every way out."""
+    plan = NetworkPlan((args.hosts,), (args.ranks_per_host,), (args.link,), prefix=args.prefix, subnet=args.subnet)
+    check_can_run(plan, Path(command))
+    setting = NetworkSetting(args.hosts, args.link, args.ranks_per_host)
+    with TestHosts(plan, out / "hosts") as hosts:
+        hosts.apply(setting)
+        server = Server(f"{plan.subnet}.1", out / "mlruns")
+        try:
+            print(f"soak: starting the MLflow server at {server.uri}", flush=True)
+            server.start()
+            yield hosts, setting, server
+        finally:
+            server.stop()
