@@ -454,11 +454,18 @@ class MlflowTracker(NullTracker):
 
         The outcome goes to the guard process first, so it is recorded even if mpirun kills
         this process midway (it follows SIGTERM with SIGKILL within a fraction of a second).
+        A later call returns only once the first has recorded the end: its caller may end the
+        process next (the loop's error aborts the job), which would cut the first call off
+        between the runs' status and the last metrics, leaving those to the guard, which sends
+        them only after the runs already show their end.
         """
         with self.lock:
-            if self.status is not None:
-                return False
-            self.status = status
+            first = self.status is None
+            if first:
+                self.status = status
+        if not first:
+            self.ended.wait(END_TIMEOUT_S)
+            return False
         tags = dict(tags or {})
         if self.stalls:
             tags["mpi_train.network_stalls"] = "; ".join(self.stalls)[:5000]
@@ -574,8 +581,6 @@ class MlflowTracker(NullTracker):
                       file=sys.stderr)
                 # mpirun's SIGKILL follows within a second: no time to wait on the server
                 self._report_spool(try_again=False)
-            else:  # the loop is recording a failure: let it send the metrics it holds (torchrun and srun give time to)
-                self.ended.wait(END_TIMEOUT_S)
             self.cluster.abort(128 + number)
 
     def _release_signals(self) -> None:
