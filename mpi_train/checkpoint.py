@@ -61,11 +61,15 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 @dataclass(frozen=True)
 class Position:
-    """Where training stands: `step` optimizer steps done in all, `step_in_epoch` of them in `epoch` (1-based)."""
+    """Where training stands: `step` optimizer steps done in all, `step_in_epoch` of them in `epoch` (1-based);
+    and how long and how many bytes it took to get there (rank 0's: wall time training, evaluations left out, and
+    bytes sent), so time and bytes to accuracy count across a resume."""
 
     epoch: int = 1
     step: int = 0
     step_in_epoch: int = 0
+    elapsed_s: float = 0.0
+    sent_bytes: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,6 +158,7 @@ class Checkpointer:
             "world_size": info.world_size, "batch_size": config.batch_size, "sync": config.sync,
             "compression": config.compression, "seed": config.seed,
             "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
+            "elapsed_s": position.elapsed_s, "sent_bytes": position.sent_bytes,
             "model_state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
             "optimizer_state": copy.deepcopy(optimizer.state_dict()), "ranks": rank_states,
             "mlflow_parent_run_id": run_id, "unsent_metrics": list(unsent_metrics),
@@ -290,6 +295,7 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
     if cluster.info.is_main:
         shared = {key: payload[key] for key in ("epoch", "step", "step_in_epoch", "model_state", "optimizer_state",
                                                 "mlflow_parent_run_id")}
+        shared.update({key: payload.get(key, 0.0) for key in ("elapsed_s", "sent_bytes")})
         shared["path"] = str(path)
         shared["method"] = label(payload["sync"], payload.get("compression", "none"))
         shared["world_size"] = payload["world_size"]
@@ -301,7 +307,8 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
         ranks = [ranks[rank] if rank < len(ranks) else None for rank in range(cluster.info.world_size)]
     rank_state = cluster.scatter(ranks)
     return Resume(path=Path(shared["path"]),
-                  position=Position(shared["epoch"], shared["step"], shared["step_in_epoch"]),
+                  position=Position(shared["epoch"], shared["step"], shared["step_in_epoch"], shared["elapsed_s"],
+                                    shared["sent_bytes"]),
                   model_state=shared["model_state"], optimizer_state=shared["optimizer_state"],
                   rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"], method=shared["method"],
                   world_size=shared["world_size"], unsent_metrics=unsent)

@@ -17,7 +17,9 @@ from .errors import UserError
 from .lr_schedule import LR_SCHEDULES, MODEL_DEFAULTS, OptimizerDefaults
 from .models import MODELS
 from .netmodel.links import rate_bytes_per_s
-from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label
+from .sync import COMPRESSORS, PARAMETERS, SYNC_METHODS, combination_error, label
+from .sync.averaging import DEFAULT_PERIOD, MOMENTUM
+from .sync.diloco import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
 from .timeline import ALL_STEPS, parse_window
 
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
@@ -45,6 +47,20 @@ class TrainConfig:
                               "gradient travels as (n + m)·r numbers")
     powersgd_start_step: int = _opt(100, "steps of plain (uncompressed) averaging before PowerSGD starts "
                                     "(ddp_powersgd: at least 2, torch's minimum)")
+    # Syncing less often (localsgd, diloco): flags left unset take these methods' defaults.
+    period: int | None = _opt(None, f"localsgd, diloco: optimizer steps between two averages of the ranks' models "
+                              f"(default {DEFAULT_PERIOD})", metavar="H")
+    local_start_step: int | None = _opt(None, "localsgd, diloco: steps of plain gradient averaging before the ranks "
+                                        "step alone (post-local SGD; default 0)")
+    host_period: int | None = _opt(None, "localsgd, diloco across hosts: also average the models of each host's ranks "
+                                   "every this many steps, over their local link (two levels; default 0: off)")
+    local_momentum: str | None = _opt(None, "localsgd, diloco: what an average does to each rank's SGD momentum: "
+                                      "keep it (default), average it too (as many bytes again) or reset it",
+                                      choices=MOMENTUM)
+    outer_lr: float | None = _opt(None, f"diloco: learning rate of the outer Nesterov step (default "
+                                  f"{DEFAULT_OUTER_LR})")
+    outer_momentum: float | None = _opt(None, f"diloco: momentum of the outer Nesterov step (default "
+                                        f"{DEFAULT_OUTER_MOMENTUM})")
     dataset: str = _opt("cifar10", "data set", choices=tuple(DATASET_DEFAULT_MODEL))
     model: str | None = _opt(None, "model (default: vgg11 for cifar10, mnist_cnn otherwise)", choices="model")
     data_dir: str = _opt("data", "where data sets are read from (and downloaded to)")
@@ -92,6 +108,9 @@ class TrainConfig:
 
     # Output.
     log_every: int = _opt(20, "print the loss averaged over all ranks every N steps")
+    eval_every: int | None = _opt(None, "also score the test set every N steps (with the job's wall time and the "
+                                  "megabytes each rank has sent so far: time and bytes to accuracy); default: at "
+                                  "each epoch's end only", metavar="N")
     summary_json: str | None = _opt(None, "rank 0 writes the config, losses, timings and test results here")
     timeline: bool = _opt(False, "record where every step's time goes on every rank (phases, gradients, messages) as a "
                           "Chrome-trace JSON and a swimlane PNG under --timeline-dir, also logged to MLflow")
@@ -158,6 +177,8 @@ class TrainConfig:
             "--synthetic-size": self.synthetic_size, "--timeout": self.timeout, "--lr": self.optimizer.lr,
             "--bucket-mb": self.bucket_mb, "--powersgd-rank": self.powersgd_rank, "--accumulate": self.accumulate,
         }
+        if self.eval_every is not None:
+            positive["--eval-every"] = self.eval_every
         if self.max_steps is not None:
             positive["--max-steps"] = self.max_steps
         if self.threads is not None:
@@ -177,6 +198,7 @@ class TrainConfig:
         if self.system_metrics_every < 0:
             raise UserError(f"--system-metrics-every must not be negative, got {self.system_metrics_every}; 0 turns "
                             f"system metrics off.")
+        self.validate_averaging()
         refused = combination_error(self.sync, self.compression)
         if refused:
             raise UserError(refused)
@@ -219,6 +241,33 @@ class TrainConfig:
                 f"which they do not make. Use a --batch-size that is a multiple of {share} (ranks x K), e.g. "
                 f"{max(share, self.batch_size - self.batch_size % share)}, or another --accumulate."
             )
+
+    def validate_averaging(self) -> None:
+        """The flags of the methods that sync less often: in range, and only with a method that reads them."""
+        averaging = SYNC_METHODS[self.sync].averages == PARAMETERS
+        given = {"--period": self.period, "--local-start-step": self.local_start_step,
+                 "--host-period": self.host_period, "--local-momentum": self.local_momentum}
+        outer = {"--outer-lr": self.outer_lr, "--outer-momentum": self.outer_momentum}
+        readers = {**dict.fromkeys(given, "localsgd and diloco"), **dict.fromkeys(outer, "diloco")}
+        for flag, value in {**given, **outer}.items():
+            if value is not None and not (averaging if flag in given else self.sync == "diloco"):
+                raise UserError(f"{flag} is read by --sync {readers[flag]} only, and this job runs --sync "
+                                f"{self.sync}, which would ignore it. Drop {flag}, or use --sync "
+                                f"{readers[flag].split(' and ')[0]}.")
+        if self.period is not None and self.period < 1:
+            raise UserError(f"--period must be at least 1 (average every step), got {self.period}.")
+        for flag, value in {"--local-start-step": self.local_start_step, "--host-period": self.host_period}.items():
+            if value is not None and value < 0:
+                raise UserError(f"{flag} must not be negative, got {value}.")
+        period = self.period if self.period is not None else DEFAULT_PERIOD
+        if self.host_period and self.host_period >= period:
+            raise UserError(f"--host-period {self.host_period} must be shorter than --period {period}: the ranks of a "
+                            f"host average among themselves between the averages of all ranks. Use a smaller "
+                            f"--host-period, or raise --period.")
+        if self.outer_lr is not None and self.outer_lr <= 0:
+            raise UserError(f"--outer-lr must be positive, got {self.outer_lr}.")
+        if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
+            raise UserError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}.")
 
     def default_run_name(self, world_size: int) -> str:
         return self.run_name or f"{label(self.sync, self.compression)}-np{world_size}-seed{self.seed}"

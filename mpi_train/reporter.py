@@ -30,6 +30,8 @@ class SilentReporter:
                  lr: float | None = None) -> None: ...
     def log_epoch(self, epoch: int, step: int, test_loss: float, test_accuracy: float,
                   epoch_time_s: float) -> None: ...
+    def log_eval(self, step: int, test_loss: float, test_accuracy: float, elapsed_s: float, sent_bytes: float,
+                 epoch_end: bool = False) -> None: ...
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: list[dict] | None = None,
                timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None,
                weights_sha256: str | None = None) -> None: ...
@@ -58,6 +60,7 @@ class Reporter(SilentReporter):
         self.alignments = alignments or []  # each rank's clock offset to rank 0's and its error bound (timeline.py)
         self.split_steps: list[list[dict]] = []  # each rank's split steps (timeline.split)
         self.timeline: dict = {}  # the recorded window's per-message figures beside the model's, for the summary
+        self.evaluations: list[dict] = []  # every test evaluation with the time and bytes it took to get there
 
     def print(self, line: str) -> None:
         """Console output, also kept by the tracker as the run's console log."""
@@ -111,6 +114,8 @@ class Reporter(SilentReporter):
             self.split_steps = [kept + steps for kept, steps in zip(self.split_steps or [[] for _ in splits], splits)]
         if self.sync_model:
             times["predicted_sync_time_s"] = self.sync_model.sync_time(times["compute_time_s"])
+        if all("drift" in record for record in per_rank):  # model averaging: the ranks' distance from their average
+            times["drift"] = mean_over_ranks(per_rank, "drift")
         self.steps.append({"step": step, "epoch": epoch, "loss": loss, **({"lr": lr} if lr is not None else {}),
                            **times})
         self.tracker.log_step(epoch, step, loss, times, self.global_batch / times["step_time_s"], per_rank, lr=lr)
@@ -121,6 +126,7 @@ class Reporter(SilentReporter):
             f"(compute {times['compute_time_s']:.3f}s, sync {times['sync_time_s']:.3f}s"
             + (f": wait {times['sync_wait_s']:.3f}s" if "sync_wait_s" in times else "") + ")  "
             f"{self.global_batch / times['step_time_s']:.0f} samples/s"
+            + (f"  drift {times['drift']:.4g}" if "drift" in times else "")
         )
 
     def note_stall(self, stall) -> None:
@@ -147,6 +153,17 @@ class Reporter(SilentReporter):
         self.print(f"epoch {epoch} test loss {test_loss:.4f}  accuracy {100 * test_accuracy:.2f}%  "
                    f"({epoch_time_s:.1f}s)")
 
+    def log_eval(self, step: int, test_loss: float, test_accuracy: float, elapsed_s: float, sent_bytes: float,
+                 epoch_end: bool = False) -> None:
+        """A test evaluation with the wall time (evaluations left out) and the bytes it took to get there: time and
+        bytes to accuracy. An epoch's end was printed by log_epoch already."""
+        self.evaluations.append({"step": step, "test_loss": test_loss, "test_accuracy": test_accuracy,
+                                 "elapsed_s": elapsed_s, "sent_mb": sent_bytes / 1e6})
+        self.tracker.log_eval(step, test_loss, test_accuracy, elapsed_s, sent_bytes / 1e6)
+        if not epoch_end:
+            self.print(f"step {step} test loss {test_loss:.4f}  accuracy {100 * test_accuracy:.2f}%  after "
+                       f"{elapsed_s:.1f}s of training and {sent_bytes / 1e6:,.1f} MB sent")
+
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: list[dict] | None = None,
                timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None,
                weights_sha256: str | None = None) -> None:
@@ -166,6 +183,7 @@ class Reporter(SilentReporter):
             **self.job,
             "steps": self.steps,
             "epochs": self.epochs,
+            "evaluations": self.evaluations,
             "per_rank_mean_times": per_rank_means,
             "per_rank_mean_times_after_warmup": per_rank_steady or per_rank_means,
             "mean_times": overall,

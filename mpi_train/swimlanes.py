@@ -13,7 +13,7 @@ from pathlib import Path
 from .netmodel import Backward, message_plan
 
 PHASE_COLOURS = {"data": "#c7c7c7", "forward": "#9ecae1", "backward": "#3182bd", "sync": "#e6550d",
-                 "optimizer": "#31a354"}
+                 "optimizer": "#31a354", "average": "#e6550d"}  # a model average is a sync too
 SHOWN_STEPS = 2
 
 

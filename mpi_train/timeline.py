@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 ALIGN_ROUNDS = 8
 ALL_STEPS = 10**12  # the end of a window that runs to the last step
 TRACKS = {"phases": 1, "gradients": 2, "messages": 3, "codec": 4}  # Chrome-trace thread ids, one track per kind
-PHASE_NAMES = ("data", "forward", "backward", "sync", "optimizer")
+PHASE_NAMES = ("data", "forward", "backward", "sync", "optimizer", "average")  # average: model averaging's sync
 
 
 def now() -> float:
@@ -143,7 +143,9 @@ class Step:
     """One step on one rank, on this rank's clock: its phases' boundaries, gradients and messages."""
 
     step: int
-    bounds: tuple[float, ...] = ()  # data start, forward start, backward start, sync start, optimizer start, end
+    # data start, forward start, backward start, sync start, optimizer start, its end (and a model average's end)
+    bounds: tuple[float, ...] = ()
+    sync: tuple[float, float] | None = None  # the sync region's start and end: bounds[3:5] unless said otherwise
     last_ready: float | None = None
     gradients: list = field(default_factory=list)  # (tensor index, ready time), detailed steps only
     messages: list = field(default_factory=list)
@@ -201,13 +203,14 @@ class StepRecorder(Recorder):
             with self.lock:
                 self.current.messages.append(Message("codec", start, end, bucket=bucket, kind="codec"))
 
-    def end(self, bounds: tuple[float, ...]) -> None:
-        """The step is over: `bounds` are its phase boundaries (data, forward, backward, sync, optimizer, end; the
-        forward/backward boundary only in detailed steps, else repeated)."""
+    def end(self, bounds: tuple[float, ...], sync: tuple[float, float] | None = None) -> None:
+        """The step is over: `bounds` are its phase boundaries (data, forward, backward, sync, optimizer, end, and
+        the end of a model average after the optimizer; the forward/backward boundary only in detailed steps, else
+        repeated); `sync` the sync region, when not bounds[3:5] (a model average's)."""
         started = now()
         step = self.current
-        step.bounds = bounds
-        sync_start, sync_end = bounds[3], bounds[4]
+        step.bounds, step.sync = bounds, sync
+        sync_start, sync_end = sync or bounds[3:5]
         arrival = step.last_ready if self.overlapped and step.last_ready else sync_start
         with self.lock:
             done = [m for m in step.messages if m.kind == "message"]
@@ -283,7 +286,7 @@ def step_events(rank: int, steps: list[Step], offset_s: float, tensor_names: lis
             events.append({"name": f"grad {name}", "cat": "gradient", "ph": "i", "s": "t", "pid": rank,
                            "tid": TRACKS["gradients"], "ts": us(at), "args": {"step": step.step, "tensor": index}})
         for message in step.messages:
-            end = message.end if message.end is not None else b[4]
+            end = message.end if message.end is not None else (step.sync or b[3:5])[1]
             track = TRACKS["codec"] if message.kind == "codec" else TRACKS["messages"]
             args = {"step": step.step, "bytes": message.nbytes}
             if message.bucket is not None:

@@ -26,7 +26,7 @@ from .errors import UserError
 from .failpoints import injected, slowed
 from .lr_schedule import LearningRate
 from .models import build_model
-from .netmodel import JobModel, job_model, layout_params
+from .netmodel import JobModel, bytes_sent_per_sync, job_model, layout_params
 from .preemption import REQUEUE_EXIT, Preemption
 from .randomness import seed_rank_streams
 from .reporter import PHASES, Reporter, SilentReporter
@@ -41,16 +41,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def parameter_digest(model: nn.Module) -> str:
-    """A hash of every parameter's exact bytes: equal digests mean identical replicas."""
+def parameter_digest(tensors: nn.Module | list[torch.Tensor]) -> str:
+    """A hash of every parameter's (or tensor's) exact bytes: equal digests mean identical replicas."""
     digest = hashlib.sha256()
-    for tensor in model.parameters():
+    for tensor in tensors.parameters() if isinstance(tensors, nn.Module) else tensors:
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
-def check_replicas_agree(cluster: Cluster, model: nn.Module, when: str) -> None:
-    """Compare every rank's parameter digest with rank 0's; collective."""
+def check_replicas_agree(cluster: Cluster, model: nn.Module | list[torch.Tensor], when: str) -> None:
+    """Compare every rank's parameter digest with rank 0's (or of the tensors a sync method keeps equal: local SGD's
+    last average); collective."""
     digests = cluster.allgather(parameter_digest(model))
     differing = [rank for rank, d in enumerate(digests) if d != digests[0]]
     if differing:
@@ -118,6 +119,34 @@ class Job:
     slow: Any  # a simulated straggler ($MPI_TRAIN_SLOW), or nothing
     recorder: StepRecorder  # each step's arrival, sync region and messages; a timeline's everything
     alignments: list[Alignment] | None  # every rank's clock offset to rank 0's (on rank 0)
+    sent_per_sync: dict  # bytes this rank sends per sync, by what the step synced (method.last_sync)
+
+
+def score(job: Job, cluster: Cluster) -> tuple[float, float]:
+    """Test loss and accuracy of the model the job stands for (collective): buffers averaged, and for a method whose
+    ranks hold their own models between averages, their mean (training goes on with each rank's own)."""
+    job.method.sync_buffers(job.model)
+    with job.method.evaluated(job.model):
+        return evaluate(job.model, job.test_loader, job.device, cluster)
+
+
+class Progress:
+    """The job's wall time spent training, its test evaluations left out (time to accuracy), from where a resumed
+    job's checkpoint left it."""
+
+    def __init__(self, elapsed_s: float = 0.0):
+        self.started, self.before, self.evaluating_s = time.perf_counter(), elapsed_s, 0.0
+
+    def elapsed(self) -> float:
+        return self.before + time.perf_counter() - self.started - self.evaluating_s
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.evaluating_s += time.perf_counter() - began
 
 
 def setup(config: TrainConfig, cluster: Cluster) -> Job:
@@ -155,6 +184,7 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
     settings = config.optimizer  # the flags given, else the model's defaults
     optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
                                 weight_decay=settings.weight_decay)
+    method.use_optimizer(optimizer)
 
     steps_per_epoch = len(train_loader) // config.accumulate  # optimizer steps: K micro-batches each
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
@@ -164,6 +194,7 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
     if resume:
         model.load_state_dict(resume.model_state)
         optimizer.load_state_dict(resume.optimizer_state)
+        method.start_at(resume.position.step)
     schedule_steps = config.epochs * steps_per_epoch  # the whole run's, so --max-steps and resuming keep the same curve
     learning_rate = LearningRate(optimizer, settings.lr, config.lr_schedule, settings.warmup_steps, schedule_steps,
                                  steps_done=resume.position.step if resume else 0)
@@ -177,7 +208,8 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
     )
     return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, train_loader, sampler,
                test_loader, checkpoints, resume, Preemption(config.checkpoint_dir is not None, info.world_size, device),
-               connection, fault, slow, recorder, alignments)
+               connection, fault, slow, recorder, alignments, bytes_sent_per_sync(method, model, list(cluster.hosts),
+                                                                   info.rank))
 
 
 def train_step(job: Job, batches, clock: Clock, step: int, rank: int,
@@ -212,11 +244,14 @@ def train_step(job: Job, batches, clock: Clock, step: int, rank: int,
     t3 = clock()
     job.optimizer.step()
     t4 = clock()
-    job.recorder.end((t0, t1, forward_end, t2, t3, t4))
+    # a model-averaging method's average, when due: its sync region, after the optimizer's
+    averaged = job.method.after_step(job.model)
+    t5 = clock() if averaged else t4
+    job.recorder.end((t0, t1, forward_end, t2, t3, t4, t5), sync=(t4, t5) if averaged else (t2, t3))
     lr = job.learning_rate.current
     job.learning_rate.step()
-    return loss, lr, {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": t3 - t2,
-                  "optimizer_time_s": t4 - t3, "step_time_s": t4 - t0}
+    return loss, lr, {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": (t3 - t2) + (t5 - t4),
+                  "optimizer_time_s": t4 - t3, "step_time_s": t5 - t0}
 
 
 class AfterStep:
@@ -236,14 +271,14 @@ class AfterStep:
         """True when the job stops here for requeue (preemption.py)."""
         config, step, total_steps = self.config, position.step, self.job.info.total_steps
         if config.check_every and step % config.check_every == 0:
-            check_replicas_agree(self.cluster, self.job.model, f"at step {step}")
+            check_replicas_agree(self.cluster, self.job.method.replicated(self.job.model), f"at step {step}")
         self.run_totals.add(times)
         if step - self.first_step > config.timing_warmup_steps:
             self.after_warmup.add(times)
         self.window.add(times)
         if step % config.log_every == 0 or step == total_steps or step % self.job.info.steps_per_epoch == 0:
             per_rank = self.cluster.gather({"loss": loss.item(), **self.window.means(), **self.tracker.host_sample(),
-                                            "steps": self.job.recorder.take()})
+                                            **self.job.method.figures(), "steps": self.job.recorder.take()})
             self.reporter.log_step(position.epoch, step, total_steps, per_rank, lr=lr)
             self.window = PhaseTotals()
         if self.job.checkpoints.due(step, total_steps):
@@ -290,7 +325,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         clock, after_step = Clock(job.device), AfterStep(config, cluster, job, reporter, tracker)
         started = time.perf_counter()
         start = job.resume.position if job.resume else Position()
-        step = start.step
+        step, sent, progress = start.step, start.sent_bytes, Progress(start.elapsed_s)
         for epoch in range(start.epoch, config.epochs + 1):
             if step >= total_steps:
                 break
@@ -313,16 +348,26 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
                 if done is None:
                     break
                 step, step_in_epoch = step + 1, step_in_epoch + 1
-                if after_step(Position(epoch, step, step_in_epoch), *done):
+                sent += job.sent_per_sync.get(job.method.last_sync, 0.0)
+                position = Position(epoch, step, step_in_epoch, progress.elapsed(), sent)
+                if after_step(position, *done):
                     break
+                if (config.eval_every and step % config.eval_every == 0 and step < total_steps
+                        and step_in_epoch < job.info.steps_per_epoch):  # (an epoch's end is scored below)
+                    with progress.evaluating():
+                        reporter.log_eval(step, *score(job, cluster), position.elapsed_s, sent)
             if after_step.requeued:
                 break
 
+            if step >= total_steps and job.method.finish(job.model):  # the ranks' models made one, if they were not
+                sent += job.sent_per_sync["all"]
             job.fault.at(rank, "eval")
             cluster.note_progress(step + 0.5)  # past step `step`'s sync, not yet at the next one's
-            job.method.sync_buffers(job.model)
-            test_loss, test_accuracy = evaluate(job.model, job.test_loader, job.device, cluster)
+            elapsed = progress.elapsed()
+            with progress.evaluating():
+                test_loss, test_accuracy = score(job, cluster)
             reporter.log_epoch(epoch, step, test_loss, test_accuracy, time.perf_counter() - epoch_started)
+            reporter.log_eval(step, test_loss, test_accuracy, elapsed, sent, epoch_end=True)
 
         if after_step.requeued:
             cluster.liveness.close()
@@ -330,7 +375,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             if cluster.info.is_main:
                 print(f"mpi_train: {after_step.requeued}", flush=True)
         else:
-            check_replicas_agree(cluster, job.model, f"after step {step}")
+            check_replicas_agree(cluster, job.method.replicated(job.model), f"after step {step}")
             if job.checkpoints.due(step, total_steps) and step > after_step.first_step:
                 job.checkpoints.write(after_step.final_checkpoint, step)
                 tracker.commit()

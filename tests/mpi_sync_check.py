@@ -16,7 +16,8 @@ step, the same update on every rank, and keep the error-feedback invariant: appl
 update + mean of the new residuals == mean gradient + mean of the previous residuals,
 with at least one matrix factored (not all sent whole).
 The model's 785 parameters do not divide into 2, 3 or 4 equal chunks, which `ring`
-must handle. A method that cannot run on Gloo is listed as unavailable.
+must handle. A method that cannot run on Gloo is listed as unavailable; one that averages
+parameters rather than gradients (localsgd, diloco) is checked by tests/test_averaging.py.
 Prints one line per case on rank 0; exits non-zero if any rank saw a wrong gradient.
 """
 
@@ -30,7 +31,7 @@ from torch import nn
 
 from mpi_train.cluster import Cluster, exit_process
 from mpi_train.config import TrainConfig
-from mpi_train.sync import SYNC_METHODS, SyncMethod, backend_error
+from mpi_train.sync import GRADIENTS, SYNC_METHODS, SyncMethod, backend_error
 from mpi_train.sync.bucketed import Bucketed
 from mpi_train.sync.flat import Flat
 from mpi_train.sync.hierarchical import Hierarchical, host_of_each_rank
@@ -122,7 +123,7 @@ def cases(world: int) -> dict[str, tuple[Callable[[], SyncMethod], Callable[[], 
     tiny_buckets = 64 / 2**20  # 64 bytes: every tensor of these models gets its own bucket
     return {
         **{name: (method_class, make_model) for name, method_class in SYNC_METHODS.items()
-           if not backend_error(name, "gloo")},
+           if not backend_error(name, "gloo") and method_class.averages == GRADIENTS},
         "bucketed, 64-byte buckets": (lambda: Bucketed(tiny_buckets), make_model),
         "bucketed, 64-byte buckets, shared + unused layers": (lambda: Bucketed(tiny_buckets), make_shared_and_unused),
         "bucketed, one bucket, shared + unused layers": (Bucketed, make_shared_and_unused),
@@ -196,9 +197,11 @@ def main() -> int:
                      else "mean gradient on every rank")
             print(f"{name}: {right if not bad else f'WRONG on ranks {bad}'}")
         print(f"hierarchical: MPI's host split found {len(set(leaders))} host(s), leaders {sorted(set(leaders))}")
-        for name in SYNC_METHODS:
+        for name, method_class in SYNC_METHODS.items():
             if backend_error(name, "gloo"):
                 print(f"{name}: unavailable on gloo")
+            elif method_class.averages != GRADIENTS:
+                print(f"{name}: averages {method_class.averages}, not gradients (tests/test_averaging.py)")
     failed = any(cluster.allgather(bool(failures)))
     dist.destroy_process_group()  # before exit: Gloo's threads must not outlive the interpreter
     return 1 if failed else 0

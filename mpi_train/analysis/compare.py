@@ -25,6 +25,8 @@ from ..stragglers import Straggler
 from ..sync import SYNC_METHODS, label, split_label
 from ..tracking import check_uri, default_store_uri, job_metrics, mlflow_client, probe_server
 from ..tracking import names as metric_names
+from . import time_to_accuracy
+from .time_to_accuracy import Evaluation
 
 PLOTTED_PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
 COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "samples/s", "final_loss", "test_acc", "speed-up")
@@ -43,6 +45,7 @@ class FinishedJob:
     rank_step_times: list[list[float]] = field(default_factory=list)  # per rank, every logged window
     params: dict = field(default_factory=dict)  # the parent run's params (link, num_hosts, ranks_per_host, ...)
     slow_host: str | None = None  # a straggler host found at its start (stragglers.Straggler.describe)
+    evaluations: list[Evaluation] = field(default_factory=list)  # each test evaluation, for time to accuracy
 
     @property
     def label(self) -> str:
@@ -72,6 +75,7 @@ def load_jobs(client, experiment_id: str, since_ms: int | None = None, names: se
                                                            key=lambda m: m.step)]
         children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{job.run_id}'",
                                       max_results=1000)
+        job.evaluations = evaluations(client, job.run_id)
         for child in sorted(children, key=lambda c: int(c.data.tags.get("rank", 0))):
             steps = history(client, child.info.run_id, metric_names.rank_key("step_time_s"))
             job.rank_step_times.append([m.value for m in steps])
@@ -86,6 +90,15 @@ def history(client, run_id: str, key: str) -> list:
     return found if found or old is None else client.get_metric_history(run_id, old)
 
 
+def evaluations(client, run_id: str) -> list[Evaluation]:
+    """A run's test evaluations with the training time and bytes logged at the same steps (jobs before these were
+    logged: accuracy alone)."""
+    at = {key: {m.step: m.value for m in history(client, run_id, key)}
+          for key in (metric_names.TEST_ACCURACY, metric_names.ELAPSED, metric_names.SENT_MB)}
+    return [Evaluation(step, accuracy, at[metric_names.ELAPSED].get(step), at[metric_names.SENT_MB].get(step))
+            for step, accuracy in sorted(at[metric_names.TEST_ACCURACY].items())]
+
+
 def job_from_summary(name: str, summary: dict) -> FinishedJob:
     """A job read from its --summary-json file instead of MLflow (runs made with --no-tracking)."""
     metrics = job_metrics(summary, summary["config"]["batch_size"])
@@ -95,7 +108,9 @@ def job_from_summary(name: str, summary: dict) -> FinishedJob:
                rank_step_times=[[rank["step_time_s"]] for rank in summary["per_rank_mean_times"]],
                params={"model": summary["config"].get("model"), "link": summary["config"].get("link"),
                        "num_hosts": summary.get("num_hosts"), "ranks_per_host": summary.get("ranks_per_host")},
-               slow_host=Straggler.from_dict(summary["slow_host"]).describe() if summary.get("slow_host") else None)
+               slow_host=Straggler.from_dict(summary["slow_host"]).describe() if summary.get("slow_host") else None,
+               evaluations=[Evaluation(e["step"], e["test_accuracy"], e.get("elapsed_s"), e.get("sent_mb"))
+                            for e in summary.get("evaluations", [])])
 
 
 def slow_host_lines(jobs: list[FinishedJob]) -> list[str]:
@@ -157,8 +172,9 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(jobs: list[FinishedJob], out: Path) -> list[Path]:
-    """Three PNGs a person would rather look at than the table."""
+def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = None) -> list[Path]:
+    """Three PNGs a person would rather look at than the table, and accuracy against time and bytes for runs that
+    were evaluated."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -201,6 +217,9 @@ def plot(jobs: list[FinishedJob], out: Path) -> list[Path]:
         ax.set_xticks(positions, labels, fontsize=7, rotation=90)
     ax.set(ylabel="step time (ms), every logged window", title="Per-rank step-time spread")
     written.append(save_figure(fig, out / "rank_step_time_spread.png"))
+    target = accuracy_target(jobs, target_accuracy)
+    if target is not None:
+        written.append(time_to_accuracy.plot(accuracy_runs(jobs), target, out / "accuracy_vs_time.png"))
     return written
 
 
@@ -331,11 +350,24 @@ def communication_table(jobs: list[FinishedJob]) -> str:
     return "\n".join(lines)
 
 
-def comparison(jobs: list[FinishedJob], title: str) -> str:
-    """The comparison's text: its rule said once, the runs table, predicted against measured sync (jobs on several
-    hosts), the slow hosts."""
+def accuracy_runs(jobs: list[FinishedJob]) -> list[tuple[str, str, list[Evaluation]]]:
+    return [(job.name, job.sync, job.evaluations) for job in jobs if job.evaluations]
+
+
+def accuracy_target(jobs: list[FinishedJob], target: float | None) -> float | None:
+    """The accuracy time to accuracy is measured to: `target`, else the best final accuracy minus 2 points."""
+    return target if target is not None else time_to_accuracy.default_target([c for _, _, c in accuracy_runs(jobs)])
+
+
+def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | None = None) -> str:
+    """The comparison's text: its rule said once, the runs table, time to accuracy (runs that were evaluated),
+    predicted against measured sync (jobs on several hosts), the slow hosts."""
     sections = [f"{title} ({len(jobs)} finished). Times per step: {metric_names.SUMMARY_RULE}.\n"
                 + format_table(table_rows(jobs))]
+    target = accuracy_target(jobs, target_accuracy)
+    if target is not None:
+        sections.append(time_to_accuracy.describe(time_to_accuracy.rows(accuracy_runs(jobs), target),
+                                                  given=target_accuracy is not None))
     communication = communication_table(jobs)
     if communication:
         sections.append("Communication per step, least exposed first: exposed = what compute did not hide (for a "
@@ -369,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="experiment whose finished jobs are compared (default: mpi_train)")
     parser.add_argument("--tracking-uri", help="MLflow server or database (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)")
     parser.add_argument("--out", default="comparison", help="folder the PNG plots are written to (default: comparison)")
+    parser.add_argument("--target-accuracy", type=float, metavar="FRACTION",
+                        help="time to accuracy is measured to this test accuracy, e.g. 0.6 (default: the best run's "
+                             "final accuracy minus 2 points)")
     parser.add_argument("--log-artifacts", action="store_true",
                         help="also store the table and plots as a comparison run in the experiment")
     return parser
@@ -394,11 +429,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
-    table = comparison(jobs, f"Jobs of {args.experiment!r}")
+    table = comparison(jobs, f"Jobs of {args.experiment!r}", args.target_accuracy)
     print(table)
     predictions = prediction_rows(jobs)
     predicted = any(row["predicted_s"] is not None for row in predictions)
-    paths = plot(jobs, Path(args.out)) + ([plot_predictions(predictions, Path(args.out))] if predicted else [])
+    paths = plot(jobs, Path(args.out), args.target_accuracy)
+    if predicted:
+        paths.append(plot_predictions(predictions, Path(args.out)))
     print("plots: " + ", ".join(str(p) for p in paths))
     if args.log_artifacts:
         print(f"logged as run {log_comparison(client, experiment.experiment_id, jobs, table, paths)}")

@@ -28,7 +28,7 @@ from .. import netmodel
 from ..config import TrainConfig
 from ..errors import UserError, format_error
 from ..models import INPUT_SHAPES, MODELS, build_model
-from ..sync import SYNC_METHODS, SyncMethod
+from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "timed here)")
     parser.add_argument("--bucket-mb", type=float, default=25.0,
                         help="bucket size of the bucketed method (default: 25)")
+    parser.add_argument("--methods", help="comma-separated method labels to predict, e.g. ddp,localsgd+powersgd "
+                                          "(default: every registered method, uncompressed)")
+    parser.add_argument("--period", type=int, default=None, metavar="H",
+                        help="localsgd and diloco: steps between two averages of the models (default: theirs, 8)")
+    parser.add_argument("--host-period", type=int, default=None, metavar="STEPS",
+                        help="localsgd and diloco: also average inside each host every this many steps (default: off)")
+    parser.add_argument("--steps-to-accuracy", metavar="METHOD=STEPS,...",
+                        help="steps each method took to reach an accuracy (measured on any network: a report's time "
+                             "to accuracy): adds each one's predicted time to that accuracy on this cluster")
     parser.add_argument("--plot", default="predict_scaling.png",
                         help="with several --ranks: where the plot goes (default: predict_scaling.png)")
     return parser
@@ -130,11 +139,35 @@ def network_for(args: argparse.Namespace, calibrated: netmodel.Network | None) -
     return netmodel.Network(intra, inter), notes
 
 
-def registered_methods(bucket_mb: float = TrainConfig.bucket_mb) -> dict[str, SyncMethod]:
-    """Every registered method as a job with its default options would configure it (ddp_powersgd: PowerSGD at the
-    default rank; bucketed: `bucket_mb`)."""
-    return {name: method_class.from_config(TrainConfig(sync=name, bucket_mb=bucket_mb))
-            for name, method_class in SYNC_METHODS.items()}
+def registered_methods(bucket_mb: float = TrainConfig.bucket_mb, labels: Sequence[str] | None = None,
+                       period: int | None = None, host_period: int | None = None) -> dict[str, SyncMethod]:
+    """Every registered method (or each of `labels`, like `localsgd+powersgd`) as a job with its default options would
+    configure it (ddp_powersgd: PowerSGD at the default rank; bucketed: `bucket_mb`; localsgd and diloco: averaging
+    every `period` steps, and inside each host every `host_period`)."""
+    methods = {}
+    for text in labels or list(SYNC_METHODS):
+        name, compression = split_label(text)
+        averaging = SYNC_METHODS[name].averages == PARAMETERS
+        methods[text] = SYNC_METHODS[name].from_config(TrainConfig(
+            sync=name, compression=compression, bucket_mb=bucket_mb, period=period if averaging else None,
+            host_period=host_period if averaging else None))
+    return methods
+
+
+def parse_steps(text: str | None, methods: Sequence[str]) -> dict[str, int]:
+    """--steps-to-accuracy `allreduce=180,localsgd=150`: steps each method needed to reach an accuracy."""
+    if not text:
+        return {}
+    steps = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, count = part.partition("=")
+        if name.strip() not in methods or not count.strip().isdigit() or int(count) < 1:
+            raise UserError(f"--steps-to-accuracy: {part!r} must be METHOD=STEPS with a method this prediction "
+                            f"covers ({', '.join(methods)}) and a positive number of steps, e.g. "
+                            f"--steps-to-accuracy allreduce=180,localsgd=150 (the steps column of a report's time "
+                            f"to accuracy).")
+        steps[name.strip()] = int(count)
+    return steps
 
 
 def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, network: netmodel.Network,
@@ -152,10 +185,21 @@ def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, netwo
 
 
 def format_single(rows: list[Row]) -> str:
-    lines = [f"{'method':<16}{'compute_ms':>12}{'comm_ms':>12}{'exposed_ms':>12}{'step_ms':>12}{'efficiency':>12}"]
+    lines = [f"{'method':<20}{'compute_ms':>12}{'comm_ms':>12}{'exposed_ms':>12}{'step_ms':>12}{'efficiency':>12}"]
     for row in sorted(rows, key=lambda r: r.step_s):
-        lines.append(f"{row.method:<16}{row.compute_s * 1e3:>12.1f}{row.comm_s * 1e3:>12.1f}"
+        lines.append(f"{row.method:<20}{row.compute_s * 1e3:>12.1f}{row.comm_s * 1e3:>12.1f}"
                      f"{row.exposed_s * 1e3:>12.1f}{row.step_s * 1e3:>12.1f}{row.efficiency:>12.2f}")
+    return "\n".join(lines)
+
+
+def format_time_to_accuracy(rows: list[Row], steps: dict[str, int]) -> str:
+    """Steps to accuracy (the method's, measured on any network) times the predicted step here, fastest first."""
+    known = sorted(((row, steps[row.method]) for row in rows if row.method in steps),
+                   key=lambda pair: pair[0].step_s * pair[1])
+    lines = ["time to accuracy here = steps to accuracy (as given) x predicted step:",
+             f"{'method':<20}{'steps':>8}{'step_ms':>12}{'time_s':>12}"]
+    for row, count in known:
+        lines.append(f"{row.method:<20}{count:>8}{row.step_s * 1e3:>12.1f}{row.step_s * count:>12.1f}")
     return "\n".join(lines)
 
 
@@ -227,8 +271,14 @@ def run(args: argparse.Namespace) -> None:
     else:
         per_sample, source = (measured_compute_per_sample(args.model),
                               "timed here (batch 16, one process, this machine's CPU)")
+    if args.period is not None and args.period < 1 or args.host_period is not None and args.host_period < 0:
+        raise UserError(f"--period must be at least 1 and --host-period not negative, got {args.period} and "
+                        f"{args.host_period}.")
     model = build_model(args.model)
-    tensor_bytes, methods = netmodel.tensor_sizes(model), registered_methods(args.bucket_mb)
+    labels = parse_labels(args.methods) if args.methods else None
+    tensor_bytes = netmodel.tensor_sizes(model)
+    methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period)
+    steps_to_accuracy = parse_steps(args.steps_to_accuracy, list(methods))
     params = [p for p in model.parameters() if p.requires_grad]
     ratios = {name: method.wire_ratio(params) for name, method in methods.items()}
     backward = (netmodel.load_backward(args.calibration, len(tensor_bytes)) if bench is not None
@@ -259,6 +309,8 @@ def run(args: argparse.Namespace) -> None:
         best = min(rows, key=lambda r: r.step_s)
         print(f"\nwinner: {best.method} ({best.step_s * 1e3:.1f} ms per step, "
               f"scaling efficiency {best.efficiency:.2f})")
+        if steps_to_accuracy:
+            print("\n" + format_time_to_accuracy(rows, steps_to_accuracy))
         return
     print()
     print(format_scaling(table))

@@ -4,10 +4,12 @@
 
 Every registered sync method with every compression it can carry (labelled like
 `bucketed+powersgd`; or those named with --methods), and a baseline that does not sync at
-all, gets its own replica of the model; a method the backend cannot run is listed as
-unavailable with the reason. Each step runs forward + backward + sync once per method,
-round-robin with the starting method rotated, so a burst of machine noise hits them all
-alike. Per method it reports:
+all, gets its own replica of the model (the methods that average models, localsgd and
+diloco, average once per step here: their rows are the cost of one average, which
+training pays every --period steps and `python -m mpi_train.predict` divides by it); a
+method the backend cannot run is listed as unavailable with the reason. Each step runs
+forward + backward + sync once per method, round-robin with the starting method rotated, so
+a burst of machine noise hits them all alike. Per method it reports:
 
 - compute: forward + backward (for methods that communicate inside backward, like ddp,
   this includes the communication they could not hide);
@@ -219,7 +221,7 @@ def configured(text: str, bucket_mb: float, powersgd_rank: int = TrainConfig.pow
         return NoSync()
     name, compression = split_label(text)
     config = TrainConfig(sync=name, compression=compression, bucket_mb=bucket_mb, powersgd_rank=powersgd_rank,
-                         powersgd_start_step=0)
+                         powersgd_start_step=0, period=1)  # a model-averaging method: one average a step, its cost
     return SYNC_METHODS[name].from_config(config)
 
 
@@ -267,6 +269,7 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
                 dist.barrier()  # sync starts with every rank ready, so lateness is not counted as sync
             t2 = now()
             entry.method.sync(entry.model)
+            entry.method.after_step(entry.model)  # (a model-averaging method averages here: no optimizer step)
             dist.barrier()
             t3 = now()
             if step >= warmup:

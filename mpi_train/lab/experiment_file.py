@@ -5,6 +5,7 @@
     tracking_uri = "http://127.0.0.1:5000"   # optional (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)
     tracking = true                   # false: --no-tracking for every run; the report then reads the runs' summaries
     out = "results/compare_sync"      # report, plots, logs and summaries (default: results/<name>)
+    target_accuracy = 0.6             # the report's time to accuracy (default: best final accuracy - 2 points)
 
     [launch]                          # how mpirun is called
     hostfile = "hostfile"             # "" for none
@@ -87,6 +88,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "name": Key((str,), "a string"), "description": Key((str,), "a string"),
         "tracking": Key((bool,), "true or false"),
         "tracking_uri": Key((str,), "a string"), "out": Key((str,), "a string (a folder)"),
+        "target_accuracy": Key(NUMBER, "a test accuracy as a fraction, e.g. 0.6 for 60%"),
     },
     "launch": {
         "hostfile": Key((str,), 'a string (a file, or "" for none)'),
@@ -157,6 +159,7 @@ class Sweep:
     bench: BenchPlan | None
     unavailable: tuple[tuple[str, str], ...] = ()  # (method label, why) left out of a sync = "all" grid
     network: NetworkPlan | None = None
+    target_accuracy: float | None = None  # the report's time to accuracy (None: the best final accuracy - 2 points)
 
 
 class SweepError(UserError):
@@ -426,6 +429,10 @@ def parse(text: str, path: Path) -> Sweep:
         if bench.model not in MODELS:
             raise reader.fail(("bench", "model"), f"{bench.model!r} is not one of {', '.join(MODELS)}.")
 
+    target = experiment.get("target_accuracy")
+    if target is not None and not 0 < target <= 1:
+        raise reader.fail(("experiment", "target_accuracy"), f"must be a fraction in (0, 1], e.g. 0.6 for 60%, got "
+                                                             f"{target}.")
     launch = data.get("launch", {})
     name = experiment["name"]
     return Sweep(
@@ -435,7 +442,7 @@ def parse(text: str, path: Path) -> Sweep:
         hostfile=launch.get("hostfile", "hostfile") or None,
         mpirun_args=tuple(launch.get("mpirun_args", ("--bind-to", "none"))),
         timeout=launch.get("timeout"), runs=tuple(runs), bench=bench, network=network,
-        unavailable=tuple(unavailable),
+        unavailable=tuple(unavailable), target_accuracy=target,
     )
 
 

@@ -9,7 +9,7 @@
 
 from .calibration import calibrate, calibration_sizes, load_backward, load_calibration, ping_pong
 from .families import FAMILIES, Family, bus_bandwidth, family_of
-from .job import JobModel, job_model, layout_params
+from .job import JobModel, bytes_sent_per_sync, job_model, layout_params
 from .links import LOOPBACK_LINK, UNLIMITED, Link, Network, capped, describe_network, nominal_link, rate_bytes_per_s
 from .prediction import (
            ASSUMED_BACKWARD,
@@ -36,6 +36,7 @@ __all__ = [
            "PlannedMessage",
            "Prediction",
            "bus_bandwidth",
+           "bytes_sent_per_sync",
            "calibrate",
            "calibration_sizes",
            "capped",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from .. import stragglers
 from ..sync import label
 from .calibration import calibrate, load_backward, load_calibration
+from .families import FAMILIES, family_of
 from .links import Network, capped
 from .prediction import ASSUMED_BACKWARD, Backward, Layout, Prediction, predict, tensor_sizes
 
@@ -79,3 +80,18 @@ def job_model(config, cluster, model, method, device) -> JobModel | None:
 def layout_params(hosts: Sequence[str]) -> dict:
     """Params every job records: how many hosts it spans and the most ranks on one of them."""
     return {"num_hosts": len(set(hosts)), "ranks_per_host": Layout.of_hosts(list(hosts)).ranks_per_host}
+
+
+def bytes_sent_per_sync(method, model, hosts: Sequence[str], rank: int) -> dict[str, float]:
+    """Bytes this rank puts on the wire each time its method syncs, by what the step synced (SyncMethod.last_sync),
+    as the method's collective family counts them (families.py): what `network/sent_mb` adds up. "all": the
+    method's own sync of every rank, compressed as it sends; "gradients": a model-averaging method's warm-up
+    (plain gradients, ring); "host": its average among the ranks of one host (plain, ring)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    world, ring = len(hosts), FAMILIES["ring"]
+    full = float(sum(p.numel() * p.element_size() for p in params))
+    family = family_of(method)
+    local = list(hosts).count(hosts[rank])
+    return {"all": family.traffic(method.wire_bytes(params), world, rank, list(hosts))[0] if family else 0.0,
+            "gradients": ring.traffic(full, world, rank)[0],
+            "host": ring.traffic(full, local, 0)[0]}

@@ -3,7 +3,8 @@
 A method says how its gradients travel (sync/messages.py: one message per tensor, one buffer,
 or buckets), when they go (after backward, or during it), which family moves them
 (families.py) and what they carry (its compressor's bytes per gradient byte, and how many
-rounds of sums each message takes: PowerSGD 2). The prediction sends its messages one after
+rounds of sums each message takes: PowerSGD 2). A method that averages models every H steps
+(localsgd, diloco) pays 1/H of one average per step. The prediction sends its messages one after
 the other. For a method that overlaps backward, only what outlasts backward is exposed: a
 bucket can leave once backward has produced its last gradient (when, the bench measures:
 `Backward`; without a measurement, backward time is shared among the tensors by their bytes,
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..sync.messages import message_groups
-from .families import family_of
+from .families import FAMILIES, family_of
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,25 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
     exposed = None
     if overlapped and backward_s is not None:
         exposed = max(0.0, plan[-1].end_s - backward_s) if plan else 0.0
-    return Prediction(label or type(method).__name__, family.name, len(plan), sum(m.nbytes for m in plan),
-                      sum(m.end_s - m.start_s for m in plan), overlapped, exposed)
+    comm_s, wire_bytes = sum(m.end_s - m.start_s for m in plan), sum(m.nbytes for m in plan)
+    if getattr(method, "period", None):  # a model-averaging method: per step, its averages' share
+        comm_s, wire_bytes = averaging_per_step(method, comm_s, wire_bytes, sum(tensor_bytes), layout, network)
+    return Prediction(label or type(method).__name__, family.name, len(plan), wire_bytes, comm_s, overlapped, exposed)
+
+
+def averaging_per_step(method, comm_s: float, wire_bytes: float, model_bytes: float, layout: Layout,
+                       network) -> tuple[float, float]:
+    """Seconds and bytes per step of a method that averages models (sync/averaging.py) every `period` steps, from
+    one average's: 1/H of it, plus, with two levels (`host_period` h), the (H-1)//h averages inside each host per
+    H steps, sent whole around a ring of the host's ranks on the intra-host link."""
+    period, host_period = method.period, getattr(method, "host_period", 0)
+    comm_s, wire_bytes = comm_s / period, wire_bytes / period
+    if host_period and layout.hosts > 1 and layout.local > 1:
+        inside = (period - 1) // host_period / period
+        host = Layout(layout.local, layout.local)
+        comm_s += inside * FAMILIES["ring"].time(model_bytes, host, network)
+        wire_bytes += inside * model_bytes
+    return comm_s, wire_bytes
 
 
 def tensor_sizes(model) -> list[int]:

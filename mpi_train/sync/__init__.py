@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .allreduce import AllReduce
-from .base import SyncMethod
+from .base import GRADIENTS, PARAMETERS, SyncMethod
 from .bucketed import Bucketed
 from .compression import COMPRESSORS
 from .ddp import DDP
 from .ddp_fp16 import DDPFP16
 from .ddp_powersgd import DDPPowerSGD
+from .diloco import DiLoCo
 from .flat import Flat
 from .flat_fp16 import FlatFP16
 from .gather_scatter import GatherScatter
 from .hierarchical import Hierarchical
+from .localsgd import LocalSGD
 from .ring import Ring
 
 SYNC_METHODS: dict[str, type[SyncMethod]] = {
@@ -33,6 +35,8 @@ SYNC_METHODS: dict[str, type[SyncMethod]] = {
     "flat_fp16": FlatFP16,
     "ddp_fp16": DDPFP16,
     "ddp_powersgd": DDPPowerSGD,
+    "localsgd": LocalSGD,
+    "diloco": DiLoCo,
 }
 
 
@@ -102,5 +106,5 @@ def backend_error(sync: str, backend: str) -> str | None:
     return f"--sync {sync} cannot run on the {backend} backend: {reason}." if reason else None
 
 
-__all__ = ["COMPRESSORS", "SYNC_METHODS", "SyncMethod", "backend_error", "combination_error", "every_label", "label",
-           "parse_labels", "split_label"]
+__all__ = ["COMPRESSORS", "GRADIENTS", "PARAMETERS", "SYNC_METHODS", "SyncMethod", "backend_error",
+           "combination_error", "every_label", "label", "parse_labels", "split_label"]

@@ -19,6 +19,8 @@ EVERY_COMPRESSION = tuple(COMPRESSORS)
 AFTER_BACKWARD = "after backward"  # in the sync phase, once backward is done
 DURING_BACKWARD = "during backward"  # from our own hooks while backward runs; sync() waits for what is left
 INSIDE_DDP = "inside DDP"  # torch's DistributedDataParallel and its comm hooks; sync() has nothing left to do
+AFTER_STEP = "after the optimizer step"  # model averaging: parameters, every few steps, in after_step()
+GRADIENTS, PARAMETERS = "gradients", "parameters"  # what a method averages (`averages`)
 
 
 def gradients(model: nn.Module) -> list[torch.Tensor]:
@@ -55,7 +57,8 @@ class SyncMethod:
 
     collective: str | None = None  # its family: a key of netmodel/families.py ("ring", "root", "hierarchical")
     messages: str = ONE_BUFFER  # PER_TENSOR, ONE_BUFFER or BUCKETS (messages.py)
-    sends: str = AFTER_BACKWARD  # AFTER_BACKWARD, DURING_BACKWARD or INSIDE_DDP
+    sends: str = AFTER_BACKWARD  # AFTER_BACKWARD, DURING_BACKWARD, INSIDE_DDP or AFTER_STEP
+    averages: str = GRADIENTS  # GRADIENTS at every step, or PARAMETERS every few steps (averaging.py)
     wire_dtype: torch.dtype | None = None  # what its messages carry, when not the gradients' own dtype (compression)
     compressions: tuple[str, ...] = ("none",)
     fixed_compression: str | None = None
@@ -63,6 +66,9 @@ class SyncMethod:
     # completes "cannot carry --compression X:"
     no_compression_because = "its schedule has no sum of gradients to compress"
 
+    # what the last step synchronised: "all" ranks (every step of a gradient method), the ranks of each "host"
+    # (two-level local SGD), or None (a local step); the bytes a job counts as sent follow it
+    last_sync: str | None = "all"
     recorder: Recorder = NO_RECORDER  # where it notes its messages (timeline.py); none unless the job asks
 
     def record_into(self, recorder: Recorder) -> None:
@@ -85,7 +91,7 @@ class SyncMethod:
     @classmethod
     def overlapped(cls) -> bool:
         """Communicates while backward runs: only what outlasts backward costs the step (its exposed time)."""
-        return cls.sends != AFTER_BACKWARD
+        return cls.sends in (DURING_BACKWARD, INSIDE_DDP)
 
     @classmethod
     def inside_ddp(cls) -> bool:
@@ -127,6 +133,35 @@ class SyncMethod:
     def sync(self, model: nn.Module) -> None:
         """Called after backward, before the optimizer step: average the gradients."""
         raise NotImplementedError
+
+    def after_step(self, model: nn.Module) -> bool:
+        """Called after the optimizer step: a method that averages parameters does so here when it is due. True
+        when it communicated (the step's sync then ends here)."""
+        return False
+
+    def replicated(self, model: nn.Module) -> list[torch.Tensor]:
+        """The tensors every rank must hold identically after any step (the replica check compares them): the
+        parameters for a method that averages gradients; a model-averaging method's last average."""
+        return list(model.parameters())
+
+    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """The job's optimizer, for a method that must reach its state (local SGD's momentum buffers)."""
+
+    def finish(self, model: nn.Module) -> bool:
+        """The last step is done (collective): a method whose ranks may hold different models makes them one. True
+        when it communicated."""
+        return False
+
+    def evaluated(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Around a test evaluation (collective): the model every rank scores is the one the job stands for."""
+        return contextlib.nullcontext()
+
+    def start_at(self, step: int) -> None:
+        """The job resumes after `step` optimizer steps (a method that counts steps takes up its count)."""
+
+    def figures(self) -> dict:
+        """Per-rank figures this method adds to a logged step (local SGD's drift), taken once."""
+        return {}
 
     def accumulating(self, net: nn.Module) -> contextlib.AbstractContextManager:
         """Around the forward and backward of a micro-batch that is not a step's last (--accumulate): its gradients

@@ -36,6 +36,24 @@ def host_of_each_rank() -> list[int]:
     return [names.index(name) for name in names]
 
 
+def host_groups(hosts: Sequence[int] | None = None) -> tuple[bool, int, object, object]:
+    """Whether the job has two levels (several hosts, one holding several ranks), this rank's host leader, its host's
+    process group and the leaders' group; `hosts` is each rank's leader (default: found by host_of_each_rank).
+    Collective: every rank creates every group, in the same order."""
+    hosts = list(hosts) if hosts is not None else host_of_each_rank()
+    if len(hosts) != dist.get_world_size():
+        raise ValueError(f"hierarchical: {len(hosts)} host entries for {dist.get_world_size()} ranks")
+    leaders = sorted(set(hosts))
+    if not 1 < len(leaders) < len(hosts):
+        return False, 0, None, None
+    leader, host_group = hosts[dist.get_rank()], None
+    for one in leaders:
+        group = dist.new_group([r for r, host in enumerate(hosts) if host == one])
+        if one == leader:
+            host_group = group
+    return True, leader, host_group, dist.new_group(leaders)
+
+
 class Hierarchical(Flat):
     """Two-level allreduce for jobs that span hosts: only one rank per host uses the network.
 
@@ -60,19 +78,7 @@ class Hierarchical(Flat):
         self.two_levels = False
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        hosts = self.hosts if self.hosts is not None else host_of_each_rank()
-        if len(hosts) != dist.get_world_size():
-            raise ValueError(f"hierarchical: {len(hosts)} host entries for {dist.get_world_size()} ranks")
-        leaders = sorted(set(hosts))
-        self.two_levels = 1 < len(leaders) < len(hosts)
-        if self.two_levels:  # every rank creates every group, in the same order
-            rank = dist.get_rank()
-            self.leader = hosts[rank]
-            for leader in leaders:
-                group = dist.new_group([r for r, host in enumerate(hosts) if host == leader])
-                if leader == self.leader:
-                    self.host_group = group
-            self.leader_group = dist.new_group(leaders)
+        self.two_levels, self.leader, self.host_group, self.leader_group = host_groups(self.hosts)
         return model
 
     def allreduce_sum(self, data: torch.Tensor) -> None:

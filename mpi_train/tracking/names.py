@@ -3,15 +3,16 @@
 The chart view groups metrics by the prefix before the first "/", one section per prefix, so the
 prefixes are the questions a user asks of a comparison:
 
-    learning/   is it learning?         loss, lr, test_loss, test_accuracy (at the step they were taken)
+    learning/   is it learning?         loss, lr, test_loss, test_accuracy (at the step they were taken);
+                                        drift (local SGD, DiLoCo: the ranks' distance from their average)
     time/       where does a step go?   per logged step, means over ranks: step_s, data_s, compute_s, sync_s,
                                         optimizer_s, predicted_sync_s, samples_per_s; world_size (jobs that
-                                        may restart on fewer ranks)
+                                        may restart on fewer ranks); elapsed_s at each test evaluation
     summary/    how did the run end?    one steady-state mean per phase (SUMMARY_RULE), final loss and accuracy,
                                         wall time, the tracking overhead, a slow host's cost
     rank/       how do the ranks differ? each rank's child run: its own loss and phase times
     sync_cost/  what does a method cost? one child run of a bench per method label
-    network/    stalls of a host's link
+    network/    stalls of a host's link; sent_mb at each test evaluation (bytes to accuracy)
     system/     CPU, memory, network and disk per host (system/<host>/...)
 
 No key carries a method's name: methods are runs, so one chart compares them all. The chart view
@@ -37,6 +38,9 @@ SAMPLES_PER_S, PREDICTED_SYNC = "time/samples_per_s", "time/predicted_sync_s"
 EPOCH_TIME = "time/epoch_s"
 WORLD_SIZE = "time/world_size"  # under --resume auto: the ranks of each attempt, from the step it resumed at
 STALL = "network/stall_s"
+DRIFT = "learning/drift"  # model averaging: each rank's L2 distance from the average at its last one (mean over ranks)
+ELAPSED = "time/elapsed_s"  # at each test evaluation: the job's wall time training so far, evaluations left out
+SENT_MB = "network/sent_mb"  # at each test evaluation: megabytes rank 0 has sent so far (netmodel.bytes_sent_per_sync)
 
 
 def step_key(phase: str) -> str:

@@ -361,6 +361,7 @@ class MlflowTracker(NullTracker):
             **{names.step_key(key): times[key] for key in (*names.PHASES, *names.SPLIT, "slowest_rank")
                if key in times},
             **({names.PREDICTED_SYNC: times["predicted_sync_time_s"]} if "predicted_sync_time_s" in times else {}),
+            **({names.DRIFT: times["drift"]} if "drift" in times else {}),
         }, step))
         for rank, record in enumerate(per_rank):
             self._put(self.child_ids[rank],
@@ -372,9 +373,14 @@ class MlflowTracker(NullTracker):
         self.loop_time_s += time.perf_counter() - started
 
     def log_epoch(self, epoch, step, test_loss, test_accuracy, epoch_time_s) -> None:
-        """An epoch's test figures, at the step it ended, so they chart on the same axis as the loss."""
-        self._put(self.parent_id, self._metrics(
-            {names.TEST_LOSS: test_loss, names.TEST_ACCURACY: test_accuracy, names.EPOCH_TIME: epoch_time_s}, step))
+        """An epoch's time, at the step it ended, so it charts on the same axis as the loss (its test figures come
+        with log_eval)."""
+        self._put(self.parent_id, self._metrics({names.EPOCH_TIME: epoch_time_s}, step))
+
+    def log_eval(self, step, test_loss, test_accuracy, elapsed_s, sent_mb) -> None:
+        """A test evaluation at `step` with the time and bytes it took to get there (an epoch's end's too)."""
+        self._put(self.parent_id, self._metrics({names.TEST_LOSS: test_loss, names.TEST_ACCURACY: test_accuracy,
+                                                 names.ELAPSED: elapsed_s, names.SENT_MB: sent_mb}, step))
 
     def finish(self, summary: dict) -> None:
         means, steps = summary["mean_times"], summary["total_steps"]

@@ -1,0 +1,122 @@
+"""Time to accuracy: how many steps, seconds and megabytes each run took to first reach a target test accuracy.
+
+A method twice as fast per step that needs three times the steps is no faster: the fair measure is the time to a
+target accuracy (DAWNBench's). For the same math it splits into steps to accuracy (the method's, the same on any
+network) times step time (the network's, which the bench and the alpha-beta model give), so a run's steps to
+accuracy can be carried to a network it did not run on (`python -m mpi_train.predict --steps-to-accuracy`).
+
+Runs are scored at each test evaluation (--eval-every N, and every epoch's end), each logged with the job's wall
+time spent training (evaluations left out) and the megabytes rank 0 had sent; a run reaches the target at its first
+evaluation at or above it. The default target is the best run's final accuracy minus 2 points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+DEFAULT_MARGIN = 0.02  # the default target: the best final accuracy minus 2 points
+COLUMNS = ("run", "sync", "target", "steps", "time_s", "sent_MB", "final_acc", "time_vs")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One test evaluation of a run: its step, accuracy, and the wall time and bytes it took to get there."""
+
+    step: int
+    accuracy: float
+    elapsed_s: float | None
+    sent_mb: float | None
+
+
+def reached(evaluations: Sequence[Evaluation], target: float) -> Evaluation | None:
+    """The first evaluation at or above `target`, or None if the run never got there."""
+    return next((e for e in sorted(evaluations, key=lambda e: e.step) if e.accuracy >= target), None)
+
+
+def default_target(curves: Sequence[Sequence[Evaluation]], margin: float = DEFAULT_MARGIN) -> float | None:
+    """The best run's final accuracy minus `margin`; None when no run was evaluated."""
+    finals = [max(curve, key=lambda e: e.step).accuracy for curve in curves if curve]
+    return max(finals) - margin if finals else None
+
+
+def rows(runs: Sequence[tuple[str, str, Sequence[Evaluation]]], target: float, reference: str | None = None) -> list:
+    """Per run (name, method label, evaluations): steps, seconds and megabytes to `target`, its final accuracy, and
+    its time against the `reference` method's (default: ddp's, else the slowest run's to reach it)."""
+    table = []
+    for name, sync, curve in runs:
+        hit = reached(curve, target)
+        final = max(curve, key=lambda e: e.step).accuracy if curve else None
+        table.append({"run": name, "sync": sync, "target": target, "steps": hit.step if hit else None,
+                      "time_s": hit.elapsed_s if hit else None, "sent_mb": hit.sent_mb if hit else None,
+                      "final_accuracy": final})
+    timed = [row for row in table if row["time_s"] is not None]
+    by_reference = [row for row in timed if row["sync"] == (reference or "ddp")]
+    base = by_reference[0] if by_reference else max(timed, key=lambda row: row["time_s"], default=None)
+    for row in table:
+        row["reference"] = base["sync"] if base else None
+        known = base and row["time_s"] is not None and base["time_s"]
+        row["time_vs"] = row["time_s"] / base["time_s"] if known else None
+    return table
+
+
+def format_rows(table: list[dict]) -> str:
+    def cell(row: dict, column: str) -> str:
+        value = {"target": row["target"], "sent_MB": row["sent_mb"], "final_acc": row["final_accuracy"],
+                 "time_vs": row["time_vs"]}.get(column, row.get(column))
+        if value is None:
+            return "not reached" if column == "steps" else "-"
+        if column in ("target", "final_acc"):
+            return f"{100 * value:.2f}%"
+        if column == "time_vs":
+            return f"{value:.2f}x"
+        if isinstance(value, float):
+            return f"{value:,.1f}"
+        return str(value)
+
+    cells = [list(COLUMNS)] + [[cell(row, c) for c in COLUMNS] for row in table]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def describe(table: list[dict], given: bool) -> str:
+    """The section's text: the target and where it came from, then the table."""
+    target = table[0]["target"]
+    source = ("as given" if given
+              else f"the best final accuracy minus {100 * DEFAULT_MARGIN:.0f} points")
+    reference = table[0]["reference"]
+    return (f"Time to accuracy: steps, training time (evaluations left out) and megabytes rank 0 sent until the first "
+            f"test evaluation at or above {100 * target:.2f}% ({source}); time_vs = time against "
+            f"{reference or 'the reference'}'s:\n" + format_rows(table))
+
+
+def plot(runs: Sequence[tuple[str, str, Sequence[Evaluation]]], target: float, path) -> object:
+    """Accuracy against training time and against megabytes sent, one line per run, the target drawn across."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_time, by_bytes) = plt.subplots(1, 2, figsize=(12, 5))
+    for name, sync, curve in runs:
+        points = sorted(curve, key=lambda e: e.step)
+        if any(e.elapsed_s is not None for e in points):
+            by_time.plot([e.elapsed_s for e in points], [100 * e.accuracy for e in points], marker="o", markersize=3,
+                         label=name)
+        if any(e.sent_mb is not None for e in points):
+            by_bytes.plot([e.sent_mb for e in points], [100 * e.accuracy for e in points], marker="o", markersize=3,
+                          label=name)
+    for ax, xlabel in ((by_time, "training time (s), evaluations left out"), (by_bytes, "MB sent by rank 0")):
+        ax.axhline(100 * target, color="grey", linestyle="--", linewidth=1, label=f"target {100 * target:.1f}%")
+        ax.set(xlabel=xlabel, ylabel="test accuracy (%)")
+        ax.grid(alpha=0.3)
+    by_bytes.set_xscale("symlog")
+    by_time.set_title("Accuracy against wall time")
+    by_bytes.set_title("Accuracy against bytes sent")
+    by_time.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

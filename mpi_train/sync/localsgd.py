@@ -1,0 +1,24 @@
+"""localsgd: post-local SGD; each rank steps alone and the models are averaged every --period steps."""
+
+from __future__ import annotations
+
+import torch
+
+from .averaging import ModelAveraging, averaging_options
+
+
+class LocalSGD(ModelAveraging):
+    """Local SGD (Lin, Stich, Patel, Jaggi: "Don't use large mini-batches, use local SGD", ICLR 2020), as torch's
+    PostLocalSGDOptimizer with PeriodicModelAverager runs it: gradients averaged at every step for the first
+    --local-start-step steps, then each rank takes its own optimizer steps and every --period H steps the ranks'
+    parameters are replaced by their mean. One all-reduce of the model every H steps instead of one of the gradients
+    every step: communication divided by H, at the price of the replicas drifting apart in between (logged as
+    learning/drift). At H = 1 with plain SGD it is gradient averaging (`allreduce`), to float32 rounding.
+    """
+
+    @classmethod
+    def from_config(cls, config) -> LocalSGD:
+        return cls(cls.compressor_from_config(config), **averaging_options(config))
+
+    def step_anchor(self, mean_change: torch.Tensor) -> None:
+        self.anchor.add_(mean_change)
