@@ -244,7 +244,8 @@ def mlflow_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tracked_jobs(mlflow_server, tmp_path_factory):
-    """Two finished np 2 jobs (allreduce with --save-model, gather_scatter) in the experiment `tests-compare`."""
+    """Two finished np 2 jobs (allreduce with --save-model, gather_scatter evaluated every 4 steps) in the experiment
+    `tests-compare`."""
     tmp = tmp_path_factory.mktemp("tracked")
     args = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2",
             "--max-steps", "8", "--experiment", "tests-compare"]
@@ -254,7 +255,7 @@ def tracked_jobs(mlflow_server, tmp_path_factory):
         "allreduce": train(2, tmp, *args, "--sync", "allreduce", "--save-model", "--tracking-uri",
                            f"http://alice:s3cret-pw@{host_port}", name="allreduce",
                            env={"MLFLOW_TRACKING_TOKEN": "s3cret-token", "MLFLOW_TRACKING_URI": ""}),
-        "gather_scatter": train(2, tmp, *args, "--sync", "gather_scatter", name="gather_scatter",
+        "gather_scatter": train(2, tmp, *args, "--sync", "gather_scatter", "--eval-every", "4", name="gather_scatter",
                                 env={"MLFLOW_TRACKING_URI": mlflow_server}),
     }
 

@@ -53,8 +53,16 @@ def test_compare_prints_the_table_writes_plots_and_logs_a_comparison_run(mlflow_
         assert cells[2] == "2"  # world size
         assert cells[7] == f"{tracked_jobs[sync]['final_loss']:.4f}"
     assert min(float(cells[-1]) for cells in rows.values()) == 1.0  # the slowest job is the baseline
-    for name in ("loss_vs_step.png", "time_breakdown.png", "rank_step_time_spread.png"):
+    for name in ("loss_vs_step.png", "time_breakdown.png", "rank_step_time_spread.png", "accuracy_vs_time.png"):
         assert (out / name).read_bytes().startswith(PNG)
+    # time to accuracy: gather_scatter was scored at steps 4 and 8, allreduce at its end (8) only
+    section = result.stdout.split("Time to accuracy:")[1].split("\n\n")[0]
+    table = {line.split()[1]: line.split() for line in section.splitlines()[3:5]}
+    finals = {sync: job["evaluations"][-1]["test_accuracy"] for sync, job in tracked_jobs.items()}
+    assert f"at or above {100 * (max(finals.values()) - 0.02):.2f}% (the best final accuracy minus 2 points)" in section
+    assert set(table) == {"allreduce", "gather_scatter"} and table["allreduce"][3] == "8"
+    assert table["gather_scatter"][3] in ("4", "8")
+    assert [e["step"] for e in tracked_jobs["gather_scatter"]["evaluations"]] == [4, 8]
 
     from mlflow import MlflowClient
 

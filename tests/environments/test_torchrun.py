@@ -92,9 +92,10 @@ def test_a_launcher_that_finds_fewer_ranks_than_torchrun_started_stops(no_mpi, q
 
 
 def test_torchrun_restarts_resume_from_the_checkpoint_into_the_same_run(mlflow_server, no_mpi, tmp_path):
-    # 4 steps an epoch; checkpoints at steps 3 and 6; rank 1 killed at step 5 in the first attempt only
+    # 4 steps an epoch; checkpoints at steps 3 and 6; rank 1 killed at step 5 in the first attempt only. Local SGD
+    # averaging every 2 steps: the checkpoint at step 3 holds each rank's own model, between two averages
     job = ["--dataset", "synthetic", "--synthetic-size", "256", "--batch-size", "64", "--epochs", "3", "--max-steps",
-           "8", "--log-every", "1", "--checkpoint-every", "3"]
+           "8", "--log-every", "1", "--checkpoint-every", "3", "--sync", "localsgd", "--period", "2"]
     fault = {"MPI_TRAIN_FAIL_AT": "1:5:kill", "MPI_TRAIN_FAIL_ONCE": str(tmp_path / "fault-happened")}
     summary = tmp_path / "restarted.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

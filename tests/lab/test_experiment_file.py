@@ -99,6 +99,12 @@ def test_estimated_steps_follow_the_sampler():
     assert [estimated_steps(r) for r in cifar[:2]] == [196, 196]
 
 
+def test_the_report_s_target_accuracy_is_read_from_the_file():
+    assert parse(GOOD, Path("grid.toml")).target_accuracy is None  # the best final accuracy minus 2 points
+    text = GOOD.replace('name = "grid"', 'name = "grid"\ntarget_accuracy = 0.6')
+    assert parse(text, Path("grid.toml")).target_accuracy == 0.6
+
+
 def test_flags_passed_to_training_are_the_non_default_options():
     run = parse(GOOD, Path("grid.toml")).runs[-1]
     flags = train_flags(run.config)
@@ -127,6 +133,10 @@ BAD = [  # (file text, key named in the error, line, words the message must hold
      "train.seed", 4, "set by the sweep"),
     ('[experiment]\nname = "x"\n[train]\ndataset = "imagenet"\n', "train.dataset", 4, "not one of"),
     ('[experiment]\nname = "x"\n[train]\nepochs = 1\n', "sweep", None, "at least one [[sweep]]"),
+    ('[experiment]\nname = "x"\ntarget_accuracy = 60\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
+     "experiment.target_accuracy", 3, "a fraction in (0, 1], e.g. 0.6"),
+    ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nperiod = 4\nnp = 2\n',
+     "sweep[1].np", 6, "the run ddp at np 2 cannot start: --period is read by --sync localsgd and diloco only"),
     ('[experiment]\nname = "x"\n[launch]\nmpirun_args = "--oversubscribe"\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
      "launch.mpirun_args", 4, "a list of strings"),
 ]

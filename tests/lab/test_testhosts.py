@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import MlflowServer, TestHosts, hosts_brought_up, mpirun, train
+from conftest import MlflowServer, TestHosts, hosts_brought_up, mpirun, train, train_several
+
+from mpi_train.models import build_model
 
 pytestmark = pytest.mark.e2e
 
@@ -100,6 +102,26 @@ def test_every_sync_method_is_right_across_hosts_and_hierarchical_finds_them(tes
         assert f"{name}: one update and error feedback kept on every rank" in result.stdout
     assert "WRONG" not in result.stdout
 
+
+def test_local_sgd_and_diloco_average_inside_each_host_and_across_the_hosts(testhosts, tmp_path):
+    # Two levels: the ranks of each host average every 2 steps over their local link, whole; all four every 4,
+    # compressed, the two host leaders alone crossing the hosts' link. Replicas (the last average, DiLoCo's outer
+    # momentum) are checked at every step.
+    levels = [*QUICK, "--max-steps", "8", "--period", "4", "--host-period", "2", "--eval-every", "4",
+              "--check-every", "1", "--no-tracking"]
+    runs = train_several(4, tmp_path, {"localsgd": [*levels, "--sync", "localsgd", "--compression", "fp16"],
+                                       "diloco": [*levels, "--sync", "diloco", "--compression", "powersgd",
+                                                  "--powersgd-start-step", "0"]},
+                         timeout=240, **testhosts.mpirun_options())
+    local = runs["localsgd"]
+    assert local["hosts"] == [HOSTS[0], HOSTS[0], HOSTS[1], HOSTS[1]]
+    # rank 0, a host leader, by step 8: its host's averages at steps 2 and 6 (S each way around a ring of 2) and
+    # the hosts' at 4 and 8 (2(H-1)/H = 1 times S in float16 between 2 leaders): 2 S + 2 S/2
+    model_bytes = sum(p.numel() * 4 for p in build_model("mnist_cnn").parameters())
+    assert local["evaluations"][-1]["sent_mb"] == pytest.approx(3 * model_bytes / 1e6)
+    assert local["evaluations"][0]["sent_mb"] == pytest.approx(1.5 * model_bytes / 1e6)  # step 4: one of each
+    assert all(step["drift"] > 0 for step in local["steps"])  # an average (host or all) in every window of 2
+    assert runs["diloco"]["steps"][-1]["loss"] < runs["diloco"]["steps"][0]["loss"]
 
 
 def test_the_bench_times_what_an_overlapped_method_cannot_hide_on_a_slow_link(testhosts, tmp_path):

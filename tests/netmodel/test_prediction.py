@@ -93,3 +93,16 @@ def test_the_layout_of_a_job():
     assert (layout.world, layout.ranks_per_host, layout.hosts, layout.local) == (5, 2, 3, 2)
     with pytest.raises(ValueError):
         Layout(0, 1)
+
+
+def test_a_model_average_every_h_steps_costs_one_hth_of_one_and_two_levels_add_the_hosts_own():
+    tensors, layout = [4 * MB] * 2, Layout(4, 2)
+    flat = predict(method("flat"), tensors, layout, NET)
+    every_8 = predict(method("localsgd"), tensors, layout, NET)  # the default period
+    assert every_8.comm_s == pytest.approx(flat.comm_s / 8) and every_8.wire_bytes == pytest.approx(8 * MB / 8)
+    assert predict(method("diloco", period=1), tensors, layout, NET).comm_s == pytest.approx(flat.comm_s)
+    # two levels: the hosts' leaders every 8 steps (hierarchical), each host's own ring of 2 at steps 2, 4, 6
+    two = predict(method("localsgd", host_period=2), tensors, layout, NET)
+    leaders = predict(method("hierarchical"), tensors, layout, NET).comm_s
+    host = 2 * (2 - 1) * 10e-6 + 2 * (2 - 1) / 2 * 8 * MB / 1e9
+    assert two.collective == "hierarchical" and two.comm_s == pytest.approx(leaders / 8 + 3 / 8 * host)

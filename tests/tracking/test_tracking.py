@@ -71,9 +71,12 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
         assert [m.step for m in client.get_metric_history(parent.info.run_id, key)] == logged_steps, key
     losses = [m.value for m in client.get_metric_history(parent.info.run_id, "learning/loss")]
     assert losses == pytest.approx([s["loss"] for s in tracked_jobs["allreduce"]["steps"]])
-    assert [m.step for m in client.get_metric_history(parent.info.run_id, "learning/test_accuracy")] == [8]
+    # the test figures at the epoch's end, with the training time and bytes it took to get there
+    for key in ("learning/test_accuracy", "time/elapsed_s", "network/sent_mb"):
+        assert [m.step for m in client.get_metric_history(parent.info.run_id, key)] == [8], key
+    assert 0 < parent.data.metrics["time/elapsed_s"] <= tracked_jobs["allreduce"]["wall_time_s"]
     sections = {key.split("/")[0] for key in parent.data.metrics}
-    assert sections == {"learning", "time", "summary", "system"}, sections  # every key in a section of its own kind
+    assert sections == {"learning", "time", "summary", "system", "network"}, sections  # each in a section of its kind
     summary = {key for key in parent.data.metrics if key.startswith("summary/")}
     assert {"summary/step_s", "summary/data_s", "summary/compute_s", "summary/sync_s", "summary/optimizer_s",
             "summary/samples_per_s", "summary/sync_share", "summary/final_loss", "summary/test_accuracy",

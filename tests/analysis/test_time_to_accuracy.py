@@ -1,0 +1,67 @@
+"""Time to accuracy: the first evaluation at or above the target, the default target, the table against ddp."""
+
+import pytest
+
+from mpi_train.analysis import predict, time_to_accuracy
+from mpi_train.analysis.compare import job_from_summary
+from mpi_train.analysis.time_to_accuracy import Evaluation
+
+
+def curve(*points):
+    return [Evaluation(step, accuracy, elapsed, sent) for step, accuracy, elapsed, sent in points]
+
+
+DDP = curve((40, 0.30, 200.0, 600.0), (80, 0.52, 400.0, 1200.0), (120, 0.61, 600.0, 1800.0))
+LOCAL = curve((40, 0.28, 90.0, 80.0), (80, 0.55, 180.0, 160.0), (120, 0.60, 270.0, 240.0))
+SLOW = curve((40, 0.20, 50.0, 1.0), (120, 0.45, 150.0, 3.0))
+
+
+def test_a_run_reaches_the_target_at_its_first_evaluation_at_or_above_it():
+    assert time_to_accuracy.reached(LOCAL, 0.55).step == 80
+    assert time_to_accuracy.reached(list(reversed(LOCAL)), 0.5).step == 80  # in step order, whatever the input's
+    assert time_to_accuracy.reached(SLOW, 0.5) is None
+
+
+def test_the_default_target_is_the_best_final_accuracy_minus_two_points():
+    assert time_to_accuracy.default_target([DDP, LOCAL, SLOW]) == pytest.approx(0.59)
+    assert time_to_accuracy.default_target([[], []]) is None
+
+
+def test_the_table_gives_steps_time_and_bytes_and_the_time_against_ddp():
+    rows = time_to_accuracy.rows([("a", "ddp", DDP), ("b", "localsgd", LOCAL), ("c", "diloco", SLOW)], 0.5)
+    by_sync = {row["sync"]: row for row in rows}
+    assert (by_sync["ddp"]["steps"], by_sync["ddp"]["time_s"], by_sync["ddp"]["sent_mb"]) == (80, 400.0, 1200.0)
+    assert by_sync["localsgd"]["time_vs"] == pytest.approx(180 / 400) and by_sync["localsgd"]["reference"] == "ddp"
+    assert by_sync["diloco"]["steps"] is None and by_sync["diloco"]["time_vs"] is None
+    text = time_to_accuracy.describe(rows, given=True)
+    assert "at or above 50.00% (as given)" in text and "not reached" in text and "0.45x" in text
+    # without ddp among them, the slowest run to reach the target is the reference
+    without = time_to_accuracy.rows([("b", "localsgd", LOCAL), ("c", "flat", DDP)], 0.5)
+    assert [row["time_vs"] for row in without] == [pytest.approx(180 / 400), 1.0]
+
+
+def test_a_summary_file_carries_its_evaluations_to_the_comparison():
+    summary = {"config": {"sync": "localsgd", "compression": "none", "batch_size": 64, "model": "mnist_cnn"},
+               "world_size": 2, "total_steps": 8, "wall_time_s": 3.0, "final_loss": 1.0, "epochs": [],
+               "steps": [{"step": 8, "loss": 1.0}], "per_rank_mean_times": [{"step_time_s": 0.1}],
+               "mean_times": {"step_time_s": 0.1, "sync_time_s": 0.01},
+               "evaluations": [{"step": 4, "test_accuracy": 0.5, "test_loss": 1.2, "elapsed_s": 1.0, "sent_mb": 2.0}]}
+    job = job_from_summary("run", summary)
+    assert job.evaluations == [Evaluation(4, 0.5, 1.0, 2.0)]
+
+
+def test_predict_carries_steps_to_accuracy_to_another_network(capsys):
+    assert predict.main(["--model", "mnist_cnn", "--ranks", "4", "--ranks-per-host", "2", "--link", "10mbit",
+                         "--compute-per-sample", "0.001", "--methods", "ddp,localsgd+fp16", "--period", "4",
+                         "--steps-to-accuracy", "ddp=100,localsgd+fp16=120"]) == 0
+    out = capsys.readouterr().out
+    steps = {line.split()[0]: float(line.split()[4]) for line in out.splitlines()
+             if line.split()[:1] in (["ddp"], ["localsgd+fp16"]) and len(line.split()) == 6}
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out.splitlines()
+            if line.split()[:1] in (["ddp"], ["localsgd+fp16"]) and len(line.split()) == 4}
+    assert set(steps) == {"ddp", "localsgd+fp16"} and set(rows) == {"ddp", "localsgd+fp16"}
+    for name, count in (("ddp", 100), ("localsgd+fp16", 120)):
+        assert rows[name][2] == pytest.approx(count * rows[name][1] / 1e3, rel=1e-3)  # steps x step
+    assert predict.main(["--model", "mnist_cnn", "--ranks", "4", "--link", "1gbit", "--compute-per-sample", "0.001",
+                         "--steps-to-accuracy", "ring=0"]) == 2
+    assert "must be METHOD=STEPS" in " ".join(capsys.readouterr().err.split())
