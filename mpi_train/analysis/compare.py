@@ -22,7 +22,7 @@ from pathlib import Path
 from ..config import ENV_DEFAULTS, redact_uri
 from ..errors import UserError, format_error
 from ..stragglers import Straggler
-from ..sync import SYNC_METHODS, label, split_label
+from ..sync import GRADIENTS, SYNC_METHODS, label, split_label
 from ..tracking import check_uri, default_store_uri, job_metrics, mlflow_client, probe_server
 from ..tracking import names as metric_names
 from . import time_to_accuracy
@@ -107,7 +107,10 @@ def job_from_summary(name: str, summary: dict) -> FinishedJob:
                loss_curve=[(step["step"], step["loss"]) for step in summary["steps"]],
                rank_step_times=[[rank["step_time_s"]] for rank in summary["per_rank_mean_times"]],
                params={"model": summary["config"].get("model"), "link": summary["config"].get("link"),
-                       "num_hosts": summary.get("num_hosts"), "ranks_per_host": summary.get("ranks_per_host")},
+                       "num_hosts": summary.get("num_hosts"), "ranks_per_host": summary.get("ranks_per_host"),
+                       **{key: str(summary["config"][key]) for key in ("period", "host_period", "powersgd_rank",
+                                                                       "batch_size")
+                          if summary["config"].get(key) is not None}},
                slow_host=Straggler.from_dict(summary["slow_host"]).describe() if summary.get("slow_host") else None,
                evaluations=[Evaluation(e["step"], e["test_accuracy"], e.get("elapsed_s"), e.get("sent_mb"))
                             for e in summary.get("evaluations", [])])
@@ -354,6 +357,29 @@ def accuracy_runs(jobs: list[FinishedJob]) -> list[tuple[str, str, list[Evaluati
     return [(job.name, job.sync, job.evaluations) for job in jobs if job.evaluations]
 
 
+def configuration(job: FinishedJob) -> tuple:
+    """What decides a run's steps to accuracy, whatever its link: every lossless method computes the same update (one
+    key for all of them); another is its label with its averaging period, at its world size and global batch."""
+    name, compression = split_label(job.sync)
+    method = SYNC_METHODS.get(name)
+    lossless = (method is not None and method.averages == GRADIENTS and compression == "none"
+                and not method.fixed_compression)
+    options = () if lossless else (job.sync, *(job.params.get(key) for key in ("period", "host_period",
+                                                                              "powersgd_rank")))
+    return ("lossless" if lossless else "", *options, job.world_size, job.params.get("batch_size"))
+
+
+def carried_to_links(jobs: list[FinishedJob], target: float) -> list[dict]:
+    """Time to `target` on every link a configuration's runs were timed on (time_to_accuracy.carried); [] unless
+    some run is carried to a link other than its evaluated run's."""
+    evaluated = [(configuration(job), job.evaluations) for job in jobs if job.evaluations]
+    timed = [(configuration(job), {"run": job.name, "sync": job.sync, "link": job.params.get("link") or "-",
+                                   "step_s": timing(job.metrics, "step_time_s")}) for job in jobs]
+    rows = time_to_accuracy.carried(evaluated, timed, target)
+    evaluated_links = {job.params.get("link") or "-" for job in jobs if job.evaluations}
+    return rows if any(row["link"] not in evaluated_links for row in rows) else []
+
+
 def accuracy_target(jobs: list[FinishedJob], target: float | None) -> float | None:
     """The accuracy time to accuracy is measured to: `target`, else the best final accuracy minus 2 points."""
     return target if target is not None else time_to_accuracy.default_target([c for _, _, c in accuracy_runs(jobs)])
@@ -368,6 +394,9 @@ def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | Non
     if target is not None:
         sections.append(time_to_accuracy.describe(time_to_accuracy.rows(accuracy_runs(jobs), target),
                                                   given=target_accuracy is not None))
+        carried = carried_to_links(jobs, target)
+        if carried:
+            sections.append(time_to_accuracy.describe_carried(carried, target))
     communication = communication_table(jobs)
     if communication:
         sections.append("Communication per step, least exposed first: exposed = what compute did not hide (for a "

@@ -120,3 +120,32 @@ def plot(runs: Sequence[tuple[str, str, Sequence[Evaluation]]], target: float, p
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def carried(evaluated: Sequence[tuple[tuple, Sequence[Evaluation]]], timed: Sequence[tuple[tuple, dict]],
+            target: float) -> list[dict]:
+    """Steps to `target` of each configuration that was evaluated, times the step of each run of the same
+    configuration (on whatever link it ran): `evaluated` holds (configuration, evaluations), `timed` (configuration,
+    {"run", "sync", "link", "step_s"}). One row per timed run whose configuration reached the target."""
+    steps = {}
+    for key, curve in evaluated:
+        hit = reached(curve, target)
+        if hit is not None:
+            steps.setdefault(key, hit.step)
+    return [{**run, "steps": steps[key], "time_s": steps[key] * run["step_s"]}
+            for key, run in timed if key in steps and run.get("step_s")]
+
+
+def describe_carried(table: list[dict], target: float) -> str:
+    """The carried rows by link, fastest first, each with its time against ddp's on the same link."""
+    lines = [(f"Time to {100 * target:.2f}% on each link measured: steps to it (the evaluated runs', the same for "
+              f"every lossless method) x the mean step of a run on that link; time_vs = against ddp's on that link:"),
+             f"{'link':<10}{'sync':<24}{'steps':>6}{'step_s':>9}{'time_s':>10}{'time_vs':>9}  run"]
+    for link in sorted({row["link"] for row in table}):
+        rows = sorted((row for row in table if row["link"] == link), key=lambda row: row["time_s"])
+        ddp = next((row for row in rows if row["sync"] == "ddp"), None)
+        for row in rows:
+            versus = f"{row['time_s'] / ddp['time_s']:.2f}x" if ddp else "-"
+            lines.append(f"{link:<10}{row['sync']:<24}{row['steps']:>6}{row['step_s']:>9.3f}{row['time_s']:>10.1f}"
+                         f"{versus:>9}  {row['run']}")
+    return "\n".join(lines)

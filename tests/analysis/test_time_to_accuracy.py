@@ -65,3 +65,17 @@ def test_predict_carries_steps_to_accuracy_to_another_network(capsys):
     assert predict.main(["--model", "mnist_cnn", "--ranks", "4", "--link", "1gbit", "--compute-per-sample", "0.001",
                          "--steps-to-accuracy", "ring=0"]) == 2
     assert "must be METHOD=STEPS" in " ".join(capsys.readouterr().err.split())
+
+
+def test_steps_to_accuracy_carry_to_every_link_a_configuration_was_timed_on():
+    # allreduce evaluated on an unshaped link reaches 50% at step 80; ddp and allreduce timed on a slow one: every
+    # lossless method computes the same update, so both take those 80 steps there
+    evaluated = [(("lossless", 4), DDP), (("localsgd", "8", 4), LOCAL)]
+    timed = [(("lossless", 4), {"run": "d", "sync": "ddp", "link": "10mbit", "step_s": 40.0}),
+             (("localsgd", "8", 4), {"run": "l", "sync": "localsgd", "link": "10mbit", "step_s": 3.0}),
+             (("diloco", "8", 4), {"run": "x", "sync": "diloco", "link": "10mbit", "step_s": 2.0})]  # never evaluated
+    rows = time_to_accuracy.carried(evaluated, timed, 0.5)
+    assert [(row["sync"], row["steps"], row["time_s"]) for row in rows] == [("ddp", 80, 3200.0),
+                                                                            ("localsgd", 80, 240.0)]
+    text = time_to_accuracy.describe_carried(rows, 0.5)
+    assert "0.07x" in text and text.index("localsgd") < text.index("ddp   ")
