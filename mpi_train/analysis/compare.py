@@ -46,6 +46,7 @@ class FinishedJob:
     params: dict = field(default_factory=dict)  # the parent run's params (link, num_hosts, ranks_per_host, ...)
     slow_host: str | None = None  # a straggler host found at its start (stragglers.Straggler.describe)
     evaluations: list[Evaluation] = field(default_factory=list)  # each test evaluation, for time to accuracy
+    drift_curve: list[tuple[int, float]] = field(default_factory=list)  # local SGD, DiLoCo: ranks from their average
 
     @property
     def label(self) -> str:
@@ -76,6 +77,8 @@ def load_jobs(client, experiment_id: str, since_ms: int | None = None, names: se
         children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{job.run_id}'",
                                       max_results=1000)
         job.evaluations = evaluations(client, job.run_id)
+        job.drift_curve = [(m.step, m.value) for m in sorted(history(client, job.run_id, metric_names.DRIFT),
+                                                             key=lambda m: m.step)]
         for child in sorted(children, key=lambda c: int(c.data.tags.get("rank", 0))):
             steps = history(client, child.info.run_id, metric_names.rank_key("step_time_s"))
             job.rank_step_times.append([m.value for m in steps])
@@ -113,7 +116,8 @@ def job_from_summary(name: str, summary: dict) -> FinishedJob:
                           if summary["config"].get(key) is not None}},
                slow_host=Straggler.from_dict(summary["slow_host"]).describe() if summary.get("slow_host") else None,
                evaluations=[Evaluation(e["step"], e["test_accuracy"], e.get("elapsed_s"), e.get("sent_mb"))
-                            for e in summary.get("evaluations", [])])
+                            for e in summary.get("evaluations", [])],
+               drift_curve=[(step["step"], step["drift"]) for step in summary["steps"] if "drift" in step])
 
 
 def slow_host_lines(jobs: list[FinishedJob]) -> list[str]:
@@ -223,6 +227,17 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
     target = accuracy_target(jobs, target_accuracy)
     if target is not None:
         written.append(time_to_accuracy.plot(accuracy_runs(jobs), target, out / "accuracy_vs_time.png"))
+    drifting = [job for job in jobs if job.drift_curve]
+    if drifting:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for job in drifting:
+            steps, values = zip(*job.drift_curve)
+            ax.plot(steps, values, marker="o", markersize=3, label=job.name)
+        ax.set(xlabel="step", ylabel="L2 distance from the average (mean over ranks)", yscale="log",
+               title="How far the ranks' models drift apart between averages")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        written.append(save_figure(fig, out / "drift_vs_step.png"))
     return written
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from mpi_train.analysis import predict, time_to_accuracy
-from mpi_train.analysis.compare import job_from_summary
+from mpi_train.analysis.compare import job_from_summary, plot
 from mpi_train.analysis.time_to_accuracy import Evaluation
 
 
@@ -40,14 +40,17 @@ def test_the_table_gives_steps_time_and_bytes_and_the_time_against_ddp():
     assert [row["time_vs"] for row in without] == [pytest.approx(180 / 400), 1.0]
 
 
-def test_a_summary_file_carries_its_evaluations_to_the_comparison():
+def test_a_summary_file_carries_its_evaluations_and_drift_to_the_comparison_and_its_plots(tmp_path):
     summary = {"config": {"sync": "localsgd", "compression": "none", "batch_size": 64, "model": "mnist_cnn"},
                "world_size": 2, "total_steps": 8, "wall_time_s": 3.0, "final_loss": 1.0, "epochs": [],
-               "steps": [{"step": 8, "loss": 1.0}], "per_rank_mean_times": [{"step_time_s": 0.1}],
+               "steps": [{"step": 4, "loss": 1.5, "drift": 0.2}, {"step": 8, "loss": 1.0, "drift": 0.3}],
+               "per_rank_mean_times": [{"step_time_s": 0.1}],
                "mean_times": {"step_time_s": 0.1, "sync_time_s": 0.01},
                "evaluations": [{"step": 4, "test_accuracy": 0.5, "test_loss": 1.2, "elapsed_s": 1.0, "sent_mb": 2.0}]}
     job = job_from_summary("run", summary)
-    assert job.evaluations == [Evaluation(4, 0.5, 1.0, 2.0)]
+    assert job.evaluations == [Evaluation(4, 0.5, 1.0, 2.0)] and job.drift_curve == [(4, 0.2), (8, 0.3)]
+    written = {path.name for path in plot([job], tmp_path)}
+    assert {"accuracy_vs_time.png", "drift_vs_step.png"} <= written
 
 
 def test_predict_carries_steps_to_accuracy_to_another_network(capsys):
