@@ -61,8 +61,8 @@ class ModelAveraging(SyncMethod):
         if period < 1 or host_period < 0 or local_start_step < 0 or momentum not in MOMENTUM:
             raise ValueError(f"averaging: period {period}, host period {host_period}, start {local_start_step}, "
                              f"momentum {momentum!r}")
-        self.period, self.local_start_step, self.host_period, self.momentum = period, local_start_step, host_period, \
-            momentum
+        self.period, self.local_start_step = period, local_start_step
+        self.host_period, self.momentum = host_period, momentum
         self.hosts = list(hosts) if hosts is not None else None
         if host_period:
             self.collective = "hierarchical"  # across hosts; the hosts' own averages are priced apart (prediction.py)
@@ -104,7 +104,7 @@ class ModelAveraging(SyncMethod):
         step = self.steps + 1
         if not self.local(step):
             self.warmup.sync(model)
-            self.anchor_stale, self.last_sync = True, "all"
+            self.anchor_stale, self.last_sync = True, "gradients"
             return
         self.last_sync = None
         if self.anchor_stale:  # every rank holds the same parameters here: the average the local steps start from
