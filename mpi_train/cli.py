@@ -33,7 +33,7 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
         meta = dict(field.metadata)
         choices = meta.pop("choices", None)
         if isinstance(choices, str):
-            choices = tuple(REGISTRIES[choices])
+            choices = (*REGISTRIES[choices], *meta.pop("also", ()))
         flag = "--" + field.name.replace("_", "-")
         if _field_type(field) is bool:  # on/off switches: present means on
             parser.add_argument(flag, action="store_true", **meta)

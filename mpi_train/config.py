@@ -4,7 +4,7 @@ Precedence is simple and written down once: command-line flags override the
 defaults below (and `MASTER_ADDR` / `MLFLOW_TRACKING_URI` fill their flags when
 those are not given). `cli.py` builds the argument parser from these fields, so
 a new option is one new field here; a field whose `choices` names a registry below
-offers that registry's keys.
+offers that registry's keys (and the words its `also` adds, like --sync auto).
 """
 
 from __future__ import annotations
@@ -26,18 +26,25 @@ ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the 
 DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
 BACKENDS = ("auto", "gloo", "nccl")
 RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-dir, if any
+SYNC_AUTO = "auto"  # --sync auto: the method an advice recommends (advice/cache.py), resolved before setup
+ADVICE_DIR = "mlruns/advice"  # where python -m mpi_train.advise keeps its advice and --sync auto looks for it
 REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS, "model": MODELS}  # a field's `choices` names one
 
 
 def _opt(default, help, **extra):
-    """A field with its CLI help attached (`choices`, `metavar` may be added)."""
+    """A field with its CLI help attached (`choices`, `also`: choices beyond a registry's, `metavar` may be added)."""
     return field(default=default, metadata={"help": help, **extra})
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     # What to train.
-    sync: str = _opt("allreduce", "gradient synchronisation method", choices="sync")
+    sync: str = _opt("allreduce", "gradient synchronisation method; auto: the one python -m mpi_train.advise "
+                     "recommends for this job's hosts, model, batch and world size (see --advice)", choices="sync",
+                     also=(SYNC_AUTO,))
+    advice: str | None = _opt(None, f"with --sync auto: the advice to follow, a JSON of python -m mpi_train.advise or "
+                              f"a folder of them (default: the newest for this job's setting under {ADVICE_DIR}/)",
+                              metavar="PATH")
     bucket_mb: float = _opt(25.0, "bucket size in megabytes for --sync bucketed: smaller buckets start communicating "
                             "earlier in backward, larger ones make fewer calls")
     compression: str = _opt("none", "what the sync method's messages carry: none (float32), fp16 or bf16 (half the "
@@ -313,6 +320,7 @@ class JobInfo:
     num_hosts: int = 1
     ranks_per_host: int = 1  # the most ranks on one host
     resumed_from: dict | None = None  # checkpoint, step, run id and world size of the job this one continues
+    advice: dict | None = None  # under --sync auto: the advice followed (its file, age, the flags it set and why)
 
     @property
     def timeline_window(self) -> tuple[int, int] | None:
@@ -322,8 +330,10 @@ class JobInfo:
         return parse_window(self.timeline_steps) or (1, ALL_STEPS)
 
     def as_dict(self) -> dict:
-        """The summary's job fields, in this order; `resumed_from` only when resumed."""
+        """The summary's job fields, in this order; `resumed_from` only when resumed, `advice` only under --sync
+        auto."""
         fields = {**dataclasses.asdict(self), "hosts": list(self.hosts)}
-        if self.resumed_from is None:
-            del fields["resumed_from"]
+        for optional in ("resumed_from", "advice"):
+            if fields[optional] is None:
+                del fields[optional]
         return fields

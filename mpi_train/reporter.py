@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from . import swimlanes, timeline
+from .advice.cache import described
 from .config import JobInfo
 from .files import write_json_atomically
 from .tracking import NullTracker
@@ -78,6 +79,8 @@ class Reporter(SilentReporter):
             + "), "
             f"{job.threads} thread(s) per rank, {job.total_steps} steps, rendezvous {job.rendezvous}"
         )
+        if job.advice:  # --sync auto: what it took, from which advice, and why
+            self.print(f"mpi_train: {described(job.advice)}")
         resumed = job.resumed_from
         if resumed:
             reshard = resumed.get("world_size", job.world_size) != job.world_size

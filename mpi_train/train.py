@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import preemption, tracking
+from . import advice, preemption, tracking
 from .checkpoint import Checkpointer, Position, Resume, load_for_resume, restore_rank_state
 from .clock import Clock
 from .cluster import Cluster
@@ -149,8 +149,9 @@ class Progress:
             self.evaluating_s += time.perf_counter() - began
 
 
-def setup(config: TrainConfig, cluster: Cluster) -> Job:
-    """Tracking store, threads and device, data, process group, identical replicas, sync method, optimizer, resume."""
+def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) -> Job:
+    """Tracking store, threads and device, data, process group, identical replicas, sync method, optimizer, resume.
+    `advised`: the advice --sync auto followed (advice.resolve), reported with the job."""
     info = cluster.info
     config.validate(info.world_size)
     connection = tracking.connect(config, cluster)  # rank 0 checks the tracking store now, before any work
@@ -205,6 +206,7 @@ def setup(config: TrainConfig, cluster: Cluster) -> Job:
         **layout_params(cluster.hosts),
         resumed_from=({"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id,
                        "world_size": resume.world_size} if resume else None),
+        advice=advised,
     )
     return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, train_loader, sampler,
                test_loader, checkpoints, resume, Preemption(config.checkpoint_dir is not None, info.world_size, device),
@@ -303,7 +305,8 @@ class AfterStep:
 def run(config: TrainConfig, cluster: Cluster) -> int:
     """One training job on every rank of `cluster`; its exit status (REQUEUE_EXIT: stopped by SIGUSR1 to be
     requeued, see preemption.py)."""
-    job = setup(config, cluster)
+    config, advised = advice.resolve(config, cluster)  # --sync auto: the advised flags, before anything is built
+    job = setup(config, cluster, advised)
     rank, total_steps = cluster.info.rank, job.info.total_steps
     if job.resume and job.resume.finished(total_steps):
         if cluster.info.is_main:

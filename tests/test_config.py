@@ -27,7 +27,7 @@ def test_cli_overrides_defaults_and_keeps_the_rest():
 
 def test_sync_and_model_choices_come_from_the_registries():
     actions = {a.dest: a for a in build_parser()._actions}
-    assert tuple(actions["sync"].choices) == tuple(SYNC_METHODS)
+    assert tuple(actions["sync"].choices) == (*SYNC_METHODS, "auto")  # auto: the advice's pick (tests/advice/)
     assert tuple(actions["model"].choices) == tuple(MODELS)
 
 

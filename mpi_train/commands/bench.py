@@ -318,6 +318,11 @@ def spread(values: list[float]) -> float:
     return (quartiles[2] - quartiles[0]) / 2
 
 
+def slowest(per_rank: list[dict], name: str, phase: str) -> list[float]:
+    """Each timed step's `phase` seconds of method `name` on the rank that took longest in it."""
+    return [max(values) for values in zip(*(rank[name][phase] for rank in per_rank))]
+
+
 def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: float,
               sent: dict[str, float] | None = None, hosts: tuple[str, ...] | None = None,
               model_of: ModelInputs | None = None, codec: list[dict[str, float]] | None = None) -> list[dict]:
@@ -330,16 +335,14 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
     names = list(per_rank[0])
     bucket_mb = model_of.bucket_mb if model_of else TrainConfig.bucket_mb
 
-    def slowest(name: str, phase: str) -> list[float]:
-        return [max(values) for values in zip(*(rank[name][phase] for rank in per_rank))]
-
     # The step from barrier to barrier, not the slowest compute plus the slowest sync: where no barrier parts them
     # (overlapped methods), the rank that finishes backward first waits longest in sync, and that sum counts both.
-    steps = {name: slowest(name, "step") for name in names}
+    steps = {name: slowest(per_rank, name, "step") for name in names}
     rows = []
     for name in names:
         method = configured(name, bucket_mb)
-        compute, sync = statistics.median(slowest(name, "compute")), statistics.median(slowest(name, "sync"))
+        compute = statistics.median(slowest(per_rank, name, "compute"))
+        sync = statistics.median(slowest(per_rank, name, "sync"))
         differences = [s - b for s, b in zip(steps[name], steps[NO_SYNC])]
         exposed = statistics.median(differences)
         row = {"method": name, "compute_s": compute, "sync_s": sync, "step_s": statistics.median(steps[name]),
@@ -363,7 +366,7 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
                 "floor_s": floor, "efficiency": min(1.0, floor / comm) if world > 1 and comm else None,
             })
         if model_of is not None and name != NO_SYNC:
-            backward = model_of.backward.share * statistics.median(slowest(NO_SYNC, "compute"))
+            backward = model_of.backward.share * statistics.median(slowest(per_rank, NO_SYNC, "compute"))
             prediction = netmodel.predict(method, model_of.tensor_bytes, model_of.layout, model_of.network, label=name,
                                           ratio=ratio, backward_s=backward, backward=model_of.backward)
             if prediction is not None:

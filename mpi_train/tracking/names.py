@@ -12,6 +12,7 @@ prefixes are the questions a user asks of a comparison:
                                         wall time, the tracking overhead, a slow host's cost
     rank/       how do the ranks differ? each rank's child run: its own loss and phase times
     sync_cost/  what does a method cost? one child run of a bench per method label
+    advice/     which method to run here? one child run of an advice per candidate: predicted and measured step
     network/    stalls of a host's link; sent_mb at each test evaluation (bytes to accuracy)
     system/     CPU, memory, network and disk per host (system/<host>/...)
 
@@ -75,6 +76,11 @@ JOB_NOTE = ("A training job: learning/ holds its loss and test accuracy, time/ e
 def bench_key(name: str) -> str:
     """A bench row's figure, the same key on every method's child run: `sync_cost/exposed_s`."""
     return f"sync_cost/{name}"
+
+
+def advice_key(name: str) -> str:
+    """An advice candidate's figure, the same key on every candidate's child run: `advice/measured_step_s`."""
+    return f"advice/{name}"
 
 
 # The names before these sections, as jobs of earlier versions logged them (their readers accept both).

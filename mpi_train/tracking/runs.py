@@ -20,6 +20,7 @@ import time
 import traceback
 from pathlib import Path
 
+from ..advice.cache import described
 from ..config import RESUME_AUTO, JobInfo, TrainConfig, redact_uri
 from ..errors import UserError, raised_in_collective
 from ..files import write_json_atomically
@@ -43,7 +44,8 @@ SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
 PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size",
           "batch_size_per_rank", "model", "dataset", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_steps",
           "timing_warmup_steps", "epochs", "max_steps", "seed", "hosts", "threads", "rendezvous", "link", "num_hosts",
-          "ranks_per_host")
+          "ranks_per_host", "advice", "accumulate", "period", "local_start_step", "host_period", "local_momentum",
+          "outer_lr", "outer_momentum", "eval_every")
 
 
 def checked_failure(posted: bytes) -> dict:
@@ -147,6 +149,8 @@ class MlflowTracker(NullTracker):
                 "mlflow_version": environment["mlflow"], "hosts": params["hosts"]}
         if environment["git_commit"]:
             tags["mlflow.source.git.commit"] = environment["git_commit"]
+        if job.advice:  # --sync auto: what it took and why (the advice file is param `advice`)
+            tags["mpi_train.sync_auto"] = described(job.advice)[:5000]
         # --resume auto: this job is an attempt of one run. Its metrics wait for a checkpoint to cover them (commit),
         # so the steps a failed attempt trained past its last checkpoint reach MLflow once, from the attempt that
         # trains them again; and it continues the run of the attempt it resumes.

@@ -1,0 +1,14 @@
+"""Advice: which lossless sync method (and bucket size) to run on these hosts, and --sync auto that follows it.
+
+    search.py   every lossless method, and every bucket size that cuts the gradients differently, predicted
+                by the alpha-beta model; the shortlist the advisor measures; Kendall's tau of its ranking
+    cache.py    advice files under mlruns/advice/: the newest that fits a setting, its reused calibration,
+                and what --sync auto takes from it
+
+The advisor itself, a rank program launched like training, is commands/advise.py.
+"""
+
+from .cache import Setting, resolve
+from .search import Candidate, Predicted, StepModel
+
+__all__ = ["Candidate", "Predicted", "Setting", "StepModel", "resolve"]

@@ -1,0 +1,571 @@
+"""`python -m mpi_train.advise`: which sync method to run on these hosts, predicted, measured, and kept for --sync auto.
+
+    mpirun -np 4 --hostfile hostfile python -m mpi_train.advise --model vgg11 --batch-size 256
+    mpirun -np 4 --hostfile hostfile python -m mpi_train --model vgg11 --batch-size 256 --sync auto
+
+Started like the training job it advises, on the same hosts and ranks, it:
+
+1. calibrates the links as the bench does (ping-pong within a host and between hosts, fitted to
+   alpha + beta·m), or takes the calibration of the newest advice on the same hosts at the same
+   --link, saying how old it is (--fresh measures again);
+2. times the model's forward and backward without sync, and when backward has each gradient
+   ready (the bench's BackwardClock);
+3. predicts every lossless method's step, bucketed at every bucket size that cuts the gradients
+   differently (mpi_train/advice/search.py);
+4. measures the --measure methods predicted fastest (each at its best bucket size), ddp as the
+   reference and, beside a searched bucket size, the 25 MB default, in a short bench: round
+   robin between barriers with a no-sync baseline, as `python -m mpi_train.bench` does;
+5. recommends the configuration measured fastest: the flags to add to `python -m mpi_train`, its
+   predicted and measured step, and why (the step without sync, the exposed communication, the
+   link that binds).
+
+Lossy options (fp16, bf16, PowerSGD, and methods that average models every few steps) are listed
+apart, each with its predicted step and the accuracy cost the project measured (ACCURACY_COST),
+and are never recommended. The advice is kept under mlruns/advice/ (--advice-dir) for `--sync
+auto`, written to --json too, and logged to MLflow (tag mpi_train.role = advice, a child run per
+candidate shown) unless --no-tracking.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .. import netmodel, tracking
+from ..advice import cache, search
+from ..advice.search import Candidate, StepModel
+from ..cluster import Cluster, exit_process
+from ..config import ADVICE_DIR, BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig
+from ..data import SyntheticImages
+from ..devices import place
+from ..errors import UserError, folder_write_error
+from ..files import write_json_atomically
+from ..models import INPUT_SHAPES, MODELS, build_model
+from ..rankguard import RankAwareParser, guarded, join_job
+from ..sync import PARAMETERS, SYNC_METHODS, backend_error, every_label, split_label
+from ..tracking import names as metric_names
+from ..tracking.links import share_views, where
+from .bench import NO_SYNC, Contender, NoSync, measure, slowest
+
+CALIBRATION_BYTES = 16 * 2**20  # the largest ping-pong message: enough to fit beta; larger only take longer
+PROFILE_STEPS = 2  # timed steps of the model without sync, for the predictions that pick what to measure
+SOURCE = "docs/results.md"
+
+
+@dataclass(frozen=True)
+class AccuracyCost:
+    """Test accuracy of a lossy option against allreduce's, in points, as measured in this project."""
+
+    points: float
+    measured: str  # what was run
+    source: str
+
+
+# (model, option) -> the accuracy cost measured; an option is a compression, or a method that averages models.
+ACCURACY_COST = {
+    ("vgg11", "fp16"): AccuracyCost(+0.62, "bucketed+fp16, CIFAR-10, one epoch, np 4, batch 256",
+                                    f"{SOURCE}#accuracy-at-parity-cifar-10-one-epoch"),
+    ("vgg11", "powersgd"): AccuracyCost(-1.78, "bucketed+powersgd rank 2 from step 101, CIFAR-10, one epoch, np 4",
+                                        f"{SOURCE}#accuracy-at-parity-cifar-10-one-epoch"),
+    ("mnist_cnn", "fp16"): AccuracyCost(+0.05, "bucketed+fp16, MNIST, one epoch, np 4, batch 256",
+                                        f"{SOURCE}#accuracy-at-parity-mnist-one-epoch-measured-on-a-busy-machine"),
+    ("mnist_cnn", "powersgd"): AccuracyCost(+0.03, "bucketed+powersgd rank 2 from step 11, MNIST, one epoch, np 4",
+                                            f"{SOURCE}#accuracy-at-parity-mnist-one-epoch-measured-on-a-busy-machine"),
+}
+
+
+def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
+    parser = RankAwareParser(prog="python -m mpi_train.advise", quiet=quiet, description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
+                        help="model the job trains (default: vgg11; the job's --dataset synthetic or mnist trains "
+                             "mnist_cnn)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="the job's global batch, split across ranks (default: 256)")
+    parser.add_argument("--json", metavar="PATH", help="rank 0 also writes the advice here")
+    parser.add_argument("--advice-dir", default=ADVICE_DIR,
+                        help=f"where advice is kept, for --sync auto and for reusing a calibration (default: "
+                             f"{ADVICE_DIR})")
+    parser.add_argument("--fresh", action="store_true",
+                        help="calibrate the links again even if an advice on these hosts holds a calibration")
+    parser.add_argument("--measure", type=int, default=3, metavar="N",
+                        help="methods predicted fastest to measure, each at its best bucket size, beside ddp "
+                             "(default: 3)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps of the short bench (default: 2)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed steps first (default: 1: bucketed learns its order, ddp builds its buckets)")
+    parser.add_argument("--link-iters", type=int, default=2,
+                        help="timed repetitions per message size of the link calibration (default: 2)")
+    parser.add_argument("--link", help="the link rate the hosts were shaped to (e.g. 100mbit): recorded, and the "
+                                       "calibrated bandwidth between hosts is capped at it")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="auto",
+                        help="what started the ranks (default: auto, detected)")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend (default: auto)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads per rank (default: this host's cores divided by its ranks)")
+    parser.add_argument("--master-addr", default=None, help="rendezvous address (default: $MASTER_ADDR, else chosen)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait (default: 300)")
+    parser.add_argument("--tracking-uri", help="MLflow server or database (default: $MLFLOW_TRACKING_URI, else "
+                                               "sqlite:///mlruns/mlflow.db)")
+    parser.add_argument("--experiment", default="mpi_train",
+                        help="MLflow experiment the advice run is filed under (default: mpi_train)")
+    parser.add_argument("--run-name", help="name of the advice run (default: advice-MODEL-npN)")
+    parser.add_argument("--no-tracking", action="store_true", help="do not record the advice in MLflow")
+    return parser
+
+
+def validate(args: argparse.Namespace, world: int) -> None:
+    if world < 2:
+        raise UserError("the advisor compares ways of syncing ranks, and this job has one rank. Start it like the "
+                        "training job, e.g. mpirun -np 4 --hostfile hostfile python -m mpi_train.advise.")
+    for flag, value in {"--batch-size": args.batch_size, "--steps": args.steps, "--measure": args.measure,
+                        "--link-iters": args.link_iters, "--timeout": args.timeout}.items():
+        if value <= 0:
+            raise UserError(f"{flag} must be positive, got {value}.")
+    if args.warmup < 0:
+        raise UserError(f"--warmup must not be negative, got {args.warmup}.")
+    if args.link:
+        try:
+            netmodel.rate_bytes_per_s(args.link)
+        except ValueError as error:
+            raise UserError(f"--link: {error}.") from None
+    if args.batch_size % world:
+        raise UserError(f"--batch-size {args.batch_size} is the global batch and must split evenly across the {world} "
+                        f"ranks. Use a multiple of {world}.")
+
+
+# --- what is measured ------------------------------------------------------------------------
+
+def calibration(cluster: Cluster, args: argparse.Namespace, largest: int, device) -> dict | None:
+    """The links, on rank 0 (None elsewhere): the newest advice's on these hosts at this --link, unless --fresh,
+    else measured now. Collective."""
+    reused = None
+    if cluster.info.is_main and not args.fresh:
+        found = cache.reusable_calibration(args.advice_dir, cluster.hosts, args.link)
+        if found:
+            path, data = found
+            reused = {**data["calibration"], "reused_from": str(path)}
+    reused = cluster.bcast(reused)
+    if reused:
+        if cluster.info.is_main:
+            print(f"advise: reusing the calibration of {reused['reused_from']}, measured "
+                  f"{cache.age(time.time() - reused['measured_at_s'])} ago (--fresh measures again)", flush=True)
+        return reused if cluster.info.is_main else None
+    if cluster.info.is_main:
+        print(f"advise: calibrating the links (ping-pong, 1 KB .. {largest / 1e6:.1f} MB)", flush=True)
+    measured = netmodel.calibrate(cluster.hosts, largest, args.link_iters, device, args.link)
+    if not cluster.info.is_main:
+        return None
+    network = netmodel.capped(netmodel.Network.from_dict(measured["network"]), args.link)
+    return {**measured, "network": network.as_dict(), "measured_at_s": time.time(),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "reused_from": None}
+
+
+def contender(name: str, method, template) -> Contender:
+    model = copy.deepcopy(template)
+    return Contender(name, method, model, method.wrap(model), method.overlapped())
+
+
+def step_model(per_rank: list[dict], tensor_bytes: Sequence[float], layout: netmodel.Layout,
+               network: netmodel.Network, backward: netmodel.Backward) -> StepModel:
+    """The step without sync as measured (slowest rank per step, median), with the links and backward's profile."""
+    return StepModel(tuple(tensor_bytes), layout, network, backward,
+                     statistics.median(slowest(per_rank, NO_SYNC, "compute")),
+                     statistics.median(slowest(per_rank, NO_SYNC, "step")))
+
+
+def measured_steps(per_rank: list[dict]) -> dict[str, dict]:
+    """Per contender: its step and its step minus the no-sync step of the same round (slowest rank, medians), and
+    each timed step."""
+    baseline = slowest(per_rank, NO_SYNC, "step")
+    found = {}
+    for name in per_rank[0]:
+        steps = slowest(per_rank, name, "step")
+        found[name] = {"step_s": statistics.median(steps),
+                       "exposed_s": statistics.median(s - b for s, b in zip(steps, baseline)), "steps_s": steps}
+    return found
+
+
+# --- what is reported ------------------------------------------------------------------------
+
+def option_of(text: str) -> str:
+    """What ACCURACY_COST knows a lossy label by: its compression, or a model-averaging method (with its
+    compression, if any)."""
+    name, compression = split_label(text)
+    method = SYNC_METHODS[name]
+    if method.averages == PARAMETERS:
+        return name if compression == "none" else text
+    return method.compression_name(compression)
+
+
+def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tuple[list[dict], list[tuple]]:
+    """Every lossy label with its predicted step (the wire only: a compressor's CPU work is left out) and its
+    measured accuracy cost; and those the backend cannot run, with the reason."""
+    rows, refused = [], []
+    for text in every_label():
+        name, compression = split_label(text)
+        method_class = SYNC_METHODS[name]
+        if compression == "none" and not method_class.fixed_compression and method_class.averages != PARAMETERS:
+            continue
+        why = backend_error(name, backend)
+        if why:
+            refused.append((text, why))
+            continue
+        method = method_class.from_config(TrainConfig(sync=name, compression=compression))
+        prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
+                                      ratio=method.wire_ratio(params), backward_s=model.backward_s,
+                                      backward=model.backward)
+        if prediction is None:
+            continue
+        option = option_of(text)
+        cost = ACCURACY_COST.get((model_name, option))
+        rows.append({"label": text, "option": option,
+                     "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else []),
+                     "predicted_step_s": model.baseline_step_s + prediction.sync_s,
+                     "accuracy_points": cost.points if cost else None,
+                     "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None})
+    return sorted(rows, key=lambda row: row["predicted_step_s"]), refused
+
+
+def recommendation(rows: dict[str, dict], first_choice: str, model: StepModel) -> dict:
+    """The configuration measured fastest, with its flags and why."""
+    measured = {key: row for key, row in rows.items() if row.get("measured_step_s") is not None}
+    best = min(measured.values(), key=lambda row: row["measured_step_s"])
+    step, exposed = best["measured_step_s"], best["predicted_exposed_s"]
+    hidden = max(0.0, best["predicted_comm_s"] - exposed)
+    why = [f"{best['label']} is predicted at {best['predicted_step_s'] * 1e3:,.0f} ms per step: "
+           f"{model.baseline_step_s * 1e3:,.0f} ms without sync (forward and backward) + "
+           f"{exposed * 1e3:,.0f} ms of exposed communication ({best['predicted_comm_s'] * 1e3:,.0f} ms of messages"
+           + (f", {hidden * 1e3:,.0f} ms of them hidden behind backward" if hidden > 5e-4 else "")
+           + f"); what binds: {best['binds']}",
+           f"measured {step * 1e3:,.0f} ms per step, the fastest of the {len(measured)} measured"]
+    reference = rows.get(search.REFERENCE)
+    if reference and reference is not best and reference.get("measured_step_s"):
+        why.append(f"ddp measured {reference['measured_step_s'] * 1e3:,.0f} ms "
+                   f"({reference['measured_step_s'] / step:.2f}x this step)")
+    if best["bucket_mb"] is not None and best["bucket_mb"] != search.DEFAULT_BUCKET_MB:
+        default = rows.get(Candidate(best["sync"], search.DEFAULT_BUCKET_MB).label) or {}
+        if default.get("measured_step_s"):
+            why.append(f"its {best['bucket_mb']:g} MB buckets against the default {search.DEFAULT_BUCKET_MB:g} MB: "
+                       f"{step * 1e3:,.0f} against {default['measured_step_s'] * 1e3:,.0f} ms measured, "
+                       f"{best['predicted_step_s'] * 1e3:,.0f} against {default['predicted_step_s'] * 1e3:,.0f} ms "
+                       f"predicted")
+    if best["label"] != first_choice:
+        first = rows[first_choice]
+        why.append(f"the model's first choice, {first_choice}, measured {first['measured_step_s'] * 1e3:,.0f} ms")
+    return {key: best[key] for key in ("label", "sync", "bucket_mb", "flags", "predicted_step_s",
+                                       "predicted_exposed_s", "measured_step_s", "binds")} | {
+        "baseline_step_s": model.baseline_step_s, "why": "; ".join(why) + "."}
+
+
+def table(rows: Sequence[dict]) -> str:
+    columns = ("candidate", "flags", "predicted_ms", "exposed_ms", "measured_ms", "binds")
+
+    def cell(row: dict, column: str) -> str:
+        if column == "candidate":
+            return row["label"]
+        if column == "flags":
+            return " ".join(row["flags"])
+        if column == "binds":
+            return row["binds"]
+        value = row[{"predicted_ms": "predicted_step_s", "exposed_ms": "predicted_exposed_s",
+                     "measured_ms": "measured_step_s"}[column]]
+        return "-" if value is None else f"{value * 1e3:,.1f}"
+
+    cells = [list(columns)] + [[cell(row, column) for column in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(value.ljust(width) if i in (0, 1, 5) else value.rjust(width)
+                       for i, (value, width) in enumerate(zip(line, widths))).rstrip() for line in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def describe(result: dict) -> str:
+    """The advice as printed and stored: the setting, the links, the table, the recommendation, the lossy options."""
+    setting = cache.Setting(tuple(result["hosts"]), result["model"], result["batch_size"])
+    links = result["calibration"]
+    source = (f"of {links['reused_from']}, measured {cache.age(result['created_s'] - links['measured_at_s'])} before"
+              if links.get("reused_from") else "measured now")
+    network = netmodel.Network.from_dict(links["network"])
+    search_note = result["search"]
+    shown = [row for row in result["candidates"] if row["shown"]]
+    recommended = result["recommended"]
+    lines = [
+        f"advice for {setting.describe()}, backend {result['backend']}"
+        + (f", link {result['link']}" if result.get("link") else "")
+        + f": {result['gradient_bytes'] / 1e6:.1f} MB of gradients in {result['tensors']} tensors",
+        f"links ({source}): {netmodel.describe_network(network)}",
+        (f"step without sync {result['baseline_step_s'] * 1e3:,.1f} ms (forward + backward "
+         f"{result['compute_s'] * 1e3:,.1f} ms, backward {result['backward_share']:.2f} of it), slowest rank"),
+        f"searched {search_note['configurations']} lossless configurations: "
+        + ", ".join(search_note["methods"])
+        + (f"; {', '.join(search_note['bucketed'])} at {len(search_note['bucket_sizes_mb'])} bucket sizes "
+           f"({search_note['bucket_sizes_mb'][0]:g} .. {search_note['bucket_sizes_mb'][-1]:g} MB)"
+           if search_note["bucketed"] else ""),
+        "",
+        table(shown),
+        (f"(each method at its best predicted configuration, and every one measured; measured = the short bench, "
+         f"{result['bench']['steps']} timed step(s) after {result['bench']['warmup']} warm-up, slowest rank, median)"),
+    ]
+    if result.get("kendall_tau") is not None:
+        lines.append(f"Kendall's tau between predicted and measured step over the {len(result['measured'])} measured: "
+                     f"{result['kendall_tau']:.2f}")
+    for name, why in result["unavailable"]:
+        lines.append(f"unavailable: {name}: {why}")
+    lines += ["", f"recommended: {' '.join(recommended['flags'])}",
+              (f"  predicted {recommended['predicted_step_s'] * 1e3:,.0f} ms per step, measured "
+               f"{recommended['measured_step_s'] * 1e3:,.0f} ms"),
+              f"  why: {recommended['why']}", "",
+              ("lossy options, never chosen here: each changes what the model learns. Each at its fastest predicted "
+               "schedule (the wire only, not a compressor's CPU work; every schedule is in the JSON):")]
+    lines += lossy_table(result["lossy"])
+    for name, why in result["lossy_unavailable"]:
+        lines.append(f"unavailable: {name}: {why}")
+    return "\n".join(lines)
+
+
+def lossy_table(rows: Sequence[dict]) -> list[str]:
+    """Each lossy option at its fastest predicted schedule, with the accuracy cost measured and where (numbered)."""
+    fastest: dict[str, dict] = {}
+    for row in rows:  # (fastest first)
+        fastest.setdefault(row["option"], row)
+    sources = list(dict.fromkeys(row["accuracy_measured"] for row in fastest.values() if row["accuracy_measured"]))
+    cells = [("option", "flags", "predicted_ms", "accuracy against allreduce")] + [
+        (option, " ".join(row["flags"]), f"{row['predicted_step_s'] * 1e3:,.1f}",
+         f"{row['accuracy_points']:+.2f} points [{sources.index(row['accuracy_measured']) + 1}]"
+         if row["accuracy_measured"] else "not measured") for option, row in fastest.items()]
+    widths = [max(len(line[i]) for line in cells) for i in range(4)]
+    lines = [f"{a.ljust(widths[0])}  {b.ljust(widths[1])}  {c.rjust(widths[2])}  {d}" for a, b, c, d in cells]
+    return lines + [f"  [{number}] {source}" for number, source in enumerate(sources, 1)]
+
+
+def plot(result: dict, path: Path) -> Path:
+    """Predicted step against bucket size for each method that follows --bucket-mb, the other methods' predictions
+    as lines, and every measured step as a point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["candidates"]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axis = plt.subplots(figsize=(9, 5.5))
+    for index, name in enumerate(result["search"]["bucketed"]):
+        color = colors[index % len(colors)]
+        curve = sorted((row["bucket_mb"], row["predicted_step_s"]) for row in rows if row["sync"] == name)
+        axis.plot([x for x, _ in curve], [1e3 * y for _, y in curve], color=color, drawstyle="steps-pre",
+                  label=f"{name}: predicted")
+        measured = [(row["bucket_mb"], row["measured_step_s"]) for row in rows
+                    if row["sync"] == name and row["measured_step_s"] is not None]
+        axis.scatter([x for x, _ in measured], [1e3 * y for _, y in measured], color=color, marker="o", zorder=3,
+                     label=f"{name}: measured")
+    others = [row for row in rows if row["bucket_mb"] is None]
+    for index, row in enumerate(others, len(result["search"]["bucketed"])):  # a line each, measured at the right
+        color = colors[index % len(colors)]
+        axis.axhline(1e3 * row["predicted_step_s"], color=color, linestyle=("--", "-.", ":")[index % 3], linewidth=1,
+                     label=f"{row['label']}: predicted")
+        if row["measured_step_s"] is not None:
+            axis.scatter([result["search"]["bucket_sizes_mb"][-1]], [1e3 * row["measured_step_s"]], color=color,
+                         marker="s", zorder=3, label=f"{row['label']}: measured")
+    axis.axvline(search.DEFAULT_BUCKET_MB, color="grey", linewidth=0.8, linestyle=":")
+    axis.set(xscale="log", xlabel="bucket size (MB)", ylabel="step (ms)",
+             title=f"{result['model']}, batch {result['batch_size']}, {result['world_size']} ranks: recommended "
+                   f"{' '.join(result['recommended']['flags'])}")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def link_text(link: netmodel.Link) -> str:
+    return f"{link.alpha * 1e6:.0f} us + m / {link.bandwidth / 1e6:,.1f} MB/s"
+
+
+def log_run(connection: tracking.Connection, run_name: str, result: dict, text: str, files: Sequence[Path]) -> str:
+    """Rank 0: the advice as a parent run (hosts and links as params; the JSON, table and plot as artifacts) with a
+    child run per candidate shown, its predicted and measured step as metrics, as the bench logs its methods."""
+    from mlflow.entities import Metric, Param
+
+    client, experiment = connection.client, connection.experiment_id
+    recommended = " ".join(result["recommended"]["flags"])
+    run_id = client.create_run(experiment, run_name=run_name, tags={
+        "mpi_train.role": "advice", "mpi_train.recommended": recommended}).info.run_id
+    children = []
+    try:
+        network = netmodel.Network.from_dict(result["calibration"]["network"])
+        layout = result["layout"]
+        links = result["calibration"]
+        params = {"model": result["model"], "batch_size": result["batch_size"], "world_size": result["world_size"],
+                  "backend": result["backend"], "hosts": ",".join(dict.fromkeys(result["hosts"])),
+                  "num_hosts": layout["hosts"], "ranks_per_host": layout["ranks_per_host"],
+                  "link": result.get("link") or "unlimited", "recommended": recommended,
+                  "link_between_hosts": link_text(network.inter), "link_within_host": link_text(network.intra),
+                  "calibration": f"reused from {links['reused_from']}" if links.get("reused_from") else "measured"}
+        stamp = int(time.time() * 1000)
+        figures = {"kendall_tau": result.get("kendall_tau"), "calibration_age_s": result["calibration_age_s"],
+                   "recommended_predicted_step_s": result["recommended"]["predicted_step_s"],
+                   "recommended_measured_step_s": result["recommended"]["measured_step_s"]}
+        client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+                         metrics=[Metric(metric_names.advice_key(k), float(v), stamp, 0) for k, v in figures.items()
+                                  if v is not None], synchronous=True)
+        client.log_dict(run_id, result, "advice.json")
+        client.log_text(run_id, text + "\n", "advice.txt")
+        for path in files:
+            client.log_artifact(run_id, str(path))
+        setting = f"np{result['world_size']}" + (f"-h{layout['hosts']}-{result['link']}" if result.get("link") else "")
+        for row in (row for row in result["candidates"] if row["shown"]):
+            child = client.create_run(experiment, run_name=f"{row['label']}-{setting}", tags={
+                "mlflow.parentRunId": run_id, "mpi_train.role": "advice_candidate"}).info.run_id
+            children.append(child)
+            values = {key: row[key] for key in ("predicted_step_s", "predicted_exposed_s", "measured_step_s",
+                                                "measured_exposed_s") if row.get(key) is not None}
+            client.log_batch(child, metrics=[Metric(metric_names.advice_key(k), float(v), stamp, 0)
+                                             for k, v in values.items()],
+                             params=[Param(k, str(v)) for k, v in {
+                                 "sync": row["sync"], "compression": "none", "bucket_mb": row["bucket_mb"] or "-",
+                                 "flags": " ".join(row["flags"]), "world_size": result["world_size"],
+                                 "model": result["model"], "batch_size": result["batch_size"]}.items()],
+                             synchronous=True)
+            client.set_terminated(child, "FINISHED")
+    except BaseException:
+        for failed in [*children, run_id]:
+            client.set_terminated(failed, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    share_views(client, experiment)
+    return run_id
+
+
+# --- the program -----------------------------------------------------------------------------
+
+def run(cluster: Cluster, args: argparse.Namespace) -> None:
+    info, world = cluster.info, cluster.info.world_size
+    validate(args, world)
+    unwritable = folder_write_error(Path(args.advice_dir)) if info.is_main else None
+    cluster.agree(unwritable and f"cannot keep advice in {args.advice_dir}: {unwritable}. Give a folder this user "
+                                 f"can write with --advice-dir", "python -m mpi_train.advise")
+    uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
+    connection = tracking.connect(TrainConfig(model=args.model, batch_size=args.batch_size, tracking_uri=uri,
+                                              experiment=args.experiment, no_tracking=args.no_tracking), cluster)
+    placement = place(cluster, args.backend, args.threads)
+    backend, device = placement.backend, placement.device
+    cluster.open_process_group(backend, args.master_addr, args.timeout)
+    started = time.perf_counter()
+
+    torch.manual_seed(0)
+    template = build_model(args.model).to(device).train()
+    tensor_bytes = netmodel.tensor_sizes(template)
+    gradient_bytes = int(sum(tensor_bytes))
+    layout = netmodel.Layout.of_hosts(list(cluster.hosts))
+    setting = cache.Setting(tuple(cluster.hosts), args.model, args.batch_size)
+    if info.is_main:
+        print(f"advise: {setting.describe()}, backend {backend}, {placement.threads} thread(s) per rank", flush=True)
+    links = calibration(cluster, args, min(gradient_bytes, CALIBRATION_BYTES), device)
+    data = SyntheticImages(args.batch_size // world, INPUT_SHAPES[args.model], train=True)
+    images, labels = data.images.to(device), data.labels.to(device)
+
+    def progress(what: str):
+        def say(step: int, total: int, warming: bool) -> None:
+            if info.is_main:
+                print(f"advise: {what} step {step}/{total}{'  (warm-up)' if warming else ''}", flush=True)
+        return say
+
+    if info.is_main:
+        print(f"advise: timing {args.model}'s forward and backward without sync ({PROFILE_STEPS} steps)", flush=True)
+    times, backward = measure([contender(NO_SYNC, NoSync(), template)], images, labels, PROFILE_STEPS, 1, device,
+                              progress("no-sync"))
+    profile = cluster.gather(times)
+    usable, refused = search.lossless(backend)
+    found = search.candidates(usable, tensor_bytes, backward.order)
+    chosen = None
+    if info.is_main:
+        network = netmodel.Network.from_dict(links["network"])
+        first = search.ranked(found, step_model(profile, tensor_bytes, layout, network, backward))
+        chosen = [candidate.as_dict() for candidate in search.shortlist(first, args.measure)]
+        print(f"advise: predicted {len(found)} lossless configurations; measuring "
+              f"{', '.join(c['label'] for c in chosen)} ({args.steps} timed step(s) after {args.warmup} warm-up)",
+              flush=True)
+    chosen = [Candidate.from_dict(one) for one in cluster.bcast(chosen)]
+    entries = [contender(NO_SYNC, NoSync(), template)] + [contender(c.label, c.method(), template) for c in chosen]
+    times, _ = measure(entries, images, labels, args.steps, args.warmup, device, progress("bench"))
+    per_rank = cluster.gather(times)
+    dist.destroy_process_group()
+    if not info.is_main:
+        return
+
+    model = step_model(per_rank, tensor_bytes, layout, network, backward)
+    ranking = search.ranked(list(dict.fromkeys([*found, *chosen])), model)
+    measured = measured_steps(per_rank)
+    shown = {one.candidate.label for one in search.best_of_each(ranking)} | {c.label for c in chosen}
+    rows = {}
+    for one in ranking:
+        taken = measured.get(one.candidate.label)
+        rows[one.candidate.label] = {
+            **one.as_dict(), "shown": one.candidate.label in shown,
+            "measured_step_s": taken["step_s"] if taken else None,
+            "measured_exposed_s": taken["exposed_s"] if taken else None,
+            "measured_steps_s": taken["steps_s"] if taken else None}
+    timed = [rows[c.label] for c in chosen]
+    tau = search.kendall_tau([row["predicted_step_s"] for row in timed], [row["measured_step_s"] for row in timed])
+    params = [p for p in template.parameters() if p.requires_grad]
+    lossy, lossy_refused = lossy_options(args.model, params, model, backend)
+    created = time.time()
+    bucketed = sorted({one.candidate.sync for one in ranking if one.candidate.bucket_mb is not None})
+    sizes = sorted({one.candidate.bucket_mb for one in ranking if one.candidate.bucket_mb is not None})
+    result = {
+        "kind": cache.KIND, "version": cache.VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "created_s": created, "hosts": list(cluster.hosts), "world_size": world, "model": args.model,
+        "batch_size": args.batch_size, "backend": backend, "threads": placement.threads, "link": args.link,
+        "layout": {"hosts": layout.hosts, "ranks_per_host": layout.ranks_per_host},
+        "gradient_bytes": gradient_bytes, "tensors": len(tensor_bytes),
+        "calibration": {**links, "backward": backward.as_dict()},
+        "calibration_age_s": created - links["measured_at_s"],
+        "compute_s": model.compute_s, "baseline_step_s": model.baseline_step_s, "backward_share": backward.share,
+        "search": {"configurations": len(found), "methods": usable, "bucketed": bucketed, "bucket_sizes_mb": sizes},
+        "bench": {"steps": args.steps, "warmup": args.warmup, "no_sync_steps_s": measured[NO_SYNC]["steps_s"]},
+        "measured": [c.label for c in chosen], "kendall_tau": tau,
+        "candidates": list(rows.values()),
+        "recommended": recommendation(rows, chosen[0].label, model),  # (the shortlist's first: the model's choice)
+        "lossy": lossy, "unavailable": refused, "lossy_unavailable": lossy_refused,
+    }
+    text = describe(result)
+    print(text, flush=True)
+    kept = cache.write(args.advice_dir, setting, result)
+    picture = plot(result, kept.with_suffix(".png"))
+    if args.json:
+        write_json_atomically(args.json, result)
+    print(f"\nadvice kept in {kept} (plot {picture})" + (f" and written to {args.json}" if args.json else "")
+          + f"; took {time.perf_counter() - started:.0f} s after start-up")
+    print(f"train with it: python -m mpi_train --model {args.model} --batch-size {args.batch_size} "
+          f"{' '.join(result['recommended']['flags'])}   (or --sync auto, which reads the newest advice for this "
+          f"setting)", flush=True)
+    if connection is not None:
+        run_id = log_run(connection, args.run_name or f"advice-{args.model}-np{world}", result, text, [picture])
+        print(f"logged as MLflow run {run_id} in experiment {args.experiment!r}, a child run per candidate shown; "
+              + where(connection.uri, connection.experiment_id, run_id, charts=True), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cluster = join_job(argv)
+    args = build_parser(quiet=not cluster.info.is_main).parse_args(argv)
+    return guarded(cluster, lambda: run(cluster, args), args.timeout)
+
+
+def console_main() -> None:
+    """The `mpi-train-advise` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
+    exit_process(main())
+
+
+if __name__ == "__main__":
+    exit_process(main())

@@ -1,0 +1,76 @@
+"""The advisor: its lossy options with their measured accuracy cost, and one real run under mpirun that a training job
+with --sync auto then follows."""
+
+import json
+import re
+
+import pytest
+from conftest import client_for, mpirun
+
+from mpi_train import netmodel
+from mpi_train.advice.search import StepModel
+from mpi_train.commands import advise
+from mpi_train.models import build_model
+
+
+def test_lossy_options_are_listed_apart_with_the_accuracy_cost_measured_where_it_was():
+    model = build_model("vgg11")
+    sizes = netmodel.tensor_sizes(model)
+    step = StepModel(tuple(sizes), netmodel.Layout(4, 2), netmodel.Network(netmodel.LOOPBACK_LINK,
+                                                                            netmodel.nominal_link("100mbit")),
+                     netmodel.ASSUMED_BACKWARD, 1.0, 1.0)
+    rows, refused = advise.lossy_options("vgg11", list(model.parameters()), step, "gloo")
+    options = {row["label"]: row for row in rows}
+    assert {"flat_fp16", "ddp_fp16", "bucketed+bf16", "ring+powersgd", "localsgd", "diloco"} <= set(options)
+    assert not {"flat", "ddp", "bucketed", "ring"} & set(options)  # the lossless ones are the search's
+    assert [name for name, _ in refused] == ["ddp_powersgd"]  # NCCL only
+    assert options["bucketed+fp16"]["accuracy_points"] == 0.62 and options["ddp_fp16"]["accuracy_points"] == 0.62
+    assert options["flat+powersgd"]["accuracy_points"] == -1.78
+    assert options["bucketed+bf16"]["accuracy_points"] is None and options["localsgd"]["accuracy_points"] is None
+    assert options["flat+powersgd"]["predicted_step_s"] < options["flat_fp16"]["predicted_step_s"]  # 0.24 MB
+    lines = advise.lossy_table(rows)
+    by_option = {line.split()[0]: line for line in lines[1:] if not line.startswith("  [")}
+    fp16 = int(re.search(r"\+0\.62 points \[(\d)\]$", by_option["fp16"]).group(1))  # numbered, the source below
+    assert any(line.startswith(f"  [{fp16}] bucketed+fp16, CIFAR-10") and "docs/results.md#" in line for line in lines)
+    assert by_option["powersgd"].endswith("-1.78 points [" + str(3 - fp16) + "]")
+    assert by_option["localsgd"].endswith("not measured") and by_option["bf16"].endswith("not measured")
+
+
+@pytest.mark.e2e
+def test_advise_then_a_job_with_sync_auto_runs_what_it_recommends(tmp_path, quick_args, mlflow_server):
+    done = mpirun(2, ["--model", "mnist_cnn", "--batch-size", "64", "--measure", "2", "--steps", "1",
+                      "--json", str(tmp_path / "advice.json"), "--tracking-uri", mlflow_server, "--experiment",
+                      "advice"], module="mpi_train.advise", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((tmp_path / "advice.json").read_text())
+    recommended = data["recommended"]
+    assert f"recommended: {' '.join(recommended['flags'])}" in done.stdout and "why: " in done.stdout
+    assert recommended["measured_step_s"] > 0 and recommended["predicted_step_s"] > 0
+    assert data["calibration"]["network"]["intra"]["beta"] > 0 and data["calibration"]["backward"]["ready"]
+    measured = [row for row in data["candidates"] if row["measured_step_s"] is not None]
+    assert "ddp" in data["measured"] and len(measured) == len(data["measured"]) >= 2
+    assert data["search"]["bucket_sizes_mb"] and data["lossy"]
+    kept = list((tmp_path / "mlruns" / "advice").glob("mnist_cnn-b64-np2-*.json"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["recommended"] == recommended
+
+    client = client_for(mlflow_server)
+    experiment = client.get_experiment_by_name("advice").experiment_id
+    (parent,) = client.search_runs([experiment], "tags.`mpi_train.role` = 'advice'")
+    assert parent.data.params["recommended"] == " ".join(recommended["flags"])
+    assert {"link_between_hosts", "link_within_host", "hosts", "calibration"} <= set(parent.data.params)
+    assert {item.path for item in client.list_artifacts(parent.info.run_id)} >= {"advice.json", "advice.txt",
+                                                                                  kept[0].with_suffix(".png").name}
+    children = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert all("advice/predicted_step_s" in child.data.metrics for child in children)
+    assert sum("advice/measured_step_s" in child.data.metrics for child in children) == len(measured)
+
+    summary = tmp_path / "summary.json"
+    job = mpirun(2, [*quick_args, "--max-steps", "2", "--sync", "auto", "--summary-json", str(summary)], cwd=tmp_path)
+    assert job.returncode == 0, job.stdout + job.stderr
+    config = json.loads(summary.read_text())["config"]
+    assert config["sync"] == recommended["sync"] and config["advice"] == str(kept[0].relative_to(tmp_path))
+    if recommended["bucket_mb"] is not None:
+        assert config["bucket_mb"] == recommended["bucket_mb"]
+    assert re.search(rf"--sync auto runs {re.escape(' '.join(recommended['flags']))}, as the advice "
+                     rf"{re.escape(config['advice'])} \(\d+ s old\) recommends", job.stdout)
+    assert f"sync {recommended['sync']}, mnist_cnn on synthetic" in job.stdout
