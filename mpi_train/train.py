@@ -124,10 +124,16 @@ class Job:
 
 def score(job: Job, cluster: Cluster) -> tuple[float, float]:
     """Test loss and accuracy of the model the job stands for (collective): buffers averaged, and for a method whose
-    ranks hold their own models between averages, their mean (training goes on with each rank's own)."""
+    ranks hold their own models between averages, their mean (training goes on with each rank's own). Iterating the
+    test loader draws a seed from torch's generator: its state is put back, so that scoring (--eval-every) leaves
+    training's random draws, and so its losses, as they were."""
     job.method.sync_buffers(job.model)
-    with job.method.evaluated(job.model):
-        return evaluate(job.model, job.test_loader, job.device, cluster)
+    random_state = torch.get_rng_state()
+    try:
+        with job.method.evaluated(job.model):
+            return evaluate(job.model, job.test_loader, job.device, cluster)
+    finally:
+        torch.set_rng_state(random_state)
 
 
 class Progress:

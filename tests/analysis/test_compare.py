@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, losses
 
 from mpi_train.analysis.compare import COLUMNS, FinishedJob, format_table, hidden_in_backward, table_rows
 
@@ -63,6 +63,8 @@ def test_compare_prints_the_table_writes_plots_and_logs_a_comparison_run(mlflow_
     assert set(table) == {"allreduce", "gather_scatter"} and table["allreduce"][3] == "8"
     assert table["gather_scatter"][3] in ("4", "8")
     assert [e["step"] for e in tracked_jobs["gather_scatter"]["evaluations"]] == [4, 8]
+    # scoring at step 4 changed nothing in training: the same losses as allreduce's (the same update), unscored
+    assert losses(tracked_jobs["gather_scatter"]) == pytest.approx(losses(tracked_jobs["allreduce"]), rel=1e-5)
 
     from mlflow import MlflowClient
 
