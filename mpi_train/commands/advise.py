@@ -76,6 +76,17 @@ ACCURACY_COST = {
                                     f"{SOURCE}#accuracy-at-parity-cifar-10-one-epoch"),
     ("vgg11", "powersgd"): AccuracyCost(-1.78, "bucketed+powersgd rank 2 from step 101, CIFAR-10, one epoch, np 4",
                                         f"{SOURCE}#accuracy-at-parity-cifar-10-one-epoch"),
+    ("vgg11", "localsgd"): AccuracyCost(-4.54, "localsgd --period 8, CIFAR-10, one epoch, 2 hosts x 2 ranks",
+                                        f"{SOURCE}#syncing-less-often-local-sgd-and-diloco-by-time-to-accuracy"),
+    ("vgg11", "localsgd+fp16"): AccuracyCost(-1.39, "localsgd+fp16 --period 8 --host-period 1, CIFAR-10, one epoch, "
+                                                    "2 hosts x 2 ranks",
+                                             f"{SOURCE}#syncing-less-often-local-sgd-and-diloco-by-time-to-accuracy"),
+    ("vgg11", "localsgd+powersgd"): AccuracyCost(-16.88, "localsgd+powersgd --period 4, rank 2 from the first "
+                                                         "average, CIFAR-10, one epoch, 2 hosts x 2 ranks",
+                                                 f"{SOURCE}#syncing-less-often-local-sgd-and-diloco-by-time-to-accuracy"),
+    ("vgg11", "diloco"): AccuracyCost(-14.57, "diloco --period 8 (outer 0.7, Nesterov 0.9), CIFAR-10, one epoch, "
+                                              "2 hosts x 2 ranks",
+                                      f"{SOURCE}#syncing-less-often-local-sgd-and-diloco-by-time-to-accuracy"),
     ("mnist_cnn", "fp16"): AccuracyCost(+0.05, "bucketed+fp16, MNIST, one epoch, np 4, batch 256",
                                         f"{SOURCE}#accuracy-at-parity-mnist-one-epoch-measured-on-a-busy-machine"),
     ("mnist_cnn", "powersgd"): AccuracyCost(+0.03, "bucketed+powersgd rank 2 from step 11, MNIST, one epoch, np 4",
