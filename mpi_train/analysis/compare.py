@@ -391,8 +391,9 @@ def carried_to_links(jobs: list[FinishedJob], target: float) -> list[dict]:
     timed = [(configuration(job), {"run": job.name, "sync": job.sync, "link": job.params.get("link") or "-",
                                    "step_s": timing(job.metrics, "step_time_s")}) for job in jobs]
     rows = time_to_accuracy.carried(evaluated, timed, target)
-    evaluated_links = {job.params.get("link") or "-" for job in jobs if job.evaluations}
-    return rows if any(row["link"] not in evaluated_links for row in rows) else []
+    reached_on = {job.params.get("link") or "-" for job in jobs
+                  if job.evaluations and time_to_accuracy.reached(job.evaluations, target)}
+    return rows if any(row["link"] not in reached_on for row in rows) else []
 
 
 def accuracy_target(jobs: list[FinishedJob], target: float | None) -> float | None:

@@ -82,3 +82,20 @@ def test_steps_to_accuracy_carry_to_every_link_a_configuration_was_timed_on():
                                                                             ("localsgd", 80, 240.0)]
     text = time_to_accuracy.describe_carried(rows, 0.5)
     assert "0.07x" in text and text.index("localsgd") < text.index("ddp   ")
+
+
+def test_the_comparison_carries_the_evaluated_steps_to_runs_timed_on_other_links_even_when_those_were_scored_too():
+    from mpi_train.analysis.compare import FinishedJob, carried_to_links
+
+    def job(name, sync, link, step_s, evaluations):
+        return FinishedJob(name, name, sync, 4, {"summary/step_s": step_s},
+                           params={"link": link, "batch_size": "256", **({"period": "8"} if sync == "localsgd" else {})},
+                           evaluations=evaluations)
+
+    short = curve((16, 0.10, 30.0, 9.0))  # a timing run's own end-of-run score, far from the target
+    jobs = [job("a", "allreduce", "unlimited", 4.0, DDP), job("l", "localsgd", "unlimited", 3.0, LOCAL),
+            job("d", "ddp", "100mbit", 7.0, short), job("m", "localsgd", "100mbit", 2.5, short)]
+    rows = {row["run"]: row for row in carried_to_links(jobs, 0.5)}
+    assert (rows["d"]["steps"], rows["d"]["time_s"]) == (80, 560.0)  # allreduce's steps: the same update as ddp's
+    assert (rows["m"]["steps"], rows["m"]["time_s"]) == (80, 200.0)
+    assert carried_to_links(jobs[:2], 0.5) == []  # nothing timed elsewhere: nothing to carry
