@@ -88,9 +88,9 @@ def test_the_comparison_carries_the_evaluated_steps_to_runs_timed_on_other_links
     from mpi_train.analysis.compare import FinishedJob, carried_to_links
 
     def job(name, sync, link, step_s, evaluations):
+        averaging = {"period": "8"} if sync == "localsgd" else {}
         return FinishedJob(name, name, sync, 4, {"summary/step_s": step_s},
-                           params={"link": link, "batch_size": "256", **({"period": "8"} if sync == "localsgd" else {})},
-                           evaluations=evaluations)
+                           params={"link": link, "batch_size": "256", **averaging}, evaluations=evaluations)
 
     short = curve((16, 0.10, 30.0, 9.0))  # a timing run's own end-of-run score, far from the target
     jobs = [job("a", "allreduce", "unlimited", 4.0, DDP), job("l", "localsgd", "unlimited", 3.0, LOCAL),

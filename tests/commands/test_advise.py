@@ -26,14 +26,19 @@ def test_lossy_options_are_listed_apart_with_the_accuracy_cost_measured_where_it
     assert [name for name, _ in refused] == ["ddp_powersgd"]  # NCCL only
     assert options["bucketed+fp16"]["accuracy_points"] == 0.62 and options["ddp_fp16"]["accuracy_points"] == 0.62
     assert options["flat+powersgd"]["accuracy_points"] == -1.78
-    assert options["bucketed+bf16"]["accuracy_points"] is None and options["localsgd"]["accuracy_points"] is None
+    assert options["localsgd"]["accuracy_points"] == -4.54 and options["diloco"]["accuracy_points"] == -14.57
+    assert options["bucketed+bf16"]["accuracy_points"] is None and options["diloco+bf16"]["accuracy_points"] is None
     assert options["flat+powersgd"]["predicted_step_s"] < options["flat_fp16"]["predicted_step_s"]  # 0.24 MB
     lines = advise.lossy_table(rows)
     by_option = {line.split()[0]: line for line in lines[1:] if not line.startswith("  [")}
-    fp16 = int(re.search(r"\+0\.62 points \[(\d)\]$", by_option["fp16"]).group(1))  # numbered, the source below
-    assert any(line.startswith(f"  [{fp16}] bucketed+fp16, CIFAR-10") and "docs/results.md#" in line for line in lines)
-    assert by_option["powersgd"].endswith("-1.78 points [" + str(3 - fp16) + "]")
-    assert by_option["localsgd"].endswith("not measured") and by_option["bf16"].endswith("not measured")
+    sources = {int(number): text for number, text in (re.match(r"  \[(\d+)\] (.*)", line).groups()
+                                                      for line in lines if line.startswith("  ["))}
+    for option, points, measured in (("fp16", "+0.62", "bucketed+fp16, CIFAR-10"),
+                                     ("powersgd", "-1.78", "bucketed+powersgd rank 2"),
+                                     ("localsgd", "-4.54", "localsgd --period 8")):
+        number = int(re.search(rf"{re.escape(points)} points \[(\d+)\]$", by_option[option]).group(1))
+        assert sources[number].startswith(measured) and "docs/results.md#" in sources[number]  # numbered, below
+    assert by_option["bf16"].endswith("not measured")
 
 
 @pytest.mark.e2e
