@@ -20,9 +20,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the first test also 
 
 PREFIX, SUBNET = "slm", "10.82.0"  # apart from tests/test_testhosts.py (mpitest, 10.78.0) and by-hand hosts
 BRIDGE_ADDRESS = f"{SUBNET}.1"
-# DiLoCo, an outer step every 3 steps: a checkpoint (every 4) or a requeue falls between two of them
 QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2", "--sync",
-         "diloco", "--period", "3"]
+         "allreduce"]
 WHOLE = [*QUICK, "--max-steps", "16", "--checkpoint-every", "4"]  # 16 steps: one epoch
 ENDS_WITHIN_S = 60
 

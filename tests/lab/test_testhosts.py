@@ -121,7 +121,8 @@ def test_local_sgd_and_diloco_average_inside_each_host_and_across_the_hosts(test
     assert local["evaluations"][-1]["sent_mb"] == pytest.approx(3 * model_bytes / 1e6)
     assert local["evaluations"][0]["sent_mb"] == pytest.approx(1.5 * model_bytes / 1e6)  # step 4: one of each
     assert all(step["drift"] > 0 for step in local["steps"])  # an average (host or all) in every window of 2
-    assert runs["diloco"]["steps"][-1]["loss"] < runs["diloco"]["steps"][0]["loss"]
+    # DiLoCo's outer steps across the hosts carry PowerSGD's factors: fewer bytes than float16's whole change
+    assert 2 * model_bytes / 1e6 < runs["diloco"]["evaluations"][-1]["sent_mb"] < 3 * model_bytes / 1e6
 
 
 def test_the_bench_times_what_an_overlapped_method_cannot_hide_on_a_slow_link(testhosts, tmp_path):
