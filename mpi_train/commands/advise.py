@@ -54,7 +54,7 @@ from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import PARAMETERS, SYNC_METHODS, backend_error, every_label, split_label
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
-from .bench import NO_SYNC, Contender, NoSync, measure, slowest
+from .bench import NO_SYNC, Contender, NoSync, log_child, measure, slowest
 
 CALIBRATION_BYTES = 16 * 2**20  # the largest ping-pong message: enough to fit beta; larger only take longer
 PROFILE_STEPS = 2  # timed steps of the model without sync, for the predictions that pick what to measure
@@ -436,19 +436,14 @@ def log_run(connection: tracking.Connection, run_name: str, result: dict, text: 
             client.log_artifact(run_id, str(path))
         setting = f"np{result['world_size']}" + (f"-h{layout['hosts']}-{result['link']}" if result.get("link") else "")
         for row in (row for row in result["candidates"] if row["shown"]):
-            child = client.create_run(experiment, run_name=f"{row['label']}-{setting}", tags={
-                "mlflow.parentRunId": run_id, "mpi_train.role": "advice_candidate"}).info.run_id
-            children.append(child)
             values = {key: row[key] for key in ("predicted_step_s", "predicted_exposed_s", "measured_step_s",
                                                 "measured_exposed_s") if row.get(key) is not None}
-            client.log_batch(child, metrics=[Metric(metric_names.advice_key(k), float(v), stamp, 0)
-                                             for k, v in values.items()],
-                             params=[Param(k, str(v)) for k, v in {
-                                 "sync": row["sync"], "compression": "none", "bucket_mb": row["bucket_mb"] or "-",
-                                 "flags": " ".join(row["flags"]), "world_size": result["world_size"],
-                                 "model": result["model"], "batch_size": result["batch_size"]}.items()],
-                             synchronous=True)
-            client.set_terminated(child, "FINISHED")
+            children.append(log_child(
+                client, experiment, run_id, f"{row['label']}-{setting}", "advice_candidate",
+                {metric_names.advice_key(k): v for k, v in values.items()},
+                {"sync": row["sync"], "compression": "none", "bucket_mb": row["bucket_mb"] or "-",
+                 "flags": " ".join(row["flags"]), "world_size": result["world_size"], "model": result["model"],
+                 "batch_size": result["batch_size"]}, stamp))
     except BaseException:
         for failed in [*children, run_id]:
             client.set_terminated(failed, "FAILED")

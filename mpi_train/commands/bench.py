@@ -499,7 +499,7 @@ def method_metrics(row: dict) -> dict:
 def log_run(connection: tracking.Connection, run_name: str, result: dict, text: str) -> str:
     """Rank 0: the bench as a parent run (its setting as params, the JSON and the table as artifacts) with one child
     run per method label, so MLflow's chart view compares the methods side by side."""
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Param
 
     client, experiment = connection.client, connection.experiment_id
     run_id = client.create_run(experiment, run_name=run_name, tags={"mpi_train.role": "bench"}).info.run_id
@@ -517,13 +517,8 @@ def log_run(connection: tracking.Connection, run_name: str, result: dict, text: 
                                                  if result.get("network_link") else "")
         stamp = int(time.time() * 1000)
         for row in result["methods"]:
-            child = client.create_run(experiment, run_name=f"{row['method']}-{setting}", tags={
-                "mlflow.parentRunId": run_id, "mpi_train.role": "bench_method"}).info.run_id
-            children.append(child)
-            client.log_batch(child, metrics=[Metric(k, v, stamp, 0) for k, v in method_metrics(row).items()],
-                             params=[Param(k, str(v)) for k, v in method_params(row, result).items()],
-                             synchronous=True)
-            client.set_terminated(child, "FINISHED")
+            children.append(log_child(client, experiment, run_id, f"{row['method']}-{setting}", "bench_method",
+                                      method_metrics(row), method_params(row, result), stamp))
     except BaseException:
         for failed in [*children, run_id]:
             client.set_terminated(failed, "FAILED")
@@ -531,6 +526,24 @@ def log_run(connection: tracking.Connection, run_name: str, result: dict, text: 
     client.set_terminated(run_id, "FINISHED")
     share_views(client, experiment)
     return run_id
+
+
+def log_child(client, experiment: str, parent_id: str, name: str, role: str, metrics: dict, params: dict,
+              stamp: int) -> str:
+    """One child run of `parent_id` (a bench's method, an advice's candidate) with its metrics and params, ended
+    FINISHED (FAILED if logging them fails); its id."""
+    from mlflow.entities import Metric, Param
+
+    child = client.create_run(experiment, run_name=name, tags={"mlflow.parentRunId": parent_id,
+                                                               "mpi_train.role": role}).info.run_id
+    try:
+        client.log_batch(child, metrics=[Metric(k, float(v), stamp, 0) for k, v in metrics.items()],
+                         params=[Param(k, str(v)) for k, v in params.items()], synchronous=True)
+    except BaseException:
+        client.set_terminated(child, "FAILED")
+        raise
+    client.set_terminated(child, "FINISHED")
+    return child
 
 
 def run(cluster: Cluster, args: argparse.Namespace) -> None:
