@@ -26,6 +26,7 @@ from ..sync.messages import backward_order, message_groups
 DEFAULT_BUCKET_MB = TrainConfig.bucket_mb
 REFERENCE = "ddp"  # what every user would otherwise run: always measured beside the best predicted
 FREE = Link(0.0, 0.0, source="free")  # a link that costs nothing: what a method's time is without it
+FULL_BENCH_MB = (1.0, 2.0, 4.0, 8.0, 16.0, DEFAULT_BUCKET_MB, 50.0)  # the full bench's bucket sizes: powers of two
 TIE = 0.005  # bucket sizes predicted within this share of the fastest are as good: the rounder one is kept
 
 
@@ -253,6 +254,17 @@ def shortlist(ranking: Sequence[Predicted], count: int, reference: str = REFEREN
         if one.bucket_mb is not None and default not in chosen:
             chosen.append(default)
     return chosen
+
+
+def full_grid(found: Sequence[Candidate], also: Sequence[Candidate] = (),
+              sizes_mb: Sequence[float] = FULL_BENCH_MB) -> list[Candidate]:
+    """What a full bench measures to check the advice: every method found, a method that follows --bucket-mb at
+    each of `sizes_mb` (a bench's grid, the default among them) rather than at every cut, and `also` (what the
+    advice measured, its recommendation among them)."""
+    grid = [c for c in found if c.bucket_mb is None]
+    for name in dict.fromkeys(c.sync for c in found if c.bucket_mb is not None):
+        grid += [Candidate(name, mb) for mb in sizes_mb]
+    return list(dict.fromkeys([*grid, *also]))
 
 
 def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float | None:

@@ -57,6 +57,7 @@ from ..tracking.links import share_views, where
 from .bench import NO_SYNC, Contender, NoSync, log_child, measure, slowest
 
 CALIBRATION_BYTES = 16 * 2**20  # the largest ping-pong message: enough to fit beta; larger only take longer
+FULL_BENCH_CHUNK = 5  # configurations measured side by side in --full-bench (each holds a replica of the model)
 PROFILE_STEPS = 2  # timed steps of the model without sync, for the predictions that pick what to measure
 SOURCE = "docs/results.md"
 
@@ -113,6 +114,12 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=2, help="timed steps of the short bench (default: 2)")
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed steps first (default: 1: bucketed learns its order, ddp builds its buckets)")
+    parser.add_argument("--full-bench", type=int, default=0, metavar="STEPS",
+                        help="after advising, also measure every lossless method, bucketed at "
+                             f"{', '.join(f'{mb:g}' for mb in search.FULL_BENCH_MB)} MB and at the measured "
+                             "sizes, STEPS timed steps each, and print the recommendation's regret against the "
+                             "fastest of them and Kendall's tau of predicted against measured (the advisor's own "
+                             "check; default: 0, off)")
     parser.add_argument("--link-iters", type=int, default=2,
                         help="timed repetitions per message size of the link calibration (default: 2)")
     parser.add_argument("--link", help="the link rate the hosts were shaped to (e.g. 100mbit): recorded, and the "
@@ -143,6 +150,8 @@ def validate(args: argparse.Namespace, world: int) -> None:
             raise UserError(f"{flag} must be positive, got {value}.")
     if args.warmup < 0:
         raise UserError(f"--warmup must not be negative, got {args.warmup}.")
+    if args.full_bench < 0:
+        raise UserError(f"--full-bench takes the timed steps of the full bench, got {args.full_bench}; 0 skips it.")
     if args.link:
         try:
             netmodel.rate_bytes_per_s(args.link)
@@ -203,6 +212,56 @@ def measured_steps(per_rank: list[dict]) -> dict[str, dict]:
         found[name] = {"step_s": statistics.median(steps),
                        "exposed_s": statistics.median(s - b for s, b in zip(steps, baseline)), "steps_s": steps}
     return found
+
+
+def full_bench_check(grid: Sequence[Candidate], per_rank: list[dict], seconds: float, model: StepModel,
+                     recommended: str, steps: int) -> dict:
+    """The advice held against a full bench of the same setting: each configuration's predicted and measured step;
+    the regret (the recommendation's measured step over the fastest measured, less 1); Kendall's tau of predicted
+    against measured over every configuration, and over the methods (each at its best predicted configuration)."""
+    measured = measured_steps(per_rank)
+    rows = [{"label": c.label, "sync": c.sync, "bucket_mb": c.bucket_mb,
+             "predicted_step_s": search.predicted(c, model).step_s, "measured_step_s": measured[c.label]["step_s"],
+             "measured_steps_s": measured[c.label]["steps_s"]} for c in grid]
+    rows.sort(key=lambda row: row["measured_step_s"])
+    by_label = {row["label"]: row for row in rows}
+    best, mine = rows[0], by_label[recommended]
+    each = {}
+    for row in sorted(rows, key=lambda row: row["predicted_step_s"]):
+        each.setdefault(row["sync"], row)
+    default = by_label.get(Candidate(mine["sync"], search.DEFAULT_BUCKET_MB).label) if mine["bucket_mb"] else None
+
+    def tau(chosen: Sequence[dict]) -> float | None:
+        return search.kendall_tau([r["predicted_step_s"] for r in chosen], [r["measured_step_s"] for r in chosen])
+
+    return {"steps": steps, "seconds": seconds, "configurations": rows, "fastest": best["label"],
+            "recommended": recommended, "regret": mine["measured_step_s"] / best["measured_step_s"] - 1,
+            "kendall_tau": tau(rows), "kendall_tau_methods": tau(list(each.values())),
+            "methods": [row["label"] for row in each.values()],
+            "default_bucket_step_s": default["measured_step_s"] if default else None,
+            "no_sync_step_s": measured[NO_SYNC]["step_s"]}
+
+
+def describe_full_bench(check: dict) -> list[str]:
+    """The full bench's table and what it says of the advice."""
+    rows = [{**row, "flags": Candidate(row["sync"], row["bucket_mb"]).flags, "predicted_exposed_s": None,
+             "binds": ""} for row in check["configurations"]]
+    mine = next(row for row in rows if row["label"] == check["recommended"])
+    lines = ["", (f"full bench: {len(rows)} lossless configurations, {check['steps']} timed step(s) each, "
+                  f"{check['seconds']:.0f} s (no sync {check['no_sync_step_s'] * 1e3:,.0f} ms a step)"),
+             table(rows),
+             (f"the recommendation, {check['recommended']}, measured {mine['measured_step_s'] * 1e3:,.0f} ms "
+              f"here; the fastest, {check['fastest']}, {rows[0]['measured_step_s'] * 1e3:,.0f} ms: regret "
+              f"{check['regret']:+.1%}")]
+    if check["default_bucket_step_s"] is not None:
+        lines.append(f"its bucket size against the default {search.DEFAULT_BUCKET_MB:g} MB: "
+                     f"{mine['measured_step_s'] * 1e3:,.0f} against {check['default_bucket_step_s'] * 1e3:,.0f} ms")
+    lines.append("Kendall's tau, predicted against measured: "
+                 + (f"{check['kendall_tau_methods']:.2f} over the methods ({', '.join(check['methods'])}), "
+                    if check["kendall_tau_methods"] is not None else "")
+                 + (f"{check['kendall_tau']:.2f} over every configuration" if check["kendall_tau"] is not None
+                    else ""))
+    return lines
 
 
 # --- what is reported ------------------------------------------------------------------------
@@ -340,6 +399,8 @@ def describe(result: dict) -> str:
     lines += lossy_table(result["lossy"])
     for name, why in result["lossy_unavailable"]:
         lines.append(f"unavailable: {name}: {why}")
+    if result.get("full_bench"):
+        lines += describe_full_bench(result["full_bench"])
     return "\n".join(lines)
 
 
@@ -506,6 +567,24 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     entries = [contender(NO_SYNC, NoSync(), template)] + [contender(c.label, c.method(), template) for c in chosen]
     times, _ = measure(entries, images, labels, args.steps, args.warmup, device, progress("bench"))
     per_rank = cluster.gather(times)
+    advised_s = time.perf_counter() - started  # what the advice itself took, a full bench left out
+    full = None
+    if args.full_bench:
+        grid = search.full_grid(found, chosen)
+        if info.is_main:
+            print(f"advise: full bench of {len(grid)} lossless configurations ({args.full_bench} timed step(s) "
+                  f"after {args.warmup} warm-up each)", flush=True)
+        merged: dict[str, dict[str, list[float]]] = {}
+        for first in range(0, len(grid), FULL_BENCH_CHUNK):  # a few replicas at a time: 8 ranks on one machine fit
+            chunk = grid[first:first + FULL_BENCH_CHUNK]
+            entries = [contender(NO_SYNC, NoSync(), template)] + [contender(c.label, c.method(), template)
+                                                                  for c in chunk]
+            times, _ = measure(entries, images, labels, args.full_bench, args.warmup, device,
+                               progress(f"full bench {first + 1}-{first + len(chunk)} of {len(grid)}"))
+            for name, phases in times.items():
+                for phase, values in phases.items():
+                    merged.setdefault(name, {}).setdefault(phase, []).extend(values)
+        full = (grid, cluster.gather(merged), time.perf_counter() - started - advised_s)
     dist.destroy_process_group()
     if not info.is_main:
         return
@@ -543,8 +622,10 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         "measured": [c.label for c in chosen], "kendall_tau": tau,
         "candidates": list(rows.values()),
         "recommended": recommendation(rows, chosen[0].label, model),  # (the shortlist's first: the model's choice)
-        "lossy": lossy, "unavailable": refused, "lossy_unavailable": lossy_refused,
+        "lossy": lossy, "unavailable": refused, "lossy_unavailable": lossy_refused, "advise_s": advised_s,
     }
+    if full is not None:
+        result["full_bench"] = full_bench_check(*full, model, result["recommended"]["label"], args.full_bench)
     text = describe(result)
     print(text, flush=True)
     kept = cache.write(args.advice_dir, setting, result)
@@ -552,7 +633,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     if args.json:
         write_json_atomically(args.json, result)
     print(f"\nadvice kept in {kept} (plot {picture})" + (f" and written to {args.json}" if args.json else "")
-          + f"; took {time.perf_counter() - started:.0f} s after start-up")
+          + f"; the advice took {advised_s:.0f} s after start-up"
+          + (f", its full bench {result['full_bench']['seconds']:.0f} s more" if full else ""))
     print(f"train with it: python -m mpi_train --model {args.model} --batch-size {args.batch_size} "
           f"{' '.join(result['recommended']['flags'])}   (or --sync auto, which reads the newest advice for this "
           f"setting)", flush=True)

@@ -101,3 +101,14 @@ def test_kendall_tau():
     assert search.kendall_tau([1, 2, 3], [3, 2, 1]) == -1
     assert search.kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
     assert search.kendall_tau([1], [2]) is None
+
+
+def test_the_full_bench_grid_holds_every_method_the_bench_sizes_and_what_the_advice_measured():
+    tensors = [1 * MIB, 2 * MIB, 3 * MIB, 4 * MIB]
+    found = search.candidates(search.lossless("gloo")[0], tensors)
+    advised = [Candidate("bucketed", 3.0), Candidate("ddp"), Candidate("bucketed", 25.0)]
+    grid = search.full_grid(found, advised)
+    assert len(grid) == len(set(grid))
+    assert {c.sync for c in grid} == {c.sync for c in found}  # every method
+    assert [c.bucket_mb for c in grid if c.sync == "bucketed"] == [*search.FULL_BENCH_MB, 3.0]  # the grid, then 3 MB
+    assert all(c in grid for c in advised)

@@ -8,8 +8,9 @@ import pytest
 from conftest import client_for, mpirun
 
 from mpi_train import netmodel
-from mpi_train.advice.search import StepModel
+from mpi_train.advice.search import Candidate, StepModel
 from mpi_train.commands import advise
+from mpi_train.commands.bench import NO_SYNC
 from mpi_train.models import build_model
 
 
@@ -44,8 +45,8 @@ def test_lossy_options_are_listed_apart_with_the_accuracy_cost_measured_where_it
 @pytest.mark.e2e
 def test_advise_then_a_job_with_sync_auto_runs_what_it_recommends(tmp_path, quick_args, mlflow_server):
     done = mpirun(2, ["--model", "mnist_cnn", "--batch-size", "64", "--measure", "2", "--steps", "1",
-                      "--json", str(tmp_path / "advice.json"), "--tracking-uri", mlflow_server, "--experiment",
-                      "advice"], module="mpi_train.advise", cwd=tmp_path)
+                      "--full-bench", "1", "--json", str(tmp_path / "advice.json"), "--tracking-uri", mlflow_server,
+                      "--experiment", "advice"], module="mpi_train.advise", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads((tmp_path / "advice.json").read_text())
     recommended = data["recommended"]
@@ -55,6 +56,10 @@ def test_advise_then_a_job_with_sync_auto_runs_what_it_recommends(tmp_path, quic
     measured = [row for row in data["candidates"] if row["measured_step_s"] is not None]
     assert "ddp" in data["measured"] and len(measured) == len(data["measured"]) >= 2
     assert data["search"]["bucket_sizes_mb"] and data["lossy"]
+    check = data["full_bench"]  # (its figures are checked in the test above; here, that the run holds them)
+    labels = {row["label"] for row in check["configurations"]}
+    assert set(data["measured"]) <= labels and {"ddp", "gather_scatter", "bucketed@25MB", "bucketed@1MB"} <= labels
+    assert check["recommended"] == recommended["label"] and check["regret"] >= 0 and "regret" in done.stdout
     kept = list((tmp_path / "mlruns" / "advice").glob("mnist_cnn-b64-np2-*.json"))
     assert len(kept) == 1 and json.loads(kept[0].read_text())["recommended"] == recommended
 
@@ -79,3 +84,23 @@ def test_advise_then_a_job_with_sync_auto_runs_what_it_recommends(tmp_path, quic
     assert re.search(rf"--sync auto runs {re.escape(' '.join(recommended['flags']))}, as the advice "
                      rf"{re.escape(config['advice'])} \(\d+ s old\) recommends", job.stdout)
     assert f"sync {recommended['sync']}, mnist_cnn on synthetic" in job.stdout
+
+
+def test_the_full_bench_check_finds_the_regret_and_ranks_predicted_against_measured():
+    """Three configurations timed on two ranks (the slower rank's step counts): the recommendation is 10% slower
+    than the fastest, and the measured order turns the predicted one round for one pair."""
+    tensors = [4 * 2**20, 4 * 2**20]
+    model = StepModel(tuple(tensors), netmodel.Layout(2, 1),
+                      netmodel.Network(netmodel.Link(50e-6, 1 / 2e9), netmodel.Link(100e-6, 1 / 12.5e6)),
+                      netmodel.ASSUMED_BACKWARD, 1.0, 1.01)
+    grid = [Candidate("allreduce"), Candidate("bucketed", 4.0), Candidate("gather_scatter")]
+    steps = {NO_SYNC: 1.0, "allreduce": 1.5, "bucketed@4MB": 1.65, "gather_scatter": 2.0}
+    per_rank = [{name: {"step": [step * (1 + rank / 100)] * 3} for name, step in steps.items()} for rank in range(2)]
+    check = advise.full_bench_check(grid, per_rank, 12.0, model, "bucketed@4MB", 3)
+    assert check["fastest"] == "allreduce" and check["regret"] == pytest.approx(0.1)
+    assert [row["label"] for row in check["configurations"]] == ["allreduce", "bucketed@4MB", "gather_scatter"]
+    predicted = {row["label"]: row["predicted_step_s"] for row in check["configurations"]}
+    assert predicted["bucketed@4MB"] < predicted["allreduce"] < predicted["gather_scatter"]  # overlapped: hidden
+    assert check["kendall_tau"] == pytest.approx(1 / 3) and check["no_sync_step_s"] == pytest.approx(1.01)
+    text = "\n".join(advise.describe_full_bench(check))
+    assert "regret +10.0%" in text and "0.33 over every configuration" in text
