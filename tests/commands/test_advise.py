@@ -45,8 +45,8 @@ def test_lossy_options_are_listed_apart_with_the_accuracy_cost_measured_where_it
 @pytest.mark.e2e
 def test_advise_then_a_job_with_sync_auto_runs_what_it_recommends(tmp_path, quick_args, mlflow_server):
     done = mpirun(2, ["--model", "mnist_cnn", "--batch-size", "64", "--measure", "2", "--steps", "1",
-                      "--full-bench", "1", "--json", str(tmp_path / "advice.json"), "--tracking-uri", mlflow_server,
-                      "--experiment", "advice"], module="mpi_train.advise", cwd=tmp_path)
+                      "--warmup", "0", "--full-bench", "1", "--json", str(tmp_path / "advice.json"), "--tracking-uri",
+                      mlflow_server, "--experiment", "advice"], module="mpi_train.advise", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads((tmp_path / "advice.json").read_text())
     recommended = data["recommended"]
@@ -104,3 +104,21 @@ def test_the_full_bench_check_finds_the_regret_and_ranks_predicted_against_measu
     assert check["kendall_tau"] == pytest.approx(1 / 3) and check["no_sync_step_s"] == pytest.approx(1.01)
     text = "\n".join(advise.describe_full_bench(check))
     assert "regret +10.0%" in text and "0.33 over every configuration" in text
+
+
+def test_a_measured_difference_within_the_bench_noise_does_not_overturn_the_model():
+    def row(label, predicted, measured):
+        candidate = Candidate("bucketed", float(label[9:-2])) if "@" in label else Candidate(label)
+        return {**candidate.as_dict(), "predicted_step_s": predicted, "predicted_exposed_s": 0.1,
+                "predicted_comm_s": 0.3, "measured_step_s": measured, "binds": "the between-host link"}
+
+    model = StepModel((4e6,), netmodel.Layout(4, 2), netmodel.Network(netmodel.Link(0, 1e-9), netmodel.Link(0, 1e-8)),
+                      netmodel.ASSUMED_BACKWARD, 1.0, 1.0)
+    assert advise.bench_noise([2.0, 2.02]) == advise.NOISE_FLOOR and advise.bench_noise([2.0, 2.5, 2.0]) == 0.25
+    close = {"bucketed@8MB": row("bucketed@8MB", 1.1, 1.30), "ddp": row("ddp", 1.2, 1.28)}
+    kept = advise.recommendation(close, "bucketed@8MB", model, noise=0.03)
+    assert kept["label"] == "bucketed@8MB" and "within the bench's noise (3%" in kept["why"]
+    far = {"bucketed@8MB": row("bucketed@8MB", 1.1, 1.30), "ddp": row("ddp", 1.2, 1.20)}
+    overturned = advise.recommendation(far, "bucketed@8MB", model, noise=0.03)
+    assert overturned["label"] == "ddp" and "slower by more than the bench's noise (3%)" in overturned["why"]
+    assert advise.recommendation(far, "bucketed@8MB", model, noise=0.1)["label"] == "bucketed@8MB"

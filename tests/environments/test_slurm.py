@@ -110,8 +110,10 @@ def _alive(pid: int) -> bool:
 
 def test_scancel_ends_every_rank_and_the_run_is_killed_with_its_metrics(cluster, server, tmp_path):
     out = tmp_path / "job.out"
+    # two-level local SGD (each node's ranks average every step, the nodes every 2): model averaging under Slurm
     submitted = sbatch(cluster, server, out, [*QUICK, "--epochs", "1000", "--experiment", "tests-slurm",
-                                              "--run-name", "slurm-cancelled"], "--parsable")
+                                              "--run-name", "slurm-cancelled", "--sync", "localsgd", "--period", "2",
+                                              "--host-period", "1"], "--parsable")
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
     client = client_for(server)
@@ -147,6 +149,9 @@ def test_scancel_ends_every_rank_and_the_run_is_killed_with_its_metrics(cluster,
     assert parent.data.tags.get("mpi_train.killed_by") == "SIGTERM"
     steps = [m.step for m in client.get_metric_history(parent.info.run_id, "learning/loss")]
     assert steps and steps[:2] == [2, 4], "the metrics logged before scancel were lost"
+    assert parent.data.params["sync"] == "localsgd" and parent.data.params["host_period"] == "1"
+    drift = client.get_metric_history(parent.info.run_id, "learning/drift")  # logged with every loss
+    assert [m.step for m in drift][:2] == [2, 4] and all(m.value >= 0 for m in drift), drift
 
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
