@@ -126,7 +126,8 @@ def test_a_straggler_is_waited_for_and_the_trace_shows_it(mlflow_server, tmp_pat
         assert split_["slowest_rank"] == 3, split_
         for rank, figures_ in enumerate(split_["per_rank"]):
             wait = figures_["sync_wait_s"]
-            # (on this 2-core machine the others' wait has read 0.24-0.25 s as well as 0.29 s for the 0.3 s straggler)
+            # (0.29-0.31 s for the 0.3 s straggler in a job of its own, untracked, at np 2 and 4; 0.24-0.25 s has
+            # been read in the suite on this 2-core machine, with tracking and the timeline on)
             assert (slow * 0.75 < wait < slow * 1.3) if rank != 3 else wait < 0.05 * slow, (sync, rank, figures_)
         for alignment in summary["clock_alignment"]:  # one machine, one clock: the true offset (0) is in bounds
             assert abs(alignment["offset_s"]) <= alignment["error_s"] + 1e-9, alignment
