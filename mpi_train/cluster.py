@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,9 @@ from .liveness import Liveness, NoLiveness
 LOOPBACK_ADDRESS = "127.0.0.1"
 PROGRESS_KEY = "mpi_train/progress"  # store key prefix: the step each rank has reached
 ABORT_GRACE_S = 5.0  # an abort the launcher has not carried out by then: the process exits by itself
+# Before an abort: time for the launcher to forward what this rank just printed (why it fails). mpirun kills the
+# ranks and may exit before it has read their last output, and a supervisor reads the reason from it.
+ABORT_SAY_S = 0.5
 
 
 def exit_process(code: int) -> None:
@@ -247,6 +251,9 @@ class Cluster:
         deadline = threading.Timer(ABORT_GRACE_S, _exit_now, (code,))
         deadline.daemon = True
         deadline.start()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(ABORT_SAY_S)
         self.channel.abort(code)
 
     def agree(self, outcome: str | None, what: str) -> None:
