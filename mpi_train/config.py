@@ -25,6 +25,7 @@ from .timeline import ALL_STEPS, parse_window
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
 DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
 BACKENDS = ("auto", "gloo", "nccl")
+LOADERS = ("auto", "resident", "dataloader")  # the data paths (data/loaders.py)
 RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-dir, if any
 SYNC_AUTO = "auto"  # --sync auto: the method an advice recommends (advice/cache.py), resolved before setup
 ADVICE_DIR = "mlruns/advice"  # where python -m mpi_train.advise keeps its advice and --sync auto looks for it
@@ -73,6 +74,14 @@ class TrainConfig:
     data_dir: str = _opt("data", "where data sets are read from (and downloaded to)")
     synthetic_size: int = _opt(4096, "training samples of --dataset synthetic (its test set is a quarter of that)")
     dropout: float | None = _opt(None, "dropout probability for models that have dropout (default: the model's own)")
+    loader: str = _opt("auto", "data path: resident holds the decoded data set on the rank's device (GPU memory under "
+                        "NCCL, RAM shared by a host's ranks on CPUs: CIFAR-10 176 MiB, MNIST 52 MiB per rank) and "
+                        "crops, flips and normalises whole batches there; dataloader reads sample by sample through "
+                        "torch's DataLoader (for data that does not fit); auto: resident when it fits in half the "
+                        "device's free memory", choices=LOADERS)
+    loader_workers: int | None = _opt(None, "--loader dataloader: worker processes per rank (default: 0 on CPUs, "
+                                      "whose cores the ranks use already; up to 8 on CUDA, with pinned memory)",
+                                      metavar="N")
 
     # Optimisation.
     batch_size: int = _opt(256, "global batch size, split evenly across ranks")
@@ -202,6 +211,9 @@ class TrainConfig:
                             "--powersgd-start-step": self.powersgd_start_step}.items():
             if value < 0:
                 raise UserError(f"{flag} must not be negative, got {value}.")
+        if self.loader_workers is not None and self.loader_workers < 0:
+            raise UserError(f"--loader-workers must not be negative, got {self.loader_workers}; 0 loads in the "
+                            f"rank's own process.")
         if self.system_metrics_every < 0:
             raise UserError(f"--system-metrics-every must not be negative, got {self.system_metrics_every}; 0 turns "
                             f"system metrics off.")
@@ -321,6 +333,7 @@ class JobInfo:
     ranks_per_host: int = 1  # the most ranks on one host
     resumed_from: dict | None = None  # checkpoint, step, run id and world size of the job this one continues
     advice: dict | None = None  # under --sync auto: the advice followed (its file, age, the flags it set and why)
+    data_path: str = ""  # the data path that runs and what it holds per rank (data/loaders.py)
 
     @property
     def timeline_window(self) -> tuple[int, int] | None:

@@ -78,6 +78,7 @@ class Reporter(SilentReporter):
             + (f", in {self.config['accumulate']} micro-batches" if self.config.get("accumulate", 1) > 1 else "")
             + "), "
             f"{job.threads} thread(s) per rank, {job.total_steps} steps, rendezvous {job.rendezvous}"
+            + (f", data {job.data_path}" if job.data_path else "")
         )
         if job.advice:  # --sync auto: what it took, from which advice, and why
             self.print(f"mpi_train: {described(job.advice)}")

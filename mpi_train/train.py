@@ -172,8 +172,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
 
     train_set, test_set = load_datasets(config, cluster)
     batch_per_rank = config.per_rank(info.world_size)
-    train_loader, sampler, test_loader = make_loaders(train_set, test_set, cluster,
-                                                      config.micro_batch(info.world_size), config.seed)
+    loaders = make_loaders(train_set, test_set, config, cluster, device, placement.threads)
     fault.at(info.rank, "rendezvous")
     rendezvous = cluster.open_process_group(placement.backend, config.master_addr, config.timeout)
 
@@ -193,7 +192,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
                                 weight_decay=settings.weight_decay)
     method.use_optimizer(optimizer)
 
-    steps_per_epoch = len(train_loader) // config.accumulate  # optimizer steps: K micro-batches each
+    steps_per_epoch = len(loaders.train) // config.accumulate  # optimizer steps: K micro-batches each
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
     checkpoints = Checkpointer(config, cluster)
     resume = load_for_resume(config, cluster, total_steps)
@@ -212,12 +211,12 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         **layout_params(cluster.hosts),
         resumed_from=({"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id,
                        "world_size": resume.world_size} if resume else None),
-        advice=advised,
+        advice=advised, data_path=loaders.describe(),
     )
-    return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, train_loader, sampler,
-               test_loader, checkpoints, resume, Preemption(config.checkpoint_dir is not None, info.world_size, device),
-               connection, fault, slow, recorder, alignments, bytes_sent_per_sync(method, model, list(cluster.hosts),
-                                                                   info.rank))
+    preemption = Preemption(config.checkpoint_dir is not None, info.world_size, device)
+    return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, loaders.train, loaders.sampler,
+               loaders.test, checkpoints, resume, preemption, connection, fault, slow, recorder, alignments,
+               bytes_sent_per_sync(method, model, list(cluster.hosts), info.rank))
 
 
 def train_step(job: Job, batches, clock: Clock, step: int, rank: int,

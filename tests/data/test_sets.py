@@ -1,4 +1,4 @@
-"""Data sets and shards, in one process (MPI as a singleton: world size 1)."""
+"""The data sets as torchvision reads them, and their shards, in one process (MPI as a singleton: world size 1)."""
 
 from pathlib import Path
 
@@ -93,7 +93,9 @@ def test_shards_do_not_overlap_and_cover_the_data():
     assert sum(len(s) for s in shards) == 100  # 100 divides by 4: no padding
 
 
-def test_test_shard_counts_each_sample_once(cluster):
+@pytest.mark.parametrize("loader", ["resident", "dataloader"])
+def test_test_shard_counts_each_sample_once(cluster, loader):
     train, test = SyntheticImages(64, (1, 28, 28), True), SyntheticImages(37, (1, 28, 28), False)
-    _, _, test_loader = make_loaders(train, test, cluster, batch_per_rank=8, seed=0)
-    assert sum(len(labels) for _, labels in test_loader) == 37
+    config = TrainConfig(dataset="synthetic", batch_size=8, loader=loader)
+    loaders = make_loaders(train, test, config, cluster, torch.device("cpu"))
+    assert loaders.path == loader and sum(len(labels) for _, labels in loaders.test) == 37

@@ -1,4 +1,5 @@
-"""Data sets and their per-rank shards: CIFAR-10, MNIST (torchvision's readers) and synthetic images."""
+"""The data sets as torchvision reads them: CIFAR-10 (either layout), MNIST, and synthetic images; found, downloaded
+once per host, or refused with what to do."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import Dataset
 
-from .cluster import Cluster
-from .config import TrainConfig
-from .errors import UserError
-from .models import INPUT_SHAPES
+from ..cluster import Cluster
+from ..config import TrainConfig
+from ..errors import UserError
+from ..models import INPUT_SHAPES
 
 NUM_CLASSES = 10
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -163,33 +164,3 @@ def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Datas
         )
     cluster.agree(outcome, what)
     return splits
-
-
-class ResumableSampler(DistributedSampler):
-    """A DistributedSampler whose next pass can start part-way: a resumed job skips the batches it
-    already trained on by index, without loading them (loading could draw from the random state)."""
-
-    skip = 0
-
-    def skip_next(self, samples: int) -> None:
-        """Leave out the first `samples` indices of the next pass only."""
-        self.skip = samples
-
-    def __iter__(self):
-        indices = list(super().__iter__())[self.skip:]
-        self.skip = 0
-        return iter(indices)
-
-
-def make_loaders(train: Dataset, test: Dataset, cluster: Cluster, batch_per_rank: int, seed: int):
-    """Non-overlapping shards: a seeded DistributedSampler for training, a strided slice for testing.
-
-    The test shard is not padded (DistributedSampler pads by repeating samples), so the
-    accuracy reduced over ranks counts each test image exactly once.
-    """
-    info = cluster.info
-    sampler = ResumableSampler(train, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=seed)
-    train_loader = DataLoader(train, batch_size=batch_per_rank, sampler=sampler)
-    test_shard = Subset(test, range(info.rank, len(test), info.world_size))
-    test_loader = DataLoader(test_shard, batch_size=max(batch_per_rank, 256))
-    return train_loader, sampler, test_loader

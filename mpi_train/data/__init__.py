@@ -1,0 +1,17 @@
+"""The data: the sets torchvision reads (sets.py), decoded once (cache.py), and served either resident on the
+rank's device with augmentation on whole batches (resident.py, augment.py) or through torch's DataLoader
+(loaders.py picks), both in the seeded order of sampler.py."""
+
+from .loaders import Loaders, make_loaders
+from .sampler import ResumableSampler
+from .sets import NUM_CLASSES, SyntheticImages, load_datasets
+
+__all__ = [
+           "LOADERS",
+           "NUM_CLASSES",
+           "Loaders",
+           "ResumableSampler",
+           "SyntheticImages",
+           "load_datasets",
+           "make_loaders",
+]

@@ -1,0 +1,128 @@
+"""Data sets decoded once into uint8 tensors, kept in a file beside the data for every later job.
+
+Decoding 60,000 JPEGs takes seconds; reading them back as one tensor takes milliseconds, and a file that
+is mapped into memory (torch.load's mmap) is shared by all the ranks of a host through the page cache. The
+file records a fingerprint of its sources (every file's path, size and modification time): when they change,
+or the file cannot be read, it is rebuilt with a one-line note and never used as it is. One rank per host builds
+it (written atomically, so a reader never sees half a file); the others wait, then map it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import UserError
+from ..files import write_atomically
+
+CACHE_FORMAT = 1  # raised whenever what a cache file holds changes: older ones are then rebuilt
+CACHE_FOLDER = ".mpi_train-cache"  # inside --data-dir, when it is writable
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A split as tensors: images uint8 (N, C, H, W), labels int64 (N,), in the data set's own index order."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.images.nbytes + self.labels.nbytes
+
+
+def source_files(split: Dataset) -> list[Path]:
+    """The files a torchvision split is read from: an image folder's images, CIFAR-10's pickles, MNIST's IDX files."""
+    if hasattr(split, "samples"):  # ImageFolder
+        return [Path(path) for path, _ in split.samples]
+    if hasattr(split, "train_list"):  # CIFAR10
+        files = split.train_list if split.train else split.test_list
+        return [Path(split.root) / split.base_folder / name for name, _ in files]
+    prefix = "train" if split.train else "t10k"  # MNIST
+    return sorted(Path(split.raw_folder).glob(f"{prefix}-*-ubyte"))
+
+
+def fingerprint(files: list[Path]) -> str:
+    """Every source file's path, size and modification time, hashed: another file, or one rewritten, changes it."""
+    digest = hashlib.sha256()
+    for path in files:
+        status = path.stat()
+        digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def decode(split: Dataset) -> Decoded:
+    """The split's images as uint8 (N, C, H, W) exactly as torchvision decodes them (PIL for image folders)."""
+    if hasattr(split, "samples"):  # ImageFolder: PIL decodes with the GIL released, so threads share the work
+        with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
+            arrays = list(pool.map(lambda sample: np.asarray(split.loader(sample[0])), split.samples))
+        shapes = {array.shape for array in arrays}
+        if len(shapes) != 1:
+            odd = next(path for (path, _), array in zip(split.samples, arrays) if array.shape != arrays[0].shape)
+            raise UserError(f"the images under {split.root} are not all one size ({sorted(shapes)[:3]} ...; e.g. "
+                            f"{odd}), and the data path that keeps them in memory needs one. Resize them, or pass "
+                            f"--loader dataloader.")
+        images = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+        labels = torch.tensor(split.targets, dtype=torch.int64)
+    elif hasattr(split, "train_list"):  # CIFAR10: the pickles hold (N, H, W, C) uint8 already
+        images = torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous()
+        labels = torch.tensor(split.targets, dtype=torch.int64)
+    else:  # MNIST: (N, H, W) uint8
+        images, labels = split.data.unsqueeze(1).contiguous(), split.targets.to(torch.int64)
+    return Decoded(images, labels)
+
+
+def cache_folder(data_dir: Path) -> Path:
+    """Beside the data when that folder is writable, else under the user's cache (a read-only shared copy)."""
+    if os.access(data_dir, os.W_OK):
+        return data_dir / CACHE_FOLDER
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return home / "mpi_train" / hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
+
+
+class Unusable(Exception):
+    """A cache file that must be rebuilt, with why."""
+
+
+def load(path: Path, expected: str | None = None) -> Decoded:
+    """The cache file mapped into memory; Unusable if it cannot be read, is of another format or (with `expected`)
+    was built from other sources."""
+    try:
+        held = torch.load(path, mmap=True, weights_only=True)
+        images, labels = held["images"], held["labels"]
+        consistent = images.dtype == torch.uint8 and images.dim() == 4 and labels.shape == images.shape[:1]
+    except FileNotFoundError:
+        raise Unusable("not built yet") from None
+    except Exception as error:  # noqa: BLE001 - a truncated, foreign or corrupt file: all rebuilt the same way
+        raise Unusable(f"unreadable ({type(error).__name__})") from None
+    if held.get("format") != CACHE_FORMAT or not consistent:
+        raise Unusable("of another format")
+    if expected is not None and held.get("fingerprint") != expected:
+        raise Unusable("its source files changed")
+    return Decoded(images, labels)
+
+
+def ensure(split: Dataset, path: Path, say: Callable[[str], None] = print) -> None:
+    """Build `path` from `split` unless it holds the split's current decoding; a rebuild is said in one line."""
+    files = source_files(split)
+    stamp = fingerprint(files)
+    try:
+        load(path, stamp)
+        return
+    except Unusable as why:
+        reason = str(why)
+    decoded = decode(split)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"format": CACHE_FORMAT, "fingerprint": stamp, "images": decoded.images, "labels": decoded.labels}
+    write_atomically(path, lambda handle: torch.save(payload, handle))
+    verb = "decoded" if reason == "not built yet" else f"rebuilt (the cache was {reason}):"
+    say(f"mpi_train: {verb} {len(decoded.labels):,} images of {len(files):,} file(s) once into {path} "
+        f"({decoded.nbytes / 2**20:,.1f} MiB)")

@@ -1,0 +1,135 @@
+"""Which data path a job runs, and its loaders: the split resident on the device, or torch's DataLoader.
+
+`--loader resident` holds the decoded split where the model computes and prepares whole batches there
+(resident.py); `--loader dataloader` reads samples one by one through torchvision's transforms, with worker
+processes and pinned memory on CUDA, for data that does not fit; `auto` (the default) takes the resident path
+whenever the data set can be held (every data set this tool reads fits: CIFAR-10 takes 176 MiB per rank, MNIST 52).
+Both follow the same seeded sampler, so every step trains on the same samples whichever path runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from ..cluster import Cluster
+from ..config import TrainConfig
+from ..errors import UserError
+from . import cache
+from .resident import ResidentSplit, ResidentTestLoader, ResidentTrainLoader
+from .sampler import ResumableSampler
+from .sets import CIFAR10_MEAN, CIFAR10_STD, MNIST_MEAN, MNIST_STD, SyntheticImages
+
+NORMALISATION = {"cifar10": (CIFAR10_MEAN, CIFAR10_STD), "mnist": (MNIST_MEAN, MNIST_STD)}
+AUGMENTED = ("cifar10",)  # random crop and flip on training batches
+RESIDENT_SHARE = 0.5  # auto holds a data set resident when it takes at most this share of the device's free memory
+MAX_WORKERS = 8  # the DataLoader path's worker processes per rank on CUDA, at most
+
+
+@dataclass
+class Loaders:
+    """A job's training batches, their sampler, its test shard, and what the data path holds per rank."""
+
+    train: Any
+    sampler: ResumableSampler
+    test: Any
+    path: str  # "resident" or "dataloader"
+    resident_bytes: int = 0  # what the resident path holds on the rank's device (0: the DataLoader path)
+
+    def describe(self) -> str:
+        if self.path == "resident":
+            return f"resident, {self.resident_bytes / 2**20:,.1f} MiB per rank"
+        return f"DataLoader, {getattr(self.train, 'num_workers', 0)} worker(s)"
+
+
+def cache_name(config: TrainConfig, split: Dataset) -> str:
+    """The split's cache file: one per data set, layout and split (CIFAR-10's two layouts decode apart)."""
+    if hasattr(split, "samples"):  # an image folder: its folder says which split it is
+        return f"{config.dataset}-folder-{Path(split.root).name}.pt"
+    return f"{config.dataset}-{'train' if split.train else 'test'}.pt"
+
+
+def decoded_split(config: TrainConfig, split: Dataset, cluster: Cluster) -> cache.Decoded:
+    """The split as uint8 tensors from its cache file, built (or rebuilt) once per host first. Collective."""
+    path = cache.cache_folder(Path(config.data_dir)) / cache_name(config, split)
+
+    def build() -> None:
+        try:
+            cache.ensure(split, path)
+        except OSError as error:
+            raise UserError(f"the decoded copy of {config.dataset} could not be written to {path} ({error}). Free "
+                            f"space there, make {path.parent} writable, or pass --loader dataloader.") from None
+
+    cluster.run_per_host(build, f"cannot prepare {config.dataset} for the resident data path")
+    try:
+        return cache.load(path)
+    except cache.Unusable as why:
+        raise UserError(f"the decoded copy {path} of {config.dataset} is {why} right after it was built: another "
+                        f"job may be rewriting it. Run again, or pass --loader dataloader.") from None
+
+
+def resident_split(config: TrainConfig, split: Dataset, cluster: Cluster, device: torch.device,
+                   train: bool) -> ResidentSplit:
+    if isinstance(split, SyntheticImages):  # made in memory already, as float
+        return ResidentSplit(split.images, split.labels, device, None, False)
+    decoded = decoded_split(config, split, cluster)
+    return ResidentSplit(decoded.images, decoded.labels, device, NORMALISATION[config.dataset],
+                         train and config.dataset in AUGMENTED)
+
+
+def held_bytes(config: TrainConfig, splits: tuple[Dataset, Dataset]) -> int:
+    """What the resident path would hold per rank, before anything is decoded."""
+    if config.dataset == "synthetic":
+        return sum(split.images.nbytes + split.labels.nbytes for split in splits)
+    channels, height, width = (1, 28, 28) if config.dataset == "mnist" else (3, 32, 32)
+    return sum(len(split) * (channels * height * width + 8) for split in splits)
+
+
+def free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil  # here, not at the top: only the auto choice on CPUs needs it
+
+    return psutil.virtual_memory().available
+
+
+def choose(config: TrainConfig, splits: tuple[Dataset, Dataset], device: torch.device) -> str:
+    """The data path --loader names; auto: resident when it fits in its share of the device's free memory."""
+    if config.loader != "auto":
+        return config.loader
+    return "resident" if held_bytes(config, splits) <= RESIDENT_SHARE * free_bytes(device) else "dataloader"
+
+
+def workers(config: TrainConfig, device: torch.device, threads: int) -> int:
+    """--loader-workers, else none on CPUs (the ranks use every core already) and up to 8 on CUDA."""
+    if config.loader_workers is not None:
+        return config.loader_workers
+    return min(MAX_WORKERS, threads) if device.type == "cuda" else 0
+
+
+def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cluster, device: torch.device,
+                 threads: int = 1) -> Loaders:
+    """Non-overlapping shards: a seeded sampler for training, a strided slice for testing; on the path `choose`
+    takes. The test shard is not padded (DistributedSampler pads by repeating samples), so the accuracy reduced
+    over ranks counts each test image exactly once. Collective (the resident path's cache is built per host)."""
+    info = cluster.info
+    micro_batch, test_batch = config.micro_batch(info.world_size), max(config.per_rank(info.world_size), 256)
+    sampler = ResumableSampler(train, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=config.seed)
+    path = choose(config, (train, test), device)
+    if cluster.allgather(path) != [path] * info.world_size:  # auto may see different free memory on each rank
+        path = "dataloader"
+    if path == "resident":
+        train_split = resident_split(config, train, cluster, device, train=True)
+        test_split = resident_split(config, test, cluster, device, train=False)
+        return Loaders(ResidentTrainLoader(train_split, sampler, micro_batch, config.seed, info.rank), sampler,
+                       ResidentTestLoader(test_split, info.rank, info.world_size, test_batch), path,
+                       train_split.nbytes + test_split.nbytes)
+    count = workers(config, device, threads)
+    options = {"num_workers": count, "pin_memory": device.type == "cuda", "persistent_workers": count > 0}
+    test_shard = Subset(test, range(info.rank, len(test), info.world_size))
+    return Loaders(DataLoader(train, batch_size=micro_batch, sampler=sampler, **options), sampler,
+                   DataLoader(test_shard, batch_size=test_batch, **options), path)
