@@ -1,6 +1,6 @@
-"""`python -m mpi_train` trains (mpi_train/cli.py; a rank program: it ends through cluster.exit_process)."""
+"""`python -m mpi_train` trains (mpi_train/commands/train.py; a rank program: it ends through cluster.exit_process)."""
 
-from .cli import main
 from .cluster import exit_process
+from .commands.train import main
 
 exit_process(main())

@@ -8,7 +8,7 @@ import pytest
 
 from mpi_train.advice import cache
 from mpi_train.advice.cache import Setting
-from mpi_train.cli import parse_config
+from mpi_train.commands.train import parse_config
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 

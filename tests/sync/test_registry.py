@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from mpi_train.analysis.predict import predict_rows, registered_methods
-from mpi_train.cli import parse_config
+from mpi_train.commands.train import parse_config
 from mpi_train.lab.experiment_file import parse
 from mpi_train.models import build_model
 from mpi_train.netmodel import Link, Network, tensor_sizes

@@ -11,10 +11,10 @@ import os
 import typing
 from collections.abc import Sequence
 
-from .cluster import exit_process
-from .config import ENV_DEFAULTS, REGISTRIES, TrainConfig
-from .rankguard import RankAwareParser, guarded, join_job
-from .train import run
+from ..cluster import exit_process
+from ..config import ENV_DEFAULTS, REGISTRIES, TrainConfig
+from ..rankguard import RankAwareParser, guarded, join_job
+from ..train import run
 
 
 def _field_type(field: dataclasses.Field) -> type:
