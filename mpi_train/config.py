@@ -27,7 +27,7 @@ DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": 
 BACKENDS = ("auto", "gloo", "nccl")
 RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-dir, if any
 SYNC_AUTO = "auto"  # --sync auto: the method an advice recommends (advice/cache.py), resolved before setup
-ADVICE_DIR = "mlruns/advice"  # where python -m mpi_train.advise keeps its advice and --sync auto looks for it
+ADVICE_DIR = "mlruns/advice"  # where python -m mpi_train advise keeps its advice and --sync auto looks for it
 REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS, "model": MODELS}  # a field's `choices` names one
 
 
@@ -39,10 +39,10 @@ def _opt(default, help, **extra):
 @dataclass(frozen=True)
 class TrainConfig:
     # What to train.
-    sync: str = _opt("allreduce", "gradient synchronisation method; auto: the one python -m mpi_train.advise "
+    sync: str = _opt("allreduce", "gradient synchronisation method; auto: the one python -m mpi_train advise "
                      "recommends for this job's hosts, model, batch and world size (see --advice)", choices="sync",
                      also=(SYNC_AUTO,))
-    advice: str | None = _opt(None, f"with --sync auto: the advice to follow, a JSON of python -m mpi_train.advise or "
+    advice: str | None = _opt(None, f"with --sync auto: the advice to follow, a JSON of python -m mpi_train advise or "
                               f"a folder of them (default: the newest for this job's setting under {ADVICE_DIR}/)",
                               metavar="PATH")
     bucket_mb: float = _opt(25.0, "bucket size in megabytes for --sync bucketed: smaller buckets start communicating "
@@ -107,7 +107,7 @@ class TrainConfig:
     # Network model (the predicted_sync_time_s metric beside the measured sync_time_s).
     link: str | None = _opt(None, "rate of the links between hosts as shaped or known (e.g. 1gbit), recorded as param "
                             "link; no effect on training")
-    calibration: str | None = _opt(None, "a JSON of python -m mpi_train.bench whose fitted links predict this job's "
+    calibration: str | None = _opt(None, "a JSON of python -m mpi_train bench whose fitted links predict this job's "
                                    "sync time (default: a ping-pong of 1 KB .. 1 MB at start)", metavar="PATH")
 
     check_every: int = _opt(100, "every N steps (and at the end) ranks compare a checksum of their weights; 0: only at "
@@ -149,7 +149,7 @@ class TrainConfig:
     system_metrics_every: float = _opt(10.0, "seconds between CPU, memory, network and disk samples per host (taken at "
                                        "logged steps); 0 turns them off")
     tracking_spool: bool = _opt(False, "if the tracking server cannot be reached at start, train anyway and keep "
-                                "everything in a spool under mlruns/spool/ for `python -m mpi_train.replay` (mid-run "
+                                "everything in a spool under mlruns/spool/ for `python -m mpi_train replay` (mid-run "
                                 "outages are always spooled)")
 
     @property

@@ -3,7 +3,7 @@
 A method twice as fast per step that needs three times the steps is no faster: the fair measure is the time to a
 target accuracy (DAWNBench's). For the same math it splits into steps to accuracy (the method's, the same on any
 network) times step time (the network's, which the bench and the alpha-beta model give), so a run's steps to
-accuracy can be carried to a network it did not run on (`python -m mpi_train.predict --steps-to-accuracy`).
+accuracy can be carried to a network it did not run on (`python -m mpi_train predict --steps-to-accuracy`).
 
 Runs are scored at each test evaluation (--eval-every N, and every epoch's end), each logged with the job's wall
 time spent training (evaluations left out) and the megabytes rank 0 had sent; a run reaches the target at its first

@@ -1,6 +1,6 @@
-"""`python -m mpi_train.advise`: which sync method to run on these hosts, predicted, measured, and kept for --sync auto.
+"""`python -m mpi_train advise`: which sync method to run on these hosts, predicted, measured, and kept for --sync auto.
 
-    mpirun -np 4 --hostfile hostfile python -m mpi_train.advise --model vgg11 --batch-size 256
+    mpirun -np 4 --hostfile hostfile python -m mpi_train advise --model vgg11 --batch-size 256
     mpirun -np 4 --hostfile hostfile python -m mpi_train --model vgg11 --batch-size 256 --sync auto
 
 Started like the training job it advises, on the same hosts and ranks, it:
@@ -14,7 +14,7 @@ Started like the training job it advises, on the same hosts and ranks, it:
    differently (mpi_train/advice/search.py);
 4. measures the --measure methods predicted fastest (each at its best bucket size), ddp as the
    reference and, beside a searched bucket size, the 25 MB default, in a short bench: round
-   robin between barriers with a no-sync baseline, as `python -m mpi_train.bench` does;
+   robin between barriers with a no-sync baseline, as `python -m mpi_train bench` does;
 5. recommends the configuration measured fastest: the flags to add to `python -m mpi_train`, its
    predicted and measured step, and why (the step without sync, the exposed communication, the
    link that binds).
@@ -43,7 +43,7 @@ import torch.distributed as dist
 from .. import netmodel, tracking
 from ..advice import cache, search
 from ..advice.search import Candidate, StepModel
-from ..cluster import Cluster, exit_process
+from ..cluster import Cluster
 from ..config import ADVICE_DIR, BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig
 from ..data import SyntheticImages
 from ..devices import place
@@ -97,7 +97,7 @@ ACCURACY_COST = {
 
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
-    parser = RankAwareParser(prog="python -m mpi_train.advise", quiet=quiet, description=__doc__.split("\n")[0])
+    parser = RankAwareParser(prog="python -m mpi_train advise", quiet=quiet, description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
                         help="model the job trains (default: vgg11; the job's --dataset synthetic or mnist trains "
                              "mnist_cnn)")
@@ -144,7 +144,7 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
 def validate(args: argparse.Namespace, world: int) -> None:
     if world < 2:
         raise UserError("the advisor compares ways of syncing ranks, and this job has one rank. Start it like the "
-                        "training job, e.g. mpirun -np 4 --hostfile hostfile python -m mpi_train.advise.")
+                        "training job, e.g. mpirun -np 4 --hostfile hostfile python -m mpi_train advise.")
     for flag, value in {"--batch-size": args.batch_size, "--steps": args.steps, "--measure": args.measure,
                         "--link-iters": args.link_iters, "--timeout": args.timeout}.items():
         if value <= 0:
@@ -537,7 +537,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     validate(args, world)
     unwritable = folder_write_error(Path(args.advice_dir)) if info.is_main else None
     cluster.agree(unwritable and f"cannot keep advice in {args.advice_dir}: {unwritable}. Give a folder this user "
-                                 f"can write with --advice-dir", "python -m mpi_train.advise")
+                                 f"can write with --advice-dir", "python -m mpi_train advise")
     uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
     connection = tracking.connect(TrainConfig(model=args.model, batch_size=args.batch_size, tracking_uri=uri,
                                               experiment=args.experiment, no_tracking=args.no_tracking), cluster)
@@ -667,12 +667,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = join_job(argv)
     args = build_parser(quiet=not cluster.info.is_main).parse_args(argv)
     return guarded(cluster, lambda: run(cluster, args), args.timeout)
-
-
-def console_main() -> None:
-    """The `mpi-train-advise` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
-    exit_process(main())
-
-
-if __name__ == "__main__":
-    exit_process(main())

@@ -1,12 +1,12 @@
-"""`python -m mpi_train.bench`: what each sync method costs, measured side by side and held against its cost model.
+"""`python -m mpi_train bench`: what each sync method costs, measured side by side and held against its cost model.
 
-    mpirun -np 4 --hostfile hostfile python -m mpi_train.bench --steps 20 --json bench.json
+    mpirun -np 4 --hostfile hostfile python -m mpi_train bench --steps 20 --json bench.json
 
 Every registered sync method with every compression it can carry (labelled like
 `bucketed+powersgd`; or those named with --methods), and a baseline that does not sync at
 all, gets its own replica of the model (the methods that average models, localsgd and
 diloco, average once per step here: their rows are the cost of one average, which
-training pays every --period steps and `python -m mpi_train.predict` divides by it); a
+training pays every --period steps and `python -m mpi_train predict` divides by it); a
 method the backend cannot run is listed as unavailable with the reason. Each step runs
 forward + backward + sync once per method, round-robin with the starting method rotated, so
 a burst of machine noise hits them all alike. Per method it reports:
@@ -39,7 +39,7 @@ a burst of machine noise hits them all alike. Per method it reports:
 Calibration first: ping-pong between rank 0 and a rank on its host and one on another host,
 and allreduce over all ranks, over message sizes from 1 KB to S, fitted by least squares to
 alpha + beta·m (kept in the JSON under "calibration", with the fit errors; `--calibration`
-of a training job and of `python -m mpi_train.predict` reads it from there).
+of a training job and of `python -m mpi_train predict` reads it from there).
 
 Medians over the timed steps (after warm-up), of the slowest rank in each step. The
 table goes to stdout, --json writes every figure, and rank 0 logs a run to MLflow
@@ -64,7 +64,7 @@ from torch import nn
 
 from .. import netmodel, tracking
 from ..clock import Clock
-from ..cluster import Cluster, GroupChannel, exit_process
+from ..cluster import Cluster, GroupChannel
 from ..config import BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig
 from ..data import SyntheticImages
 from ..devices import place
@@ -133,7 +133,7 @@ class BackwardClock:
 
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
-    parser = RankAwareParser(prog="python -m mpi_train.bench", quiet=quiet, description=__doc__.split("\n")[0])
+    parser = RankAwareParser(prog="python -m mpi_train bench", quiet=quiet, description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
                         help="model whose gradients are synced (default: vgg11)")
     parser.add_argument("--batch-size", type=int, default=256,
@@ -629,12 +629,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = join_job(argv)
     args = build_parser(quiet=not cluster.info.is_main).parse_args(argv)
     return guarded(cluster, lambda: run(cluster, args))
-
-
-def console_main() -> None:
-    """The `mpi-train-bench` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
-    exit_process(main())
-
-
-if __name__ == "__main__":
-    exit_process(main())

@@ -1,4 +1,5 @@
-"""`python -m mpi_train`: the training command's flags, built from TrainConfig, run under the rank guard.
+"""`python -m mpi_train train` (or flags first, no subcommand): the training command's flags, built from TrainConfig,
+run under the rank guard.
 
 Launch line: mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_scatter
 """
@@ -11,7 +12,6 @@ import os
 import typing
 from collections.abc import Sequence
 
-from ..cluster import exit_process
 from ..config import ENV_DEFAULTS, REGISTRIES, TrainConfig
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..train import run
@@ -25,7 +25,7 @@ def _field_type(field: dataclasses.Field) -> type:
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser = RankAwareParser(
-        prog="python -m mpi_train", quiet=quiet,
+        prog="python -m mpi_train train", quiet=quiet,
         description="Data-parallel training under mpirun, comparing gradient-sync methods.",
         epilog="Launch with: mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_scatter",
     )
@@ -59,8 +59,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = join_job(argv)
     config = parse_config(argv, quiet=not cluster.info.is_main)
     return guarded(cluster, lambda: run(config, cluster), config.timeout)
-
-
-def console_main() -> None:
-    """The `mpi-train` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
-    exit_process(main())

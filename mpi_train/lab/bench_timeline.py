@@ -1,4 +1,4 @@
-"""`python -m mpi_train.bench_timeline`: what the sync split and the timeline measure, and what they cost.
+"""`python -m mpi_train bench-timeline`: what the sync split and the timeline measure, and what they cost.
 
 Runs one short job on this machine several ways and prints, side by side:
 - the split's arithmetic: on every logged step, wait + transfer against the measured sync time;
@@ -10,7 +10,7 @@ Runs one short job on this machine several ways and prints, side by side:
 - the cost: step time with --timeline against without (alternating which runs first), and the
   recorder's own time as a share of step time, for the always-on split and for a timeline.
 
-    python -m mpi_train.bench_timeline --np 4 --steps 40
+    python -m mpi_train bench-timeline --np 4 --steps 40
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ STRAGGLER_S = 0.3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train.bench_timeline", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mpi_train bench-timeline", description=__doc__.split("\n")[0])
     parser.add_argument("--np", type=int, default=4, help="ranks per job (default: 4)")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per job (default: 40)")
     parser.add_argument("--repeats", type=int, default=2, help="pairs of jobs without and with --timeline (default: 2)")
@@ -174,7 +174,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

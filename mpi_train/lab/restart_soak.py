@@ -1,6 +1,6 @@
-"""`python -m mpi_train.soak --restart`: supervised jobs on test hosts, one random fault each, and how they carried on.
+"""`python -m mpi_train soak --restart`: supervised jobs on test hosts, one random fault each, and how they carried on.
 
-Each trial runs one job under `python -m mpi_train.supervise --max-restarts 2` with a
+Each trial runs one job under `python -m mpi_train supervise --max-restarts 2` with a
 checkpoint every --checkpoint-every steps and `--resume auto`, and at a random step does one of:
 
   kill    SIGKILL to a random rank
@@ -113,7 +113,7 @@ class Supervised:
     """The supervisor around a job line, its output lines kept with the time each arrived."""
 
     def __init__(self, line: list[str], env: dict, folder: Path):
-        command = [sys.executable, "-m", "mpi_train.supervise", "--max-restarts", str(MAX_RESTARTS), "--backoff",
+        command = [sys.executable, "-m", "mpi_train", "supervise", "--max-restarts", str(MAX_RESTARTS), "--backoff",
                    str(BACKOFF_S), "--host-wait", "60", "--", *line]
         self.lines: list[tuple[float, str]] = []
         self.started = time.monotonic()
@@ -292,7 +292,7 @@ def soak_restarts(args) -> int:
     out = Path(args.out).resolve()
     rng = random.Random(args.seed)
     trials: list[RestartTrial] = []
-    with hosts_and_server(args, out, "python -m mpi_train.soak --restart") as (hosts, setting, server):
+    with hosts_and_server(args, out, "python -m mpi_train soak --restart") as (hosts, setting, server):
         print("soak: the reference job, without a fault", flush=True)
         reference = run_reference(args, hosts, setting, server, out / "reference")
         print(f"soak:   {reference.wall_s:.1f} s, {reference.step_s:.2f} s a step", flush=True)
