@@ -2,7 +2,7 @@
 
 Precedence is simple and written down once: command-line flags override the
 defaults below (and `MASTER_ADDR` / `MLFLOW_TRACKING_URI` fill their flags when
-those are not given). `cli.py` builds the argument parser from these fields, so
+those are not given). `commands/train.py` builds the argument parser from these fields, so
 a new option is one new field here; a field whose `choices` names a registry below
 offers that registry's keys (and the words its `also` adds, like --sync auto).
 """

@@ -104,3 +104,9 @@ def test_mpi_train_command_trains_under_mpirun(tmp_path):
                             check=False)
     assert result.returncode == 0, result.stderr
     assert "2 rank(s) on 1 host(s)" in result.stdout and "done in" in result.stdout
+
+
+def test_the_readme_command_table_names_every_subcommand():
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("### Commands"):text.index("## Documentation")]
+    assert all(f"`{name}`" in table for name in SUBCOMMANDS), [name for name in SUBCOMMANDS if f"`{name}`" not in table]
