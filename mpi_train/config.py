@@ -17,7 +17,7 @@ from .errors import UserError
 from .lr_schedule import LR_SCHEDULES, MODEL_DEFAULTS, OptimizerDefaults
 from .models import MODELS
 from .netmodel.links import rate_bytes_per_s
-from .sync import COMPRESSORS, PARAMETERS, SYNC_METHODS, combination_error, label
+from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label, tuned_by
 from .sync.averaging import DEFAULT_PERIOD, MOMENTUM
 from .sync.diloco import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
 from .timeline import ALL_STEPS, parse_window
@@ -251,16 +251,11 @@ class TrainConfig:
 
     def validate_averaging(self) -> None:
         """The flags of the methods that sync less often: in range, and only with a method that reads them."""
-        averaging = SYNC_METHODS[self.sync].averages == PARAMETERS
-        given = {"--period": self.period, "--local-start-step": self.local_start_step,
-                 "--host-period": self.host_period, "--local-momentum": self.local_momentum}
-        outer = {"--outer-lr": self.outer_lr, "--outer-momentum": self.outer_momentum}
-        readers = {**dict.fromkeys(given, "localsgd and diloco"), **dict.fromkeys(outer, "diloco")}
-        for flag, value in {**given, **outer}.items():
-            if value is not None and not (averaging if flag in given else self.sync == "diloco"):
-                raise UserError(f"{flag} is read by --sync {readers[flag]} only, and this job runs --sync "
-                                f"{self.sync}, which would ignore it. Drop {flag}, or use --sync "
-                                f"{readers[flag].split(' and ')[0]}.")
+        for name in ("period", "local_start_step", "host_period", "local_momentum", "outer_lr", "outer_momentum"):
+            flag, readers = "--" + name.replace("_", "-"), tuned_by(name)  # the methods whose class reads it
+            if getattr(self, name) is not None and self.sync not in readers:
+                raise UserError(f"{flag} is read by --sync {' and '.join(readers)} only, and this job runs --sync "
+                                f"{self.sync}, which would ignore it. Drop {flag}, or use --sync {readers[0]}.")
         if self.period is not None and self.period < 1:
             raise UserError(f"--period must be at least 1 (average every step), got {self.period}.")
         for flag, value in {"--local-start-step": self.local_start_step, "--host-period": self.host_period}.items():

@@ -393,9 +393,9 @@ def describe(result: dict) -> str:
          f"{result['compute_s'] * 1e3:,.1f} ms, backward {result['backward_share']:.2f} of it), slowest rank"),
         f"searched {search_note['configurations']} lossless configurations: "
         + ", ".join(search_note["methods"])
-        + (f"; {', '.join(search_note['bucketed'])} at {len(search_note['bucket_sizes_mb'])} bucket sizes "
+        + (f"; {', '.join(search_note['bucket_tuned'])} at {len(search_note['bucket_sizes_mb'])} bucket sizes "
            f"({search_note['bucket_sizes_mb'][0]:g} .. {search_note['bucket_sizes_mb'][-1]:g} MB)"
-           if search_note["bucketed"] else ""),
+           if search_note["bucket_tuned"] else ""),
         "",
         table(shown),
         (f"(each method at its best predicted configuration, and every one measured; measured = the short bench, "
@@ -446,7 +446,7 @@ def plot(result: dict, path: Path) -> Path:
     rows = result["candidates"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axis = plt.subplots(figsize=(9, 5.5))
-    for index, name in enumerate(result["search"]["bucketed"]):
+    for index, name in enumerate(result["search"]["bucket_tuned"]):
         color = colors[index % len(colors)]
         curve = sorted((row["bucket_mb"], row["predicted_step_s"]) for row in rows if row["sync"] == name)
         axis.plot([x for x, _ in curve], [1e3 * y for _, y in curve], color=color, drawstyle="steps-pre",
@@ -456,7 +456,7 @@ def plot(result: dict, path: Path) -> Path:
         axis.scatter([x for x, _ in measured], [1e3 * y for _, y in measured], color=color, marker="o", zorder=3,
                      label=f"{name}: measured")
     others = [row for row in rows if row["bucket_mb"] is None]
-    for index, row in enumerate(others, len(result["search"]["bucketed"])):  # a line each, measured at the right
+    for index, row in enumerate(others, len(result["search"]["bucket_tuned"])):  # a line each, measured at the right
         color = colors[index % len(colors)]
         axis.axhline(1e3 * row["predicted_step_s"], color=color, linestyle=("--", "-.", ":")[index % 3], linewidth=1,
                      label=f"{row['label']}: predicted")
@@ -634,7 +634,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         "calibration": {**links, "backward": backward.as_dict()},
         "calibration_age_s": created - links["measured_at_s"],
         "compute_s": model.compute_s, "baseline_step_s": model.baseline_step_s, "backward_share": backward.share,
-        "search": {"configurations": len(found), "methods": usable, "bucketed": bucketed, "bucket_sizes_mb": sizes},
+        "search": {"configurations": len(found), "methods": usable, "bucket_tuned": bucketed, "bucket_sizes_mb": sizes},
         "bench": {"steps": args.steps, "warmup": args.warmup, "no_sync_steps_s": measured[NO_SYNC]["steps_s"]},
         "measured": [c.label for c in chosen], "kendall_tau": tau,
         "candidates": list(rows.values()),

@@ -81,6 +81,7 @@ from ..tracking.links import share_views, where
 from .collectives import allreduce_bandwidth
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
+ALLREDUCE_FIT = "allreduce"  # the calibration's fit of torch's all_reduce alone (a key of the bench JSON, not a method)
 COLUMNS = ("method", "family", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s",
            "floor_ms", "efficiency", "predicted_ms", "pred_err", "codec_ms")
 CODEC_REPEATS = 3
@@ -210,7 +211,7 @@ def allreduce_calibration(largest: int, iters: int, device: torch.device) -> dic
         seconds.append(statistics.median(times))
     slowest = GroupChannel().allgather(seconds)
     seconds = [max(column) for column in zip(*slowest)]
-    fit = netmodel.Link.fit(sizes, seconds, source="allreduce")
+    fit = netmodel.Link.fit(sizes, seconds, source=ALLREDUCE_FIT)
     return {"alpha": fit.alpha, "beta": fit.beta, "fit_error": fit.fit_error, "sizes": sizes, "seconds": seconds}
 
 
@@ -449,7 +450,7 @@ def describe(result: dict) -> str:
     if calibration:
         lines.append("calibration (alpha + beta·m, least squares over 1 KB .. S): "
                      + netmodel.describe_network(netmodel.Network.from_dict(calibration["network"])))
-        fit = calibration.get("allreduce")
+        fit = calibration.get(ALLREDUCE_FIT)
         if fit:
             lines.append(f"allreduce of m bytes on all {result['world_size']} ranks: {fit['alpha'] * 1e3:.2f} ms + "
                          f"m / {1 / fit['beta'] / 1e6 if fit['beta'] else math.inf:,.0f} MB/s "
@@ -572,7 +573,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         calibration = netmodel.calibrate(cluster.hosts, gradient_bytes, args.link_iters, device, args.link)
         allreduce_fit = allreduce_calibration(gradient_bytes, args.link_iters, device)
         if info.is_main:
-            calibration["allreduce"] = allreduce_fit
+            calibration[ALLREDUCE_FIT] = allreduce_fit
             network = netmodel.capped(netmodel.Network.from_dict(calibration["network"]), args.link)
             calibration["network"] = network.as_dict()
             crossed = network.slowest if layout.hosts > 1 else network.intra

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UserError, format_error
+from ..sync import BASELINE
 from . import mpirun
 from .network import NetworkPlan, NetworkSetting
 from .testhosts import TestHosts, check_can_run
@@ -65,7 +66,7 @@ def row_of(setting: NetworkSetting, advice: dict, wall_s: float) -> dict:
     return {"setting": setting.label, "recommended": recommended["label"], "recommended_step_s": steps[
         recommended["label"]], "fastest": check["fastest"], "fastest_step_s": steps[check["fastest"]],
             "regret": check["regret"], "tau_methods": check["kendall_tau_methods"], "tau_all": check["kendall_tau"],
-            "default_25mb_step_s": check["default_bucket_step_s"], "ddp_step_s": steps.get("ddp"),
+            "default_25mb_step_s": check["default_bucket_step_s"], "ddp_step_s": steps.get(BASELINE),
             "advise_s": advice["advise_s"], "full_bench_s": check["seconds"], "wall_s": wall_s,
             "advise_wall_s": wall_s - check["seconds"]}  # mpirun's start to its end, the full bench left out
 

@@ -26,7 +26,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..config import TrainConfig
 from ..failpoints import SLOW_ENV
+from ..sync import BASELINE
 from . import mpirun
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--np", type=int, default=4, help="ranks per job (default: 4)")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per job (default: 40)")
     parser.add_argument("--repeats", type=int, default=2, help="pairs of jobs without and with --timeline (default: 2)")
-    parser.add_argument("--sync", default="allreduce", help="the method of the split, straggler and cost jobs "
-                                                              "(default: allreduce)")
+    parser.add_argument("--sync", default=TrainConfig.sync, help="the method of the split, straggler and cost "
+                                                                   f"jobs (default: {TrainConfig.sync})")
     parser.add_argument("--train-args", default="--dataset synthetic --synthetic-size 4096 --batch-size 64",
                         help="further arguments of every job (default: %(default)s)")
     return parser
@@ -139,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{1000 * steady_step(recorded[-1]):.2f} ms with", flush=True)
         slowest = args.np - 1
         slow = run_job(args, folder, "straggler", *sync, env={SLOW_ENV: f"{slowest}:{STRAGGLER_S}"})
-        ddp = run_job(args, folder, "ddp-timeline", "--sync", "ddp", "--timeline")
+        ddp = run_job(args, folder, "ddp-timeline", "--sync", BASELINE, "--timeline")
 
         print(f"\n{args.np} ranks, {args.steps} steps, {args.sync} ({args.train_args}); steady state after 2 steps")
         worst = max(split_arithmetic(s) for s in plain + recorded)

@@ -32,6 +32,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..config import TrainConfig
 from ..errors import UserError
 from ..tracking import names
 from ..tracking.store import mlflow_client
@@ -103,7 +104,8 @@ def job_line(args, hostfile: Path, folder: Path, uri: str, run_name: str) -> lis
     world = args.hosts * args.ranks_per_host
     return ["mpirun", "-np", str(world), "--hostfile", str(hostfile), sys.executable, "-m", "mpi_train",
             "--dataset", "synthetic", "--synthetic-size", str(64 * args.steps), "--batch-size", "64",  # one epoch
-            "--log-every", "1", "--max-steps", str(args.steps), "--timeout", str(args.timeout), "--sync", "allreduce",
+            "--log-every", "1", "--max-steps", str(args.steps), "--timeout", str(args.timeout),
+            "--sync", TrainConfig.sync,
             "--checkpoint-dir", str(folder / "checkpoints"), "--checkpoint-every", str(args.checkpoint_every),
             "--tracking-uri", uri, "--experiment", EXPERIMENT, "--run-name", run_name,
             "--summary-json", str(folder / "summary.json")]

@@ -35,6 +35,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..config import TrainConfig
 from ..errors import UserError, format_error
 from ..tracking import names
 from ..tracking.store import mlflow_client
@@ -147,7 +148,7 @@ def run_trial(trial: Trial, args, hosts: TestHosts, setting: NetworkSetting, ser
     hostfile = hosts.hostfile(args.hosts, args.ranks_per_host)
     command = ["mpirun", "-np", str(world), "--hostfile", str(hostfile), sys.executable, "-m", "mpi_train",
                "--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "1",
-               "--max-steps", str(args.steps), "--timeout", str(args.timeout), "--sync", "allreduce",
+               "--max-steps", str(args.steps), "--timeout", str(args.timeout), "--sync", TrainConfig.sync,
                "--tracking-uri", server.uri, "--experiment", "soak", "--run-name", f"trial-{trial.number:02d}",
                "--summary-json", str(folder / "summary.json")]
     env = {**os.environ, **mpirun.OPEN_MPI_ENV, "PYTHONUNBUFFERED": "1", **TestHosts.launch_env(setting),
