@@ -1,6 +1,5 @@
-"""`python -m mpi_train` trains (mpi_train/cli.py; a rank program: it ends through cluster.exit_process)."""
+"""`python -m mpi_train [SUBCOMMAND] ...` is the `mpi-train` command (mpi_train/cli.py)."""
 
-from .cli import main
-from .cluster import exit_process
+from .cli import console_main
 
-exit_process(main())
+console_main()

@@ -1,66 +1,110 @@
-"""`python -m mpi_train`: the training command's flags, built from TrainConfig, run under the rank guard.
+"""The one command, `mpi-train` or `python -m mpi_train`, and its subcommands: each a module's `main(argv)`.
 
-Launch line: mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_scatter
+    mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_scatter     # a flag first: train
+    mpirun -np 4 --hostfile hostfile python -m mpi_train bench --steps 20
+    python -m mpi_train experiment experiments/smoke.toml
+
+A subcommand's module is imported only when it runs, so `mpi-train --help` lists them without importing torch.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
-import typing
+import importlib
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from .cluster import exit_process
-from .config import ENV_DEFAULTS, REGISTRIES, TrainConfig
-from .rankguard import RankAwareParser, guarded, join_job
-from .train import run
+from .errors import format_error
 
 
-def _field_type(field: dataclasses.Field) -> type:
-    hint = typing.get_type_hints(TrainConfig)[field.name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args else hint
+@dataclass(frozen=True)
+class Subcommand:
+    module: str  # holds main(argv) -> exit status
+    summary: str  # its line in `mpi-train --help`
+    rank: bool = False  # started on every rank by mpirun: it ends through cluster.exit_process
 
 
-def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
-    parser = RankAwareParser(
-        prog="python -m mpi_train", quiet=quiet,
-        description="Data-parallel training under mpirun, comparing gradient-sync methods.",
-        epilog="Launch with: mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_scatter",
-    )
-    for field in dataclasses.fields(TrainConfig):
-        meta = dict(field.metadata)
-        choices = meta.pop("choices", None)
-        if isinstance(choices, str):
-            choices = (*REGISTRIES[choices], *meta.pop("also", ()))
-        flag = "--" + field.name.replace("_", "-")
-        if _field_type(field) is bool:  # on/off switches: present means on
-            parser.add_argument(flag, action="store_true", **meta)
-            continue
-        if field.default is not None and "default" not in meta["help"]:
-            meta["help"] += f" (default: {field.default})"
-        parser.add_argument(
-            flag, type=_field_type(field), default=field.default,
-            choices=choices, **meta,
-        )
-    return parser
+SUBCOMMANDS = {  # name: the module whose main(argv) runs it, its line in --help
+    "train": Subcommand("mpi_train.commands.train", "train a model data-parallel (the default when a flag comes "
+                        "first)", rank=True),
+    "bench": Subcommand("mpi_train.commands.bench", "what each sync method costs, measured side by side and held "
+                        "against its cost model", rank=True),
+    "advise": Subcommand("mpi_train.commands.advise", "which sync method to run on these hosts, predicted, measured, "
+                         "and kept for --sync auto", rank=True),
+    "collectives": Subcommand("mpi_train.commands.collectives", "cluster check: every collective the sync methods "
+                              "use, against its closed form", rank=True),
+    "experiment": Subcommand("mpi_train.lab.experiment", "run every configuration of an experiment file with "
+                             "mpirun, then report"),
+    "compare": Subcommand("mpi_train.analysis.compare", "the finished jobs of an experiment side by side, as a table "
+                          "and as plots"),
+    "predict": Subcommand("mpi_train.analysis.predict", "each sync method's step time on a cluster you do not have, "
+                          "from the alpha-beta model"),
+    "server": Subcommand("mpi_train.tracking.server", "an MLflow tracking server on this project's store"),
+    "replay": Subcommand("mpi_train.tracking.replay", "send to MLflow what jobs spooled while its server was "
+                         "unreachable"),
+    "supervise": Subcommand("mpi_train.lab.supervise", "relaunch a failed job from its last checkpoint, into the same "
+                            "MLflow run"),
+    "soak": Subcommand("mpi_train.lab.soak", "short jobs on test hosts, one random fault each, and what it did"),
+    "advise-check": Subcommand("mpi_train.lab.advise_check", "the advisor held against a full bench on test hosts"),
+    "bench-timeline": Subcommand("mpi_train.lab.bench_timeline", "what the sync split and the timeline measure, and "
+                                 "what they cost"),
+    "bench-tracking": Subcommand("mpi_train.lab.bench_tracking", "what experiment tracking costs a training step"),
+}
+DEFAULT = "train"  # what a first argument that is a flag, or no argument, runs
 
 
-def parse_config(argv: Sequence[str] | None, quiet: bool = False) -> TrainConfig:
-    values = vars(build_parser(quiet).parse_args(argv))
-    for name, variable in ENV_DEFAULTS.items():
-        if values[name] is None and os.environ.get(variable):
-            values[name] = os.environ[variable]
-    return TrainConfig(**values)
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS)) + 2
+    lines = "\n".join(f"  {name:<{width}}{sub.summary}" for name, sub in SUBCOMMANDS.items())
+    return (f"usage: mpi-train SUBCOMMAND [options]   (or python -m mpi_train SUBCOMMAND [options])\n\n"
+            f"Data-parallel training under mpirun, comparing gradient-sync methods, tracked in MLflow.\n\n"
+            f"subcommands:\n{lines}\n\n"
+            f"`mpi-train SUBCOMMAND --help` gives a subcommand's options. A flag first means {DEFAULT}:\n"
+            f"  mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_scatter\n")
+
+
+def split(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """(subcommand, its arguments); an unknown name raises KeyError."""
+    if not argv or argv[0].startswith("-"):
+        return DEFAULT, list(argv)
+    if argv[0] not in SUBCOMMANDS:
+        raise KeyError(argv[0])
+    return argv[0], list(argv[1:])
+
+
+HELP = (["-h"], ["--help"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cluster = join_job(argv)
-    config = parse_config(argv, quiet=not cluster.info.is_main)
-    return guarded(cluster, lambda: run(config, cluster), config.timeout)
+    """Run the subcommand argv names and return its exit status (console_main ends the process)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in HELP:
+        print(usage(), end="")
+        return 0
+    try:
+        name, rest = split(argv)
+    except KeyError:
+        print(format_error(f"no subcommand {argv[0]!r}; the subcommands are {', '.join(SUBCOMMANDS)} (a flag first "
+                           f"means {DEFAULT}; mpi-train --help says what each does).", prog="mpi-train"),
+              file=sys.stderr)
+        return 2
+    return importlib.import_module(SUBCOMMANDS[name].module).main(rest)
+
+
+def is_rank_program(argv: Sequence[str]) -> bool:
+    try:
+        return argv[:1] not in HELP and SUBCOMMANDS[split(argv)[0]].rank
+    except KeyError:
+        return False
 
 
 def console_main() -> None:
-    """The `mpi-train` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
-    exit_process(main())
+    """The `mpi-train` command and `python -m mpi_train`: a rank program ends through exit_process, the rest exit."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if is_rank_program(argv):
+        # here, not at the top: cluster imports torch, which --help and the lab's subcommands need not wait for
+        from .cluster import exit_process
+
+        exit_process(code)
+    sys.exit(code)

@@ -2,7 +2,7 @@
 
 Precedence is simple and written down once: command-line flags override the
 defaults below (and `MASTER_ADDR` / `MLFLOW_TRACKING_URI` fill their flags when
-those are not given). `cli.py` builds the argument parser from these fields, so
+those are not given). `commands/train.py` builds the argument parser from these fields, so
 a new option is one new field here; a field whose `choices` names a registry below
 offers that registry's keys (and the words its `also` adds, like --sync auto).
 """
@@ -17,7 +17,7 @@ from .errors import UserError
 from .lr_schedule import LR_SCHEDULES, MODEL_DEFAULTS, OptimizerDefaults
 from .models import MODELS
 from .netmodel.links import rate_bytes_per_s
-from .sync import COMPRESSORS, PARAMETERS, SYNC_METHODS, combination_error, label
+from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label, tuned_by
 from .sync.averaging import DEFAULT_PERIOD, MOMENTUM
 from .sync.diloco import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
 from .timeline import ALL_STEPS, parse_window
@@ -28,7 +28,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 LOADERS = ("auto", "resident", "dataloader")  # the data paths (data/loaders.py)
 RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-dir, if any
 SYNC_AUTO = "auto"  # --sync auto: the method an advice recommends (advice/cache.py), resolved before setup
-ADVICE_DIR = "mlruns/advice"  # where python -m mpi_train.advise keeps its advice and --sync auto looks for it
+ADVICE_DIR = "mlruns/advice"  # where python -m mpi_train advise keeps its advice and --sync auto looks for it
 REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS, "model": MODELS}  # a field's `choices` names one
 
 
@@ -40,10 +40,10 @@ def _opt(default, help, **extra):
 @dataclass(frozen=True)
 class TrainConfig:
     # What to train.
-    sync: str = _opt("allreduce", "gradient synchronisation method; auto: the one python -m mpi_train.advise "
+    sync: str = _opt("allreduce", "gradient synchronisation method; auto: the one python -m mpi_train advise "
                      "recommends for this job's hosts, model, batch and world size (see --advice)", choices="sync",
                      also=(SYNC_AUTO,))
-    advice: str | None = _opt(None, f"with --sync auto: the advice to follow, a JSON of python -m mpi_train.advise or "
+    advice: str | None = _opt(None, f"with --sync auto: the advice to follow, a JSON of python -m mpi_train advise or "
                               f"a folder of them (default: the newest for this job's setting under {ADVICE_DIR}/)",
                               metavar="PATH")
     bucket_mb: float = _opt(25.0, "bucket size in megabytes for --sync bucketed: smaller buckets start communicating "
@@ -116,7 +116,7 @@ class TrainConfig:
     # Network model (the predicted_sync_time_s metric beside the measured sync_time_s).
     link: str | None = _opt(None, "rate of the links between hosts as shaped or known (e.g. 1gbit), recorded as param "
                             "link; no effect on training")
-    calibration: str | None = _opt(None, "a JSON of python -m mpi_train.bench whose fitted links predict this job's "
+    calibration: str | None = _opt(None, "a JSON of python -m mpi_train bench whose fitted links predict this job's "
                                    "sync time (default: a ping-pong of 1 KB .. 1 MB at start)", metavar="PATH")
 
     check_every: int = _opt(100, "every N steps (and at the end) ranks compare a checksum of their weights; 0: only at "
@@ -158,7 +158,7 @@ class TrainConfig:
     system_metrics_every: float = _opt(10.0, "seconds between CPU, memory, network and disk samples per host (taken at "
                                        "logged steps); 0 turns them off")
     tracking_spool: bool = _opt(False, "if the tracking server cannot be reached at start, train anyway and keep "
-                                "everything in a spool under mlruns/spool/ for `python -m mpi_train.replay` (mid-run "
+                                "everything in a spool under mlruns/spool/ for `python -m mpi_train replay` (mid-run "
                                 "outages are always spooled)")
 
     @property
@@ -263,16 +263,11 @@ class TrainConfig:
 
     def validate_averaging(self) -> None:
         """The flags of the methods that sync less often: in range, and only with a method that reads them."""
-        averaging = SYNC_METHODS[self.sync].averages == PARAMETERS
-        given = {"--period": self.period, "--local-start-step": self.local_start_step,
-                 "--host-period": self.host_period, "--local-momentum": self.local_momentum}
-        outer = {"--outer-lr": self.outer_lr, "--outer-momentum": self.outer_momentum}
-        readers = {**dict.fromkeys(given, "localsgd and diloco"), **dict.fromkeys(outer, "diloco")}
-        for flag, value in {**given, **outer}.items():
-            if value is not None and not (averaging if flag in given else self.sync == "diloco"):
-                raise UserError(f"{flag} is read by --sync {readers[flag]} only, and this job runs --sync "
-                                f"{self.sync}, which would ignore it. Drop {flag}, or use --sync "
-                                f"{readers[flag].split(' and ')[0]}.")
+        for name in ("period", "local_start_step", "host_period", "local_momentum", "outer_lr", "outer_momentum"):
+            flag, readers = "--" + name.replace("_", "-"), tuned_by(name)  # the methods whose class reads it
+            if getattr(self, name) is not None and self.sync not in readers:
+                raise UserError(f"{flag} is read by --sync {' and '.join(readers)} only, and this job runs --sync "
+                                f"{self.sync}, which would ignore it. Drop {flag}, or use --sync {readers[0]}.")
         if self.period is not None and self.period < 1:
             raise UserError(f"--period must be at least 1 (average every step), got {self.period}.")
         for flag, value in {"--local-start-step": self.local_start_step, "--host-period": self.host_period}.items():

@@ -13,7 +13,7 @@ created then): a relaunched job runs clean, as after a fault that a restart fixe
 Set MPI_TRAIN_SLOW="RANK:SECONDS" to make one rank a straggler: every step of that rank takes SECONDS
 more compute (a sleep at the end of its backward, before the sync), so the others wait for it.
 
-`python -m mpi_train.soak --trials N` makes faults from outside instead: short jobs on test
+`python -m mpi_train soak --trials N` makes faults from outside instead: short jobs on test
 hosts, each with a random rank killed or stopped, a link taken down or the server stopped
 (lab/soak.py).
 """

@@ -27,14 +27,15 @@ MPI_ENV = {**launch.OPEN_MPI_ENV, "PYTHONUNBUFFERED": "1"}
 
 def mpirun_launch(np: int, args: list[str], *, module: str = "mpi_train", env: dict | None = None,
                   hostfile: Path | None = None, rank_prefix: tuple[str, ...] = ()) -> tuple[list[str], dict]:
-    """The command line and environment of `python -m module args` under a real `mpirun -np N`.
+    """The command line and environment of `python -m module args` under a real `mpirun -np N` (module may
+    end in a subcommand: "mpi_train bench").
 
     Without a hostfile every rank runs here (oversubscribed); with one, its slots place the ranks
     (--oversubscribe would let mpirun put them all on the first host). `rank_prefix` is a command
     each rank's python runs under.
     """
     placement = ["--hostfile", str(hostfile)] if hostfile else ["--oversubscribe"]
-    command = ["mpirun", "-np", str(np), *placement, *rank_prefix, sys.executable, "-m", module, *args]
+    command = ["mpirun", "-np", str(np), *placement, *rank_prefix, sys.executable, "-m", *module.split(), *args]
     return command, {**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO), **(env or {})}
 
 
@@ -170,7 +171,7 @@ def wait_for(condition, timeout_s: float, what: str, every_s: float = 0.2):
 
 
 class MlflowServer:
-    """`python -m mpi_train.server` on a free port of `host`, its store under `root`, started at once; `uri()`
+    """`python -m mpi_train server` on a free port of `host`, its store under `root`, started at once; `uri()`
     waits until it answers (~15 s). It can be stopped and started again as the same server (same port, same
     store), as an outage test needs.
     """
@@ -188,7 +189,7 @@ class MlflowServer:
 
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "mpi_train.server", "--host", self.host, "--port", str(self.port),
+                [sys.executable, "-m", "mpi_train", "server", "--host", self.host, "--port", str(self.port),
                  "--workers", "1", "--root", str(self.root / DEFAULT_STORE_DIR), *self.security()],
                 cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONPATH": str(REPO), **(self.credentials or {}),

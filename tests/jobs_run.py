@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from mpi_train.cli import parse_config
 from mpi_train.cluster import Cluster, exit_process
+from mpi_train.commands.train import parse_config
 from mpi_train.train import run
 
 

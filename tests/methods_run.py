@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mpi_train.cli import parse_config
 from mpi_train.cluster import Cluster, exit_process
+from mpi_train.commands.train import parse_config
 from mpi_train.sync import SYNC_METHODS, backend_error
 from mpi_train.train import run
 

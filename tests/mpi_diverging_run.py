@@ -23,7 +23,7 @@ class SkipLastRank(AllReduce):
 
 SYNC_METHODS["skip_last_rank"] = SkipLastRank  # before the CLI reads the registry for its --sync choices
 
-from mpi_train.cli import main
 from mpi_train.cluster import exit_process
+from mpi_train.commands.train import main
 
 exit_process(main())  # as `python -m mpi_train` does: interpreter teardown can abort under Gloo's threads

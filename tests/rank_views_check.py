@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from mpi_train.cli import parse_config
 from mpi_train.cluster import Cluster, exit_process
+from mpi_train.commands.train import parse_config
 from mpi_train.data import load_datasets
 from mpi_train.models import build_model
 from mpi_train.randomness import seed_rank_streams

@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mpi_train.cli import parse_config
 from mpi_train.cluster import Cluster, exit_process
+from mpi_train.commands.train import parse_config
 from mpi_train.sync import SYNC_METHODS, backend_error, split_label
 
 ON_GLOO = [name for name in SYNC_METHODS if not backend_error(name, "gloo")]  # the methods this check's backend runs

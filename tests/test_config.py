@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from mpi_train.cli import build_parser, parse_config
+from mpi_train.commands.train import build_parser, parse_config
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError, format_error
 from mpi_train.models import MODELS

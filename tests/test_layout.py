@@ -2,9 +2,10 @@
 
 Layers, lowest first: the rank package (what mpirun, torchrun or srun starts: every module outside the three
 folders below), commands/ (rank programs launched like training), analysis/ (readers of finished runs and
-bench JSON), lab/ (what starts mpirun around jobs), and the `python -m mpi_train.<name>` entry modules, which
-only run another module's main. A module may import its own layer and those below it, never one above; the
-imports, function-level ones included, form no cycle; and a deferred import of the package says why.
+bench JSON), lab/ (what starts mpirun around jobs), and the one command (cli.py, __main__.py), which names each
+subcommand's module. A module may import its own layer and those below it, never one above; the imports,
+function-level ones included, form no cycle; and a deferred import of the package says why. The package's root
+holds at most 25 files, none of them a module that only runs another.
 """
 
 from __future__ import annotations
@@ -27,21 +28,14 @@ def modules() -> dict[str, Path]:
     return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
-def is_entry(tree: ast.Module) -> bool:
-    """A top-level `python -m mpi_train.<name>` module: a docstring, imports, and only `if __name__ == "__main__"`."""
-    body = [node for node in tree.body if not isinstance(node, (ast.Import, ast.ImportFrom))]
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    return bool(body) and all(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in body)
+ENTRY = ("mpi_train.__main__", "mpi_train.cli")  # the one command: imports a subcommand's module when it runs
 
 
-def layer(name: str, tree: ast.Module) -> str:
+def layer(name: str) -> str:
     parts = name.split(".")
     if len(parts) > 1 and parts[1] in ("commands", "analysis", "lab"):
         return parts[1]
-    if name == "mpi_train.__main__" or (len(parts) == 2 and is_entry(tree)):
-        return "entry"
-    return "rank"
+    return "entry" if name in ENTRY else "rank"
 
 
 def imports(name: str, path: Path, tree: ast.Module, known: set[str]) -> list[tuple[str, ast.stmt, bool]]:
@@ -75,7 +69,7 @@ def graph() -> tuple[dict[str, str], dict[str, list[tuple[str, ast.stmt, bool]]]
     for name, path in paths.items():
         text = path.read_text()
         tree = ast.parse(text)
-        layers[name] = layer(name, tree)
+        layers[name] = layer(name)
         edges[name] = imports(name, path, tree, known)
         sources[name] = text.splitlines()
     return layers, edges, sources
@@ -85,9 +79,25 @@ def test_imports_only_go_down_the_layers():
     layers, edges, _ = graph()
     wrong = [f"{name} ({layers[name]}) imports {target} ({layers[target]}), line {node.lineno}"
              for name, found in edges.items() for target, node, _ in found
-             if LAYERS.index(layers[target]) > LAYERS.index(layers[name]) or layers[target] == "entry"]
+             if LAYERS.index(layers[target]) > LAYERS.index(layers[name])]
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
     assert {layers[name] for name in layers} == set(LAYERS)  # every layer exists, so the rule bites
+
+
+def test_the_root_is_short_and_holds_no_entry_module():
+    """The root reads as the architecture: the rank's own modules beside the subpackages, no `python -m` shims."""
+    files = sorted(path.name for path in PACKAGE.iterdir() if path.is_file())
+    assert len(files) <= 25, f"{len(files)} files at mpi_train/'s root: {files}"
+    only_run_another = []
+    for name in files:
+        body = ast.parse((PACKAGE / name).read_text()).body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        if name != "__main__.py" and body and not any(isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Assign,
+                                                                           ast.AnnAssign)) for node in body):
+            only_run_another.append(name)
+    assert not only_run_another, f"modules that only run another (a subcommand of mpi_train/cli.py instead): " \
+                                 f"{only_run_another}"
 
 
 def cycles_in(graph_of: dict[str, list[str]]) -> list[str]:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mpi_train.cli import parse_config
+from mpi_train.commands.train import parse_config
 from mpi_train.errors import UserError
 from mpi_train.lr_schedule import MODEL_DEFAULTS, LearningRate, lr_factor
 

@@ -107,7 +107,7 @@ def test_when_rank_0s_own_host_loses_its_link_every_side_still_ends(hosts, tmp_p
     assert left_behind(str(tmp_path / "cut.json")) == []
 
     spool = tmp_path / "mlruns" / "spool"  # rank 0 could not reach the server: its end waits in the spool
-    replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", uri, str(spool)],
+    replay = subprocess.run([sys.executable, "-m", "mpi_train", "replay", "--tracking-uri", uri, str(spool)],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     client = client_for(uri)
@@ -148,14 +148,14 @@ def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_
 
 
 def test_a_host_that_loses_its_link_for_good_is_named_and_the_supervisor_goes_on_without_it(hosts, tmp_path):
-    """python -m mpi_train.supervise --min-ranks 2: host 2's link is cut for good at step 5. The job ends within the
+    """python -m mpi_train supervise --min-ranks 2: host 2's link is cut for good at step 5. The job ends within the
     timeout naming the host; host 2 does not answer the supervisor either, so the job is relaunched on host 1 alone
     with 2 ranks and the same global batch, and finishes in the same MLflow run, which logs the change."""
     checkpoints, uri = tmp_path / "checkpoints", hosts.server.uri()
     line, env = mpirun_launch(4, [*JOB, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2",
                                   "--tracking-uri", uri, "--experiment", "gone", "--summary-json",
                                   str(tmp_path / "gone.json")], **hosts.mpirun_options())
-    command = [sys.executable, "-m", "mpi_train.supervise", "--max-restarts", "1", "--backoff", "0.5",
+    command = [sys.executable, "-m", "mpi_train", "supervise", "--max-restarts", "1", "--backoff", "0.5",
                "--host-wait", "3", "--min-ranks", "2", "--", *line]
     lines: list[tuple[float, str]] = []  # each with when it came
     with launch.launched(command, env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -104,7 +104,7 @@ def test_a_host_at_a_tenth_of_the_others_rate_is_named_and_its_cost_predicted(ho
     assert parent.data.tags["mpi_train.slow_host"] == name and parent.data.tags["mpi_train.slow_host_ranks"] == "2"
     assert parent.data.metrics["summary/slow_host_cost_s"] == pytest.approx(predicted)
 
-    report = subprocess.run([sys.executable, "-m", "mpi_train.compare", "--tracking-uri", uri, "--experiment",
+    report = subprocess.run([sys.executable, "-m", "mpi_train", "compare", "--tracking-uri", uri, "--experiment",
                              "straggler", "--out", str(tmp_path / "plots")],
                             capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert report.returncode == 0, report.stderr

@@ -1,4 +1,4 @@
-"""Advice files: where `python -m mpi_train.advise` keeps them, which one fits a job, and what --sync auto takes.
+"""Advice files: where `python -m mpi_train advise` keeps them, which one fits a job, and what --sync auto takes.
 
 An advice is a JSON written for one setting: each rank's host (so the world size and how the
 ranks share hosts), the model and the global batch. It holds the calibrated links under
@@ -76,13 +76,13 @@ def read(path: str | Path) -> dict:
         data = json.loads(Path(path).read_text())
     except OSError as error:
         raise UserError(f"cannot read the advice {path}: {error.strerror or error}. Give a JSON written by python -m "
-                        f"mpi_train.advise, or a folder of them.") from None
+                        f"mpi_train advise, or a folder of them.") from None
     except ValueError as error:
         raise UserError(f"the advice {path} is not JSON ({error}); write one with python -m "
-                        f"mpi_train.advise.") from None
+                        f"mpi_train advise.") from None
     if not isinstance(data, dict) or data.get("kind") != KIND or not isinstance(data.get("recommended"), dict):
-        raise UserError(f"{path} is not an advice of python -m mpi_train.advise (no \"kind\": {KIND!r} with a "
-                        f"recommendation); write one with python -m mpi_train.advise --json PATH.")
+        raise UserError(f"{path} is not an advice of python -m mpi_train advise (no \"kind\": {KIND!r} with a "
+                        f"recommendation); write one with python -m mpi_train advise --json PATH.")
     return data
 
 
@@ -132,7 +132,7 @@ def age(seconds: float) -> str:
 
 def advise_command(setting: Setting) -> str:
     """The advisor's launch line for a setting, to print where no advice fits."""
-    return (f"mpirun -np {setting.world_size} --hostfile HOSTFILE python -m mpi_train.advise --model {setting.model} "
+    return (f"mpirun -np {setting.world_size} --hostfile HOSTFILE python -m mpi_train advise --model {setting.model} "
             f"--batch-size {setting.batch_size}")
 
 
@@ -144,10 +144,10 @@ def follow(config: TrainConfig, hosts: Sequence[str], now: float | None = None) 
     if config.compression != "none":
         raise UserError(f"--sync auto picks a lossless method, which sends the gradients as they are, and cannot "
                         f"carry --compression {config.compression}. Drop --compression, or name the method with "
-                        f"--sync (python -m mpi_train.advise lists the lossy options apart, with their accuracy cost).")
+                        f"--sync (python -m mpi_train advise lists the lossy options apart, with their accuracy cost).")
     place = Path(config.advice or ADVICE_DIR)
     if config.advice and not place.exists():
-        raise UserError(f"--advice {place} does not exist. Give an advice JSON of python -m mpi_train.advise or a "
+        raise UserError(f"--advice {place} does not exist. Give an advice JSON of python -m mpi_train advise or a "
                         f"folder of them, or leave --advice out to take the newest under {ADVICE_DIR}/.")
     note = None
     if place.is_file():
@@ -198,16 +198,16 @@ def applied(config: TrainConfig, pick: dict) -> TrainConfig:
         name = flag.removeprefix("--").replace("-", "_")
         if not flag.startswith("--") or name not in fields or name == "advice":
             raise UserError(f"the advice {pick['file']} recommends {flag!r}, which python -m mpi_train does not take "
-                            f"here (an advice of another version?). Run python -m mpi_train.advise again.")
+                            f"here (an advice of another version?). Run python -m mpi_train advise again.")
         kind = next((a for a in typing.get_args(hints[name]) if a is not type(None)), hints[name])
         try:
             changes[name] = kind(value)
         except ValueError:
             raise UserError(f"the advice {pick['file']} recommends {flag} {value!r}, which is not a "
-                            f"{kind.__name__}. Run python -m mpi_train.advise again.") from None
+                            f"{kind.__name__}. Run python -m mpi_train advise again.") from None
     if len(flags) % 2 or changes.get("sync") not in SYNC_METHODS:
         raise UserError(f"the advice {pick['file']} recommends {' '.join(flags) or 'nothing'}, which names no sync "
-                        f"method of this version. Run python -m mpi_train.advise again.")
+                        f"method of this version. Run python -m mpi_train advise again.")
     return dataclasses.replace(config, **changes, advice=pick["file"])
 
 

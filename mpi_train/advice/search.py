@@ -20,11 +20,11 @@ from dataclasses import dataclass, replace
 
 from ..config import TrainConfig
 from ..netmodel import Backward, Layout, Link, Network, family_of, predict
-from ..sync import GRADIENTS, SYNC_METHODS, SyncMethod, backend_error
+from ..sync import BASELINE, GRADIENTS, SYNC_METHODS, SyncMethod, backend_error
 from ..sync.messages import backward_order, message_groups
 
 DEFAULT_BUCKET_MB = TrainConfig.bucket_mb
-REFERENCE = "ddp"  # what every user would otherwise run: always measured beside the best predicted
+REFERENCE = BASELINE  # what every user would otherwise run: always measured beside the best predicted
 FREE = Link(0.0, 0.0, source="free")  # a link that costs nothing: what a method's time is without it
 FULL_BENCH_MB = (1.0, 2.0, 4.0, 8.0, 16.0, DEFAULT_BUCKET_MB, 50.0)  # the full bench's bucket sizes: powers of two
 TIE = 0.005  # bucket sizes predicted within this share of the fastest are as good: the rounder one is kept
@@ -109,11 +109,9 @@ def lossless(backend: str) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def follows_bucket_size(sync: str) -> bool:
-    """Whether --bucket-mb changes how the method cuts its messages (bucketed yes; ddp keeps torch's own)."""
-    def caps(mb: float) -> tuple[float, float]:
-        return Candidate(sync, mb).method().bucket_caps()
-
-    return caps(1.0) != caps(DEFAULT_BUCKET_MB)
+    """Whether --bucket-mb changes how the method cuts its messages: its class lists bucket_mb among its tunables
+    (bucketed does; ddp keeps torch's own buckets)."""
+    return "bucket_mb" in SYNC_METHODS[sync].tunables
 
 
 def digits(value: float) -> int:

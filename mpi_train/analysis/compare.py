@@ -1,4 +1,4 @@
-"""`python -m mpi_train.compare`: the finished jobs of an experiment side by side, as a table and as plots.
+"""`python -m mpi_train compare`: the finished jobs of an experiment side by side, as a table and as plots.
 
 Reads parent and child runs through the MLflow client (the same keys in every job make
 this, and the UI's compare view, work), prints one row per job and writes PNGs:
@@ -8,7 +8,7 @@ Every time is the job's `summary/` figure (tracking/names.py), taken once by one
 (SUMMARY_RULE: means over ranks and over the steps after the timing warm-up) and shown the
 same in every table; jobs of earlier versions are read under the names they logged.
 
-    python -m mpi_train.compare --experiment mpi_train --tracking-uri http://127.0.0.1:5000 --out plots
+    python -m mpi_train compare --experiment mpi_train --tracking-uri http://127.0.0.1:5000 --out plots
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def plot_predictions(rows: list[dict], out: Path) -> Path:
 
 
 def plot_sync_costs(bench: dict, out: Path, name: str = "sync_cost_vs_floor.png") -> Path:
-    """Each method's measured communication time beside the floor its cost model allows (from mpi_train.bench)."""
+    """Each method's measured communication time beside the floor its cost model allows (from mpi_train bench)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -441,7 +441,7 @@ def save_figure(fig, path: Path, rect: tuple | None = None) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train.compare", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mpi_train compare", description=__doc__.split("\n")[0])
     parser.add_argument("--experiment", default="mpi_train",
                         help="experiment whose finished jobs are compared (default: mpi_train)")
     parser.add_argument("--tracking-uri", help="MLflow server or database (default: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db)")
@@ -485,7 +485,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.log_artifacts:
         print(f"logged as run {log_comparison(client, experiment.experiment_id, jobs, table, paths)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

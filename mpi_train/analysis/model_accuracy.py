@@ -27,7 +27,7 @@ COLUMNS = ("method", "np", "hosts", "per_host", "link", "measured_ms", "predicte
 
 
 def rows_of(results: Sequence[dict]) -> list[dict]:
-    """One row per (setting, method) with a prediction, from bench JSONs (python -m mpi_train.bench --json)."""
+    """One row per (setting, method) with a prediction, from bench JSONs (python -m mpi_train bench --json)."""
     rows = []
     for result in results:
         layout = result.get("layout") or {}

@@ -1,7 +1,7 @@
-"""`python -m mpi_train.predict`: each sync method's step time on a cluster you do not have, from the alpha-beta model.
+"""`python -m mpi_train predict`: each sync method's step time on a cluster you do not have, from the alpha-beta model.
 
-    python -m mpi_train.predict --model vgg11 --batch-size 256 --ranks 64 --ranks-per-host 8 --link 10gbit
-    python -m mpi_train.predict --model vgg11 --batch-size 256 --ranks 2,4,8,16,32,64,128,256 --ranks-per-host 8 \\
+    python -m mpi_train predict --model vgg11 --batch-size 256 --ranks 64 --ranks-per-host 8 --link 10gbit
+    python -m mpi_train predict --model vgg11 --batch-size 256 --ranks 2,4,8,16,32,64,128,256 --ranks-per-host 8 \\
         --link 10gbit --calibration bench.json --plot scaling.png
 
 Step time = compute (forward + backward per sample, measured, times the per-rank batch) +
@@ -49,7 +49,7 @@ class Row:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train.predict", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m mpi_train predict", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--link", help="rate of each host's link, e.g. 10gbit, 1gbit, 100mbit (default: the "
                                        "calibration's inter-host link)")
     parser.add_argument("--calibration", metavar="PATH",
-                        help="a bench JSON (python -m mpi_train.bench --json): fitted links and compute per sample")
+                        help="a bench JSON (python -m mpi_train bench --json): fitted links and compute per sample")
     parser.add_argument("--compute-per-sample", type=float, metavar="SECONDS",
                         help="forward + backward seconds per sample on one rank (default: the calibration's, else "
                              "timed here)")
@@ -325,10 +325,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run(args)
     except UserError as error:
-        print(format_error(str(error), prog="mpi_train.predict"), file=sys.stderr)
+        print(format_error(str(error), prog="mpi_train predict"), file=sys.stderr)
         return error.exit_code
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 A method twice as fast per step that needs three times the steps is no faster: the fair measure is the time to a
 target accuracy (DAWNBench's). For the same math it splits into steps to accuracy (the method's, the same on any
 network) times step time (the network's, which the bench and the alpha-beta model give), so a run's steps to
-accuracy can be carried to a network it did not run on (`python -m mpi_train.predict --steps-to-accuracy`).
+accuracy can be carried to a network it did not run on (`python -m mpi_train predict --steps-to-accuracy`).
 
 Runs are scored at each test evaluation (--eval-every N, and every epoch's end), each logged with the job's wall
 time spent training (evaluations left out) and the megabytes rank 0 had sent; a run reaches the target at its first
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from ..sync import BASELINE
 
 DEFAULT_MARGIN = 0.02  # the default target: the best final accuracy minus 2 points
 COLUMNS = ("run", "sync", "target", "steps", "time_s", "sent_MB", "final_acc", "time_vs")
@@ -51,7 +53,7 @@ def rows(runs: Sequence[tuple[str, str, Sequence[Evaluation]]], target: float, r
                       "time_s": hit.elapsed_s if hit else None, "sent_mb": hit.sent_mb if hit else None,
                       "final_accuracy": final})
     timed = [row for row in table if row["time_s"] is not None]
-    by_reference = [row for row in timed if row["sync"] == (reference or "ddp")]
+    by_reference = [row for row in timed if row["sync"] == (reference or BASELINE)]
     base = by_reference[0] if by_reference else max(timed, key=lambda row: row["time_s"], default=None)
     for row in table:
         row["reference"] = base["sync"] if base else None
@@ -143,7 +145,7 @@ def describe_carried(table: list[dict], target: float) -> str:
              f"{'link':<10}{'sync':<24}{'steps':>6}{'step_s':>9}{'time_s':>10}{'time_vs':>9}  run"]
     for link in sorted({row["link"] for row in table}):
         rows = sorted((row for row in table if row["link"] == link), key=lambda row: row["time_s"])
-        ddp = next((row for row in rows if row["sync"] == "ddp"), None)
+        ddp = next((row for row in rows if row["sync"] == BASELINE), None)
         for row in rows:
             versus = f"{row['time_s'] / ddp['time_s']:.2f}x" if ddp else "-"
             lines.append(f"{link:<10}{row['sync']:<24}{row['steps']:>6}{row['step_s']:>9.3f}{row['time_s']:>10.1f}"

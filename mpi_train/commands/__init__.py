@@ -1,4 +1,5 @@
-"""Rank programs launched like training (`mpirun ... python -m mpi_train.bench`): the cost bench and the cluster check.
+"""Rank programs, started by mpirun on every rank (`mpirun ... python -m mpi_train bench`): training's flags (train.py),
+the cost bench, the advisor and the cluster check. mpi_train/cli.py names each as a subcommand.
 
 They import the rank package and nothing from lab/ or analysis/ (tests/test_layout.py checks it).
 """

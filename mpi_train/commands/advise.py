@@ -1,6 +1,6 @@
-"""`python -m mpi_train.advise`: which sync method to run on these hosts, predicted, measured, and kept for --sync auto.
+"""`python -m mpi_train advise`: which sync method to run on these hosts, predicted, measured, and kept for --sync auto.
 
-    mpirun -np 4 --hostfile hostfile python -m mpi_train.advise --model vgg11 --batch-size 256
+    mpirun -np 4 --hostfile hostfile python -m mpi_train advise --model vgg11 --batch-size 256
     mpirun -np 4 --hostfile hostfile python -m mpi_train --model vgg11 --batch-size 256 --sync auto
 
 Started like the training job it advises, on the same hosts and ranks, it:
@@ -14,7 +14,7 @@ Started like the training job it advises, on the same hosts and ranks, it:
    differently (mpi_train/advice/search.py);
 4. measures the --measure methods predicted fastest (each at its best bucket size), ddp as the
    reference and, beside a searched bucket size, the 25 MB default, in a short bench: round
-   robin between barriers with a no-sync baseline, as `python -m mpi_train.bench` does;
+   robin between barriers with a no-sync baseline, as `python -m mpi_train bench` does;
 5. recommends the configuration measured fastest: the flags to add to `python -m mpi_train`, its
    predicted and measured step, and why (the step without sync, the exposed communication, the
    link that binds).
@@ -43,7 +43,7 @@ import torch.distributed as dist
 from .. import netmodel, tracking
 from ..advice import cache, search
 from ..advice.search import Candidate, StepModel
-from ..cluster import Cluster, exit_process
+from ..cluster import Cluster
 from ..config import ADVICE_DIR, BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig
 from ..data import SyntheticImages
 from ..devices import place
@@ -97,7 +97,7 @@ ACCURACY_COST = {
 
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
-    parser = RankAwareParser(prog="python -m mpi_train.advise", quiet=quiet, description=__doc__.split("\n")[0])
+    parser = RankAwareParser(prog="python -m mpi_train advise", quiet=quiet, description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
                         help="model the job trains (default: vgg11; the job's --dataset synthetic or mnist trains "
                              "mnist_cnn)")
@@ -144,7 +144,7 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
 def validate(args: argparse.Namespace, world: int) -> None:
     if world < 2:
         raise UserError("the advisor compares ways of syncing ranks, and this job has one rank. Start it like the "
-                        "training job, e.g. mpirun -np 4 --hostfile hostfile python -m mpi_train.advise.")
+                        "training job, e.g. mpirun -np 4 --hostfile hostfile python -m mpi_train advise.")
     for flag, value in {"--batch-size": args.batch_size, "--steps": args.steps, "--measure": args.measure,
                         "--link-iters": args.link_iters, "--timeout": args.timeout}.items():
         if value <= 0:
@@ -393,9 +393,9 @@ def describe(result: dict) -> str:
          f"{result['compute_s'] * 1e3:,.1f} ms, backward {result['backward_share']:.2f} of it), slowest rank"),
         f"searched {search_note['configurations']} lossless configurations: "
         + ", ".join(search_note["methods"])
-        + (f"; {', '.join(search_note['bucketed'])} at {len(search_note['bucket_sizes_mb'])} bucket sizes "
+        + (f"; {', '.join(search_note['bucket_tuned'])} at {len(search_note['bucket_sizes_mb'])} bucket sizes "
            f"({search_note['bucket_sizes_mb'][0]:g} .. {search_note['bucket_sizes_mb'][-1]:g} MB)"
-           if search_note["bucketed"] else ""),
+           if search_note["bucket_tuned"] else ""),
         "",
         table(shown),
         (f"(each method at its best predicted configuration, and every one measured; measured = the short bench, "
@@ -446,7 +446,7 @@ def plot(result: dict, path: Path) -> Path:
     rows = result["candidates"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axis = plt.subplots(figsize=(9, 5.5))
-    for index, name in enumerate(result["search"]["bucketed"]):
+    for index, name in enumerate(result["search"]["bucket_tuned"]):
         color = colors[index % len(colors)]
         curve = sorted((row["bucket_mb"], row["predicted_step_s"]) for row in rows if row["sync"] == name)
         axis.plot([x for x, _ in curve], [1e3 * y for _, y in curve], color=color, drawstyle="steps-pre",
@@ -456,7 +456,7 @@ def plot(result: dict, path: Path) -> Path:
         axis.scatter([x for x, _ in measured], [1e3 * y for _, y in measured], color=color, marker="o", zorder=3,
                      label=f"{name}: measured")
     others = [row for row in rows if row["bucket_mb"] is None]
-    for index, row in enumerate(others, len(result["search"]["bucketed"])):  # a line each, measured at the right
+    for index, row in enumerate(others, len(result["search"]["bucket_tuned"])):  # a line each, measured at the right
         color = colors[index % len(colors)]
         axis.axhline(1e3 * row["predicted_step_s"], color=color, linestyle=("--", "-.", ":")[index % 3], linewidth=1,
                      label=f"{row['label']}: predicted")
@@ -537,7 +537,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     validate(args, world)
     unwritable = folder_write_error(Path(args.advice_dir)) if info.is_main else None
     cluster.agree(unwritable and f"cannot keep advice in {args.advice_dir}: {unwritable}. Give a folder this user "
-                                 f"can write with --advice-dir", "python -m mpi_train.advise")
+                                 f"can write with --advice-dir", "python -m mpi_train advise")
     uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
     connection = tracking.connect(TrainConfig(model=args.model, batch_size=args.batch_size, tracking_uri=uri,
                                               experiment=args.experiment, no_tracking=args.no_tracking), cluster)
@@ -634,7 +634,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         "calibration": {**links, "backward": backward.as_dict()},
         "calibration_age_s": created - links["measured_at_s"],
         "compute_s": model.compute_s, "baseline_step_s": model.baseline_step_s, "backward_share": backward.share,
-        "search": {"configurations": len(found), "methods": usable, "bucketed": bucketed, "bucket_sizes_mb": sizes},
+        "search": {"configurations": len(found), "methods": usable, "bucket_tuned": bucketed, "bucket_sizes_mb": sizes},
         "bench": {"steps": args.steps, "warmup": args.warmup, "no_sync_steps_s": measured[NO_SYNC]["steps_s"]},
         "measured": [c.label for c in chosen], "kendall_tau": tau,
         "candidates": list(rows.values()),
@@ -667,12 +667,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = join_job(argv)
     args = build_parser(quiet=not cluster.info.is_main).parse_args(argv)
     return guarded(cluster, lambda: run(cluster, args), args.timeout)
-
-
-def console_main() -> None:
-    """The `mpi-train-advise` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
-    exit_process(main())
-
-
-if __name__ == "__main__":
-    exit_process(main())

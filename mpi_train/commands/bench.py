@@ -1,12 +1,12 @@
-"""`python -m mpi_train.bench`: what each sync method costs, measured side by side and held against its cost model.
+"""`python -m mpi_train bench`: what each sync method costs, measured side by side and held against its cost model.
 
-    mpirun -np 4 --hostfile hostfile python -m mpi_train.bench --steps 20 --json bench.json
+    mpirun -np 4 --hostfile hostfile python -m mpi_train bench --steps 20 --json bench.json
 
 Every registered sync method with every compression it can carry (labelled like
 `bucketed+powersgd`; or those named with --methods), and a baseline that does not sync at
 all, gets its own replica of the model (the methods that average models, localsgd and
 diloco, average once per step here: their rows are the cost of one average, which
-training pays every --period steps and `python -m mpi_train.predict` divides by it); a
+training pays every --period steps and `python -m mpi_train predict` divides by it); a
 method the backend cannot run is listed as unavailable with the reason. Each step runs
 forward + backward + sync once per method, round-robin with the starting method rotated, so
 a burst of machine noise hits them all alike. Per method it reports:
@@ -39,7 +39,7 @@ a burst of machine noise hits them all alike. Per method it reports:
 Calibration first: ping-pong between rank 0 and a rank on its host and one on another host,
 and allreduce over all ranks, over message sizes from 1 KB to S, fitted by least squares to
 alpha + beta·m (kept in the JSON under "calibration", with the fit errors; `--calibration`
-of a training job and of `python -m mpi_train.predict` reads it from there).
+of a training job and of `python -m mpi_train predict` reads it from there).
 
 Medians over the timed steps (after warm-up), of the slowest rank in each step. The
 table goes to stdout, --json writes every figure, and rank 0 logs a run to MLflow
@@ -64,7 +64,7 @@ from torch import nn
 
 from .. import netmodel, tracking
 from ..clock import Clock
-from ..cluster import Cluster, GroupChannel, exit_process
+from ..cluster import Cluster, GroupChannel
 from ..config import BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig
 from ..data import SyntheticImages
 from ..devices import place
@@ -81,6 +81,7 @@ from ..tracking.links import share_views, where
 from .collectives import allreduce_bandwidth
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
+ALLREDUCE_FIT = "allreduce"  # the calibration's fit of torch's all_reduce alone (a key of the bench JSON, not a method)
 COLUMNS = ("method", "family", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s",
            "floor_ms", "efficiency", "predicted_ms", "pred_err", "codec_ms")
 CODEC_REPEATS = 3
@@ -133,7 +134,7 @@ class BackwardClock:
 
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
-    parser = RankAwareParser(prog="python -m mpi_train.bench", quiet=quiet, description=__doc__.split("\n")[0])
+    parser = RankAwareParser(prog="python -m mpi_train bench", quiet=quiet, description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
                         help="model whose gradients are synced (default: vgg11)")
     parser.add_argument("--batch-size", type=int, default=256,
@@ -210,7 +211,7 @@ def allreduce_calibration(largest: int, iters: int, device: torch.device) -> dic
         seconds.append(statistics.median(times))
     slowest = GroupChannel().allgather(seconds)
     seconds = [max(column) for column in zip(*slowest)]
-    fit = netmodel.Link.fit(sizes, seconds, source="allreduce")
+    fit = netmodel.Link.fit(sizes, seconds, source=ALLREDUCE_FIT)
     return {"alpha": fit.alpha, "beta": fit.beta, "fit_error": fit.fit_error, "sizes": sizes, "seconds": seconds}
 
 
@@ -449,7 +450,7 @@ def describe(result: dict) -> str:
     if calibration:
         lines.append("calibration (alpha + beta·m, least squares over 1 KB .. S): "
                      + netmodel.describe_network(netmodel.Network.from_dict(calibration["network"])))
-        fit = calibration.get("allreduce")
+        fit = calibration.get(ALLREDUCE_FIT)
         if fit:
             lines.append(f"allreduce of m bytes on all {result['world_size']} ranks: {fit['alpha'] * 1e3:.2f} ms + "
                          f"m / {1 / fit['beta'] / 1e6 if fit['beta'] else math.inf:,.0f} MB/s "
@@ -572,7 +573,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         calibration = netmodel.calibrate(cluster.hosts, gradient_bytes, args.link_iters, device, args.link)
         allreduce_fit = allreduce_calibration(gradient_bytes, args.link_iters, device)
         if info.is_main:
-            calibration["allreduce"] = allreduce_fit
+            calibration[ALLREDUCE_FIT] = allreduce_fit
             network = netmodel.capped(netmodel.Network.from_dict(calibration["network"]), args.link)
             calibration["network"] = network.as_dict()
             crossed = network.slowest if layout.hosts > 1 else network.intra
@@ -629,12 +630,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = join_job(argv)
     args = build_parser(quiet=not cluster.info.is_main).parse_args(argv)
     return guarded(cluster, lambda: run(cluster, args))
-
-
-def console_main() -> None:
-    """The `mpi-train-bench` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
-    exit_process(main())
-
-
-if __name__ == "__main__":
-    exit_process(main())

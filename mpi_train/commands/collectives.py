@@ -1,6 +1,6 @@
 """Cluster check: every collective the sync methods use, against its closed form, plus allreduce bandwidth.
 
-    mpirun -np 4 --hostfile hostfile python -m mpi_train.collectives
+    mpirun -np 4 --hostfile hostfile python -m mpi_train collectives
 
 Rank r contributes the tensor (r + 1) * ones(n), so every result is known in advance:
 all_reduce(SUM) gives N(N+1)/2 everywhere, gather/all_gather give [1, 2, ..., N], and so on.
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..cluster import Cluster, exit_process
+from ..cluster import Cluster
 from ..config import BACKENDS, LAUNCHERS
 from ..devices import resolve_backend
 from ..errors import UserError
@@ -109,7 +109,7 @@ def format_table(rows: list[dict], hosts: Sequence[str]) -> str:
 
 
 def _parse(argv: Sequence[str] | None, quiet: bool) -> argparse.Namespace:
-    parser = RankAwareParser(prog="python -m mpi_train.collectives", quiet=quiet,
+    parser = RankAwareParser(prog="python -m mpi_train collectives", quiet=quiet,
                              description="Check every collective against its closed form and measure allreduce "
                                          "bandwidth.")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="auto",
@@ -155,12 +155,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = join_job(argv)
     args = _parse(argv, quiet=not cluster.info.is_main)
     return guarded(cluster, lambda: check(cluster, args))
-
-
-def console_main() -> None:
-    """The `mpi-train-collectives` command: like python -m, it ends through exit_process (see cluster.exit_process)."""
-    exit_process(main())
-
-
-if __name__ == "__main__":
-    exit_process(main())

@@ -1,7 +1,7 @@
-"""`python -m mpi_train.advise_check`: the advisor held against a full bench on test hosts, setting by setting.
+"""`python -m mpi_train advise-check`: the advisor held against a full bench on test hosts, setting by setting.
 
 For each number of test hosts and each link rate (2 ranks a host by default), it shapes the links
-and runs `python -m mpi_train.advise --fresh --full-bench STEPS` there: the advice as a user gets it
+and runs `python -m mpi_train advise --fresh --full-bench STEPS` there: the advice as a user gets it
 (its time is the speed target), then every lossless method, bucketed at a grid of bucket sizes,
 measured side by side. It prints one row per setting: what was recommended, the fastest of the
 full bench, the regret (the recommendation's measured step over the fastest's, less 1; target at
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UserError, format_error
+from ..sync import BASELINE
 from . import mpirun
 from .network import NetworkPlan, NetworkSetting
 from .testhosts import TestHosts, check_can_run
@@ -33,7 +34,7 @@ SPEED_TARGET_S = 180.0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train.advise_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mpi_train advise-check", description=__doc__.split("\n")[0])
     parser.add_argument("--hosts", default="2,4", help="numbers of test hosts, comma-separated (default: 2,4)")
     parser.add_argument("--links", default="1gbit,100mbit", help="link rates, comma-separated (default: "
                                                                  "1gbit,100mbit)")
@@ -53,7 +54,7 @@ def advise_command(setting: NetworkSetting, hostfile: Path, args, json_path: Pat
     command = ["mpirun", "-np", str(setting.slots), "--hostfile", str(hostfile), "--bind-to", "none"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-run-as-root")
-    return command + [sys.executable, "-m", "mpi_train.advise", "--model", args.model, "--batch-size",
+    return command + [sys.executable, "-m", "mpi_train", "advise", "--model", args.model, "--batch-size",
                       str(args.batch_size), "--fresh", "--link", setting.link, "--full-bench", str(args.full_steps),
                       "--json", str(json_path), "--advice-dir", str(advice_dir), "--no-tracking"]
 
@@ -65,7 +66,7 @@ def row_of(setting: NetworkSetting, advice: dict, wall_s: float) -> dict:
     return {"setting": setting.label, "recommended": recommended["label"], "recommended_step_s": steps[
         recommended["label"]], "fastest": check["fastest"], "fastest_step_s": steps[check["fastest"]],
             "regret": check["regret"], "tau_methods": check["kendall_tau_methods"], "tau_all": check["kendall_tau"],
-            "default_25mb_step_s": check["default_bucket_step_s"], "ddp_step_s": steps.get("ddp"),
+            "default_25mb_step_s": check["default_bucket_step_s"], "ddp_step_s": steps.get(BASELINE),
             "advise_s": advice["advise_s"], "full_bench_s": check["seconds"], "wall_s": wall_s,
             "advise_wall_s": wall_s - check["seconds"]}  # mpirun's start to its end, the full bench left out
 
@@ -107,7 +108,7 @@ def run(args) -> int:
     if any(h < 2 for h in hosts):
         raise UserError(f"--hosts {args.hosts}: each setting needs at least 2 test hosts.")
     plan = NetworkPlan(tuple(hosts), (args.ranks_per_host,), tuple(links), prefix=args.prefix, subnet=args.subnet)
-    check_can_run(plan, Path("python -m mpi_train.advise_check"))
+    check_can_run(plan, Path("python -m mpi_train advise-check"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

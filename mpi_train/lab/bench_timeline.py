@@ -1,4 +1,4 @@
-"""`python -m mpi_train.bench_timeline`: what the sync split and the timeline measure, and what they cost.
+"""`python -m mpi_train bench-timeline`: what the sync split and the timeline measure, and what they cost.
 
 Runs one short job on this machine several ways and prints, side by side:
 - the split's arithmetic: on every logged step, wait + transfer against the measured sync time;
@@ -10,7 +10,7 @@ Runs one short job on this machine several ways and prints, side by side:
 - the cost: step time with --timeline against without (alternating which runs first), and the
   recorder's own time as a share of step time, for the always-on split and for a timeline.
 
-    python -m mpi_train.bench_timeline --np 4 --steps 40
+    python -m mpi_train bench-timeline --np 4 --steps 40
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..config import TrainConfig
 from ..failpoints import SLOW_ENV
+from ..sync import BASELINE
 from . import mpirun
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -34,12 +36,12 @@ STRAGGLER_S = 0.3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train.bench_timeline", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mpi_train bench-timeline", description=__doc__.split("\n")[0])
     parser.add_argument("--np", type=int, default=4, help="ranks per job (default: 4)")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per job (default: 40)")
     parser.add_argument("--repeats", type=int, default=2, help="pairs of jobs without and with --timeline (default: 2)")
-    parser.add_argument("--sync", default="allreduce", help="the method of the split, straggler and cost jobs "
-                                                              "(default: allreduce)")
+    parser.add_argument("--sync", default=TrainConfig.sync, help="the method of the split, straggler and cost "
+                                                                   f"jobs (default: {TrainConfig.sync})")
     parser.add_argument("--train-args", default="--dataset synthetic --synthetic-size 4096 --batch-size 64",
                         help="further arguments of every job (default: %(default)s)")
     return parser
@@ -139,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{1000 * steady_step(recorded[-1]):.2f} ms with", flush=True)
         slowest = args.np - 1
         slow = run_job(args, folder, "straggler", *sync, env={SLOW_ENV: f"{slowest}:{STRAGGLER_S}"})
-        ddp = run_job(args, folder, "ddp-timeline", "--sync", "ddp", "--timeline")
+        ddp = run_job(args, folder, "ddp-timeline", "--sync", BASELINE, "--timeline")
 
         print(f"\n{args.np} ranks, {args.steps} steps, {args.sync} ({args.train_args}); steady state after 2 steps")
         worst = max(split_arithmetic(s) for s in plain + recorded)
@@ -174,7 +176,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`python -m mpi_train.bench_tracking`: what experiment tracking costs a training step.
+"""`python -m mpi_train bench-tracking`: what experiment tracking costs a training step.
 
 Runs the same short job with tracking off and on (against a real MLflow server over
 HTTP, started here on a free loopback port unless --tracking-uri names one), alternating
@@ -7,7 +7,7 @@ step (everything the loop does, logging included) and the on/off ratio. It also 
 the time the training loop itself spent in the tracker (queueing only; the HTTP calls
 happen on a background thread) as a share of step time: the budget is 1%.
 
-    python -m mpi_train.bench_tracking --np 2 --steps 60 --log-every 1
+    python -m mpi_train bench-tracking --np 2 --steps 60 --log-every 1
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train.bench_tracking", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mpi_train bench-tracking", description=__doc__.split("\n")[0])
     parser.add_argument("--np", type=int, default=2, help="ranks per job (default: 2)")
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per job (default: 60)")
     parser.add_argument("--log-every", type=int, default=1, help="log every N steps; 1 is the worst case (default: 1)")
@@ -50,7 +50,7 @@ def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "mpi_train.server", "--port", str(port), "--workers", "1"],
+    server = subprocess.Popen([sys.executable, "-m", "mpi_train", "server", "--port", str(port), "--workers", "1"],
                               cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)})
     uri = f"http://127.0.0.1:{port}"
@@ -118,7 +118,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.wait(timeout=30)
         shutil.rmtree(folder, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

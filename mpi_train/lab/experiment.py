@@ -1,13 +1,13 @@
-"""`python -m mpi_train.experiment FILE.toml`: run every configuration of an experiment file with mpirun, then report.
+"""`python -m mpi_train experiment FILE.toml`: run every configuration of an experiment file with mpirun, then report.
 
-    python -m mpi_train.experiment experiments/compare_sync.toml
-    python -m mpi_train.experiment experiments/smoke.toml --dry-run
+    python -m mpi_train experiment experiments/compare_sync.toml
+    python -m mpi_train experiment experiments/smoke.toml --dry-run
 
 The file (see mpi_train/lab/experiment_file.py for its keys) is checked whole before anything starts.
 Each run is one `mpirun -np N --hostfile hostfile python -m mpi_train ...`, filed under the
 file's MLflow experiment; its output goes to OUT/logs/, its summary to OUT/runs/, and the
 console shows which run of how many is going, its step and the time left. A failed run is
-reported and the sweep goes on. With a [bench] table, `python -m mpi_train.bench` runs once
+reported and the sweep goes on. With a [bench] table, `python -m mpi_train bench` runs once
 at the end. The report (compare.py's table and plots, the bench's cost table and its plot
 against the cost-model floor) is printed and written to OUT/report.txt; with tracking on it
 is also stored as a comparison run. Exit status: 0 if every run succeeded, 1 if any failed,
@@ -65,8 +65,8 @@ DATASET_SIZES = {"cifar10": 50_000, "mnist": 60_000}  # training images, to esti
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train.experiment", description=__doc__.split("\n")[0],
-                                     epilog="Example: python -m mpi_train.experiment experiments/smoke.toml")
+    parser = argparse.ArgumentParser(prog="python -m mpi_train experiment", description=__doc__.split("\n")[0],
+                                     epilog="Example: python -m mpi_train experiment experiments/smoke.toml")
     parser.add_argument("file", help="experiment file (.toml), e.g. experiments/compare_sync.toml")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the file and list the planned runs and their commands; launch nothing")
@@ -179,7 +179,7 @@ def run_command(sweep: Sweep, run: PlannedRun, uri: str | None, summary: Path) -
 def bench_command(sweep: Sweep, bench: BenchPlan, uri: str | None, json_path: Path,
                   setting: NetworkSetting | None = None) -> list[str]:
     np = setting.slots if setting else bench.np
-    command = [*mpirun_prefix(sweep, np, setting), sys.executable, "-m", "mpi_train.bench", "--model", bench.model,
+    command = [*mpirun_prefix(sweep, np, setting), sys.executable, "-m", "mpi_train", "bench", "--model", bench.model,
                "--batch-size", str(bench.batch_size), "--steps", str(bench.steps), "--warmup", str(bench.warmup),
                "--json", str(json_path)] + (["--link", setting.link] if setting else [])
     if bench.methods:
@@ -530,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         check_setup(sweep, uri)
     except UserError as error:
-        print(format_error(str(error), prog="mpi_train.experiment"), file=sys.stderr)
+        print(format_error(str(error), prog="mpi_train experiment"), file=sys.stderr)
         return error.exit_code
     print("\n".join(line for i, line in enumerate(describe_plan(sweep, launches, uri).splitlines())
                     if i == 0 or line.startswith("unavailable")), flush=True)
@@ -541,7 +541,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,7 @@
     epochs = 2                        # any [train] option, for this grid only
     env = { GLOO_SOCKET_IFNAME = "eth0" }   # extra environment of these runs
 
-    [bench]                           # optional: also run `python -m mpi_train.bench` once, for the cost table
+    [bench]                           # optional: also run `python -m mpi_train bench` once, for the cost table
     np = 4
     steps = 20
 

@@ -1,6 +1,6 @@
-"""`python -m mpi_train.soak --restart`: supervised jobs on test hosts, one random fault each, and how they carried on.
+"""`python -m mpi_train soak --restart`: supervised jobs on test hosts, one random fault each, and how they carried on.
 
-Each trial runs one job under `python -m mpi_train.supervise --max-restarts 2` with a
+Each trial runs one job under `python -m mpi_train supervise --max-restarts 2` with a
 checkpoint every --checkpoint-every steps and `--resume auto`, and at a random step does one of:
 
   kill    SIGKILL to a random rank
@@ -32,6 +32,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..config import TrainConfig
 from ..errors import UserError
 from ..tracking import names
 from ..tracking.store import mlflow_client
@@ -103,7 +104,8 @@ def job_line(args, hostfile: Path, folder: Path, uri: str, run_name: str) -> lis
     world = args.hosts * args.ranks_per_host
     return ["mpirun", "-np", str(world), "--hostfile", str(hostfile), sys.executable, "-m", "mpi_train",
             "--dataset", "synthetic", "--synthetic-size", str(64 * args.steps), "--batch-size", "64",  # one epoch
-            "--log-every", "1", "--max-steps", str(args.steps), "--timeout", str(args.timeout), "--sync", "allreduce",
+            "--log-every", "1", "--max-steps", str(args.steps), "--timeout", str(args.timeout),
+            "--sync", TrainConfig.sync,
             "--checkpoint-dir", str(folder / "checkpoints"), "--checkpoint-every", str(args.checkpoint_every),
             "--tracking-uri", uri, "--experiment", EXPERIMENT, "--run-name", run_name,
             "--summary-json", str(folder / "summary.json")]
@@ -113,7 +115,7 @@ class Supervised:
     """The supervisor around a job line, its output lines kept with the time each arrived."""
 
     def __init__(self, line: list[str], env: dict, folder: Path):
-        command = [sys.executable, "-m", "mpi_train.supervise", "--max-restarts", str(MAX_RESTARTS), "--backoff",
+        command = [sys.executable, "-m", "mpi_train", "supervise", "--max-restarts", str(MAX_RESTARTS), "--backoff",
                    str(BACKOFF_S), "--host-wait", "60", "--", *line]
         self.lines: list[tuple[float, str]] = []
         self.started = time.monotonic()
@@ -292,7 +294,7 @@ def soak_restarts(args) -> int:
     out = Path(args.out).resolve()
     rng = random.Random(args.seed)
     trials: list[RestartTrial] = []
-    with hosts_and_server(args, out, "python -m mpi_train.soak --restart") as (hosts, setting, server):
+    with hosts_and_server(args, out, "python -m mpi_train soak --restart") as (hosts, setting, server):
         print("soak: the reference job, without a fault", flush=True)
         reference = run_reference(args, hosts, setting, server, out / "reference")
         print(f"soak:   {reference.wall_s:.1f} s, {reference.step_s:.2f} s a step", flush=True)

@@ -1,4 +1,4 @@
-"""`python -m mpi_train.soak --trials N`: short jobs on test hosts, one random fault each, and what it did.
+"""`python -m mpi_train soak --trials N`: short jobs on test hosts, one random fault each, and what it did.
 
 Each trial trains a few steps on test hosts (network namespaces with tc-shaped links; needs
 root, see docs/network-lab.md, "Test hosts") with an MLflow server on the hosts' bridge, and at a
@@ -8,7 +8,7 @@ random step does one of:
   stop    SIGSTOP to a random rank            a hang: the others must give up after --timeout
   link    a random host's link taken down     a pulled cable: the host must be named unreachable
   server  the MLflow server stopped, restarted OUTAGE_S later: the job must finish, and once what it
-          spooled meanwhile is replayed (python -m mpi_train.replay), nothing is lost
+          spooled meanwhile is replayed (python -m mpi_train replay), nothing is lost
 
 and prints one row per trial: the fault, its step, the seconds from fault to mpirun's exit,
 the exit status, the run's status in MLflow, the steps whose loss reached MLflow out of those
@@ -35,6 +35,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..config import TrainConfig
 from ..errors import UserError, format_error
 from ..tracking import names
 from ..tracking.store import mlflow_client
@@ -88,11 +89,11 @@ class Trial:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train.soak", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m mpi_train soak", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--restart", action="store_true",
-                        help="the restart soak: each job under python -m mpi_train.supervise --max-restarts 2 with "
+                        help="the restart soak: each job under python -m mpi_train supervise --max-restarts 2 with "
                              "checkpoints, which must carry on to its last step with the faultless job's weights "
                              "(faults: kill, stop, link, term; see mpi_train/lab/restart_soak.py)")
     parser.add_argument("--trials", type=int, default=10, help="jobs to run, one fault each (default: 10)")
@@ -147,7 +148,7 @@ def run_trial(trial: Trial, args, hosts: TestHosts, setting: NetworkSetting, ser
     hostfile = hosts.hostfile(args.hosts, args.ranks_per_host)
     command = ["mpirun", "-np", str(world), "--hostfile", str(hostfile), sys.executable, "-m", "mpi_train",
                "--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "1",
-               "--max-steps", str(args.steps), "--timeout", str(args.timeout), "--sync", "allreduce",
+               "--max-steps", str(args.steps), "--timeout", str(args.timeout), "--sync", TrainConfig.sync,
                "--tracking-uri", server.uri, "--experiment", "soak", "--run-name", f"trial-{trial.number:02d}",
                "--summary-json", str(folder / "summary.json")]
     env = {**os.environ, **mpirun.OPEN_MPI_ENV, "PYTHONUNBUFFERED": "1", **TestHosts.launch_env(setting),
@@ -185,7 +186,7 @@ def run_trial(trial: Trial, args, hosts: TestHosts, setting: NetworkSetting, ser
     server.wait_up()
     spool = folder / "mlruns" / "spool"
     if any(spool.glob("*.jsonl")):  # written while the server was away: sent as the job's message says to
-        replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", server.uri, str(spool)],
+        replay = subprocess.run([sys.executable, "-m", "mpi_train", "replay", "--tracking-uri", server.uri, str(spool)],
                                 capture_output=True, text=True, timeout=300,
                                 env={k: v for k, v in env.items() if k != "TMPDIR"}, check=False)
         trial.note = "spool replayed" if replay.returncode == 0 else f"replay failed: {replay.stderr.strip()[-200:]}"
@@ -269,7 +270,7 @@ def soak(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     rng = random.Random(args.seed)
     trials: list[Trial] = []
-    with hosts_and_server(args, out, "python -m mpi_train.soak") as (hosts, setting, server):
+    with hosts_and_server(args, out, "python -m mpi_train soak") as (hosts, setting, server):
         for number in range(1, args.trials + 1):
             trial = draw(number, rng, faults, args)
             print(f"soak: trial {number}/{args.trials}: {trial.fault} ({trial.target}) at step {trial.step}",

@@ -1,6 +1,6 @@
-"""Relaunch a failed job from its last checkpoint: `python -m mpi_train.supervise --max-restarts N -- LAUNCH LINE`.
+"""Relaunch a failed job from its last checkpoint: `python -m mpi_train supervise --max-restarts N -- LAUNCH LINE`.
 
-    python -m mpi_train.supervise --max-restarts 3 -- mpirun -np 4 --hostfile hostfile \\
+    python -m mpi_train supervise --max-restarts 3 -- mpirun -np 4 --hostfile hostfile \\
         python -m mpi_train --checkpoint-dir ckpt --checkpoint-every 50 --resume auto
 
 The launch line runs in a process group of its own with its output passed through. When it
@@ -228,15 +228,15 @@ def supervise(line: list[str], max_restarts: int, backoff_s: float, min_ranks: i
 
 
 def say(message: str) -> None:
-    print(f"mpi_train.supervise: {message}", file=sys.stderr, flush=True)
+    print(f"mpi_train supervise: {message}", file=sys.stderr, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m mpi_train.supervise",
+        prog="python -m mpi_train supervise",
         description="Run a training launch line; when it fails for a reason a restart can fix, relaunch it with "
                     "--resume auto from its last checkpoint (into the same MLflow run).",
-        epilog="example: python -m mpi_train.supervise --max-restarts 3 -- mpirun -np 4 python -m mpi_train "
+        epilog="example: python -m mpi_train supervise --max-restarts 3 -- mpirun -np 4 python -m mpi_train "
                "--checkpoint-dir ckpt --checkpoint-every 50")
     parser.add_argument("--max-restarts", type=int, default=3, help="relaunches at most (default 3)")
     parser.add_argument("--backoff", type=float, default=5.0, metavar="SECONDS",
@@ -266,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return supervise(line, args.max_restarts, args.backoff, args.min_ranks, args.host_wait)
     except UserError as error:
-        print(format_error(str(error), prog="mpi_train.supervise"), file=sys.stderr)
+        print(format_error(str(error), prog="mpi_train supervise"), file=sys.stderr)
         return BAD_INPUT
     except FileNotFoundError as error:
         print(format_error(f"cannot start the launch line: {error.strerror}: {error.filename}. Check its first word "
-                           f"(mpirun, torchrun, srun) is on PATH.", prog="mpi_train.supervise"), file=sys.stderr)
+                           f"(mpirun, torchrun, srun) is on PATH.", prog="mpi_train supervise"), file=sys.stderr)
         return 127

@@ -87,7 +87,7 @@ class TestHosts:
         first)."""
         path = self.folder / f"hostfile-{hosts}x{slots}"
         lines = [f"{self.network.subnet}.{i + 1} slots={slots}" for i in range(1, hosts + 1)]
-        path.write_text("# test hosts of scripts/testhosts.sh, written by python -m mpi_train.experiment\n"
+        path.write_text("# test hosts of scripts/testhosts.sh, written by python -m mpi_train experiment\n"
                         + "\n".join(lines) + "\n")
         return path
 

@@ -3,7 +3,7 @@
 Intra-host: rank 0 with a rank on its host. Inter-host: the first ranks of neighbouring hosts,
 around the ring of hosts (stragglers.py), so a host whose link is far slower than the others'
 is found as well. Each pair's one-way times over message sizes are fitted to alpha + beta·m
-(links.Link.fit). `python -m mpi_train.bench --json` keeps the fits, with when backward had each
+(links.Link.fit). `python -m mpi_train bench --json` keeps the fits, with when backward had each
 gradient ready (prediction.Backward), for a job's or predict's --calibration.
 """
 
@@ -28,7 +28,7 @@ from .prediction import ASSUMED_BACKWARD, Backward
 
 
 def load_calibration(path: str | Path) -> Network:
-    """The fitted links of a bench JSON (python -m mpi_train.bench --json), as a Network."""
+    """The fitted links of a bench JSON (python -m mpi_train bench --json), as a Network."""
     return _calibration(path)[0]
 
 
@@ -46,10 +46,10 @@ def _calibration(path: str | Path) -> tuple[Network, Backward]:
         return Network.from_dict(links), Backward.from_dict(data["calibration"].get("backward"))
     except OSError as error:
         raise UserError(f"cannot read the calibration file {path}: {error.strerror or error}. Give a JSON written by "
-                        f"python -m mpi_train.bench --json PATH.") from None
+                        f"python -m mpi_train bench --json PATH.") from None
     except (ValueError, KeyError, TypeError) as error:
         raise UserError(f"the calibration file {path} holds no fitted links ({type(error).__name__}: {error}); write "
-                        f"one with python -m mpi_train.bench --json PATH (a bench JSON of this version).") from None
+                        f"one with python -m mpi_train bench --json PATH (a bench JSON of this version).") from None
 
 
 def calibration_sizes(largest: int, smallest: int = 1024, factor: int = 4) -> list[int]:

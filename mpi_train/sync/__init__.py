@@ -40,6 +40,14 @@ SYNC_METHODS: dict[str, type[SyncMethod]] = {
 }
 
 
+BASELINE = "ddp"  # torch's DDP: what every user would otherwise run, measured beside every other
+
+
+def tuned_by(field: str) -> list[str]:
+    """The methods that read TrainConfig's `field` (their class's tunables): `tuned_by("bucket_mb")` -> ["bucketed"]."""
+    return [name for name, method in SYNC_METHODS.items() if field in method.tunables]
+
+
 def label(sync: str, compression: str = "none") -> str:
     """How a run is named and shown: `bucketed+powersgd`; a method alone when it sends gradients as they are
     or its name already says how it compresses (`flat_fp16`, `ddp_powersgd`)."""

@@ -49,6 +49,7 @@ class ModelAveraging(SyncMethod):
     """Average the ranks' models every `period` optimizer steps, after the step; subclasses move the anchor."""
 
     collective = "ring"  # one allreduce of the model's change (two levels: see __init__)
+    tunables = ("period", "local_start_step", "host_period", "local_momentum")
     messages = ONE_BUFFER
     sends = AFTER_STEP
     averages = PARAMETERS

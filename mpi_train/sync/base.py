@@ -61,6 +61,8 @@ class SyncMethod:
     averages: str = GRADIENTS  # GRADIENTS at every step, or PARAMETERS every few steps (averaging.py)
     wire_dtype: torch.dtype | None = None  # what its messages carry, when not the gradients' own dtype (compression)
     compressions: tuple[str, ...] = ("none",)
+    tunables: ClassVar[tuple[str, ...]] = ()  # the TrainConfig fields it reads (bucket_mb, period, ...): the
+    # advisor searches them, training refuses them for a method that would ignore them
     fixed_compression: str | None = None
     unsupported_backends: ClassVar[dict[str, str]] = {}
     # completes "cannot carry --compression X:"

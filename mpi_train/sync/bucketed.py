@@ -59,6 +59,8 @@ class Bucketed(SyncMethod):
     round k before any bucket's round k+1, in bucket order on every rank.
     """
 
+    tunables = ("bucket_mb",)  # its buckets follow --bucket-mb
+
     collective = "ring"  # the same bytes as one allreduce, sent in buckets; Gloo and NCCL run each bandwidth-optimally
     messages = BUCKETS
     sends = DURING_BACKWARD

@@ -20,6 +20,8 @@ class DiLoCo(ModelAveraging):
     With --outer-lr 1 --outer-momentum 0 it is local SGD, bit for bit.
     """
 
+    tunables = (*ModelAveraging.tunables, "outer_lr", "outer_momentum")
+
     def __init__(self, compressor=None, outer_lr: float = DEFAULT_OUTER_LR,
                  outer_momentum: float = DEFAULT_OUTER_MOMENTUM, **averaging):
         super().__init__(compressor, **averaging)

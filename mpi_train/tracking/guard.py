@@ -30,7 +30,7 @@ class RunGuard:
     outcome before recording it itself, then says "done". If the pipe closes without "done",
     the guard sends the metrics the server lacks and ends every run still RUNNING with the
     announced outcome (KILLED if none was announced). It imports mlflow only then. If the
-    server is away then, it adds all of that to the job's spool for `python -m mpi_train.replay`,
+    server is away then, it adds all of that to the job's spool for `python -m mpi_train replay`,
     after what rank 0 spooled; if the server is back, it first sends that spool.
     """
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from . import names
 from .store import DEFAULT_STORE_DIR, SERVER_SCHEMES
 
-SERVER_URL = "http://127.0.0.1:5000"  # where `python -m mpi_train.server` listens by default
+SERVER_URL = "http://127.0.0.1:5000"  # where `python -m mpi_train server` listens by default
 RUNS_VIEW, METHOD_VIEW = "runs", "by-method"
 COLUMNS = (*(f"params.`{key}`" for key in ("sync", "compression", "world_size", "num_hosts")),
            *(f"metrics.`{names.summary_key(key)}`"
@@ -77,7 +77,7 @@ def server_hint(uri: str) -> str:
     path = uri.split(":///", 1)[-1]
     root = Path(path).parent
     flag = "" if root == Path(DEFAULT_STORE_DIR) else f" --root {root}"
-    return f" (start the UI with `python -m mpi_train.server{flag}` from this folder)"
+    return f" (start the UI with `python -m mpi_train server{flag}` from this folder)"
 
 
 def where(uri: str, experiment_id: str, run_id: str | None = None, charts: bool = False) -> str:

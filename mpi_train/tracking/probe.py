@@ -66,5 +66,5 @@ def probe_server(uri: str, timeout_s: float = STARTUP_PROBE_S) -> None:
     what = (f"No MLflow tracking server answers at {redact_uri(uri)} "
             f"(asked {health_url(uri)} for {timeout_s:.0f} s: {problem}).")
     raise ServerUnreachable(
-        f"{what} Start one with `python -m mpi_train.server --host {parts.hostname} --port {parts.port or 5000}`, "
+        f"{what} Start one with `python -m mpi_train server --host {parts.hostname} --port {parts.port or 5000}`, "
         f"correct --tracking-uri or $MLFLOW_TRACKING_URI, or pass --no-tracking to train without tracking.", what, uri)

@@ -1,6 +1,6 @@
-"""`python -m mpi_train.replay`: send to MLflow what jobs spooled while the tracking server was unreachable.
+"""`python -m mpi_train replay`: send to MLflow what jobs spooled while the tracking server was unreachable.
 
-    python -m mpi_train.replay [--tracking-uri http://HOST:PORT] [SPOOL_FILE_OR_FOLDER ...]
+    python -m mpi_train replay [--tracking-uri http://HOST:PORT] [SPOOL_FILE_OR_FOLDER ...]
 
 Each spool (default: every one under mlruns/spool/) is sent in order and deleted only
 once the server has taken all of it. Running it again, or after an interruption, sends
@@ -26,7 +26,7 @@ WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train.replay", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mpi_train replay", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", default=[str(SPOOL_DIR)], metavar="SPOOL",
                         help=f"spool files (*.jsonl) or folders holding them (default: {SPOOL_DIR})")
     parser.add_argument("--tracking-uri", help="MLflow server to send to (default: $MLFLOW_TRACKING_URI, else the one "
@@ -85,7 +85,7 @@ def replay_one(path: Path, override: str | None) -> None:
         probe_server(uri)
     except ServerUnreachable as error:
         raise UserError(f"{error.what} {path} is kept ({pending} write(s) to send). Start the "
-                        f"server (`python -m mpi_train.server`) or pass --tracking-uri http://HOST:PORT, and run this "
+                        f"server (`python -m mpi_train server`) or pass --tracking-uri http://HOST:PORT, and run this "
                         f"command again.") from None
     try:
         sent, ids = spool.replay(mlflow_client(uri), uri)
@@ -114,7 +114,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

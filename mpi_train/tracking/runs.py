@@ -457,7 +457,7 @@ class MlflowTracker(NullTracker):
         uri = redact_uri(self.uri)
         print(f"mpi_train: warning: the MLflow server at {uri} is still unreachable; {self.client.pending()} "
               f"write(s), the runs' end included, are kept in {self.client.spool.path}. Send them with "
-              f"`python -m mpi_train.replay --tracking-uri {uri}` once it is up.", file=sys.stderr, flush=True)
+              f"`python -m mpi_train replay --tracking-uri {uri}` once it is up.", file=sys.stderr, flush=True)
 
     def end(self, status: str, tags: dict | None = None, failure: dict | None = None) -> bool:
         """End the parent and child runs in `status` (the first call wins); True if this call ended them.

@@ -1,10 +1,10 @@
-"""`python -m mpi_train.server`: an MLflow tracking server on this project's store, in one command.
+"""`python -m mpi_train server`: an MLflow tracking server on this project's store, in one command.
 
 Runs `mlflow server` with the SQLite store mlruns/mlflow.db (the one training uses by
 default) and serves artifacts from mlruns/, so the UI shows jobs logged either way.
 It binds to loopback unless --host names another address; Ctrl-C stops it cleanly.
 
-    python -m mpi_train.server --host 127.0.0.1 --port 5000
+    python -m mpi_train server --host 127.0.0.1 --port 5000
     mpirun -np 4 python -m mpi_train --tracking-uri http://127.0.0.1:5000
 
 Anyone who reaches an MLflow server without authentication can read, change and delete every
@@ -14,7 +14,7 @@ clients read), else `admin` with a generated password kept in ROOT/credentials, 
 owner only (`set -a; . mlruns/credentials; set +a` gives a shell the variables). Listening beyond
 loopback without --auth is refused unless --insecure says it is meant.
 
-    python -m mpi_train.server --host 0.0.0.0 --auth
+    python -m mpi_train server --host 0.0.0.0 --auth
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ START_TIMEOUT_S = 120.0  # a cold start (database migrations) takes ~15 s on two
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train.server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mpi_train server", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on; name another only to open the UI to other machines "
                              "(default: 127.0.0.1)")
@@ -172,7 +172,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         stop(process)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,7 +17,7 @@ records. A write can also reach the server while its reply is lost (a timeout, t
 server dying mid-request); so before re-sending metrics, the rows already on the
 server for those keys are fetched and any identical row is left out.
 
-`python -m mpi_train.replay` sends whatever a job could not (the job ended before the
+`python -m mpi_train replay` sends whatever a job could not (the job ended before the
 server came back, or it was started with --tracking-spool while the server was down) and
 deletes the spool only when all of it was taken.
 

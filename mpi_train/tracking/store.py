@@ -87,7 +87,7 @@ def check_uri(uri: str) -> str:
     return scheme
 
 
-_URI_FORMS = ("Give a tracking server as http://HOST:PORT (start one with `python -m mpi_train.server`), "
+_URI_FORMS = ("Give a tracking server as http://HOST:PORT (start one with `python -m mpi_train server`), "
               "or a database such as sqlite:///mlruns/mlflow.db; the flag overrides $MLFLOW_TRACKING_URI.")
 
 
@@ -143,7 +143,7 @@ def credentials_refused(error: str, uri: str) -> str | None:
               "403: the user may not write to this experiment")
     return (f"The MLflow server at {redact_uri(uri)} requires authentication and refused this job ({answer}). Set "
             f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD for rank 0 (or MLFLOW_TRACKING_TOKEN) to a user "
-            f"the server knows; for a server started by `python -m mpi_train.server --auth` without them, its admin is "
+            f"the server knows; for a server started by `python -m mpi_train server --auth` without them, its admin is "
             f"in its --root folder: `set -a; . mlruns/credentials; set +a`. Or pass --no-tracking. Nothing was "
             f"trained and nothing was spooled.")
 
@@ -157,7 +157,7 @@ def _offline(config: TrainConfig, uri: str, error: ServerUnreachable) -> Connect
     check_store_dir(SPOOL_DIR, "run from another working directory")
     spool = Spool(job_spool_path())
     print(f"mpi_train: warning: {error.what} Training anyway (--tracking-spool): the runs "
-          f"are kept in {spool.path}; send them with `python -m mpi_train.replay --tracking-uri {redact_uri(uri)}`.",
+          f"are kept in {spool.path}; send them with `python -m mpi_train replay --tracking-uri {redact_uri(uri)}`.",
           file=sys.stderr, flush=True)
     return Connection(SpoolingClient(mlflow_client(uri), uri, spool, config.experiment, online=False), uri,
                       None)

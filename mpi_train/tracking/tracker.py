@@ -100,7 +100,7 @@ class RankTracker(NullTracker):
             return False
         failure = {"rank": self.info.rank, "host": self.info.host,
                    "traceback": "".join(traceback.format_exception(kind, error, trace))}
-        try:  # rank 0's watcher ends the run FAILED and acknowledges; then cli.guarded aborts the job
+        try:  # rank 0's watcher ends the run FAILED and acknowledges; then rankguard.guarded aborts the job
             self.store.set(FAILURE_KEY, json.dumps(failure))
             self.store.wait([ACK_KEY], timedelta(seconds=ACK_WAIT_S))
         except Exception:  # noqa: BLE001, S110 - rank 0 unreachable or slow: aborting matters more

@@ -8,7 +8,7 @@ import pytest
 
 from mpi_train.advice import cache
 from mpi_train.advice.cache import Setting
-from mpi_train.cli import parse_config
+from mpi_train.commands.train import parse_config
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 
@@ -66,7 +66,7 @@ def test_no_fitting_advice_says_what_to_run(tmp_path):
     message = str(error.value)
     assert f"no advice for this job (mnist_cnn, batch 64, 4 rank(s) on h1 (2), h2 (2)) in {tmp_path}/" in message
     assert "it holds advice for: vgg11, batch 256, 4 rank(s) on h1 (2), h2 (2)" in message
-    assert ("mpirun -np 4 --hostfile HOSTFILE python -m mpi_train.advise --model mnist_cnn --batch-size 64"
+    assert ("mpirun -np 4 --hostfile HOSTFILE python -m mpi_train advise --model mnist_cnn --batch-size 64"
             in message) and "--sync ddp" in message
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="empty/, which holds none"):

@@ -1,4 +1,4 @@
-"""`python -m mpi_train.compare` over real tracked jobs: the table, the plots, the comparison run."""
+"""`python -m mpi_train compare` over real tracked jobs: the table, the plots, the comparison run."""
 
 import subprocess
 import sys
@@ -38,7 +38,7 @@ def test_table_uses_the_step_times_that_leave_out_warm_up_when_a_job_has_them():
 def test_compare_prints_the_table_writes_plots_and_logs_a_comparison_run(mlflow_server, tracked_jobs, tmp_path):
     out = tmp_path / "plots"
     result = subprocess.run(
-        [sys.executable, "-m", "mpi_train.compare", "--experiment", "tests-compare", "--tracking-uri", mlflow_server,
+        [sys.executable, "-m", "mpi_train", "compare", "--experiment", "tests-compare", "--tracking-uri", mlflow_server,
          "--out", str(out), "--log-artifacts"],
         capture_output=True, text=True, timeout=120, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
         check=False,

@@ -1,4 +1,4 @@
-"""python -m mpi_train.predict: the table, the winner, the scaling plot, and its refusals."""
+"""python -m mpi_train predict: the table, the winner, the scaling plot, and its refusals."""
 
 import pytest
 
@@ -46,4 +46,4 @@ def test_a_scaling_table_writes_a_plot(tmp_path, capsys):
 def test_bad_input_is_one_paragraph_and_exit_2(args, words, capsys):
     assert predict.main(["--model", "mnist_cnn", "--compute-per-sample", "0.001", *args]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("mpi_train.predict: error:") and words in " ".join(err.split())
+    assert err.startswith("mpi_train predict: error:") and words in " ".join(err.split())

@@ -46,7 +46,7 @@ def test_lossy_options_are_listed_apart_with_the_accuracy_cost_measured_where_it
 def test_advise_then_a_job_with_sync_auto_runs_what_it_recommends(tmp_path, quick_args, mlflow_server):
     done = mpirun(2, ["--model", "mnist_cnn", "--batch-size", "64", "--measure", "2", "--steps", "1",
                       "--warmup", "0", "--full-bench", "1", "--json", str(tmp_path / "advice.json"), "--tracking-uri",
-                      mlflow_server, "--experiment", "advice"], module="mpi_train.advise", cwd=tmp_path)
+                      mlflow_server, "--experiment", "advice"], module="mpi_train advise", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads((tmp_path / "advice.json").read_text())
     recommended = data["recommended"]

@@ -78,7 +78,7 @@ def test_the_backward_clock_sees_the_last_layer_s_gradients_first():
 def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     out = tmp_path / "bench.json"
     result = mpirun(2, ["--model", "mnist_cnn", "--batch-size", "8", "--steps", "4", "--warmup", "1", "--link-iters",
-                        "2", "--no-tracking", "--json", str(out)], module="mpi_train.bench", timeout=300)
+                        "2", "--no-tracking", "--json", str(out)], module="mpi_train bench", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     labels = every_label()
     runnable = [name for name in labels if not backend_error(split_label(name)[0], "gloo")]
@@ -150,7 +150,7 @@ def test_methods_named_for_the_bench_are_checked_before_it_starts():
 
 @pytest.mark.e2e
 def test_the_tracking_overhead_benchmark_runs_both_jobs_and_reports_the_share(mlflow_server):
-    result = launch.run([sys.executable, "-m", "mpi_train.bench_tracking", "--np", "2", "--steps", "4", "--repeats",
+    result = launch.run([sys.executable, "-m", "mpi_train", "bench-tracking", "--np", "2", "--steps", "4", "--repeats",
                          "1", "--tracking-uri", mlflow_server], timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     off_ms, on_ms = map(float, re.search(r"tracking off ([\d.]+) ms, on ([\d.]+) ms", result.stdout).groups())

@@ -8,7 +8,7 @@ from mpi_train.commands.collectives import CHECKS, format_table
 
 @pytest.mark.e2e
 def test_cluster_check_passes_on_four_ranks():
-    result = mpirun(4, ["--size-mb", "1", "--iters", "3"], module="mpi_train.collectives")
+    result = mpirun(4, ["--size-mb", "1", "--iters", "3"], module="mpi_train collectives")
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if line.strip()[:1].isdigit() and "ok" in line]
     assert len(rows) == 4 and all(line.split()[2:] == ["ok"] * len(CHECKS) for line in rows)

@@ -41,8 +41,9 @@ sync = "allreduce"
 np = 2
 seed = [1, 2]
 """)
-    result = subprocess.run([sys.executable, "-m", "mpi_train.experiment", str(path)], capture_output=True, text=True,
-                            timeout=400, cwd=REPO, env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)}, check=False)
+    result = subprocess.run([sys.executable, "-m", "mpi_train", "experiment", str(path)],
+                            capture_output=True, text=True, timeout=400,
+                            cwd=REPO, env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)}, check=False)
     output = result.stdout
     assert result.returncode == 1, output + result.stderr
     assert "[1/3] gather_scatter-np2-seed42: FAILED (exit" in output and "injected failure" in output

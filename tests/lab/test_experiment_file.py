@@ -164,11 +164,11 @@ def test_the_cli_rejects_a_bad_file_with_one_paragraph_and_exit_2(tmp_path):
     bad = tmp_path / "bad.toml"
     out = tmp_path / "out"
     bad.write_text(f'[experiment]\nname = "x"\nout = "{out}"\n[[sweep]]\nsync = "ddp"\nnp = 2\nbatch_sise = 8\n')
-    result = subprocess.run([sys.executable, "-m", "mpi_train.experiment", str(bad)], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "mpi_train", "experiment", str(bad)], capture_output=True, text=True,
                             timeout=120, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, check=False)
     assert result.returncode == 2
     assert result.stdout == "" and "Traceback" not in result.stderr
-    assert result.stderr.startswith("mpi_train.experiment: error:") and "\n\n" not in result.stderr.strip()
+    assert result.stderr.startswith("mpi_train experiment: error:") and "\n\n" not in result.stderr.strip()
     paragraph = " ".join(result.stderr.split())
     assert f"{bad}, line 7, key sweep[1].batch_sise: unknown key" in paragraph and "'batch_size'" in paragraph
     assert not out.exists()  # nothing launched, nothing written

@@ -113,8 +113,9 @@ def test_hosts_are_refused_up_front_without_ip_and_tc(tmp_path):
         (bin_dir / tool).symlink_to(shutil.which(tool))
     path = tmp_path / "lab.toml"
     path.write_text(LAB.format(out=tmp_path / "out"))
-    result = subprocess.run([sys.executable, "-m", "mpi_train.experiment", str(path)], capture_output=True, text=True,
-                            timeout=120, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": str(bin_dir)}, check=False)
+    result = subprocess.run([sys.executable, "-m", "mpi_train", "experiment", str(path)],
+                            capture_output=True, text=True, timeout=120,
+                            cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": str(bin_dir)}, check=False)
     assert result.returncode == 2, result.stdout + result.stderr
     message = " ".join(result.stderr.split())
     if os.geteuid() != 0:
@@ -166,7 +167,7 @@ prefix = "{PREFIX}"
 subnet = "{SUBNET}"
 """)
     try:
-        result = launch.run([sys.executable, "-m", "mpi_train.experiment", str(path)], timeout=840, cwd=REPO,
+        result = launch.run([sys.executable, "-m", "mpi_train", "experiment", str(path)], timeout=840, cwd=REPO,
                               env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)})  # stopped as a group past it
     finally:
         left = _namespaces()

@@ -97,8 +97,8 @@ def test_the_soak_command_runs_its_trial_and_cleans_up(tmp_path):
     if reason:
         pytest.skip(reason)
     out = tmp_path / "soak"
-    done = subprocess.run([sys.executable, "-m", "mpi_train.soak", "--trials", "1", "--faults", "kill", "--seed", "3",
-                           "--steps", "6", "--timeout", "10", "--link", "1gbit", "--out", str(out),
+    done = subprocess.run([sys.executable, "-m", "mpi_train", "soak", "--trials", "1", "--faults", "kill",
+                           "--seed", "3", "--steps", "6", "--timeout", "10", "--link", "1gbit", "--out", str(out),
                            "--prefix", "soaktest", "--subnet", "10.85.0"],  # apart from a soak run by hand
                           capture_output=True, text=True, cwd=REPO, timeout=400, check=False)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -1,4 +1,4 @@
-"""python -m mpi_train.supervise around real mpirun jobs: a fault a restart fixes is relaunched into the same MLflow
+"""python -m mpi_train supervise around real mpirun jobs: a fault a restart fixes is relaunched into the same MLflow
 run and ends as if never stopped; bad input, a rank's own error and a failure that repeats are not retried."""
 
 import json
@@ -20,7 +20,7 @@ JOB = ["--dataset", "synthetic", "--synthetic-size", "256", "--batch-size", "64"
 
 def supervise(tmp_path, args: list[str], env: dict | None = None, max_restarts: int = 2) -> subprocess.CompletedProcess:
     line, line_env = mpirun_launch(2, args)
-    command = [sys.executable, "-m", "mpi_train.supervise", "--max-restarts", str(max_restarts), "--backoff", "0.5",
+    command = [sys.executable, "-m", "mpi_train", "supervise", "--max-restarts", str(max_restarts), "--backoff", "0.5",
                "--", *line]
     return launch.run(command, env={**line_env, **(env or {})}, timeout=240, cwd=tmp_path)
 
@@ -90,7 +90,7 @@ def test_bad_input_a_rank_error_and_a_repeated_failure_are_not_retried(mlflow_se
     assert parent.data.tags["mpi_train.restart.1"].endswith("attempt 2 started again (no checkpoint yet)")
     assert client.get_metric_history(parent.info.run_id, "learning/loss") == []  # no step is covered by a checkpoint
 
-    missing = subprocess.run([sys.executable, "-m", "mpi_train.supervise", "--", "mpirun", "-np", "2", "python", "-m",
-                              "mpi_train"], capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
+    missing = subprocess.run([sys.executable, "-m", "mpi_train", "supervise", "--", "mpirun", "-np", "2", "python",
+                              "-m", "mpi_train"], capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
     assert missing.returncode == 2 and "has no --checkpoint-dir" in missing.stderr

@@ -53,7 +53,7 @@ def test_the_hostfile_names_each_host_with_its_slots(testhosts):
 
 
 def test_collectives_are_correct_across_hosts(testhosts):
-    result = mpirun(4, [], module="mpi_train.collectives", timeout=120, **testhosts.mpirun_options())
+    result = mpirun(4, [], module="mpi_train collectives", timeout=120, **testhosts.mpirun_options())
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert "all collectives correct" in result.stdout
     rendezvous = re.search(r"rendezvous (\S+):\d+", result.stdout).group(1)
@@ -135,7 +135,7 @@ def test_the_bench_times_what_an_overlapped_method_cannot_hide_on_a_slow_link(te
         out = tmp_path / "bench.json"
         result = mpirun(4, ["--model", "mnist_cnn", "--batch-size", "64", "--methods", "bucketed,allreduce",
                             "--steps", "3", "--warmup", "1", "--link-iters", "1", "--no-tracking", "--json", str(out)],
-                        module="mpi_train.bench", timeout=180, **testhosts.mpirun_options())
+                        module="mpi_train bench", timeout=180, **testhosts.mpirun_options())
     finally:
         testhosts.hosts.script("unshape")
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"

@@ -6,11 +6,12 @@ import textwrap
 import pytest
 
 from mpi_train.analysis.predict import predict_rows, registered_methods
-from mpi_train.cli import parse_config
+from mpi_train.commands.train import parse_config
+from mpi_train.errors import UserError
 from mpi_train.lab.experiment_file import parse
 from mpi_train.models import build_model
 from mpi_train.netmodel import Link, Network, tensor_sizes
-from mpi_train.sync import SYNC_METHODS, every_label, parse_labels
+from mpi_train.sync import SYNC_METHODS, every_label, parse_labels, tuned_by
 
 THROWAWAY = '''
 """throwaway: every gradient in one buffer, reduced through rank 0 (a test's method, in a file of its own)."""
@@ -67,3 +68,10 @@ def test_the_registry_lists_what_the_cli_offers():
     assert set(parse_labels(None)) == set(every_label())
     with pytest.raises(SystemExit):
         parse_config(["--sync", "throwaway"], quiet=True)  # not registered outside the fixture
+
+
+def test_a_method_says_what_it_can_be_tuned_on():
+    assert tuned_by("bucket_mb") == ["bucketed"]
+    assert tuned_by("period") == ["localsgd", "diloco"] and tuned_by("outer_lr") == ["diloco"]
+    with pytest.raises(UserError, match="--outer-lr is read by --sync diloco only"):
+        parse_config(["--sync", "localsgd", "--outer-lr", "0.5"]).validate(world_size=2)

@@ -4,7 +4,7 @@ One sequence, because each server start costs 10-30 s: job A trains while the se
 stops (it must keep training and spool), is held mid-run while job B starts with no
 server (--tracking-spool), job C, without that flag, is refused, and job D, spooling too,
 is stopped with SIGTERM; then the server comes back: A re-sends its spool itself, B's and D's
-spools are sent by `python -m mpi_train.replay` (B's twice: the second finds nothing), and a
+spools are sent by `python -m mpi_train replay` (B's twice: the second finds nothing), and a
 job resumed from A's checkpoint links to A's run.
 """
 
@@ -156,11 +156,11 @@ def outage(tmp_path_factory):
                       str(checkpoint))
         jobs.append(resumed)
         replay_env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": ""}
-        replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", uri], cwd=b_dir,
+        replay = subprocess.run([sys.executable, "-m", "mpi_train", "replay", "--tracking-uri", uri], cwd=b_dir,
                                 capture_output=True, text=True, timeout=120, env=replay_env, check=False)
-        again = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", uri], cwd=b_dir,
+        again = subprocess.run([sys.executable, "-m", "mpi_train", "replay", "--tracking-uri", uri], cwd=b_dir,
                                capture_output=True, text=True, timeout=120, env=replay_env, check=False)
-        d_replay = subprocess.run([sys.executable, "-m", "mpi_train.replay", "--tracking-uri", uri], cwd=d_dir,
+        d_replay = subprocess.run([sys.executable, "-m", "mpi_train", "replay", "--tracking-uri", uri], cwd=d_dir,
                                   capture_output=True, text=True, timeout=120, env=replay_env, check=False)
         yield {"server": server, "client": client, "root": root, "a": job_a.finish(120),
                "b": b_result, "c": (*c_result, c_seconds), "replay": replay, "again": again,
@@ -194,7 +194,7 @@ def test_a_job_keeps_training_through_an_outage_and_resends_everything_once(outa
 def test_a_job_started_without_a_server_by_choice_is_replayed_once(outage):
     code, out, err = outage["b"]
     assert code == 0, out + err
-    assert "--tracking-spool" in err and "python -m mpi_train.replay" in err
+    assert "--tracking-spool" in err and "python -m mpi_train replay" in err
     replay, again = outage["replay"], outage["again"]
     assert (replay.returncode == 0 and "sent" in replay.stdout
             and "removed" in replay.stdout), replay.stdout + replay.stderr
@@ -219,7 +219,7 @@ def test_a_job_stopped_by_sigterm_while_spooling_says_where_its_record_is_and_is
     assert code != 0 and "SIGTERM received" in err, out + err
     after_signal = " ".join(err.split("SIGTERM received", 1)[1].split())
     assert f"kept in mlruns/spool/{outage['d_spool'].name}" in after_signal, err
-    assert "python -m mpi_train.replay" in after_signal, err
+    assert "python -m mpi_train replay" in after_signal, err
     replay = outage["d_replay"]
     assert replay.returncode == 0 and "removed" in replay.stdout, replay.stdout + replay.stderr
     parent, children = runs_named(outage["client"], "outage", "D")

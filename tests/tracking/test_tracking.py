@@ -197,7 +197,7 @@ def test_an_unreachable_server_is_reported_before_training(tmp_path):
     assert result.returncode != 0 and time.monotonic() - started < 30
     assert "Traceback" not in result.stderr and result.stderr.count("mpi_train: error:") == 1
     text = " ".join(result.stderr.split())
-    assert f"No MLflow tracking server answers at {uri}" in text and "python -m mpi_train.server" in text
+    assert f"No MLflow tracking server answers at {uri}" in text and "python -m mpi_train server" in text
     assert "loss" not in result.stdout  # no training happened
 
 

@@ -19,7 +19,7 @@ BENCH = ("allreduce", "ddp", "bucketed", "flat+fp16")
 
 @pytest.fixture(scope="module")
 def experiment(mlflow_server, tmp_path_factory):
-    """`python -m mpi_train.experiment` on a small file: three methods at np 2, then the bench of four labels."""
+    """`python -m mpi_train experiment` on a small file: three methods at np 2, then the bench of four labels."""
     tmp = tmp_path_factory.mktemp("ui")
     path = tmp / "ui.toml"
     path.write_text(f"""
@@ -49,8 +49,9 @@ batch_size = 16
 model = "mnist_cnn"
 methods = {list(BENCH)}
 """.replace("'", '"'))
-    result = subprocess.run([sys.executable, "-m", "mpi_train.experiment", str(path)], capture_output=True, text=True,
-                            timeout=500, cwd=REPO, env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)}, check=False)
+    result = subprocess.run([sys.executable, "-m", "mpi_train", "experiment", str(path)],
+                            capture_output=True, text=True, timeout=500,
+                            cwd=REPO, env={**os.environ, **MPI_ENV, "PYTHONPATH": str(REPO)}, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     client = client_for(mlflow_server)
     return {"out": result.stdout, "client": client, "server": mlflow_server,
