@@ -33,6 +33,8 @@ SUBCOMMANDS = {  # name: the module whose main(argv) runs it, its line in --help
                          "and kept for --sync auto", rank=True),
     "collectives": Subcommand("mpi_train.commands.collectives", "cluster check: every collective the sync methods "
                               "use, against its closed form", rank=True),
+    "gpu-check": Subcommand("mpi_train.commands.gpu_check", "a GPU machine's check: every method under NCCL, the "
+                            "step against a bare loop, exact resumption, one real epoch", rank=True),
     "experiment": Subcommand("mpi_train.lab.experiment", "run every configuration of an experiment file with "
                              "mpirun, then report"),
     "compare": Subcommand("mpi_train.analysis.compare", "the finished jobs of an experiment side by side, as a table "
@@ -48,6 +50,8 @@ SUBCOMMANDS = {  # name: the module whose main(argv) runs it, its line in --help
     "advise-check": Subcommand("mpi_train.lab.advise_check", "the advisor held against a full bench on test hosts"),
     "bench-timeline": Subcommand("mpi_train.lab.bench_timeline", "what the sync split and the timeline measure, and "
                                  "what they cost"),
+    "bench-data": Subcommand("mpi_train.lab.bench_data", "the two data paths' training images/s side by side on one "
+                             "CPU thread"),
     "bench-tracking": Subcommand("mpi_train.lab.bench_tracking", "what experiment tracking costs a training step"),
 }
 DEFAULT = "train"  # what a first argument that is a flag, or no argument, runs

@@ -199,14 +199,15 @@ class Cluster:
         """Every rank's value on rank 0; None elsewhere."""
         return self.objects.gather(value)
 
-    def open_process_group(self, backend: str, master_addr: str | None, timeout_s: float) -> str:
+    def open_process_group(self, backend: str, master_addr: str | None, timeout_s: float, device=None) -> str:
         """Open the torch.distributed process group, its store and the heartbeats; returns the rendezvous address.
 
         Under torchrun and srun the ranks already share the env:// store and the group is
         built on it. Under MPI, rank 0 opens the store itself on a free port and sends
         address:port to the others over MPI: a port chosen by one process and bound later by
         another can be stolen. A job that spans hosts then keeps a heartbeat through the store
-        (liveness.py) until `liveness.close()`.
+        (liveness.py) until `liveness.close()`. Under NCCL the group is bound to the rank's `device` (a
+        torch.device), so its collectives and barriers need not guess it (torch warns when they do).
         """
         import torch.distributed as dist
         from torch.distributed import TCPStore
@@ -234,7 +235,9 @@ class Cluster:
             interface = _interface_of(_route_address(socket.gethostbyname(host)))
             if interface:
                 os.environ["GLOO_SOCKET_IFNAME"] = interface  # Gloo must listen where peers can reach
-        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+        bound = {"device_id": device} if backend == "nccl" and device is not None else {}
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout,
+                                **bound)
         self.note_progress(0)
         self.liveness = Liveness(self)
         return address

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .environments import LAUNCHERS  # the --launcher names, one per cluster environment
 from .errors import UserError
 from .lr_schedule import LR_SCHEDULES, MODEL_DEFAULTS, OptimizerDefaults
-from .models import MODELS
+from .models import INPUT_SHAPES, MODELS
 from .netmodel.links import rate_bytes_per_s
 from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label, tuned_by
 from .sync.averaging import DEFAULT_PERIOD, MOMENTUM
@@ -24,6 +24,7 @@ from .timeline import ALL_STEPS, parse_window
 
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
 DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
+DATASET_SHAPES = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28)}  # (channels, height, width); synthetic: the model's
 BACKENDS = ("auto", "gloo", "nccl")
 LOADERS = ("auto", "resident", "dataloader")  # the data paths (data/loaders.py)
 RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-dir, if any
@@ -112,6 +113,9 @@ class TrainConfig:
                                    "$MASTER_ADDR, else this host's address); torchrun and srun jobs meet at "
                                    "MASTER_ADDR:MASTER_PORT")
     timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks before the job fails")
+    deterministic: bool = _opt(False, "on GPUs: cuDNN's deterministic convolutions in place of autotuned ones "
+                               "(cudnn.benchmark, the default): slower, but a rerun or a resumed job then equals the "
+                               "first bit for bit there too (CPUs always do)")
     threads: int | None = _opt(None, "CPU threads per rank (default: this host's cores divided by its ranks)")
     # Network model (the predicted_sync_time_s metric beside the measured sync_time_s).
     link: str | None = _opt(None, "rate of the links between hosts as shaped or known (e.g. 1gbit), recorded as param "
@@ -243,6 +247,12 @@ class TrainConfig:
             self.timeline_window  # noqa: B018 - parses --timeline-steps
         except ValueError as error:
             raise UserError(f"{error}.") from None
+        shape = DATASET_SHAPES.get(self.dataset, INPUT_SHAPES[self.model_name])
+        if INPUT_SHAPES[self.model_name] != shape:
+            default = DATASET_DEFAULT_MODEL[self.dataset]
+            raise UserError(f"--model {self.model_name} takes images of {INPUT_SHAPES[self.model_name]} (channels, "
+                            f"height, width) and {self.dataset}'s are {shape}. Use --model {default} (the default "
+                            f"for {self.dataset}), or --dataset synthetic, whose images take the model's shape.")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}.")
         if self.batch_size % world_size:

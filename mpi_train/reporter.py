@@ -15,6 +15,7 @@ from . import swimlanes, timeline
 from .advice.cache import described
 from .config import JobInfo
 from .files import write_json_atomically
+from .throughput import Throughput
 from .tracking import NullTracker
 from .tracking.names import PHASES, SPLIT
 
@@ -37,6 +38,12 @@ class SilentReporter:
                timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None,
                weights_sha256: str | None = None) -> None: ...
     def save_weights(self, model) -> None: ...
+    def speed(self, times: dict) -> dict:
+        """Samples/s per rank, the data phase's share, FLOP/s per rank and MFU of a step's (or the run's) means."""
+        if not self.throughput:
+            return {}
+        return self.throughput.figures(times, self.global_batch, self.job.get("world_size", 1))
+
     def note_stall(self, stall) -> None: ...
     def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None: ...
 
@@ -46,7 +53,7 @@ class Reporter(SilentReporter):
 
     def __init__(self, config_dict: dict, global_batch: int, summary_path: str | None, print_fn=print,
                  tracker: NullTracker | None = None, sync_model=None, steady_from: int = 1, name: str = "job",
-                 alignments: list | None = None):
+                 alignments: list | None = None, throughput: Throughput | None = None):
         self.config = config_dict
         self.global_batch = global_batch
         self.summary_path = summary_path
@@ -62,6 +69,7 @@ class Reporter(SilentReporter):
         self.split_steps: list[list[dict]] = []  # each rank's split steps (timeline.split)
         self.timeline: dict = {}  # the recorded window's per-message figures beside the model's, for the summary
         self.evaluations: list[dict] = []  # every test evaluation with the time and bytes it took to get there
+        self.throughput = throughput  # the model's FLOPs per sample and the device's peak: FLOP/s and MFU
 
     def print(self, line: str) -> None:
         """Console output, also kept by the tracker as the run's console log."""
@@ -118,6 +126,8 @@ class Reporter(SilentReporter):
             self.split_steps = [kept + steps for kept, steps in zip(self.split_steps or [[] for _ in splits], splits)]
         if self.sync_model:
             times["predicted_sync_time_s"] = self.sync_model.sync_time(times["compute_time_s"])
+        speed = self.speed(times)
+        times.update(speed)
         if all("drift" in record for record in per_rank):  # model averaging: the ranks' distance from their average
             times["drift"] = mean_over_ranks(per_rank, "drift")
         self.steps.append({"step": step, "epoch": epoch, "loss": loss, **({"lr": lr} if lr is not None else {}),
@@ -130,8 +140,15 @@ class Reporter(SilentReporter):
             f"(compute {times['compute_time_s']:.3f}s, sync {times['sync_time_s']:.3f}s"
             + (f": wait {times['sync_wait_s']:.3f}s" if "sync_wait_s" in times else "") + ")  "
             f"{self.global_batch / times['step_time_s']:.0f} samples/s"
+            + (f" ({self.throughput.describe(speed)})" if speed else "")
             + (f"  drift {times['drift']:.4g}" if "drift" in times else "")
         )
+
+    def speed(self, times: dict) -> dict:
+        """Samples/s per rank, the data phase's share, FLOP/s per rank and MFU of a step's (or the run's) means."""
+        if not self.throughput:
+            return {}
+        return self.throughput.figures(times, self.global_batch, self.job.get("world_size", 1))
 
     def note_stall(self, stall) -> None:
         """A host that went silent and came back; called from the heartbeat watch's thread."""
@@ -194,6 +211,7 @@ class Reporter(SilentReporter):
             "timing_warmup_steps": timing_warmup_steps,
             "mean_times_after_warmup": steady,
             "final_loss": self.steps[-1]["loss"] if self.steps else None,
+            **({"throughput": {**self.throughput.as_dict(), **self.speed(steady)}} if self.throughput else {}),
             **({"weights_sha256": weights_sha256} if weights_sha256 else {}),
             "network_stalls": self.stalls,
             **self.split_summary(steady),

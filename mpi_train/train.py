@@ -17,20 +17,21 @@ from torch import nn
 
 from . import advice, preemption, tracking
 from .checkpoint import Checkpointer, Position, Resume, load_for_resume, restore_rank_state
-from .clock import Clock
+from .clock import StepClock
 from .cluster import Cluster
 from .config import RESUME_AUTO, JobInfo, TrainConfig
 from .data import load_datasets, make_loaders
-from .devices import place
+from .devices import place, warm_autotuner
 from .errors import UserError
 from .failpoints import injected, slowed
 from .lr_schedule import LearningRate
-from .models import build_model
+from .models import INPUT_SHAPES, build_model
 from .netmodel import JobModel, bytes_sent_per_sync, job_model, layout_params
 from .preemption import REQUEUE_EXIT, Preemption
 from .randomness import seed_rank_streams
 from .reporter import PHASES, Reporter, SilentReporter
 from .sync import SYNC_METHODS, SyncMethod, backend_error, label
+from .throughput import Throughput
 from .timeline import Alignment, StepRecorder, align_clocks, step_events
 
 
@@ -164,7 +165,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     fault = injected()  # a no-op unless a test names a failure to inject
     slow = slowed()  # and a no-op unless a test or demo names a rank to slow down
     fault.at(info.rank, "start")
-    placement = place(cluster, config.backend, config.threads)
+    placement = place(cluster, config.backend, config.threads, config.deterministic)
     unsupported = backend_error(config.sync, placement.backend)
     if unsupported:  # before any collective: torch's own failure would abort the process
         raise UserError(unsupported)
@@ -174,11 +175,12 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     batch_per_rank = config.per_rank(info.world_size)
     loaders = make_loaders(train_set, test_set, config, cluster, device, placement.threads)
     fault.at(info.rank, "rendezvous")
-    rendezvous = cluster.open_process_group(placement.backend, config.master_addr, config.timeout)
+    rendezvous = cluster.open_process_group(placement.backend, config.master_addr, config.timeout, device)
 
     seed_everything(config.seed)
     model = build_model(config.model_name, config.dropout).to(device)
     check_replicas_agree(cluster, model, "at start")
+    warm_autotuner(model, INPUT_SHAPES[config.model_name], *loaders.batch_sizes, device)
     seed_rank_streams(config.seed, info.rank)  # augmentation and dropout: a stream of each rank's own
     method = SYNC_METHODS[config.sync].from_config(config)
     net = method.wrap(model)
@@ -219,46 +221,49 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
                bytes_sent_per_sync(method, model, list(cluster.hosts), info.rank))
 
 
-def train_step(job: Job, batches, clock: Clock, step: int, rank: int,
+def train_step(job: Job, batches, clock: StepClock, step: int, rank: int,
                accumulate: int = 1) -> tuple[torch.Tensor, float, dict] | None:
     """Data, forward and backward (of `accumulate` micro-batches, their gradients added up, nothing sent before the
     last), sync, optimizer step; the loss, the step's learning rate and each phase's time (None: the epoch is over).
-    The recorder notes the phases' boundaries (forward apart from backward only in a timeline: on a GPU that costs a
-    synchronisation); with micro-batches, data time is their loading and compute the rest up to the sync."""
+    The clock marks the phases' boundaries and reads them once, at the end (forward apart from backward only in a
+    timeline); with micro-batches, data time is their loading and compute the rest up to the sync."""
     job.recorder.begin(step)
-    t0 = clock()
+    begun = clock.start()
     job.optimizer.zero_grad(set_to_none=True)
-    data_s, loss = 0.0, 0.0
+    loads, loss = [], 0.0
     for micro in range(accumulate):
-        loaded = clock()
+        loading = clock.mark()
         batch = next(batches, None)
         if batch is None:
             return None
         images, labels = batch[0].to(job.device, non_blocking=True), batch[1].to(job.device, non_blocking=True)
-        t1 = clock()
-        data_s += t1 - loaded
+        loads.append((loading, clock.mark()))
         last = micro == accumulate - 1
         with contextlib.nullcontext() if last else job.method.accumulating(job.net):
             micro_loss = F.cross_entropy(job.net(images), labels)
             if last:
                 job.slow.at(rank)  # a simulated straggler computes longer, before its last gradients are ready
-            forward_end = clock() if job.recorder.detailed else t1
+            forward_end = clock.mark() if job.recorder.detailed else loads[-1][1]
             (micro_loss / accumulate if accumulate > 1 else micro_loss).backward()
         loss = loss + micro_loss.detach() / accumulate if accumulate > 1 else micro_loss
-    t1 = t0 + data_s  # the phases as one step's: loading first, then computing
-    t2 = clock()
+    computed = clock.mark()
     job.method.sync(job.model)
-    t3 = clock()
+    synced = clock.mark()
     job.optimizer.step()
-    t4 = clock()
+    stepped = clock.mark()
     # a model-averaging method's average, when due: its sync region, after the optimizer's
     averaged = job.method.after_step(job.model)
-    t5 = clock() if averaged else t4
-    job.recorder.end((t0, t1, forward_end, t2, t3, t4, t5), sync=(t4, t5) if averaged else (t2, t3))
+    ended = clock.mark()
+    at = clock.read()
+    t0 = at[begun]
+    t1 = t0 + sum(at[loaded] - at[loading] for loading, loaded in loads)  # the phases as one step's: loading first
+    t2, t3, t4 = at[computed], at[synced], at[stepped]
+    t5 = at[ended] if averaged else t4
+    job.recorder.end((t0, t1, at[forward_end], t2, t3, t4, t5), sync=(t4, t5) if averaged else (t2, t3))
     lr = job.learning_rate.current
     job.learning_rate.step()
     return loss, lr, {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": (t3 - t2) + (t5 - t4),
-                  "optimizer_time_s": t4 - t3, "step_time_s": t5 - t0}
+                      "optimizer_time_s": t4 - t3, "step_time_s": t5 - t0}
 
 
 class AfterStep:
@@ -324,13 +329,16 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
     reporter = Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker,
                         sync_model=job.sync_model, steady_from=first_step + config.timing_warmup_steps,
                         name=config.default_run_name(cluster.info.world_size),
-                        alignments=job.alignments) if cluster.info.is_main else SilentReporter()
+                        alignments=job.alignments,
+                        throughput=Throughput.of(lambda: build_model(config.model_name, config.dropout),
+                                                 INPUT_SHAPES[config.model_name], job.device),
+                        ) if cluster.info.is_main else SilentReporter()
     cluster.liveness.on_stall(reporter.note_stall)  # a host that went silent and came back, when the job spans hosts
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
         if job.resume and config.resume == RESUME_AUTO:
             tracker.resend(job.resume.unsent_metrics)
         reporter.start(job.info)
-        clock, after_step = Clock(job.device), AfterStep(config, cluster, job, reporter, tracker)
+        clock, after_step = StepClock(job.device), AfterStep(config, cluster, job, reporter, tracker)
         started = time.perf_counter()
         start = job.resume.position if job.resume else Position()
         step, sent, progress = start.step, start.sent_bytes, Progress(start.elapsed_s)

@@ -2,7 +2,8 @@
 
 Each rank seeds as a job does (the shared --seed, the model built, then its (seed, rank)
 stream), then records: its model's digest, hashes of three augmented views of training
-image 0 (random crop and flip), the file that image comes from, and the MNIST CNN's
+image 0 (random crop and flip) on each data path (torchvision's transforms; the resident path's batch
+augmentation from its (seed, rank, epoch) generator), the file that image comes from, and the MNIST CNN's
 features of a fixed input in training mode (its dropout mask decides them). Rank 0 writes every rank's
 record as JSON to OUT for tests/test_randomness.py.
 
@@ -21,6 +22,9 @@ import torch
 from mpi_train.cluster import Cluster, exit_process
 from mpi_train.commands.train import parse_config
 from mpi_train.data import load_datasets
+from mpi_train.data.augment import draw
+from mpi_train.data.loaders import resident_split
+from mpi_train.data.resident import augmentation_seed
 from mpi_train.models import build_model
 from mpi_train.randomness import seed_rank_streams
 from mpi_train.train import parameter_digest, seed_everything
@@ -37,10 +41,15 @@ def main(data_dir: str, out: str, seed: str) -> None:
     seed_everything(config.seed)
     model = build_model("mnist_cnn")
     seed_rank_streams(config.seed, cluster.info.rank)
-    views = [tensor_hash(train_set[0][0]) for _ in range(3)]
+    views = [tensor_hash(train_set[0][0]) for _ in range(3)]  # the DataLoader path: torchvision's transforms
+    resident = resident_split(config, train_set, cluster, torch.device("cpu"), train=True)
+    draws = draw(3, torch.Generator().manual_seed(augmentation_seed(config.seed, cluster.info.rank, 0)),
+                 torch.device("cpu"))
+    resident_views = [tensor_hash(view) for view in resident.batch(torch.zeros(3, dtype=torch.int64), draws)[0]]
     with torch.no_grad():  # the model is in training mode: its dropout layers draw masks
         features = model.features(torch.ones(1, 1, 28, 28))
-    record = {"digest": parameter_digest(model), "views": views, "dropout": tensor_hash(features),
+    record = {"digest": parameter_digest(model), "views": views, "resident_views": resident_views,
+              "dropout": tensor_hash(features),
               "image": train_set.samples[0][0]}
     records = cluster.gather(record)
     if cluster.info.is_main:

@@ -83,3 +83,16 @@ def test_valid_config_passes_and_splits_the_batch():
 def test_errors_print_as_one_paragraph():
     text = format_error("x " * 200)
     assert text.startswith("mpi_train: error:") and "\n\n" not in text
+
+
+@pytest.mark.parametrize("dataset,model", [("cifar10", "mnist_cnn"), ("mnist", "vgg11")])
+def test_a_model_that_cannot_take_the_data_sets_images_is_refused(dataset, model):
+    with pytest.raises(UserError, match=f"--model {model} takes images of .* and {dataset}'s are"):
+        TrainConfig(dataset=dataset, model=model).validate(1)
+    TrainConfig(dataset="synthetic", model=model).validate(1)  # synthetic images take the model's shape
+
+
+def test_the_data_path_flags_are_checked():
+    assert TrainConfig().loader == "auto"
+    with pytest.raises(UserError, match="--loader-workers must not be negative"):
+        TrainConfig(loader="dataloader", loader_workers=-1).validate(1)

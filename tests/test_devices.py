@@ -73,3 +73,17 @@ def test_ranks_share_the_host_cores():
         assert configure_threads(four, 3) == 3 == torch.get_num_threads()  # --threads wins
     finally:
         torch.set_num_threads(before)
+
+
+def test_meeting_every_batch_shape_leaves_the_model_and_random_streams_alone():
+    import torch
+
+    from mpi_train.devices import meet_shapes
+    from mpi_train.models import build_model
+
+    model = build_model("mnist_cnn")
+    before, state = {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state()
+    meet_shapes(model, (1, 28, 28), {8, 3, 1}, {16, 5}, torch.device("cpu"))  # dropout drew on the copy only
+    assert torch.equal(torch.get_rng_state(), state) and model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())

@@ -35,10 +35,12 @@ def test_ranks_augment_the_same_image_differently_and_a_rerun_draws_the_same(tmp
     assert zero["digest"] == one["digest"]  # identical replicas
     assert zero["image"] == one["image"]  # the same training image index on both ranks
     assert zero["views"] != one["views"]  # augmented differently (3 crops and flips each)
+    assert zero["resident_views"] != one["resident_views"] and len(set(zero["resident_views"])) > 1  # on both paths
     assert zero["dropout"] != one["dropout"]
     assert rank_views(tmp_path, cifar_folders, 42, "rerun") == first  # bit for bit
     other_seed = rank_views(tmp_path, cifar_folders, 7, "seed7")
     assert other_seed[0]["views"] != zero["views"] and other_seed[0]["digest"] != zero["digest"]
+    assert other_seed[0]["resident_views"] != zero["resident_views"]
 
 
 def test_augmented_training_reruns_and_resumes_bit_for_bit(tmp_path, cifar_folders):

@@ -35,6 +35,10 @@ def test_every_sync_method_leaves_the_hand_computed_mean_on_every_rank(np):
 NP4_ARGS = [*COURSE_SETTINGS, "--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64",
             "--max-steps", "12", "--log-every", "2", "--no-tracking"]
 BUCKETS_OF_1_MB = ["--bucket-mb", "1"]  # cut the CNN's 4.8 MB of gradients into three, the first reduced in backward
+# Float16's rounding, amplified over these 12 steps at a rate of 0.05 with dropout: the loss gap to allreduce
+# measured from 3e-6 to 2.9e-4 over seeds 1, 2, 3 and 42 and two dropout streams (the data path's change of
+# stream moved seed 42's bucketed+fp16 from 3.9e-6 to 2.9e-4). A fault in a sync moves the losses by 0.09 and more.
+FLOAT16_GAP = 5e-4
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +61,13 @@ def test_hierarchical_and_ddp_fp16_follow_allreduce_as_far_as_their_precision_al
     reference = losses(np4["allreduce"])
     # one host: plain allreduce of the flat buffer
     assert relative_gap(losses(np4["hierarchical"]), reference) <= 1e-5
-    assert relative_gap(losses(np4["ddp_fp16"]), reference) <= 2e-4  # float16's rounding, as flat_fp16
+    assert relative_gap(losses(np4["ddp_fp16"]), reference) <= FLOAT16_GAP  # float16's rounding, as flat_fp16
     assert np4["ddp_fp16"]["compression"] == "fp16" and np4["hierarchical"]["compression"] == "none"
 
 
 def test_compression_on_the_overlapped_schedule_follows_allreduce_as_far_as_it_allows(np4):
     runs, reference = np4, losses(np4["allreduce"])
-    assert relative_gap(losses(runs["bucketed+fp16"]), reference) <= 2e-4  # float16's rounding, as flat_fp16
+    assert relative_gap(losses(runs["bucketed+fp16"]), reference) <= FLOAT16_GAP  # as flat_fp16
     assert runs["bucketed+fp16"]["config"]["compression"] == "fp16" and runs["bucketed+fp16"]["compression"] == "fp16"
     powersgd = losses(runs["bucketed+powersgd"])
     assert powersgd[0] == pytest.approx(reference[0], rel=1e-4)  # steps 1-2 are plain averages
@@ -108,10 +112,10 @@ def test_methods_summing_in_another_order_match_allreduce_within_1e_4(np4, name)
 
 def test_float16_compression_matches_allreduce_to_float16_precision(np4):
     # Each rank's gradient share is rounded to float16 (relative error up to 2^-11) before the sum, so the
-    # losses drift apart further than by float32 summation order (measured: 1.9e-5 after 12 steps), but
-    # far less than a sync fault moves them (0.09 and more, see above).
+    # losses drift apart further than by float32 summation order (FLOAT16_GAP), but far less than a sync fault
+    # moves them (0.09 and more, see above).
     gap = relative_gap(losses(np4["flat_fp16"]), losses(np4["allreduce"]))
-    assert gap <= 2e-4, gap
+    assert gap <= FLOAT16_GAP, gap
 
 
 def test_training_learns_and_the_summary_is_complete(np4):

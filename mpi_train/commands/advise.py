@@ -543,7 +543,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
                                               experiment=args.experiment, no_tracking=args.no_tracking), cluster)
     placement = place(cluster, args.backend, args.threads)
     backend, device = placement.backend, placement.device
-    cluster.open_process_group(backend, args.master_addr, args.timeout)
+    cluster.open_process_group(backend, args.master_addr, args.timeout, device)
     started = time.perf_counter()
 
     torch.manual_seed(0)

@@ -557,7 +557,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     connection = tracking.connect(settings, cluster)  # rank 0 checks the store before any work
     placement = place(cluster, args.backend, args.threads)
     backend, threads, device = placement.backend, placement.threads, placement.device
-    cluster.open_process_group(backend, args.master_addr, args.timeout)
+    cluster.open_process_group(backend, args.master_addr, args.timeout, device)
 
     entries, unavailable = contenders(args.model, device, args.bucket_mb, parse_labels(args.methods), backend,
                                       args.powersgd_rank)

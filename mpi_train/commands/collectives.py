@@ -128,7 +128,7 @@ def check(cluster: Cluster, args: argparse.Namespace) -> None:
     info = cluster.info
     backend, device_name = resolve_backend(cluster, args.backend)
     device = torch.device(device_name)
-    address = cluster.open_process_group(backend, args.master_addr, args.timeout)
+    address = cluster.open_process_group(backend, args.master_addr, args.timeout, device)
     results = run_checks(info.rank, info.world_size, device)
     bandwidth = allreduce_bandwidth(info.world_size, device, args.size_mb, args.iters)
     rows = cluster.gather(results)

@@ -38,6 +38,7 @@ class Loaders:
     sampler: ResumableSampler
     test: Any
     path: str  # "resident" or "dataloader"
+    batch_sizes: tuple[set[int], set[int]]  # (training's, testing's): the full batch and a smaller last one
     resident_bytes: int = 0  # what the resident path holds on the rank's device (0: the DataLoader path)
 
     def describe(self) -> str:
@@ -119,6 +120,9 @@ def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cl
     info = cluster.info
     micro_batch, test_batch = config.micro_batch(info.world_size), max(config.per_rank(info.world_size), 256)
     sampler = ResumableSampler(train, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=config.seed)
+    shard = range(info.rank, len(test), info.world_size)
+    sizes = tuple({batch, samples % batch or batch} for samples, batch in ((len(sampler), micro_batch),
+                                                                           (len(shard), test_batch)))
     path = choose(config, (train, test), device)
     if cluster.allgather(path) != [path] * info.world_size:  # auto may see different free memory on each rank
         path = "dataloader"
@@ -126,10 +130,9 @@ def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cl
         train_split = resident_split(config, train, cluster, device, train=True)
         test_split = resident_split(config, test, cluster, device, train=False)
         return Loaders(ResidentTrainLoader(train_split, sampler, micro_batch, config.seed, info.rank), sampler,
-                       ResidentTestLoader(test_split, info.rank, info.world_size, test_batch), path,
+                       ResidentTestLoader(test_split, info.rank, info.world_size, test_batch), path, sizes,
                        train_split.nbytes + test_split.nbytes)
     count = workers(config, device, threads)
     options = {"num_workers": count, "pin_memory": device.type == "cuda", "persistent_workers": count > 0}
-    test_shard = Subset(test, range(info.rank, len(test), info.world_size))
     return Loaders(DataLoader(train, batch_size=micro_batch, sampler=sampler, **options), sampler,
-                   DataLoader(test_shard, batch_size=test_batch, **options), path)
+                   DataLoader(Subset(test, shard), batch_size=test_batch, **options), path, sizes)

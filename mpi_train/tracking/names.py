@@ -6,7 +6,9 @@ prefixes are the questions a user asks of a comparison:
     learning/   is it learning?         loss, lr, test_loss, test_accuracy (at the step they were taken);
                                         drift (local SGD, DiLoCo: the ranks' distance from their average)
     time/       where does a step go?   per logged step, means over ranks: step_s, data_s, compute_s, sync_s,
-                                        optimizer_s, predicted_sync_s, samples_per_s; world_size (jobs that
+                                        optimizer_s, predicted_sync_s, samples_per_s (the job's) and
+                                        samples_per_s_per_rank, data_share (of the step), flops_per_s (per
+                                        rank), mfu (on a known GPU); world_size (jobs that
                                         may restart on fewer ranks); elapsed_s at each test evaluation
     summary/    how did the run end?    one steady-state mean per phase (SUMMARY_RULE), final loss and accuracy,
                                         wall time, the tracking overhead, a slow host's cost
@@ -27,6 +29,8 @@ from collections.abc import Mapping
 PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s", "step_time_s")  # the summary's keys
 # The sync split (timeline.py): waiting for the last rank, transfer, communication compute did not hide, its overlap.
 SPLIT = ("sync_wait_s", "sync_transfer_s", "exposed_comm_s", "comm_overlap")
+# What a step achieves (throughput.py): samples/s per rank, the data phase's share, FLOP/s per rank and MFU.
+THROUGHPUT = ("samples_per_s_per_rank", "data_share", "flops_per_s", "mfu")
 
 
 def leaf(name: str) -> str:

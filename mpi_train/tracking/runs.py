@@ -103,6 +103,8 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
     if summary.get("epochs"):
         figures[names.summary_key("test_accuracy")] = summary["epochs"][-1]["test_accuracy"]
         figures[names.summary_key("test_loss")] = summary["epochs"][-1]["test_loss"]
+    figures.update({names.summary_key(key): value for key, value in summary.get("throughput", {}).items()
+                    if key in names.THROUGHPUT})
     if "predicted_sync_time_s" in summary:
         figures[names.summary_key("predicted_sync_s")] = summary["predicted_sync_time_s"]
     split = summary.get("sync_split_after_warmup")
@@ -362,8 +364,8 @@ class MlflowTracker(NullTracker):
         started = time.perf_counter()
         self._put(self.parent_id, self._metrics({
             names.LOSS: loss, names.SAMPLES_PER_S: throughput, **({names.LR: lr} if lr is not None else {}),
-            **{names.step_key(key): times[key] for key in (*names.PHASES, *names.SPLIT, "slowest_rank")
-               if key in times},
+            **{names.step_key(key): times[key] for key in (*names.PHASES, *names.SPLIT, *names.THROUGHPUT,
+                                                             "slowest_rank") if key in times},
             **({names.PREDICTED_SYNC: times["predicted_sync_time_s"]} if "predicted_sync_time_s" in times else {}),
             **({names.DRIFT: times["drift"]} if "drift" in times else {}),
         }, step))

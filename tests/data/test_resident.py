@@ -1,6 +1,8 @@
 """The resident data path against the DataLoader path: the same samples in the same order, the same pixels where
 nothing is random, and augmentation that is each rank's own, reproducible and resumable, in one process."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from disk_formats import write_cifar10_folders, write_mnist
@@ -105,3 +107,17 @@ def test_the_dataloader_path_takes_workers_only_when_asked_on_cpus(tmp_path, clu
     two = make_loaders(train, test, TrainConfig(**{**config.__dict__, "loader_workers": 2}), cluster, CPU)
     assert two.train.num_workers == 2 and two.describe() == "DataLoader, 2 worker(s)"
     assert sum(len(labels) for _, labels in two.train) == 64
+
+
+def test_cifar10_pickles_are_decoded_for_the_resident_path_too(tmp_path, cluster, monkeypatch):
+    from disk_formats import write_cifar10_batches
+    from torchvision.datasets import cifar
+
+    monkeypatch.setattr(cifar, "check_integrity", lambda path, md5=None: Path(path).is_file())  # tiny pickles
+    write_cifar10_batches(tmp_path, per_batch=8)
+    resident, loader = both_paths(TrainConfig(data_dir=str(tmp_path), batch_size=8), cluster)
+    assert resident.path == "resident" and resident.resident_bytes == (40 + 8) * (3 * 32 * 32 + 8)
+    assert sorted((tmp_path / ".mpi_train-cache").iterdir()) == [tmp_path / ".mpi_train-cache" / "cifar10-test.pt",
+                                                                 tmp_path / ".mpi_train-cache" / "cifar10-train.pt"]
+    for (ours, our_labels), (theirs, their_labels) in zip(resident.test, loader.test):
+        assert torch.equal(ours, theirs) and torch.equal(our_labels, their_labels)

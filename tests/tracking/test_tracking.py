@@ -22,7 +22,8 @@ from mpi_train.tracking.store import open_store
 # in-process.
 
 PARENT_STEP_METRICS = ("learning/loss", "learning/lr", "time/step_s", "time/data_s", "time/compute_s", "time/sync_s",
-                       "time/optimizer_s", "time/samples_per_s")
+                       "time/optimizer_s", "time/samples_per_s", "time/samples_per_s_per_rank", "time/data_share",
+                       "time/flops_per_s")
 CHILD_STEP_METRICS = ("rank/loss", "rank/data_s", "rank/compute_s", "rank/sync_s", "rank/optimizer_s", "rank/step_s")
 PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
           "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts")
@@ -88,6 +89,14 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
     steady = tracked_jobs["allreduce"]["mean_times_after_warmup"]  # the summary's rule: warm-up steps left out
     assert parent.data.metrics["summary/sync_s"] == pytest.approx(steady["sync_time_s"])
     assert parent.data.metrics["summary/sync_share"] == pytest.approx(steady["sync_time_s"] / steady["step_time_s"])
+    # throughput: per rank, half the job's on 2 ranks; FLOP/s from the model's count; no MFU on a CPU
+    speed = tracked_jobs["allreduce"]["throughput"]
+    assert speed["device_name"] == "cpu" and "mfu" not in speed and "time/mfu" not in parent.data.metrics
+    assert parent.data.metrics["summary/samples_per_s_per_rank"] == pytest.approx(
+        parent.data.metrics["summary/samples_per_s"] / 2)
+    assert parent.data.metrics["summary/flops_per_s"] == pytest.approx(
+        speed["flops_per_sample"] * speed["samples_per_s_per_rank"])
+    assert 0 < parent.data.metrics["summary/data_share"] == pytest.approx(steady["data_time_s"] / steady["step_time_s"])
     assert "--timing-warmup-steps" in parent.data.tags["mlflow.note.content"]  # the rule, said on the run
     assert any(key.startswith("system/") and key.endswith("/cpu_utilization_percentage") for key in parent.data.metrics)
     child_losses = []

@@ -1,0 +1,105 @@
+"""`python -m mpi_train bench-data`: the two data paths side by side, training images per second on one thread.
+
+    python -m mpi_train bench-data --data-dir data
+
+The image-folder (or pickle) reader through torch's DataLoader, with torchvision's RandomCrop, flip, ToTensor and
+Normalize per image, against the resident path's whole-batch augmentation of the decoded split (data/), both
+serving CIFAR-10's training batches in the same seeded order on the same CPU threads. Also timed: decoding the
+split into its cache (or finding it fresh) and mapping the cache into memory, what a job pays before its first
+step. No process group, no model: only the data path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..data import cache
+from ..data.loaders import AUGMENTED, NORMALISATION
+from ..data.resident import ResidentSplit, ResidentTrainLoader
+from ..data.sampler import ResumableSampler
+from ..data.sets import _open_cifar10
+from ..errors import UserError, format_error
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m mpi_train bench-data", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", required=True, help="CIFAR-10: an image folder (train/<class>/*) or "
+                        "cifar-10-batches-py/")
+    parser.add_argument("--batch-size", type=int, default=256, help="images per batch (default: 256)")
+    parser.add_argument("--batches", type=int, default=40, help="batches the DataLoader path is timed over (default: "
+                        "40; the resident path takes a whole epoch)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for both paths (default: 1)")
+    parser.add_argument("--json", help="also write the figures here")
+    return parser.parse_args(argv)
+
+
+def timed_pass(batches, limit: int | None = None) -> tuple[int, float]:
+    """Images served and seconds taken over `limit` batches (all when None)."""
+    started, images = time.perf_counter(), 0
+    for number, (batch, _labels) in enumerate(batches, 1):
+        images += len(batch)
+        if limit and number >= limit:
+            break
+    return images, time.perf_counter() - started
+
+
+def measure(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    root = Path(args.data_dir)
+    split = _open_cifar10(root, train=True)
+    sampler = ResumableSampler(split, num_replicas=1, rank=0, shuffle=True, seed=42)
+
+    path = cache.cache_folder(root) / "bench-data-train.pt"
+    began = time.perf_counter()
+    cache.ensure(split, path)
+    prepared_s = time.perf_counter() - began
+    began = time.perf_counter()
+    decoded = cache.load(path)
+    resident = ResidentSplit(decoded.images, decoded.labels, torch.device("cpu"), NORMALISATION["cifar10"],
+                             "cifar10" in AUGMENTED)
+    mapped_s = time.perf_counter() - began
+    resident_images, resident_s = timed_pass(ResidentTrainLoader(resident, sampler, args.batch_size, 42, 0))
+
+    loader = DataLoader(split, batch_size=args.batch_size, sampler=sampler, num_workers=0)
+    folder_images, folder_s = timed_pass(loader, args.batches)
+    return {
+        "data_dir": str(root.resolve()), "threads": args.threads, "batch_size": args.batch_size,
+        "reader": type(split).__name__, "cache": str(path), "cache_prepare_s": prepared_s, "cache_map_s": mapped_s,
+        "resident_images": resident_images, "resident_images_per_s": resident_images / resident_s,
+        "dataloader_images": folder_images, "dataloader_images_per_s": folder_images / folder_s,
+        "speedup": (resident_images / resident_s) / (folder_images / folder_s),
+        "torch": torch.__version__,
+    }
+
+
+def table(figures: dict) -> str:
+    rows = [("DataLoader, " + figures["reader"] + " + torchvision transforms", figures["dataloader_images"],
+             figures["dataloader_images_per_s"]),
+            ("resident, whole-batch augmentation", figures["resident_images"], figures["resident_images_per_s"])]
+    batch = figures["batch_size"]
+    lines = [f"CIFAR-10 training batches of {batch}, augmented, {figures['threads']} CPU thread(s):",
+             f"  {'data path':<52} {'images':>8} {'images/s':>10} {f'ms/{batch}':>8}"]
+    lines += [f"  {name:<52} {count:>8,} {rate:>10,.0f} {1e3 * batch / rate:>8.2f}" for name, count, rate in rows]
+    lines.append(f"  resident / DataLoader: {figures['speedup']:.1f}x; the cache took "
+                 f"{figures['cache_prepare_s']:.1f} s to decode or check, {figures['cache_map_s'] * 1e3:.0f} ms to map")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        figures = measure(args)
+    except UserError as error:
+        print(format_error(str(error), "mpi_train bench-data"), file=sys.stderr)
+        return 2
+    print(table(figures))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
