@@ -181,7 +181,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     model = build_model(config.model_name, config.dropout).to(device)
     check_replicas_agree(cluster, model, "at start")
     warm_autotuner(model, INPUT_SHAPES[config.model_name], *loaders.batch_sizes, device)
-    seed_rank_streams(config.seed, info.rank)  # augmentation and dropout: a stream of each rank's own
+    seed_rank_streams(config.seed, info.rank)  # dropout (and the DataLoader path's augmentation): each rank's own
     method = SYNC_METHODS[config.sync].from_config(config)
     net = method.wrap(model)
     alignment, alignments = align_clocks(cluster, device) if info.world_size > 1 else (Alignment(), [Alignment()])

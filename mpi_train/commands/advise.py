@@ -34,7 +34,6 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,6 +51,7 @@ from ..files import write_json_atomically
 from ..models import INPUT_SHAPES, MODELS, build_model
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import PARAMETERS, SYNC_METHODS, backend_error, every_label, split_label
+from ..sync.base import AccuracyCost
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
 from .bench import NO_SYNC, Contender, NoSync, log_child, measure, slowest
@@ -63,32 +63,13 @@ PROFILE_STEPS = 2  # timed steps of the model without sync, for the predictions 
 SOURCE = "docs/results.md"
 
 
-@dataclass(frozen=True)
-class AccuracyCost:
-    """Test accuracy of a lossy option against allreduce's, in points, as measured in this project."""
-
-    points: float
-    measured: str  # what was run
-    source: str
-
-
-# (model, option) -> the accuracy cost measured; an option is a compression, or a method that averages models.
+# (model, compression) -> the accuracy cost measured of a gradient method's compression; a method that averages
+# models keeps its own (its class's accuracy_costs)
 ACCURACY_COST = {
     ("vgg11", "fp16"): AccuracyCost(+0.62, "bucketed+fp16, CIFAR-10, one epoch, np 4, batch 256",
                                     f"{SOURCE}#accuracy-at-parity-cifar-10-one-epoch"),
     ("vgg11", "powersgd"): AccuracyCost(-1.78, "bucketed+powersgd rank 2 from step 101, CIFAR-10, one epoch, np 4",
                                         f"{SOURCE}#accuracy-at-parity-cifar-10-one-epoch"),
-    ("vgg11", "localsgd"): AccuracyCost(-4.54, "localsgd --period 8, CIFAR-10, one epoch, 2 hosts x 2 ranks",
-                                        f"{SOURCE}#syncing-less-often-local-sgd-and-diloco-by-time-to-accuracy"),
-    ("vgg11", "localsgd+fp16"): AccuracyCost(-1.39, "localsgd+fp16 --period 8 --host-period 1, CIFAR-10, one epoch, "
-                                                    "2 hosts x 2 ranks",
-                                             f"{SOURCE}#syncing-less-often-local-sgd-and-diloco-by-time-to-accuracy"),
-    ("vgg11", "localsgd+powersgd"): AccuracyCost(-16.88, "localsgd+powersgd --period 4, rank 2 from the first "
-                                                         "average, CIFAR-10, one epoch, 2 hosts x 2 ranks",
-                                                 f"{SOURCE}#syncing-less-often-local-sgd-and-diloco-by-time-to-accuracy"),
-    ("vgg11", "diloco"): AccuracyCost(-14.57, "diloco --period 8 (outer 0.7, Nesterov 0.9), CIFAR-10, one epoch, "
-                                              "2 hosts x 2 ranks",
-                                      f"{SOURCE}#syncing-less-often-local-sgd-and-diloco-by-time-to-accuracy"),
     ("mnist_cnn", "fp16"): AccuracyCost(+0.05, "bucketed+fp16, MNIST, one epoch, np 4, batch 256",
                                         f"{SOURCE}#accuracy-at-parity-mnist-one-epoch-measured-on-a-busy-machine"),
     ("mnist_cnn", "powersgd"): AccuracyCost(+0.03, "bucketed+powersgd rank 2 from step 11, MNIST, one epoch, np 4",
@@ -268,13 +249,23 @@ def describe_full_bench(check: dict) -> list[str]:
 # --- what is reported ------------------------------------------------------------------------
 
 def option_of(text: str) -> str:
-    """What ACCURACY_COST knows a lossy label by: its compression, or a model-averaging method (with its
-    compression, if any)."""
+    """What a lossy label is listed by: its compression, or a model-averaging method (with its compression, if
+    any)."""
     name, compression = split_label(text)
     method = SYNC_METHODS[name]
     if method.averages == PARAMETERS:
         return name if compression == "none" else text
     return method.compression_name(compression)
+
+
+def accuracy_cost(model_name: str, text: str) -> AccuracyCost | None:
+    """The accuracy cost measured for a lossy label on this model: a model-averaging method's own (its class), else
+    its compression's (ACCURACY_COST)."""
+    name, compression = split_label(text)
+    method = SYNC_METHODS[name]
+    if method.averages == PARAMETERS:
+        return method.accuracy_costs.get((model_name, compression))
+    return ACCURACY_COST.get((model_name, method.compression_name(compression)))
 
 
 def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tuple[list[dict], list[tuple]]:
@@ -296,9 +287,8 @@ def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tu
                                       backward=model.backward)
         if prediction is None:
             continue
-        option = option_of(text)
-        cost = ACCURACY_COST.get((model_name, option))
-        rows.append({"label": text, "option": option,
+        cost = accuracy_cost(model_name, text)
+        rows.append({"label": text, "option": option_of(text),
                      "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else []),
                      "predicted_step_s": model.baseline_step_s + prediction.sync_s,
                      "accuracy_points": cost.points if cost else None,

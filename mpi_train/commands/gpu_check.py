@@ -27,7 +27,7 @@ from ..cluster import Cluster
 from ..errors import UserError
 from ..models import INPUT_SHAPES, build_model
 from ..rankguard import RankAwareParser, guarded, join_job
-from ..sync import COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label
+from ..sync import BASELINE, COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label
 from ..train import run
 from .train import parse_config
 
@@ -118,20 +118,20 @@ class Checks:
         warm, timed = 10, self.args.timed_steps
         bare = bare_step_s(self.args.model, self.args.batch_size // self.cluster.info.world_size, device, warm, timed)
         summary = self.job("ddp-timed", "--dataset", "synthetic", "--synthetic-size", str(4 * self.args.batch_size),
-                           "--sync", "ddp", "--max-steps", str(warm + timed), "--epochs", "1000",
+                           "--sync", BASELINE, "--max-steps", str(warm + timed), "--epochs", "1000",
                            "--timing-warmup-steps", str(warm))
         if self.cluster.info.is_main:
             means = summary["mean_times_after_warmup"]
             ratio = means["step_time_s"] / bare
             speed = summary.get("throughput", {})
-            self.row(f"ddp step / bare loop step (target <= {STEP_TARGET}x)", ratio <= STEP_TARGET,
+            self.row(f"{BASELINE} step / bare loop step (target <= {STEP_TARGET}x)", ratio <= STEP_TARGET,
                      f"{means['step_time_s'] * 1e3:.2f} / {bare * 1e3:.2f} ms = {ratio:.2f}x; data "
                      f"{means['data_time_s'] * 1e3:.2f} ms"
                      + (f"; MFU {100 * speed['mfu']:.1f}%" if "mfu" in speed else ""))
         return bare
 
     def resume(self) -> None:
-        common = ["--dataset", "synthetic", "--synthetic-size", str(4 * self.args.batch_size), "--sync", "ddp",
+        common = ["--dataset", "synthetic", "--synthetic-size", str(4 * self.args.batch_size), "--sync", BASELINE,
                   "--deterministic", "--epochs", "2"]
         whole = self.job("resume-whole", *common, "--max-steps", "6")
         checkpoints = self.folder / "checkpoints"
@@ -143,7 +143,7 @@ class Checks:
                      "weights equal bit for bit" if same else "weights differ")
 
     def epoch(self, bare_s: float) -> None:
-        summary = self.job("cifar10-epoch", "--data-dir", self.args.data_dir, "--sync", "ddp", "--epochs", "1")
+        summary = self.job("cifar10-epoch", "--data-dir", self.args.data_dir, "--sync", BASELINE, "--epochs", "1")
         if not self.cluster.info.is_main:
             return
         steps = summary["total_steps"]

@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from ..config import TrainConfig
 from ..data import cache
-from ..data.loaders import AUGMENTED, NORMALISATION
+from ..data.loaders import AUGMENTED, NORMALISATION, cache_name
 from ..data.resident import ResidentSplit, ResidentTrainLoader
 from ..data.sampler import ResumableSampler
 from ..data.sets import _open_cifar10
@@ -56,7 +57,7 @@ def measure(args: argparse.Namespace) -> dict:
     split = _open_cifar10(root, train=True)
     sampler = ResumableSampler(split, num_replicas=1, rank=0, shuffle=True, seed=42)
 
-    path = cache.cache_folder(root) / "bench-data-train.pt"
+    path = cache.cache_folder(root) / cache_name(TrainConfig(data_dir=str(root)), split)  # the one jobs use
     began = time.perf_counter()
     cache.ensure(split, path)
     prepared_s = time.perf_counter() - began

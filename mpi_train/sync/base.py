@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -42,6 +43,15 @@ def sum_each_round(rounds: Iterator[torch.Tensor], allreduce_sum: Callable[[torc
         timed(recorder, name, message.numel() * message.element_size(), allreduce_sum, message, bucket=bucket)
 
 
+@dataclass(frozen=True)
+class AccuracyCost:
+    """Test accuracy of a lossy option against allreduce's, in points, as measured in this project."""
+
+    points: float
+    measured: str  # what was run
+    source: str  # where its figures are (docs/results.md#...)
+
+
 class SyncMethod:
     """Makes every rank's gradients equal to their mean across ranks, once per step.
 
@@ -64,6 +74,9 @@ class SyncMethod:
     tunables: ClassVar[tuple[str, ...]] = ()  # the TrainConfig fields it reads (bucket_mb, period, ...): the
     # advisor searches them, training refuses them for a method that would ignore them
     fixed_compression: str | None = None
+    # (model, compression) -> its test accuracy against allreduce's, as measured: the advisor lists it beside a lossy
+    # option of this method (a method that averages models; compressions of the gradient methods: commands/advise.py)
+    accuracy_costs: ClassVar[dict[tuple[str, str], AccuracyCost]] = {}
     unsupported_backends: ClassVar[dict[str, str]] = {}
     # completes "cannot carry --compression X:"
     no_compression_because = "its schedule has no sum of gradients to compress"
