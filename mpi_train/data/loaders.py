@@ -30,7 +30,7 @@ RESIDENT_SHARE = 0.5  # auto holds a data set resident when it takes at most thi
 MAX_WORKERS = 8  # the DataLoader path's worker processes per rank on CUDA, at most
 
 
-@dataclass
+@dataclass(frozen=True)
 class Loaders:
     """A job's training batches, their sampler, its test shard, and what the data path holds per rank."""
 
