@@ -103,7 +103,11 @@ class Checks:
         self.rows.append({"check": check, "ok": ok, "figure": figure})
 
     def methods(self) -> None:
-        names = self.args.methods.split(",") if self.args.methods else list(SYNC_METHODS)
+        names = [name.strip() for name in self.args.methods.split(",")] if self.args.methods else list(SYNC_METHODS)
+        unknown = [name for name in names if name not in SYNC_METHODS]
+        if unknown:
+            raise UserError(f"--methods names {', '.join(unknown)}, which is no sync method; choose among "
+                            f"{', '.join(SYNC_METHODS)}.")
         synthetic = ["--dataset", "synthetic", "--synthetic-size", str(4 * self.args.batch_size)]
         for sync, compression in combinations(self.args.backend, names):
             summary = self.job(label(sync, compression), *synthetic, "--sync", sync, "--compression", compression,
