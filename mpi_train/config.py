@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 
 from .environments import LAUNCHERS  # the --launcher names, one per cluster environment
 from .errors import UserError
-from .lr_schedule import LR_SCHEDULES, MODEL_DEFAULTS, OptimizerDefaults
-from .models import INPUT_SHAPES, MODELS
+from .lr_schedule import LR_SCHEDULES, OptimizerDefaults, optimizer_defaults
+from .models import GPT_SIZES, GptShape, build_model
+from .models import HELP as MODEL_HELP
+from .models import check as check_model
 from .netmodel.links import rate_bytes_per_s
 from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label, tuned_by
 from .sync.averaging import DEFAULT_PERIOD, MOMENTUM
@@ -23,14 +25,15 @@ from .sync.diloco import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
 from .timeline import ALL_STEPS, parse_window
 
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
-DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "synthetic": "mnist_cnn"}
-DATASET_SHAPES = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28)}  # (channels, height, width); synthetic: the model's
+DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "text": "gpt", "synthetic": "mnist_cnn"}
+# (channels, height, width) of each image data set; synthetic makes what the model takes, text is bytes
+DATASET_SHAPES = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28)}
 BACKENDS = ("auto", "gloo", "nccl")
 LOADERS = ("auto", "resident", "dataloader")  # the data paths (data/loaders.py)
 RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-dir, if any
 SYNC_AUTO = "auto"  # --sync auto: the method an advice recommends (advice/cache.py), resolved before setup
 ADVICE_DIR = "mlruns/advice"  # where python -m mpi_train advise keeps its advice and --sync auto looks for it
-REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS, "model": MODELS}  # a field's `choices` names one
+REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS}  # a field's `choices` names one (--model: models/)
 
 
 def _opt(default, help, **extra):
@@ -70,10 +73,22 @@ class TrainConfig:
                                   f"{DEFAULT_OUTER_LR})")
     outer_momentum: float | None = _opt(None, f"diloco: momentum of the outer Nesterov step (default "
                                         f"{DEFAULT_OUTER_MOMENTUM})")
-    dataset: str = _opt("cifar10", "data set", choices=tuple(DATASET_DEFAULT_MODEL))
-    model: str | None = _opt(None, "model (default: vgg11 for cifar10, mnist_cnn otherwise)", choices="model")
-    data_dir: str = _opt("data", "where data sets are read from (and downloaded to)")
-    synthetic_size: int = _opt(4096, "training samples of --dataset synthetic (its test set is a quarter of that)")
+    dataset: str = _opt("cifar10", "data set: cifar10, mnist, text (the bytes of any UTF-8 text file or folder of "
+                        "them at --data-dir, for --model gpt) or synthetic (images, or tokens for gpt)",
+                        choices=tuple(DATASET_DEFAULT_MODEL))
+    model: str | None = _opt(None, MODEL_HELP, metavar="NAME|MODULE:CALLABLE")
+    data_dir: str = _opt("data", "where data sets are read from (and downloaded to); --dataset text: a text file or a "
+                         "folder of them")
+    synthetic_size: int = _opt(4096, "training samples of --dataset synthetic (its test set is a quarter of that); "
+                               "for gpt, sequences of the context's length")
+    gpt_size: str = _opt("tiny", "--model gpt's size: " + "; ".join(f"{name}: {shape.describe()}" for name, shape in
+                                                                      GPT_SIZES.items()), choices=tuple(GPT_SIZES))
+    gpt_layers: int | None = _opt(None, "--model gpt: transformer blocks (default: --gpt-size's)", metavar="N")
+    gpt_heads: int | None = _opt(None, "--model gpt: attention heads, which split the width evenly (default: "
+                                 "--gpt-size's)", metavar="N")
+    gpt_width: int | None = _opt(None, "--model gpt: embedding width (default: --gpt-size's)", metavar="N")
+    context: int | None = _opt(None, "--model gpt: tokens (bytes) per sequence, the length of each training window "
+                               "(default: --gpt-size's)", metavar="N")
     dropout: float | None = _opt(None, "dropout probability for models that have dropout (default: the model's own)")
     loader: str = _opt("auto", "data path: resident holds the decoded data set on the rank's device (GPU memory under "
                         "NCCL, RAM shared by a host's ranks on CPUs: CIFAR-10 176 MiB, MNIST 52 MiB per rank) and "
@@ -173,10 +188,26 @@ class TrainConfig:
     @property
     def optimizer(self) -> OptimizerDefaults:
         """lr, momentum, weight decay and warm-up: each flag given, else the model's default."""
-        defaults = MODEL_DEFAULTS[self.model_name]
+        defaults = optimizer_defaults(self.model_name)
         given = {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
                  "warmup_steps": self.warmup_steps}
         return dataclasses.replace(defaults, **{key: value for key, value in given.items() if value is not None})
+
+    @property
+    def gpt_shape(self) -> GptShape:
+        """--model gpt's layers, heads, width and context: --gpt-size's, with each flag given in their place."""
+        given = {"layers": self.gpt_layers, "heads": self.gpt_heads, "width": self.gpt_width, "context": self.context}
+        return dataclasses.replace(GPT_SIZES[self.gpt_size], **{k: v for k, v in given.items() if v is not None})
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """What the model takes per sample: (channels, height, width) of images, or (context,) tokens; a UserError
+        if it cannot take the data set's."""
+        return check_model(self.model_name, self.dataset, DATASET_SHAPES.get(self.dataset), self.gpt_shape)
+
+    def make_model(self):
+        """The model this job trains (on the current default device)."""
+        return build_model(self.model_name, self.dropout, self.input_shape, self.gpt_shape)
 
     @property
     def timeline_window(self) -> tuple[int, int] | None:
@@ -247,12 +278,18 @@ class TrainConfig:
             self.timeline_window  # noqa: B018 - parses --timeline-steps
         except ValueError as error:
             raise UserError(f"{error}.") from None
-        shape = DATASET_SHAPES.get(self.dataset, INPUT_SHAPES[self.model_name])
-        if INPUT_SHAPES[self.model_name] != shape:
-            default = DATASET_DEFAULT_MODEL[self.dataset]
-            raise UserError(f"--model {self.model_name} takes images of {INPUT_SHAPES[self.model_name]} (channels, "
-                            f"height, width) and {self.dataset}'s are {shape}. Use --model {default} (the default "
-                            f"for {self.dataset}), or --dataset synthetic, whose images take the model's shape.")
+        for flag, value in {"--gpt-layers": self.gpt_layers, "--gpt-heads": self.gpt_heads,
+                            "--gpt-width": self.gpt_width, "--context": self.context}.items():
+            if value is not None and value <= 0:
+                raise UserError(f"{flag} must be positive, got {value}.")
+        gpt_shape = self.gpt_shape
+        if gpt_shape.width % gpt_shape.heads:
+            raise UserError(f"--gpt-width {gpt_shape.width} must split evenly across --gpt-heads {gpt_shape.heads}. "
+                            f"Use a width that is a multiple of {gpt_shape.heads}, or other heads.")
+        shape = self.input_shape  # resolves the model (importing a user's) and refuses one the data cannot feed
+        if len(shape) == 1 and self.loader == "dataloader":
+            raise UserError(f"--loader dataloader reads images one by one, and --model {self.model_name} trains on "
+                            f"text, which is always held resident (a uint8 tensor of its bytes). Drop --loader.")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}.")
         if self.batch_size % world_size:

@@ -140,9 +140,9 @@ def place(cluster, backend: str, threads: int | None, deterministic: bool = Fals
     return Placement(backend, torch.device(device_name), threads)  # under NCCL, resolve_backend made the device current
 
 
-def meet_shapes(model, input_shape: tuple[int, ...], train_batches, test_batches, device) -> None:
+def meet_shapes(model, input_shape: tuple[int, ...], train_batches, test_batches, device, dtype=None) -> None:
     """Run a copy of `model` once on every batch size training (forward and backward) and scoring (forward) will
-    take, leaving the model and the random streams as they were."""
+    take, leaving the model and the random streams as they were. `dtype`: the inputs' (int64 for tokens)."""
     import copy
 
     import torch
@@ -150,18 +150,18 @@ def meet_shapes(model, input_shape: tuple[int, ...], train_batches, test_batches
     replica = copy.deepcopy(model).train()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for batch in sorted({size for size in train_batches if size > 1}):  # BatchNorm trains on 2 samples or more
-            replica(torch.zeros(batch, *input_shape, device=device)).float().sum().backward()
+            replica(torch.zeros(batch, *input_shape, device=device, dtype=dtype)).float().sum().backward()
         replica.eval()
         with torch.no_grad():
             for batch in sorted({size for size in test_batches if size > 0}):
-                replica(torch.zeros(batch, *input_shape, device=device))
+                replica(torch.zeros(batch, *input_shape, device=device, dtype=dtype))
 
 
-def warm_autotuner(model, input_shape: tuple[int, ...], train_batches, test_batches, device) -> None:
+def warm_autotuner(model, input_shape: tuple[int, ...], train_batches, test_batches, device, dtype=None) -> None:
     """cuDNN autotunes each input shape the first time it meets it: an epoch's smaller last batch cost 2.9 s of
     training time on an H200. Meet them all at setup, before anything is timed (CUDA with cudnn.benchmark only)."""
     import torch
 
     if device.type == "cuda" and torch.backends.cudnn.benchmark:
-        meet_shapes(model, input_shape, train_batches, test_batches, device)
+        meet_shapes(model, input_shape, train_batches, test_batches, device, dtype)
         torch.cuda.synchronize(device)

@@ -44,7 +44,17 @@ class OptimizerDefaults:
 MODEL_DEFAULTS = {
     "vgg11": OptimizerDefaults(lr=0.01, momentum=0.9, weight_decay=5e-4, warmup_steps=20),
     "mnist_cnn": OptimizerDefaults(lr=0.1, momentum=0.9, weight_decay=5e-4, warmup_steps=40),
+    "gpt": OptimizerDefaults(lr=0.1, momentum=0.9, weight_decay=0.0, warmup_steps=50),
 }
+# gpt: not swept yet; 0.1 learned steadily on the tests' small text with no warm-up, where 0.3 oscillated.
+# Any other model (torchvision's, the user's): vgg11's, the measured setting of the deepest built-in convnet. Not
+# tuned for them: pass --lr and friends for a real comparison.
+OTHER_MODELS = MODEL_DEFAULTS["vgg11"]
+
+
+def optimizer_defaults(model: str) -> OptimizerDefaults:
+    """What `model` trains with when the command line does not say."""
+    return MODEL_DEFAULTS.get(model, OTHER_MODELS)
 
 
 def lr_factor(step: int, kind: str, warmup_steps: int, total_steps: int) -> float:

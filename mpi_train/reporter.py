@@ -7,6 +7,7 @@ handed to the reporter. On rank 0 it is a real `Reporter`; on the other ranks it
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
@@ -161,12 +162,23 @@ class Reporter(SilentReporter):
                    f"measured sync {means['sync_time_s']:.3f} s)")
         return {**model.straggler.as_dict(), "cost_s": cost, "predicted_sync_without_s": without}
 
+    @property
+    def language_model(self) -> bool:
+        """A model scored on held-out text: its test loss is a validation loss per byte, with a perplexity."""
+        return bool(self.throughput and self.throughput.tokens_per_sample)
+
+    def scored(self, test_loss: float, test_accuracy: float) -> str:
+        if self.language_model:
+            return (f"validation loss {test_loss:.4f}  perplexity {math.exp(min(test_loss, 50)):.2f}  next-byte "
+                    f"accuracy {100 * test_accuracy:.2f}%")
+        return f"test loss {test_loss:.4f}  accuracy {100 * test_accuracy:.2f}%"
+
     def log_epoch(self, epoch: int, step: int, test_loss: float, test_accuracy: float, epoch_time_s: float) -> None:
         self.epochs.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_accuracy,
-                            "epoch_time_s": epoch_time_s})
+                            "epoch_time_s": epoch_time_s,
+                            **({"perplexity": math.exp(min(test_loss, 50))} if self.language_model else {})})
         self.tracker.log_epoch(epoch, step, test_loss, test_accuracy, epoch_time_s)
-        self.print(f"epoch {epoch} test loss {test_loss:.4f}  accuracy {100 * test_accuracy:.2f}%  "
-                   f"({epoch_time_s:.1f}s)")
+        self.print(f"epoch {epoch} {self.scored(test_loss, test_accuracy)}  ({epoch_time_s:.1f}s)")
 
     def log_eval(self, step: int, test_loss: float, test_accuracy: float, elapsed_s: float, sent_bytes: float,
                  epoch_end: bool = False) -> None:
@@ -176,7 +188,7 @@ class Reporter(SilentReporter):
                                  "elapsed_s": elapsed_s, "sent_mb": sent_bytes / 1e6})
         self.tracker.log_eval(step, test_loss, test_accuracy, elapsed_s, sent_bytes / 1e6)
         if not epoch_end:
-            self.print(f"step {step} test loss {test_loss:.4f}  accuracy {100 * test_accuracy:.2f}%  after "
+            self.print(f"step {step} {self.scored(test_loss, test_accuracy)}  after "
                        f"{elapsed_s:.1f}s of training and {sent_bytes / 1e6:,.1f} MB sent")
 
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: list[dict] | None = None,

@@ -23,14 +23,17 @@ PEAK_FLOPS = (
 )
 
 
-def flops_per_sample(build, input_shape: tuple[int, ...], batch: int = 8) -> float:
-    """Forward and backward FLOPs of one sample through the model `build()` makes, with a cross-entropy loss."""
+def flops_per_sample(build, input_shape: tuple[int, ...], batch: int = 8, tokens: bool = False) -> float:
+    """Forward and backward FLOPs of one sample through the model `build()` makes, with a cross-entropy loss.
+    `tokens`: the sample is a sequence of input_shape[0] tokens with a target at each position (a language model).
+    The counter counts every matmul, attention's included: for a GPT that is the 6N rule plus attention's
+    12 x layers x context x width per token (tests/test_throughput.py checks the two agree)."""
     from torch.utils.flop_counter import FlopCounterMode  # here, not at the top: only a job's setup counts
 
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = build()
-        images = torch.zeros(batch, *input_shape)
-        labels = torch.zeros(batch, dtype=torch.int64)
+        images = torch.zeros(batch, *input_shape, dtype=torch.int64 if tokens else None)
+        labels = torch.zeros(batch * (input_shape[0] if tokens else 1), dtype=torch.int64)
     with FlopCounterMode(display=False) as counter:
         F.cross_entropy(model(images), labels).backward()
     return counter.get_total_flops() / batch
@@ -65,12 +68,14 @@ class Throughput:
     device_name: str
     dtype: str
     peak_flops: float | None
+    tokens_per_sample: int = 0  # a language model's context (a sample is a sequence); 0: images
 
     @classmethod
-    def of(cls, build, input_shape: tuple[int, ...], device: torch.device) -> Throughput:
+    def of(cls, build, input_shape: tuple[int, ...], device: torch.device, tokens: bool = False) -> Throughput:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         dtype = compute_dtype(device)
-        return cls(flops_per_sample(build, input_shape), name, dtype, peak_flops(name, dtype))
+        return cls(flops_per_sample(build, input_shape, tokens=tokens), name, dtype, peak_flops(name, dtype),
+                   input_shape[0] if tokens else 0)
 
     def figures(self, times: dict, global_batch: int, world_size: int) -> dict:
         """A step's (or a run's mean) throughput from its phase times (means over ranks)."""
@@ -78,14 +83,18 @@ class Throughput:
         per_rank = global_batch / world_size / step_s if step_s else 0.0
         achieved = per_rank * self.flops_per_sample
         return {"samples_per_s_per_rank": per_rank, "data_share": times["data_time_s"] / step_s if step_s else 0.0,
+                **({"tokens_per_s_per_rank": per_rank * self.tokens_per_sample} if self.tokens_per_sample else {}),
                 "flops_per_s": achieved, **({"mfu": achieved / self.peak_flops} if self.peak_flops else {})}
 
     def describe(self, figures: dict) -> str:
         """The console's words for `figures`: per rank, FLOP/s and MFU where known."""
-        return (f"{figures['samples_per_s_per_rank']:,.0f}/rank, data {100 * figures['data_share']:.0f}%, "
+        rate = (f"{figures['tokens_per_s_per_rank']:,.0f} tokens/s/rank" if "tokens_per_s_per_rank" in figures
+                else f"{figures['samples_per_s_per_rank']:,.0f}/rank")
+        return (f"{rate}, data {100 * figures['data_share']:.0f}%, "
                 f"{flops(figures['flops_per_s'])}/rank"
                 + (f", MFU {100 * figures['mfu']:.1f}%" if "mfu" in figures else ""))
 
     def as_dict(self) -> dict:
         return {"flops_per_sample": self.flops_per_sample, "device_name": self.device_name, "dtype": self.dtype,
-                "peak_flops": self.peak_flops}
+                "peak_flops": self.peak_flops,
+                **({"tokens_per_sample": self.tokens_per_sample} if self.tokens_per_sample else {})}

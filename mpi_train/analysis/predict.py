@@ -27,7 +27,7 @@ from pathlib import Path
 from .. import netmodel
 from ..config import TrainConfig
 from ..errors import UserError, format_error
-from ..models import INPUT_SHAPES, MODELS, build_model
+from ..models import INPUT_SHAPES, build_model
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
 
 
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mpi_train predict", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
+    parser.add_argument("--model", choices=tuple(INPUT_SHAPES), default="vgg11",
                         help="model whose gradients are synced (default: vgg11)")
     parser.add_argument("--batch-size", type=int, default=256,
                         help="global batch, split across the ranks (default: 256)")

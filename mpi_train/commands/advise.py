@@ -48,7 +48,7 @@ from ..data import SyntheticImages
 from ..devices import place
 from ..errors import UserError, folder_write_error
 from ..files import write_json_atomically
-from ..models import INPUT_SHAPES, MODELS, build_model
+from ..models import INPUT_SHAPES, build_model
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import PARAMETERS, SYNC_METHODS, backend_error, every_label, split_label
 from ..sync.base import AccuracyCost
@@ -79,7 +79,7 @@ ACCURACY_COST = {
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser = RankAwareParser(prog="python -m mpi_train advise", quiet=quiet, description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
+    parser.add_argument("--model", choices=tuple(INPUT_SHAPES), default="vgg11",
                         help="model the job trains (default: vgg11; the job's --dataset synthetic or mnist trains "
                              "mnist_cnn)")
     parser.add_argument("--batch-size", type=int, default=256,

@@ -70,7 +70,7 @@ from ..data import SyntheticImages
 from ..devices import place
 from ..errors import UserError
 from ..files import write_json_atomically
-from ..models import INPUT_SHAPES, MODELS, build_model
+from ..models import INPUT_SHAPES, build_model
 from ..netmodel.families import bus_bandwidth, family_of
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, parse_labels, split_label
@@ -135,7 +135,7 @@ class BackwardClock:
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser = RankAwareParser(prog="python -m mpi_train bench", quiet=quiet, description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=tuple(MODELS), default="vgg11",
+    parser.add_argument("--model", choices=tuple(INPUT_SHAPES), default="vgg11",
                         help="model whose gradients are synced (default: vgg11)")
     parser.add_argument("--batch-size", type=int, default=256,
                         help="global batch of synthetic images shaped for the model, split across ranks (default: 256)")

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from ..cluster import Cluster
 from ..config import TrainConfig
 from ..errors import UserError
-from . import cache
+from . import cache, text
 from .resident import ResidentSplit, ResidentTestLoader, ResidentTrainLoader
 from .sampler import ResumableSampler
 from .sets import CIFAR10_MEAN, CIFAR10_STD, MNIST_MEAN, MNIST_STD, SyntheticImages
@@ -112,6 +112,20 @@ def workers(config: TrainConfig, device: torch.device, threads: int) -> int:
     return min(MAX_WORKERS, threads) if device.type == "cuda" else 0
 
 
+def text_loaders(train: text.TextSplit, test: text.TextSplit, config: TrainConfig, cluster: Cluster,
+                 device: torch.device) -> Loaders:
+    """Random windows for training, the validation split's consecutive windows for scoring (text.py)."""
+    info, context = cluster.info, config.gpt_shape.context
+    micro_batch = config.micro_batch(info.world_size)
+    steps = max(1, len(train) // (config.batch_size * context))  # an epoch: the training bytes once, in expectation
+    loader = text.TextTrainLoader(train, device, context, micro_batch, steps * config.accumulate, config.seed,
+                                  info.rank)
+    test_batch = config.per_rank(info.world_size)
+    scored = text.TextTestLoader(test, device, context, test_batch, info.rank, info.world_size)
+    sizes = ({micro_batch}, {len(scored.starts) % test_batch or test_batch, test_batch} - {0})
+    return Loaders(loader, loader.sampler, scored, "resident", sizes, loader.nbytes + scored.nbytes)
+
+
 def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cluster, device: torch.device,
                  threads: int = 1) -> Loaders:
     """Non-overlapping shards: a seeded sampler for training, a strided slice for testing; on the path `choose`
@@ -123,6 +137,8 @@ def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cl
     shard = range(info.rank, len(test), info.world_size)
     sizes = tuple({batch, samples % batch or batch} for samples, batch in ((len(sampler), micro_batch),
                                                                            (len(shard), test_batch)))
+    if isinstance(train, text.TextSplit):  # bytes: always resident, a uint8 tensor per split
+        return text_loaders(train, test, config, cluster, device)
     path = choose(config, (train, test), device)
     if cluster.allgather(path) != [path] * info.world_size:  # auto may see different free memory on each rank
         path = "dataloader"

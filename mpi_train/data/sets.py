@@ -16,7 +16,8 @@ from torch.utils.data import Dataset
 from ..cluster import Cluster
 from ..config import TrainConfig
 from ..errors import UserError
-from ..models import INPUT_SHAPES
+from ..models import TOKENS, resolve
+from . import text
 
 NUM_CLASSES = 10
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -132,10 +133,28 @@ def _present(name: str, root: Path) -> bool:
     return (root / "MNIST" / "raw").is_dir()
 
 
+def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, text.TextSplit]:
+    """(train, validation) bytes of --data-dir, or of synthetic words; every rank reads its own copy. Collective."""
+    context = config.gpt_shape.context
+    if config.dataset == "synthetic":
+        return text.splits(text.synthetic_text(config.synthetic_size * context), context, "synthetic text")
+    root, outcome, splits = Path(config.data_dir), None, None
+    try:
+        splits = text.splits(text.read_bytes(root), context, str(root))
+    except UserError as error:
+        outcome = str(error)
+    except OSError as error:
+        outcome = _unreadable(root, error)
+    cluster.agree(outcome, "cannot load text")
+    return splits
+
+
 def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]:
     """(train, test) for config.dataset; downloads once per host if absent. Collective."""
+    if resolve(config.model_name).takes == TOKENS:  # text, or synthetic words
+        return load_text(config, cluster)
     if config.dataset == "synthetic":
-        shape = INPUT_SHAPES[config.model_name]
+        shape = config.input_shape
         test_size = max(1, config.synthetic_size // 4)
         return SyntheticImages(config.synthetic_size, shape, True), SyntheticImages(test_size, shape, False)
 

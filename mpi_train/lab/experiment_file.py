@@ -62,7 +62,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
 
 from ..config import REGISTRIES, TrainConfig
 from ..errors import UserError
-from ..models import MODELS
+from ..models import INPUT_SHAPES
 from ..netmodel.links import rate_bytes_per_s
 from ..sync import COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label, parse_labels
 from .network import NetworkPlan, NetworkSetting
@@ -426,8 +426,8 @@ def parse(text: str, path: Path) -> Sweep:
         for np in [bench.np] if network is None else [setting.slots for setting in bench.settings]:
             if bench.batch_size % np:
                 raise reader.fail(("bench", "batch_size"), f"{bench.batch_size} must split evenly across np {np}.")
-        if bench.model not in MODELS:
-            raise reader.fail(("bench", "model"), f"{bench.model!r} is not one of {', '.join(MODELS)}.")
+        if bench.model not in INPUT_SHAPES:  # the bench measures the built-in image models
+            raise reader.fail(("bench", "model"), f"{bench.model!r} is not one of {', '.join(INPUT_SHAPES)}.")
 
     target = experiment.get("target_accuracy")
     if target is not None and not 0 < target <= 1:

@@ -1,8 +1,6 @@
-"""The models, looked up by name: VGG-11 for CIFAR-10 and the classic MNIST CNN."""
+"""The course's two convnets: VGG-11 for CIFAR-10 and the classic MNIST CNN."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from torch import nn
 
@@ -40,9 +38,4 @@ class MnistCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {"vgg11": vgg11, "mnist_cnn": MnistCNN}
 INPUT_SHAPES = {"vgg11": (3, 32, 32), "mnist_cnn": (1, 28, 28)}  # (channels, height, width) each model expects
-
-
-def build_model(name: str, dropout: float | None = None) -> nn.Module:
-    return MODELS[name](num_classes=10, in_channels=INPUT_SHAPES[name][0], dropout=dropout)

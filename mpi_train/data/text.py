@@ -1,0 +1,147 @@
+"""Text for a language model: the bytes of any UTF-8 text file (or folder of them), or synthetic words, held on
+the rank's device as one uint8 tensor per split; batches are random windows of the context's length.
+
+The vocabulary is the 256 byte values, so there is no tokenizer to download. The first 90% of the bytes train, the
+last 10% validate (as nanoGPT splits its shakespeare-char). Each rank draws its own windows, from a generator seeded
+by (seed, rank, epoch, micro-batch of the epoch), i.e. by (seed, rank, step): a resumed job draws exactly the windows
+the uninterrupted one did. An epoch is as many steps as put the training split's bytes through the model once in
+expectation: train bytes // (global batch x context), at least one.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+
+TRAIN_SHARE = 0.9
+VALIDATION_BYTES = 2**18  # at most this much of the held-out split is scored at each evaluation (the first bytes)
+SYNTHETIC_TEXT_SEED = 4321  # fixed, so synthetic text is the same whatever --seed says
+SYNTHETIC_WORDS, SYNTHETIC_LETTERS = 512, "etaoinshrdlucmfwypvbgkjqxz"
+
+
+class TextSplit:
+    """One split's bytes as a uint8 tensor (on the CPU until the loader moves it to the device)."""
+
+    def __init__(self, data: torch.Tensor, source: str):
+        self.data, self.source = data, source
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def read_bytes(root: Path) -> bytes:
+    """The bytes of `root`, a file, or every file under a folder (in sorted order, hidden ones left out)."""
+    if root.is_file():
+        return root.read_bytes()
+    if not root.is_dir():
+        raise UserError(f"--dataset text reads the text file or folder at --data-dir, and {root} does not exist. "
+                        f"Point --data-dir at a UTF-8 text file or a folder of them, or use --dataset synthetic.")
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
+                                                                           p.relative_to(root).parts))
+    return b"".join(path.read_bytes() for path in files)
+
+
+def synthetic_text(size: int) -> bytes:
+    """`size` bytes of made-up words: a fixed vocabulary of random words drawn at random, so the next byte is
+    predictable inside a word and not across words (a loss that falls, but not to zero)."""
+    draw = np.random.default_rng(SYNTHETIC_TEXT_SEED)
+    letters = np.frombuffer(SYNTHETIC_LETTERS.encode(), dtype=np.uint8)
+    words = [letters[draw.integers(0, len(letters), draw.integers(2, 9))].tobytes() for _ in range(SYNTHETIC_WORDS)]
+    picks = draw.integers(0, SYNTHETIC_WORDS, size // 3 + 1)
+    return b" ".join(words[i] for i in picks)[:size]
+
+
+def splits(data: bytes, context: int, source: str) -> tuple[TextSplit, TextSplit]:
+    """(train, validation): the first 90% and the last 10% of the bytes; each must hold a window and its next byte."""
+    cut = int(TRAIN_SHARE * len(data))
+    train, validation = data[:cut], data[cut:]
+    if len(validation) < context + 1:
+        raise UserError(f"{source} holds {len(data):,} bytes, too few for --context {context}: its last 10% "
+                        f"({len(validation):,} bytes) must hold a window of {context} bytes and the next one, so it "
+                        f"needs at least {round((context + 1) / (1 - TRAIN_SHARE)):,}. Use more text or a "
+                        f"shorter --context.")
+    as_tensor = lambda part: torch.from_numpy(np.frombuffer(part, dtype=np.uint8).copy())
+    return TextSplit(as_tensor(train), source), TextSplit(as_tensor(validation), source)
+
+
+def window_seed(seed: int, rank: int, epoch: int, batch: int) -> int:
+    """A 63-bit seed of its own for each (seed, rank, epoch, micro-batch of the epoch)."""
+    return int(np.random.SeedSequence([seed, rank, epoch, batch]).generate_state(2, dtype=np.uint64)[0] >> 1)
+
+
+def windows(data: torch.Tensor, starts: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The windows of `data` starting at `starts`: tokens (batch, context) and the next bytes, flattened."""
+    where = starts[:, None] + torch.arange(context + 1, device=data.device)
+    chunk = data[where].long()
+    return chunk[:, :-1], chunk[:, 1:].reshape(-1)
+
+
+class WindowSampler:
+    """train.py's sampler for text: the epoch, and where a resumed epoch starts (in samples of the rank)."""
+
+    def __init__(self, samples_per_epoch: int):
+        self.samples_per_epoch, self.epoch, self.skip = samples_per_epoch, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def skip_next(self, samples: int) -> None:
+        self.skip = samples
+
+    def next_pass(self) -> int:
+        start, self.skip = self.skip, 0
+        return start
+
+    def __len__(self) -> int:
+        return self.samples_per_epoch
+
+
+class TextTrainLoader:
+    """The rank's training windows of one epoch: `batches` micro-batches of `batch_size` random windows each."""
+
+    def __init__(self, split: TextSplit, device: torch.device, context: int, batch_size: int, batches: int,
+                 seed: int, rank: int):
+        self.data, self.context, self.batch_size, self.batches = split.data.to(device), context, batch_size, batches
+        self.seed, self.rank = seed, rank
+        self.sampler = WindowSampler(batches * batch_size)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self):
+        first = self.sampler.next_pass() // self.batch_size  # a resumed epoch: the micro-batches already trained on
+        for batch in range(first, self.batches):
+            generator = torch.Generator().manual_seed(window_seed(self.seed, self.rank, self.sampler.epoch, batch))
+            starts = torch.randint(0, len(self.data) - self.context, (self.batch_size,), generator=generator)
+            yield windows(self.data, starts.to(self.data.device), self.context)
+
+
+class TextTestLoader:
+    """The rank's share of the validation split: consecutive windows (each scored by exactly one rank), in order."""
+
+    def __init__(self, split: TextSplit, device: torch.device, context: int, batch_size: int, rank: int,
+                 world_size: int):
+        self.data = split.data[:VALIDATION_BYTES + 1].to(device)
+        self.context, self.batch_size = context, batch_size
+        count = (len(self.data) - 1) // context
+        self.starts = torch.arange(rank, count, world_size, device=device) * context
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.starts) / self.batch_size)
+
+    def __iter__(self):
+        for first in range(0, len(self.starts), self.batch_size):
+            yield windows(self.data, self.starts[first:first + self.batch_size], self.context)

@@ -1,0 +1,198 @@
+"""The models, resolved by name in one place: the built-in ones (vgg11, mnist_cnn, gpt), any torchvision
+classification model by its registry name (resnet18, resnet50, mobilenet_v3_small, ...) and the user's own
+(`my_package.my_module:build`, see user.py for the contract).
+
+A name resolves to a ModelSpec: what the model takes (images or tokens), the image shape it insists on if any, and
+how to build it. `check` builds the model on the meta device (no memory, no compute) and runs a batch of the data
+set's shape through it, so a model that cannot take the data set's images is refused before any work starts.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+from . import user, vision
+from .convnets import INPUT_SHAPES, MnistCNN, vgg11
+from .gpt import GPT_SIZES, VOCAB_SIZE, GptShape, gpt
+
+NUM_CLASSES = 10  # every image data set here has ten classes
+IMAGES, TOKENS = "images", "tokens"  # what a model takes
+DEFAULT_IMAGE_SHAPE = (3, 32, 32)  # what --dataset synthetic makes for a model that takes the data set's shape
+SQUARE_SIZES = (32, 64, 96, 128, 160, 224, 299)  # the sizes tried for a model that cannot take 32x32
+# torchvision's models that cannot take 32x32 images (tests/models/test_registry.py probes this list)
+NEED_LARGER = ("alexnet", "inception_v3", "maxvit_t", "vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32")
+HELP = ("model: a built-in one (vgg11, mnist_cnn, gpt), any torchvision classification model by its registry name "
+        "(resnet18, resnet50, mobilenet_v3_small, ...; 3-channel images, so not MNIST's; "
+        f"{', '.join(NEED_LARGER)} need images larger than 32x32 and take --dataset synthetic at the smallest size "
+        f"they accept), or your own as MODULE:CALLABLE ({user.CONTRACT}) (default: vgg11 for cifar10, gpt for "
+        f"text, mnist_cnn otherwise)")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model name stands for."""
+
+    name: str
+    source: str  # "built-in", "torchvision" or "your own"
+    takes: str  # IMAGES or TOKENS
+    shape: tuple[int, ...] | None  # the images it insists on (the built-in convnets); None: the data set's
+    make: Callable[..., nn.Module]  # (num_classes, input_shape, dropout, gpt) -> the model
+
+
+def _convnet(builder) -> Callable[..., nn.Module]:
+    return lambda num_classes, shape, dropout, gpt_shape: builder(num_classes=num_classes, in_channels=shape[0],
+                                                                   dropout=dropout)
+
+
+BUILT_IN = {
+    "vgg11": ModelSpec("vgg11", "built-in", IMAGES, INPUT_SHAPES["vgg11"], _convnet(vgg11)),
+    "mnist_cnn": ModelSpec("mnist_cnn", "built-in", IMAGES, INPUT_SHAPES["mnist_cnn"], _convnet(MnistCNN)),
+    "gpt": ModelSpec("gpt", "built-in", TOKENS, None, lambda num_classes, shape, dropout, gpt_shape: gpt(gpt_shape,
+                                                                                                         dropout)),
+}
+
+
+def _set_dropout(model: nn.Module, dropout: float | None) -> nn.Module:
+    """--dropout on a model that has no dropout argument: every Dropout layer takes it."""
+    if dropout is not None:
+        for module in model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = dropout
+    return model
+
+
+def _torchvision(name: str) -> ModelSpec:
+    return ModelSpec(name, "torchvision", IMAGES, None, lambda num_classes, shape, dropout, gpt_shape: _set_dropout(
+        vision.build(name, num_classes), dropout))
+
+
+def _users(path: str) -> ModelSpec:
+    user.load(path)  # an import error is the user's to see now, on every rank, before anything waits on others
+    return ModelSpec(path, "your own", IMAGES, None, lambda num_classes, shape, dropout, gpt_shape: _set_dropout(
+        user.build(path, num_classes, shape), dropout))
+
+
+@functools.cache
+def resolve(name: str) -> ModelSpec:
+    """The model `name` stands for; a UserError listing what exists when it is none."""
+    if name in BUILT_IN:
+        return BUILT_IN[name]
+    if user.is_path(name):
+        return _users(name)
+    known = vision.names()
+    if name in known:
+        return _torchvision(name)
+    raise UserError(f"--model {name} is not a model this tool knows. Built in: {', '.join(BUILT_IN)}; torchvision's "
+                    f"classification models: {', '.join(known)}; or your own as MODULE:CALLABLE ({user.CONTRACT}).")
+
+
+def num_classes(spec: ModelSpec) -> int:
+    return VOCAB_SIZE if spec.takes == TOKENS else NUM_CLASSES
+
+
+def example(spec: ModelSpec, shape: tuple[int, ...], batch: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of zeros of the right kind and its labels: images and one label each, or tokens and one target per
+    position (flattened, as the GPT's logits are)."""
+    if spec.takes == TOKENS:
+        return (torch.zeros(batch, *shape, dtype=torch.int64, device=device),
+                torch.zeros(batch * shape[0], dtype=torch.int64, device=device))
+    return torch.zeros(batch, *shape, device=device), torch.zeros(batch, dtype=torch.int64, device=device)
+
+
+def build_model(name: str, dropout: float | None = None, input_shape: tuple[int, ...] | None = None,
+                gpt_shape: GptShape | None = None) -> nn.Module:
+    """The model `name` for images (or tokens) of `input_shape` (default: the model's own, else 3x32x32)."""
+    spec = resolve(name)
+    gpt_shape = gpt_shape or GPT_SIZES["tiny"]
+    shape = input_shape or default_shape(spec, gpt_shape)
+    return spec.make(num_classes(spec), shape, dropout, gpt_shape)
+
+
+def default_shape(spec: ModelSpec, gpt_shape: GptShape) -> tuple[int, ...]:
+    """What --dataset synthetic makes for the model: the images it insists on, (3, 32, 32), or a context of
+    tokens."""
+    if spec.takes == TOKENS:
+        return (gpt_shape.context,)
+    return spec.shape or DEFAULT_IMAGE_SHAPE
+
+
+def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape) -> str | None:
+    """Why the model cannot take a batch of `shape` (None: it can), found by building it on the meta device and
+    running two samples through it. The random streams are left as they were."""
+    inputs, labels = example(spec, shape, 2, device="meta")
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with torch.device("meta"):
+                model = spec.make(num_classes(spec), shape, None, gpt_shape)
+        except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device: probe a real copy (whose
+            # own errors, the user's callable's among them, are raised from here)
+            model = spec.make(num_classes(spec), shape, None, gpt_shape)
+            inputs, labels = example(spec, shape, 2)
+        try:
+            output = model.train()(inputs)
+        except Exception as error:  # noqa: BLE001 - whatever the model's forward raises on this shape
+            text = str(error).strip().splitlines()
+            return f"{type(error).__name__}: {text[0] if text else ''}"
+    expected = (len(labels), num_classes(spec))
+    if not isinstance(output, torch.Tensor) or tuple(output.shape) != expected:
+        got = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        return f"it returned {got} where the loss needs logits of shape {expected}"
+    return None
+
+
+@functools.cache
+def smallest_square(name: str) -> int | None:
+    """The smallest of SQUARE_SIZES whose 3-channel images the model takes (None: none of them)."""
+    spec = resolve(name)
+    return next((size for size in SQUARE_SIZES if _refusal(spec, (3, size, size), GPT_SIZES["tiny"]) is None), None)
+
+
+@functools.cache
+def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape: GptShape) -> tuple[int, ...]:
+    """The input shape the model trains on with `dataset` (whose images are `data_shape`; None: synthetic, made to
+    fit, or text); a UserError saying why and what to do when it cannot take them."""
+    spec = resolve(name)
+    wants_tokens = dataset == "text"
+    if wants_tokens and spec.takes != TOKENS:
+        raise UserError(f"--dataset text is bytes for a language model, and --model {name} takes images. Use --model "
+                        f"gpt (the default for text), or an image data set for {name}.")
+    if spec.takes == TOKENS and data_shape is not None:
+        raise UserError(f"--model {name} is a language model and takes tokens, and {dataset} is images. Use "
+                        f"--dataset text --data-dir PATH (any UTF-8 text file or folder) or --dataset synthetic.")
+    if spec.takes == TOKENS:
+        return (gpt_shape.context,)
+    if spec.shape is not None:  # the built-in convnets: their shape, and the data set's must match it
+        if data_shape is not None and data_shape != spec.shape:
+            raise UserError(f"--model {name} takes images of {spec.shape} (channels, height, width) and {dataset}'s "
+                            f"are {data_shape}. Use the default model for {dataset}, a torchvision model such as "
+                            f"resnet18, or --dataset synthetic, whose images take the model's shape.")
+        return spec.shape
+    if data_shape is None:  # synthetic: 3x32x32, or the smallest square the model takes
+        if _refusal(spec, DEFAULT_IMAGE_SHAPE, gpt_shape) is None:
+            return DEFAULT_IMAGE_SHAPE
+        size = smallest_square(name)
+        if size is None:
+            raise UserError(f"--model {name} takes none of the square images {', '.join(map(str, SQUARE_SIZES))} "
+                            f"pixels wide ({_refusal(spec, DEFAULT_IMAGE_SHAPE, gpt_shape)}).")
+        return (3, size, size)
+    why = _refusal(spec, data_shape, gpt_shape)
+    if why:
+        size = smallest_square(name) if spec.source == "torchvision" else None
+        larger = (f" It takes {size}x{size} images and larger: --dataset synthetic makes images of that size."
+                  if size and size > data_shape[-1] else "")
+        channels = (" torchvision's models take 3-channel images." if data_shape[0] != 3 and spec.source ==
+                    "torchvision" else "")
+        raise UserError(f"--model {name} ({spec.source}) cannot take {dataset}'s images {data_shape} (channels, "
+                        f"height, width): {why}.{larger}{channels} Pick a model that takes them (e.g. resnet18 for "
+                        f"cifar10, mnist_cnn for mnist).")
+    return data_shape
+
+
+__all__ = ["BUILT_IN", "GPT_SIZES", "HELP", "IMAGES", "INPUT_SHAPES", "TOKENS", "GptShape", "ModelSpec",
+           "build_model", "check", "default_shape", "example", "num_classes", "resolve"]

@@ -1,0 +1,76 @@
+"""Text for the GPT (mpi_train/data/text.py): the 90/10 split, each rank's seeded windows, a resumed epoch's."""
+
+import pytest
+import torch
+
+from mpi_train.data import text
+from mpi_train.errors import UserError
+
+DEVICE = torch.device("cpu")
+
+
+def test_a_file_or_a_folder_is_read_as_bytes(tmp_path):
+    (tmp_path / "b.txt").write_text("second ")
+    (tmp_path / "a.txt").write_text("first, é ")
+    (tmp_path / "deeper").mkdir()
+    (tmp_path / "deeper" / "c.txt").write_text("third")
+    (tmp_path / ".hidden").write_text("left out")
+    assert text.read_bytes(tmp_path) == "first, é second third".encode()
+    assert text.read_bytes(tmp_path / "b.txt") == b"second "
+    with pytest.raises(UserError, match="does not exist"):
+        text.read_bytes(tmp_path / "nowhere")
+
+
+def test_the_first_90_percent_train_and_the_last_10_validate():
+    data = bytes(range(256)) * 4
+    train, validation = text.splits(data, context=16, source="t")
+    assert len(train) == 921 and len(validation) == 1024 - 921
+    assert bytes(train.data.tolist()) + bytes(validation.data.tolist()) == data
+    assert train.data.dtype == torch.uint8
+    with pytest.raises(UserError, match=r"too few for --context 200.*at least 2,010"):
+        text.splits(data, context=200, source="t")
+
+
+def test_a_window_predicts_each_next_byte():
+    data = torch.arange(100, dtype=torch.uint8)
+    tokens, targets = text.windows(data, torch.tensor([0, 50]), context=4)
+    assert tokens.tolist() == [[0, 1, 2, 3], [50, 51, 52, 53]]
+    assert targets.tolist() == [1, 2, 3, 4, 51, 52, 53, 54]  # flattened, as the GPT's logits are
+
+
+def loader(rank: int, batches: int = 5) -> text.TextTrainLoader:
+    data = torch.randint(0, 256, (5000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    split = text.TextSplit(data, "t")
+    return text.TextTrainLoader(split, DEVICE, context=8, batch_size=3, batches=batches, seed=42, rank=rank)
+
+
+def test_windows_are_seeded_by_seed_rank_and_step():
+    first, again, other = (list(loader(rank)) for rank in (0, 0, 1))
+    assert len(first) == 5 and first[0][0].shape == (3, 8) and first[0][1].shape == (24,)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
+    assert not torch.equal(first[0][0], other[0][0])  # each rank its own windows
+    assert not torch.equal(first[0][0], first[1][0])  # each step its own
+    later = loader(0)
+    later.sampler.set_epoch(1)
+    assert not torch.equal(next(iter(later))[0], first[0][0])  # each epoch its own
+
+
+def test_a_resumed_epoch_draws_the_windows_the_uninterrupted_one_did():
+    whole = list(loader(0))
+    resumed = loader(0)
+    resumed.sampler.skip_next(2 * 3)  # two micro-batches of 3 already trained on
+    tail = list(resumed)
+    assert len(tail) == 3 and all(torch.equal(a[0], b[0]) for a, b in zip(tail, whole[2:]))
+
+
+def test_the_validation_windows_are_shared_out_once_each():
+    split = text.TextSplit(torch.arange(90, dtype=torch.uint8), "t")
+    shards = [text.TextTestLoader(split, DEVICE, context=10, batch_size=2, rank=rank, world_size=3)
+              for rank in range(3)]
+    starts = sorted(start for shard in shards for tokens, _ in shard for start in tokens[:, 0].tolist())
+    assert starts == list(range(0, 80, 10))  # (90 - 1) // 10 = 8 windows, each scored by one rank
+
+
+def test_synthetic_text_is_fixed_and_of_the_size_asked():
+    assert text.synthetic_text(1000) == text.synthetic_text(1000)
+    assert len(text.synthetic_text(1000)) == 1000 and b" " in text.synthetic_text(1000)

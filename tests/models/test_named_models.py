@@ -1,0 +1,125 @@
+"""The model registry (mpi_train/models/__init__.py): built-in names, torchvision's, the user's MODULE:CALLABLE,
+and the refusal of a model the data set cannot feed (one process, models built on the meta device)."""
+
+import textwrap
+
+import pytest
+import torch
+
+from mpi_train.config import TrainConfig
+from mpi_train.lr_schedule import MODEL_DEFAULTS, OTHER_MODELS
+from mpi_train.models import BUILT_IN, NEED_LARGER, SQUARE_SIZES, build_model, check, resolve, smallest_square
+from mpi_train.models.gpt import GPT_SIZES
+
+
+def test_built_in_and_torchvision_names_resolve_in_one_place():
+    assert [resolve(name).source for name in BUILT_IN] == ["built-in"] * 3
+    resnet = resolve("resnet18")
+    assert (resnet.source, resnet.takes) == ("torchvision", "images")
+    model = build_model("resnet18")
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_an_unknown_name_lists_what_exists():
+    with pytest.raises(Exception) as error:
+        resolve("resnet19")
+    message = str(error.value)
+    assert "--model resnet19" in message and "vgg11, mnist_cnn, gpt" in message
+    assert "resnet18" in message and "mobilenet_v3_small" in message and "MODULE:CALLABLE" in message
+
+
+def test_the_help_names_the_models_that_need_larger_images():
+    """NEED_LARGER, which --help prints, is what a probe on the meta device finds (and a model outside it takes
+    CIFAR-10's images)."""
+    for name in NEED_LARGER:
+        assert smallest_square(name) not in (None, 32), name
+    assert smallest_square("vit_b_16") == 224 and smallest_square("alexnet") == 64
+    for name in ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "swin_t"):
+        assert smallest_square(name) == SQUARE_SIZES[0], name
+
+
+def test_a_model_the_data_cannot_feed_is_refused_at_validation_with_the_way_out():
+    with pytest.raises(Exception, match=r"alexnet .*cannot take cifar10's images \(3, 32, 32\).*64x64") as error:
+        TrainConfig(model="alexnet").validate(world_size=4)
+    assert type(error.value).__name__ == "UserError"
+    with pytest.raises(Exception, match="3-channel"):
+        TrainConfig(model="resnet18", dataset="mnist").validate(world_size=4)
+    with pytest.raises(Exception, match="takes images of"):
+        TrainConfig(model="vgg11", dataset="mnist").validate(world_size=4)
+    with pytest.raises(Exception, match="--model gpt"):
+        TrainConfig(model="vgg11", dataset="text").validate(world_size=4)
+    with pytest.raises(Exception, match="language model"):
+        TrainConfig(model="gpt", dataset="cifar10").validate(world_size=4)
+
+
+def test_synthetic_images_take_the_size_the_model_takes():
+    assert TrainConfig(model="resnet18", dataset="synthetic").input_shape == (3, 32, 32)
+    assert TrainConfig(model="alexnet", dataset="synthetic").input_shape == (3, 64, 64)
+    assert TrainConfig(model="mnist_cnn", dataset="synthetic").input_shape == (1, 28, 28)
+    assert TrainConfig(model="gpt", dataset="synthetic", context=32).input_shape == (32,)
+
+
+def test_a_model_without_measured_defaults_trains_with_the_general_ones():
+    assert TrainConfig(model="resnet50").optimizer == OTHER_MODELS
+    assert TrainConfig(model="gpt", dataset="text").optimizer == MODEL_DEFAULTS["gpt"]
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """A package of the user's own on sys.path, with a good builder and bad ones."""
+    (tmp_path / "my_models.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def build(num_classes, input_shape):
+            channels, height, width = input_shape
+            return nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, num_classes))
+
+        def not_a_module(num_classes, input_shape):
+            return [nn.Linear(3, num_classes)]
+
+        def raises(num_classes, input_shape):
+            raise RuntimeError("no such layer")
+
+        NOT_CALLABLE = 3
+    """))
+    (tmp_path / "broken_models.py").write_text("import torch\nraise ImportError('needs timm')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    resolve.cache_clear()
+    check.cache_clear()
+
+
+def test_a_users_callable_builds_for_the_data_sets_classes_and_images(user_module):
+    config = TrainConfig(model="my_models:build", dataset="cifar10", dropout=None)
+    config.validate(world_size=2)
+    model = config.make_model()
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    assert resolve("my_models:build").source == "your own"
+
+
+@pytest.mark.parametrize("path,words", [
+    ("no_such_package.models:build", "importing no_such_package.models failed (ModuleNotFoundError"),
+    ("broken_models:build", "importing broken_models failed (ImportError: needs timm)"),
+    ("my_models:missing", "my_models has no attribute missing"),
+    ("my_models:NOT_CALLABLE", "NOT_CALLABLE is a int, not a callable"),
+    ("my_models:not_a_module", "returned builtins.list, not a torch.nn.Module"),
+    ("my_models:raises", "raised RuntimeError: no such layer"),
+    ("my_models:", "is not MODULE:CALLABLE"),
+])
+def test_a_users_callable_that_fails_is_one_paragraph_naming_the_path(user_module, path, words):
+    with pytest.raises(Exception) as error:
+        TrainConfig(model=path).validate(world_size=2)
+    message = str(error.value)
+    assert type(error.value).__name__ == "UserError"
+    assert words in message and "build(num_classes, input_shape)" in message and "\n" not in message
+    assert path.partition(":")[0] in message
+
+
+def test_gpt_sizes_and_overrides_come_from_the_flags():
+    config = TrainConfig(model="gpt", dataset="synthetic", gpt_size="small", gpt_layers=2, context=64)
+    assert config.gpt_shape == GPT_SIZES["small"].__class__(layers=2, heads=6, width=384, context=64)
+    with pytest.raises(Exception, match="--gpt-width 100 must split evenly across --gpt-heads 6"):
+        TrainConfig(model="gpt", dataset="synthetic", gpt_size="small", gpt_width=100).validate(world_size=1)
+    with pytest.raises(Exception, match="always held resident"):
+        TrainConfig(model="gpt", dataset="synthetic", loader="dataloader").validate(world_size=1)
