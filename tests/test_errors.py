@@ -72,11 +72,20 @@ def test_unknown_sync_method_lists_the_choices(quick_args):
     assert "gather_scatter" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("flag, value", [("--backend", "mpi"), ("--dataset", "imagenet"), ("--model", "resnet9000")])
+@pytest.mark.parametrize("flag, value", [("--backend", "mpi"), ("--dataset", "imagenet")])
 def test_unknown_names_list_the_choices(flag, value):
     result = mpirun(2, ["--dataset", "synthetic", "--no-tracking", flag, value])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count(f"argument {flag}: invalid choice: '{value}' (choose from") == 1
+
+
+def test_an_unknown_model_lists_the_three_ways_to_name_one():
+    # --model is resolved by the model registry (torchvision's names and MODULE:CALLABLE too), not by argparse
+    result = mpirun(2, ["--dataset", "synthetic", "--no-tracking", "--model", "resnet9000"])
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert message.count("--model resnet9000 is not a model this tool knows") == 1
+    assert "vgg11" in message and "resnet18" in message and "MODULE:CALLABLE" in message
 
 
 @pytest.mark.parametrize("flag, value", [("--max-steps", "0"), ("--lr", "-0.1"), ("--epochs", "-1")])
