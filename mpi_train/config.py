@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .environments import LAUNCHERS  # the --launcher names, one per cluster environment
 from .errors import UserError
 from .lr_schedule import LR_SCHEDULES, OptimizerDefaults, optimizer_defaults
-from .models import GPT_SIZES, GptShape, build_model
+from .models import GPT_SIZES, TOKENS, GptShape, build_model, resolve
 from .models import HELP as MODEL_HELP
 from .models import check as check_model
 from .netmodel.links import rate_bytes_per_s
@@ -204,6 +204,11 @@ class TrainConfig:
         """What the model takes per sample: (channels, height, width) of images, or (context,) tokens; a UserError
         if it cannot take the data set's."""
         return check_model(self.model_name, self.dataset, DATASET_SHAPES.get(self.dataset), self.gpt_shape)
+
+    @property
+    def language_model(self) -> bool:
+        """The model takes tokens (gpt), not images."""
+        return resolve(self.model_name).takes == TOKENS
 
     def make_model(self):
         """The model this job trains (on the current default device)."""

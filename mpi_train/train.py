@@ -25,7 +25,6 @@ from .devices import place, warm_autotuner
 from .errors import UserError
 from .failpoints import injected, slowed
 from .lr_schedule import LearningRate
-from .models import TOKENS, resolve
 from .netmodel import JobModel, bytes_sent_per_sync, job_model, layout_params
 from .preemption import REQUEUE_EXIT, Preemption
 from .randomness import seed_rank_streams
@@ -180,8 +179,8 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     seed_everything(config.seed)
     model = config.make_model().to(device)
     check_replicas_agree(cluster, model, "at start")
-    tokens = resolve(config.model_name).takes == TOKENS
-    warm_autotuner(model, config.input_shape, *loaders.batch_sizes, device, torch.int64 if tokens else None)
+    warm_autotuner(model, config.input_shape, *loaders.batch_sizes, device,
+                   torch.int64 if config.language_model else None)
     seed_rank_streams(config.seed, info.rank)  # dropout (and the DataLoader path's augmentation): each rank's own
     method = SYNC_METHODS[config.sync].from_config(config)
     net = method.wrap(model)
@@ -332,7 +331,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
                         name=config.default_run_name(cluster.info.world_size),
                         alignments=job.alignments,
                         throughput=Throughput.of(config.make_model, config.input_shape, job.device,
-                                                 tokens=resolve(config.model_name).takes == TOKENS),
+                                                 tokens=config.language_model),
                         ) if cluster.info.is_main else SilentReporter()
     cluster.liveness.on_stall(reporter.note_stall)  # a host that went silent and came back, when the job spans hosts
     with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)

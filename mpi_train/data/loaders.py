@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..cluster import Cluster
-from ..config import TrainConfig
+from ..config import DATASET_SHAPES, TrainConfig
 from ..errors import UserError
 from . import cache, text
 from .resident import ResidentSplit, ResidentTestLoader, ResidentTrainLoader
@@ -86,7 +86,7 @@ def held_bytes(config: TrainConfig, splits: tuple[Dataset, Dataset]) -> int:
     """What the resident path would hold per rank, before anything is decoded."""
     if config.dataset == "synthetic":
         return sum(split.images.nbytes + split.labels.nbytes for split in splits)
-    channels, height, width = (1, 28, 28) if config.dataset == "mnist" else (3, 32, 32)
+    channels, height, width = DATASET_SHAPES[config.dataset]
     return sum(len(split) * (channels * height * width + 8) for split in splits)
 
 
@@ -131,14 +131,14 @@ def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cl
     """Non-overlapping shards: a seeded sampler for training, a strided slice for testing; on the path `choose`
     takes. The test shard is not padded (DistributedSampler pads by repeating samples), so the accuracy reduced
     over ranks counts each test image exactly once. Collective (the resident path's cache is built per host)."""
+    if isinstance(train, text.TextSplit):  # bytes: always resident, a uint8 tensor per split
+        return text_loaders(train, test, config, cluster, device)
     info = cluster.info
     micro_batch, test_batch = config.micro_batch(info.world_size), max(config.per_rank(info.world_size), 256)
     sampler = ResumableSampler(train, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=config.seed)
     shard = range(info.rank, len(test), info.world_size)
     sizes = tuple({batch, samples % batch or batch} for samples, batch in ((len(sampler), micro_batch),
                                                                            (len(shard), test_batch)))
-    if isinstance(train, text.TextSplit):  # bytes: always resident, a uint8 tensor per split
-        return text_loaders(train, test, config, cluster, device)
     path = choose(config, (train, test), device)
     if cluster.allgather(path) != [path] * info.world_size:  # auto may see different free memory on each rank
         path = "dataloader"

@@ -16,10 +16,9 @@ from torch.utils.data import Dataset
 from ..cluster import Cluster
 from ..config import TrainConfig
 from ..errors import UserError
-from ..models import TOKENS, resolve
+from ..models import NUM_CLASSES
 from . import text
 
-NUM_CLASSES = 10
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 DOWNLOAD_TIMEOUT_S = 30
@@ -151,7 +150,7 @@ def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, te
 
 def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]:
     """(train, test) for config.dataset; downloads once per host if absent. Collective."""
-    if resolve(config.model_name).takes == TOKENS:  # text, or synthetic words
+    if config.language_model:  # text, or synthetic words
         return load_text(config, cluster)
     if config.dataset == "synthetic":
         shape = config.input_shape
