@@ -22,6 +22,11 @@ DURING_BACKWARD = "during backward"  # from our own hooks while backward runs; s
 INSIDE_DDP = "inside DDP"  # torch's DistributedDataParallel and its comm hooks; sync() has nothing left to do
 AFTER_STEP = "after the optimizer step"  # model averaging: parameters, every few steps, in after_step()
 GRADIENTS, PARAMETERS = "gradients", "parameters"  # what a method averages (`averages`)
+# what a method keeps only 1/N of on each rank (`shards`), ZeRO's stages 0-3: the memory per rank it buys
+REPLICATED = "nothing"  # every rank holds whole parameters, gradients and optimizer state
+OPTIMIZER_STATE = "optimizer state"  # ZeRO-1
+GRADIENTS_AND_STATE = "gradients and optimizer state"  # ZeRO-2
+EVERYTHING = "parameters, gradients and optimizer state"  # ZeRO-3 (FSDP)
 
 
 def gradients(model: nn.Module) -> list[torch.Tensor]:
@@ -65,7 +70,11 @@ class SyncMethod:
     refused before it starts.
     """
 
-    collective: str | None = None  # its family: a key of netmodel/families.py ("ring", "root", "hierarchical")
+    collective: str | None = None  # its family: a key of netmodel/families.py ("ring", "root", "hierarchical",
+    # "reduce_scatter": gradients reduce-scattered then parameters all-gathered; "layerwise_gather": FSDP's gathers
+    # around each unit's forward and backward; "ring_then_broadcast": DDP's allreduce, then each shard's owner sends
+    # its updated parameters)
+    shards: str = REPLICATED  # what each rank keeps only 1/N of: REPLICATED, OPTIMIZER_STATE, ...
     messages: str = ONE_BUFFER  # PER_TENSOR, ONE_BUFFER or BUCKETS (messages.py)
     sends: str = AFTER_BACKWARD  # AFTER_BACKWARD, DURING_BACKWARD, INSIDE_DDP or AFTER_STEP
     averages: str = GRADIENTS  # GRADIENTS at every step, or PARAMETERS every few steps (averaging.py)
@@ -158,6 +167,12 @@ class SyncMethod:
         """The tensors every rank must hold identically after any step (the replica check compares them): the
         parameters for a method that averages gradients; a model-averaging method's last average."""
         return list(model.parameters())
+
+    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """Tensors this method keeps beyond the model's parameters, their .grad and the optimizer's state (a flat
+        gradient buffer, a shard's copy), by what they are ("parameters", "gradients", "optimizer"): memory per
+        rank counts them."""
+        return {}
 
     def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """The job's optimizer, for a method that must reach its state (local SGD's momentum buffers)."""
