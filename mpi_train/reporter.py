@@ -12,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from . import swimlanes, timeline
+from . import memory, swimlanes, timeline
 from .advice.cache import described
 from .config import JobInfo
 from .files import write_json_atomically
@@ -39,6 +39,7 @@ class SilentReporter:
                timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None,
                weights_sha256: str | None = None) -> None: ...
     def save_weights(self, model) -> None: ...
+    def memory(self, per_rank: list[dict] | None, predicted) -> None: ...
     def note_stall(self, stall) -> None: ...
     def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None: ...
 
@@ -65,6 +66,7 @@ class Reporter(SilentReporter):
         self.timeline: dict = {}  # the recorded window's per-message figures beside the model's, for the summary
         self.evaluations: list[dict] = []  # every test evaluation with the time and bytes it took to get there
         self.throughput = throughput  # the model's FLOPs per sample and the device's peak: FLOP/s and MFU
+        self.held: dict = {}  # memory per rank, measured (memory.py) beside the model's (netmodel/memory.py)
 
     def print(self, line: str) -> None:
         """Console output, also kept by the tracker as the run's console log."""
@@ -191,6 +193,12 @@ class Reporter(SilentReporter):
             self.print(f"step {step} {self.scored(test_loss, test_accuracy)}  after "
                        f"{elapsed_s:.1f}s of training and {sent_bytes / 1e6:,.1f} MB sent")
 
+    def memory(self, per_rank: list[dict] | None, predicted) -> None:
+        """Each rank's held bytes (memory.held_bytes, gathered) and the model's prediction (a MemoryPrediction), for
+        the end line and the summary; the job's figure is the most any rank held."""
+        most = memory.most(per_rank or [])
+        self.held = {"per_rank": per_rank or [], "most": most, "predicted": predicted.as_dict()}
+
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: list[dict] | None = None,
                timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None,
                weights_sha256: str | None = None) -> None:
@@ -204,6 +212,8 @@ class Reporter(SilentReporter):
             f"done in {wall_time_s:.1f}s: mean step {steady['step_time_s']:.3f}s leaving out the first "
             f"{timing_warmup_steps} step(s) ({overall['step_time_s']:.3f}s over all), sync "
             f"{steady['sync_time_s']:.3f}s ({100 * steady['sync_time_s'] / steady['step_time_s']:.1f}% of step)"
+            + (f"; memory per rank (the most any held): {memory.describe(self.held['most'])}, model "
+               f"{memory.megabytes(self.held['predicted']['total_bytes'])}" if self.held.get("most") else "")
         )
         summary = {
             "config": self.config,
@@ -219,6 +229,7 @@ class Reporter(SilentReporter):
             "final_loss": self.steps[-1]["loss"] if self.steps else None,
             **({"throughput": {**self.throughput.as_dict(), **self.speed(steady)}} if self.throughput else {}),
             **({"weights_sha256": weights_sha256} if weights_sha256 else {}),
+            **({"memory": self.held} if self.held else {}),
             "network_stalls": self.stalls,
             **self.split_summary(steady),
             **({"recorder_busy_s": recorder_busy_s} if recorder_busy_s else {}),

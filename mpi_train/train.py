@@ -25,7 +25,9 @@ from .devices import place, warm_autotuner
 from .errors import UserError
 from .failpoints import injected, slowed
 from .lr_schedule import LearningRate
+from .memory import held_bytes
 from .netmodel import JobModel, bytes_sent_per_sync, job_model, layout_params
+from .netmodel.memory import predict_memory
 from .preemption import REQUEUE_EXIT, Preemption
 from .randomness import seed_rank_streams
 from .reporter import PHASES, Reporter, SilentReporter
@@ -402,6 +404,9 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             cluster.liveness.close()  # ranks may now leave at different times: silence is no longer news
             # a job too short to leave any out
             steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals
+            reporter.memory(cluster.gather(held_bytes(job.model, job.optimizer, job.method)),
+                            predict_memory(job.method, job.model, cluster.info.world_size,
+                                           config.optimizer.momentum))
             reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,
                             cluster.gather(steady.means()),
                             config.timing_warmup_steps if after_step.after_warmup.steps else 0,

@@ -21,6 +21,27 @@ For S bytes on N ranks:
   a ring of the H leaders: 2·ceil(log2 R)·(alpha_intra + S·beta_intra) + 2(H-1)·alpha +
   2(H-1)/H·S·beta. On one host, or with one rank per host, it is `ring`.
 
+Three families shard what a rank keeps (sync/base.py's `shards`) and move S in more than one collective,
+each a part of its own (`parts`, priced apart: a report shows the reduce-scatter apart from the
+all-gather). A reduce-scatter or an all-gather of S on a ring moves (N-1)/N·S per rank in N-1 steps:
+(N-1)·alpha + (N-1)/N·S·beta, half a ring allreduce.
+
+- `reduce_scatter` (ZeRO-2, `zero`): each bucket's gradients reduce-scattered as backward fills
+  it, each rank steps its shard, then the updated parameters all-gathered: 2(N-1)/N·S per rank
+  as a ring allreduce moves, floor 2(N-1)/N·S/B, time 2(N-1)·alpha + 2(N-1)/N·S·beta, in two
+  parts: the reduce-scatter goes with the message (during backward), the all-gather after the
+  optimizer step, where nothing hides it.
+- `layerwise_gather` (ZeRO-3, FSDP's `fsdp`): per unit, its parameters all-gathered before its
+  forward, again before its backward (they are freed after forward), and its gradients
+  reduce-scattered in backward: 3(N-1)/N·S per rank, floor 3(N-1)/N·S/B, time
+  3(N-1)·alpha + 3(N-1)/N·S·beta in three parts: the forward's gathers, the backward's gathers
+  and the reduce-scatters (the last two go with the message, during backward).
+- `ring_then_broadcast` (ZeRO-1, `zero_torch`: ZeroRedundancyOptimizer under DDP): DDP's ring
+  allreduce during backward, then after the step each shard's owner broadcasts its updated
+  parameters: (N-1)/N·S more per rank (3(N-1)/N·S in all), floor 3(N-1)/N·S/B. Gloo broadcasts
+  down a binomial tree, so the N broadcasts of S/N cost N·ceil(log2 N)·alpha +
+  ceil(log2 N)·S·beta, after the step.
+
 A straggler host (stragglers.py: one link far slower than the others') is the network's `slow`
 link: a ring, and the host leaders' ring of `hierarchical`, wait for it at every step; through
 rank 0 (`root`) its link carries its own ranks' share (R·S each way), unless it is rank 0's
@@ -36,6 +57,20 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+# when a part of a family's message goes: prediction.py prices each where it falls in the step
+WITH_MESSAGE = "with the message"  # when the method sends it (after backward, or during it as buckets fill)
+IN_FORWARD = "in forward"  # before each unit's forward (FSDP's gathers)
+AFTER_STEP = "after the step"  # once the optimizer has stepped (ZeRO's gathers of the updated parameters)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One collective of a family's message: its name as a report shows it, when it goes, its alpha-beta time."""
+
+    name: str
+    when: str  # WITH_MESSAGE, IN_FORWARD or AFTER_STEP
+    time: Callable[..., float]  # (S, layout, network) -> seconds, for a message of S bytes
+
 
 @dataclass(frozen=True)
 class Family:
@@ -45,7 +80,11 @@ class Family:
     describe: str
     traffic: Callable[..., tuple[float, float]]  # (S, N, rank, hosts=None) -> (bytes sent, bytes received)
     floor: Callable[..., float]  # (S, N, B bytes/s, hosts=None) -> seconds
-    time: Callable[..., float]  # (S, layout, network) -> seconds for one message of S bytes
+    time: Callable[..., float]  # (S, layout, network) -> seconds for one message of S bytes, all its parts
+    parts: tuple[Part, ...] = ()  # its collectives apart (default: one allreduce, with the message)
+
+    def collectives(self) -> tuple[Part, ...]:
+        return self.parts or (Part("allreduce", WITH_MESSAGE, self.time),)
 
 
 def _levels(world: int, hosts: Sequence[str] | None) -> list[str] | None:
@@ -127,6 +166,52 @@ def _hierarchical_time(size: float, layout, network) -> float:
     return inside + 2 * (hosts - 1) * leaders.alpha + 2 * (hosts - 1) / hosts * size * leaders.beta
 
 
+# --- the sharded families: reduce-scatters and all-gathers --------------------------------------
+
+def _half_ring_time(size: float, layout, network) -> float:
+    """One reduce-scatter, or one all-gather, of S bytes on a ring: (N-1)·alpha + (N-1)/N·S·beta."""
+    n = layout.world
+    if n == 1:
+        return 0.0
+    link = network.slowest if layout.hosts > 1 else network.intra
+    return (n - 1) * link.alpha + (n - 1) / n * size * link.beta
+
+
+def _owners_broadcast_time(size: float, layout, network) -> float:
+    """Each of N owners broadcasts its S/N down a binomial tree (Gloo's): N·ceil(log2 N)·alpha + ceil(log2 N)·S·beta."""
+    n = layout.world
+    if n == 1:
+        return 0.0
+    link = network.slowest if layout.hosts > 1 else network.intra
+    levels = math.ceil(math.log2(n))
+    return n * levels * link.alpha + levels * size * link.beta
+
+
+def _times(share: float) -> tuple[Callable[..., tuple[float, float]], Callable[..., float]]:
+    """Traffic and floor of a family that moves `share` x (N-1)/N·S per rank each way, every link busy at once."""
+    def traffic(size: float, world: int, rank: int, hosts: Sequence[str] | None = None) -> tuple[float, float]:
+        moved = share * (world - 1) / world * size
+        return moved, moved
+
+    def floor(size: float, world: int, bandwidth: float, hosts: Sequence[str] | None = None) -> float:
+        return share * (world - 1) / world * size / bandwidth
+
+    return traffic, floor
+
+
+def _sum_of(parts: tuple[Part, ...]) -> Callable[..., float]:
+    return lambda size, layout, network: sum(part.time(size, layout, network) for part in parts)
+
+
+REDUCE_SCATTER_PARTS = (Part("reduce-scatter", WITH_MESSAGE, _half_ring_time),
+                        Part("all-gather", AFTER_STEP, _half_ring_time))
+LAYERWISE_GATHER_PARTS = (Part("all-gather (forward)", IN_FORWARD, _half_ring_time),
+                          Part("all-gather (backward)", WITH_MESSAGE, _half_ring_time),
+                          Part("reduce-scatter", WITH_MESSAGE, _half_ring_time))
+RING_THEN_BROADCAST_PARTS = (Part("allreduce", WITH_MESSAGE, _ring_time),
+                             Part("broadcast", AFTER_STEP, _owners_broadcast_time))
+
+
 FAMILIES: dict[str, Family] = {
     "ring": Family("ring", "2(N-1)/N·S per rank, floor 2(N-1)/N·S/B", _ring_traffic, _ring_floor, _ring_time),
     "root": Family("root", "rank 0 moves 2(N-1)·S, others 2·S, floor 2(N-1)·S/B", _root_traffic, _root_floor,
@@ -134,6 +219,14 @@ FAMILIES: dict[str, Family] = {
     "hierarchical": Family("hierarchical", "host leaders move 2(H-1)/H·S between hosts, the others S each way within "
                            "their host; floor 2(H-1)/H·S/B (one host: ring)", _hierarchical_traffic,
                            _hierarchical_floor, _hierarchical_time),
+    "reduce_scatter": Family("reduce_scatter", "reduce-scatter then all-gather: 2(N-1)/N·S per rank, floor "
+                             "2(N-1)/N·S/B", *_times(2), _sum_of(REDUCE_SCATTER_PARTS), REDUCE_SCATTER_PARTS),
+    "layerwise_gather": Family("layerwise_gather", "all-gather in forward and in backward, reduce-scatter: "
+                               "3(N-1)/N·S per rank, floor 3(N-1)/N·S/B", *_times(3),
+                               _sum_of(LAYERWISE_GATHER_PARTS), LAYERWISE_GATHER_PARTS),
+    "ring_then_broadcast": Family("ring_then_broadcast", "allreduce, then the owners' broadcasts: 3(N-1)/N·S per "
+                                  "rank, floor 3(N-1)/N·S/B", *_times(3), _sum_of(RING_THEN_BROADCAST_PARTS),
+                                  RING_THEN_BROADCAST_PARTS),
 }
 
 

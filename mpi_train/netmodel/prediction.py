@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..sync.messages import message_groups
-from .families import FAMILIES, family_of
+from .families import AFTER_STEP, FAMILIES, IN_FORWARD, WITH_MESSAGE, family_of
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,14 @@ class Prediction:
     comm_s: float  # all its messages, one after the other
     overlapped: bool
     exposed_s: float | None = None  # overlapped methods, given a backward time
+    parts: dict = field(default_factory=dict)  # seconds per step of each of its collectives (families.Part), by name
+
+    def split(self) -> str:
+        """Its collectives apart, for a family of several (`reduce-scatter 12.0 ms + all-gather 12.0 ms`); ""
+        for one."""
+        if len(self.parts) < 2:
+            return ""
+        return " + ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in self.parts.items())
 
     @property
     def sync_s(self) -> float:
@@ -124,19 +132,25 @@ def _wire(method, ratio: float | None) -> float:
 def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network, ratio: float | None = None,
                  backward_s: float = 0.0, backward: Backward = ASSUMED_BACKWARD) -> list[PlannedMessage]:
     """Each message of a step, one after the other: an overlapped method's leaves once backward has produced its
-    last gradient, the others' once backward (`backward_s` long) is over; each takes the family's time for its
-    bytes plus the latency of every further round of sums (PowerSGD: 2 rounds). [] for a method without family."""
+    last gradient, the others' once backward (`backward_s` long) is over; each takes the time of its family's parts
+    that go with the message (families.WITH_MESSAGE: all of a one-collective family) for its bytes, plus the latency
+    of every further round of sums (PowerSGD: 2 rounds). [] for a method without family."""
     family = family_of(method)
     if family is None:
         return []
     ratio, rounds = _wire(method, ratio), method.compressor.rounds_per_step
     groups = message_groups(tensor_bytes, method.messages, method.bucket_caps(), backward.order)
     ready = backward.ready_times(tensor_bytes, backward_s) if method.overlapped() else [backward_s] * len(tensor_bytes)
-    latency = family.time(0.0, layout, network)
+    with_message = [part for part in family.collectives() if part.when == WITH_MESSAGE]
+
+    def sent(size: float) -> float:
+        return sum(part.time(size, layout, network) for part in with_message)
+
+    latency = sent(0.0)
     plan, finish = [], 0.0
     for group in groups:
         size = sum(tensor_bytes[i] for i in group) * ratio
-        seconds = family.time(size, layout, network) + (rounds - 1) * latency
+        seconds = sent(size) + (rounds - 1) * latency
         at = max(ready[i] for i in group)
         start = max(finish, at)
         finish = start + seconds
@@ -157,13 +171,36 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
         return None
     plan = message_plan(method, tensor_bytes, layout, network, ratio, backward_s or 0.0, backward)
     overlapped = method.overlapped()
+    parts = {part.name: sum(part.time(m.nbytes, layout, network) for m in plan) for part in family.collectives()}
+    later = sum(parts[part.name] for part in family.collectives() if part.when == AFTER_STEP)
     exposed = None
     if overlapped and backward_s is not None:
-        exposed = max(0.0, plan[-1].end_s - backward_s) if plan else 0.0
-    comm_s, wire_bytes = sum(m.end_s - m.start_s for m in plan), sum(m.nbytes for m in plan)
+        exposed = (max(0.0, plan[-1].end_s - backward_s) if plan else 0.0) + later
+        forward_s = backward_s / backward.share - backward_s if backward.share else 0.0
+        exposed += forward_exposed(family, plan, layout, network, forward_s)
+    comm_s, wire_bytes = sum(m.end_s - m.start_s for m in plan) + sum(
+        parts[part.name] for part in family.collectives() if part.when != WITH_MESSAGE), sum(m.nbytes for m in plan)
     if getattr(method, "period", None):  # a model-averaging method: per step, its averages' share
         comm_s, wire_bytes = averaging_per_step(method, comm_s, wire_bytes, sum(tensor_bytes), layout, network)
-    return Prediction(label or type(method).__name__, family.name, len(plan), wire_bytes, comm_s, overlapped, exposed)
+    if len(parts) == 1:  # one collective: its time is the whole, further rounds of sums and averaging included
+        parts = {name: comm_s for name in parts}
+    return Prediction(label or type(method).__name__, family.name, len(plan), wire_bytes, comm_s, overlapped, exposed,
+                      parts)
+
+
+def forward_exposed(family, plan: list[PlannedMessage], layout: Layout, network, forward_s: float) -> float:
+    """What of a family's gathers in forward (FSDP's) the forward compute does not hide: each unit's gather can run
+    while the unit before computes (prefetch), so the first unit's gather is always paid, and all of them beyond the
+    forward's length; the model takes the larger."""
+    forward = [part for part in family.collectives() if part.when == IN_FORWARD]
+    if not forward or not plan:
+        return 0.0
+
+    def gather(message: PlannedMessage) -> float:
+        return sum(part.time(message.nbytes, layout, network) for part in forward)
+
+    first = next((m for m in plan if 0 in m.tensors), plan[-1])  # the first layer's: forward starts with it
+    return max(gather(first), sum(gather(m) for m in plan) - forward_s)
 
 
 def averaging_per_step(method, comm_s: float, wire_bytes: float, model_bytes: float, layout: Layout,

@@ -13,6 +13,9 @@ prefixes are the questions a user asks of a comparison:
     summary/    how did the run end?    one steady-state mean per phase (SUMMARY_RULE), final loss and accuracy,
                                         wall time, the tracking overhead, a slow host's cost
     rank/       how do the ranks differ? each rank's child run: its own loss and phase times
+    memory/     what does a rank hold?  parameters_bytes, gradients_bytes, optimizer_bytes, total_bytes (and on
+                                        CUDA cuda_peak_bytes), logged once: on each rank's child run its own, on
+                                        the job's run the most any rank held and predicted_total_bytes (the model's)
     sync_cost/  what does a method cost? one child run of a bench per method label
     advice/     which method to run here? one child run of an advice per candidate: predicted and measured step
     network/    stalls of a host's link; sent_mb at each test evaluation (bytes to accuracy)
@@ -75,6 +78,11 @@ SUMMARY_RULE = ("summary/<phase> = the mean over ranks and over the steps after 
 JOB_NOTE = ("A training job: learning/ holds its loss and test accuracy, time/ each logged step's phases (means over "
             "ranks), summary/ how it ended, system/ its hosts; each rank's own figures are on its child run (rank/). "
             f"In summary/, {SUMMARY_RULE}.")
+
+
+def memory_key(name: str) -> str:
+    """Bytes a rank holds, logged once at step 0: `memory/optimizer_bytes` (memory.py's figures)."""
+    return f"memory/{name}"
 
 
 def bench_key(name: str) -> str:

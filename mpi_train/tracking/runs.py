@@ -117,6 +117,10 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
         figures[names.summary_key("recorder_share")] = busy_s / loop_s if loop_s else 0.0
     if summary.get("clock_alignment"):
         figures[names.summary_key("clock_error_s")] = max(rank["error_s"] for rank in summary["clock_alignment"])
+    held = summary.get("memory") or {}
+    figures.update({names.memory_key(key): value for key, value in held.get("most", {}).items()})
+    if held.get("predicted"):
+        figures[names.memory_key("predicted_total_bytes")] = held["predicted"]["total_bytes"]
     if summary.get("slow_host"):
         figures[names.summary_key("slow_host_cost_s")] = summary["slow_host"]["cost_s"]
         figures[names.summary_key("slow_host_link_mb_s")] = summary["slow_host"]["bandwidth"] / 1e6
@@ -401,10 +405,12 @@ class MlflowTracker(NullTracker):
         }, 0))
         steady = summary.get("per_rank_mean_times_after_warmup") or summary["per_rank_mean_times"]
         split = summary.get("sync_split_after_warmup", {}).get("per_rank") or [{} for _ in steady]
-        for rank, (rank_means, rank_split) in enumerate(zip(steady, split)):
+        held = summary.get("memory", {}).get("per_rank") or [{} for _ in steady]
+        for rank, (rank_means, rank_split, rank_held) in enumerate(zip(steady, split, held)):
             figures = {**rank_means, **rank_split}
             self._put(self.child_ids[rank],
-                      self._metrics({names.rank_summary_key(key): value for key, value in figures.items()}, 0))
+                      self._metrics({**{names.rank_summary_key(key): value for key, value in figures.items()},
+                                     **{names.memory_key(key): value for key, value in rank_held.items()}}, 0))
         self.client.log_dict(self.parent_id, summary, "summary.json")
 
     def requeue(self, reason: str) -> None:

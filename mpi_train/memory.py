@@ -1,0 +1,96 @@
+"""Memory per rank, measured: the bytes a rank holds for parameters, gradients and optimizer state, from its tensors.
+
+A sharded method (ZeRO, FSDP) buys memory with communication; this is the memory side of that
+trade, counted the same way for every method and device. Each tensor is counted by the storage
+it lives in, once: the views a flat buffer hands out as gradients (flat, bucketed) count as the
+buffer, a DTensor (FSDP) as its local shard's storage (padding included). What is counted:
+
+    parameters   model.parameters(), and what the method holds of that kind (held_tensors())
+    gradients    their .grad, and the method's gradient buffers
+    optimizer    every tensor in the optimizer's state (for a wrapper that keeps a local optimizer
+                 of its own shard, as ZeroRedundancyOptimizer's `optim`, that one's), and the method's
+
+Buffers of torch's own that no public API reaches (DistributedDataParallel's gradient buckets,
+autograd's activations) are not counted: on CUDA the peak allocated (torch.cuda.max_memory_allocated)
+shows them. A tensor counted under one kind is not counted again under another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+KINDS = ("parameters", "gradients", "optimizer")  # what a rank holds, in the order a report lists them
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of `tensor` this rank holds: a DTensor's local shard, else the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def optimizer_tensors(optimizer) -> list[torch.Tensor]:
+    """Every tensor in the optimizer's state, and in the state of a local optimizer it wraps (`optim`)."""
+    found = []
+    for holder in (optimizer, getattr(optimizer, "optim", None)):
+        if holder is None or not hasattr(holder, "state"):
+            continue
+        for state in holder.state.values():
+            found.extend(value for value in state.values() if isinstance(value, torch.Tensor))
+    return found
+
+
+class StorageCount:
+    """Bytes of distinct storages: a storage seen once is not counted again, whatever views reach it."""
+
+    def __init__(self):
+        self.seen: set[tuple] = set()
+
+    def add(self, tensors: Iterable[torch.Tensor]) -> int:
+        total = 0
+        for tensor in tensors:
+            tensor = local(tensor)
+            if tensor.device.type == "meta":
+                continue
+            storage = tensor.untyped_storage()
+            key = (str(tensor.device), storage.data_ptr())
+            if storage.nbytes() == 0 or key in self.seen:
+                continue
+            self.seen.add(key)
+            total += storage.nbytes()
+        return total
+
+
+def held_bytes(model: nn.Module, optimizer, method=None) -> dict[str, int]:
+    """Bytes this rank holds by kind (KINDS) and in all (`total_bytes`): keys `parameters_bytes`, ...; on CUDA also
+    `cuda_peak_bytes`, the most allocated at once since the job began."""
+    extra = method.held_tensors() if method is not None else {}
+    params = list(model.parameters())
+    tensors = {"parameters": params,
+               "gradients": [p.grad for p in params if p.grad is not None],
+               "optimizer": optimizer_tensors(optimizer)}
+    counted = StorageCount()
+    figures = {f"{kind}_bytes": counted.add([*tensors[kind], *extra.get(kind, [])]) for kind in KINDS}
+    figures["total_bytes"] = sum(figures.values())
+    device = params[0].device if params else torch.device("cpu")
+    if device.type == "cuda":
+        figures["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+    return figures
+
+
+def most(per_rank: list[dict]) -> dict[str, int]:
+    """The most any rank held, figure by figure (what a device must have room for)."""
+    return {key: max(rank[key] for rank in per_rank) for key in per_rank[0]} if per_rank else {}
+
+
+def megabytes(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
+
+
+def describe(figures: dict) -> str:
+    """The console's words: `parameters 35.2 MiB, gradients 35.2 MiB, optimizer 35.2 MiB (total 105.5 MiB)`."""
+    kinds = ", ".join(f"{kind} {megabytes(figures[f'{kind}_bytes'])}" for kind in KINDS)
+    peak = f", CUDA peak {megabytes(figures['cuda_peak_bytes'])}" if "cuda_peak_bytes" in figures else ""
+    return f"{kinds} (total {megabytes(figures['total_bytes'])}{peak})"
