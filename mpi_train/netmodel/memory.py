@@ -14,7 +14,8 @@ U is the largest unit's parameters, gathered whole around its forward and backwa
 form a unit is the method's choice; the model takes each module that holds parameters of its own
 (a convolution, a linear layer, a norm) as a unit, so U is the largest such module's bytes: the
 smallest a unit can be, and the peak's lower bound when a method wraps bigger blocks. Shards of
-ZeRO-3 are per tensor (FSDP2 pads each to a multiple of N); the others' per bucket.
+ZeRO-3 are per tensor, by rows (FSDP2 shards dim 0, padded to a multiple of N rows); the others'
+per bucket, by elements.
 This is what a rank holds between steps, the measured figures' counterpart (mpi_train/memory.py),
 except U, which exists only while a unit computes.
 """
@@ -81,8 +82,9 @@ def predict_memory(method, model: nn.Module, world: int, momentum: float) -> Mem
             "gradients": sum(p.numel() * p.element_size() for p in trainable)}
     full["optimizer"] = optimizer_slots(momentum) * full["gradients"]
     sharded = SHARDED[getattr(method, "shards", REPLICATED)]
-    if getattr(method, "shards", REPLICATED) == EVERYTHING:  # per tensor
-        groups = [[p.numel()] for p in trainable]
+    if getattr(method, "shards", REPLICATED) == EVERYTHING:  # per tensor, by rows (FSDP2's Shard(0), padded)
+        groups = [[math.ceil(p.shape[0] / world) * world * (p.numel() // p.shape[0]) if p.dim() else world]
+                  for p in trainable]
     elif getattr(method, "messages", None) == BUCKETS:  # per bucket, as the method cuts them
         sizes = [p.numel() * p.element_size() for p in trainable]
         caps = method.bucket_caps() if not isinstance(method, type) else None

@@ -58,3 +58,32 @@ def test_an_unknown_family_is_refused_with_where_to_look():
     with pytest.raises(ValueError, match="Misnamed.collective = 'tree'.*families.py"):
         family_of(Misnamed)
     assert family_of(SyncMethod) is None
+
+
+def test_the_sharded_families_move_two_or_three_halves_of_a_ring():
+    rs, layerwise, broadcast = (FAMILIES[name] for name in ("reduce_scatter", "layerwise_gather",
+                                                             "ring_then_broadcast"))
+    assert rs.traffic(8 * MB, 4, 1) == (12 * MB, 12 * MB)  # reduce-scatter 6 MB + all-gather 6 MB: a ring's bytes
+    assert layerwise.traffic(8 * MB, 4, 0) == (18 * MB, 18 * MB)  # 3(N-1)/N·S
+    assert broadcast.traffic(8 * MB, 4, 3) == (18 * MB, 18 * MB)  # allreduce 12 MB, then the owners' 6 MB
+    assert rs.floor(8 * MB, 4, 1e9) == pytest.approx(0.012)
+    assert layerwise.floor(8 * MB, 4, 1e9) == pytest.approx(0.018) == broadcast.floor(8 * MB, 4, 1e9)
+
+
+def test_the_sharded_families_price_each_collective_apart():
+    # N=4 on 2 hosts: one reduce-scatter or all-gather of 8 MB = 3 alpha + 3/4 S beta on the inter-host link
+    half = 3 * 100e-6 + 6 * MB / 125e6
+    rs = FAMILIES["reduce_scatter"]
+    assert [(p.name, p.when) for p in rs.collectives()] == [("reduce-scatter", "with the message"),
+                                                             ("all-gather", "after the step")]
+    assert [p.time(8 * MB, Layout(4, 2), NET) for p in rs.collectives()] == pytest.approx([half, half])
+    assert rs.time(8 * MB, Layout(4, 2), NET) == pytest.approx(FAMILIES["ring"].time(8 * MB, Layout(4, 2), NET))
+    layerwise = FAMILIES["layerwise_gather"]
+    assert [p.when for p in layerwise.collectives()] == ["in forward", "with the message", "with the message"]
+    assert layerwise.time(8 * MB, Layout(4, 2), NET) == pytest.approx(3 * half)
+    # allreduce (6 alpha + 12 MB beta), then 4 broadcasts of 2 MB down a binomial tree: 4·2 alpha + 2·8 MB beta
+    then = FAMILIES["ring_then_broadcast"]
+    assert then.time(8 * MB, Layout(4, 2), NET) == pytest.approx(600e-6 + 12 * MB / 125e6 + 800e-6 + 16 * MB / 125e6)
+    assert all(family.time(8 * MB, Layout(1, 1), NET) == 0 for family in (rs, layerwise, then))
+    # a one-collective family is one allreduce that goes with the message
+    assert [(p.name, p.when) for p in FAMILIES["ring"].collectives()] == [("allreduce", "with the message")]

@@ -106,3 +106,57 @@ def test_a_model_average_every_h_steps_costs_one_hth_of_one_and_two_levels_add_t
     leaders = predict(method("hierarchical"), tensors, layout, NET).comm_s
     host = 2 * (2 - 1) * 10e-6 + 2 * (2 - 1) / 2 * 8 * MB / 1e9
     assert two.collective == "hierarchical" and two.comm_s == pytest.approx(leaders / 8 + 3 / 8 * host)
+
+
+class ReduceScatterBuckets(SyncMethod):
+    """ZeRO-2's schedule as the model sees it: buckets reduce-scattered in backward, parameters gathered after."""
+
+    collective = "reduce_scatter"
+    messages = BUCKETS
+    sends = "during backward"
+
+    def bucket_caps(self):
+        return 2 * MB, 2 * MB
+
+
+class LayerwiseGathers(ReduceScatterBuckets):
+    """FSDP's schedule with one tensor per unit."""
+
+    collective = "layerwise_gather"
+
+    def bucket_caps(self):
+        return 1 * MB, 1 * MB
+
+
+def test_reduce_scatter_hides_behind_backward_and_its_gather_does_not():
+    # the bucketed case above, each bucket's 0.5 s allreduce now a 0.25 s reduce-scatter in backward and a 0.25 s
+    # all-gather after the step: the last reduce-scatter outlasts backward by 0.25 s, both gathers are exposed
+    slow = Network(NET.intra, Link(0.0, 1 / 4e6))
+    zero = predict(ReduceScatterBuckets(), [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0)
+    assert zero.parts == pytest.approx({"reduce-scatter": 0.5, "all-gather": 0.5})
+    assert zero.comm_s == pytest.approx(1.0) and zero.exposed_s == pytest.approx(0.25 + 0.5)
+    assert zero.split() == "reduce-scatter 500.0 ms + all-gather 500.0 ms"
+    bucketed = predict(method("bucketed", bucket_mb=2 * MB / 2**20), [1 * MB] * 4, Layout(2, 1), slow,
+                       backward_s=2.0)
+    assert bucketed.comm_s == pytest.approx(zero.comm_s) and bucketed.parts == {"allreduce": bucketed.comm_s}
+    assert bucketed.split() == ""
+
+
+def test_fsdp_gathers_in_forward_hide_behind_the_forward_but_the_first():
+    # 4 tensors of 1 MB at 4 MB/s, np 2: each collective 0.125 s. Backward 2 s (forward 1 s, as backward is 2/3):
+    # forward's four gathers (0.5 s) fit in forward but the first unit's (0.125 s); in backward each tensor's gather
+    # and reduce-scatter (0.25 s) follow its gradient, the last ready at 2 s: 0.25 s outlast backward
+    slow = Network(NET.intra, Link(0.0, 1 / 4e6))
+    fsdp = predict(LayerwiseGathers(), [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0)
+    assert fsdp.parts == pytest.approx({"all-gather (forward)": 0.5, "all-gather (backward)": 0.5,
+                                        "reduce-scatter": 0.5})
+    assert fsdp.comm_s == pytest.approx(1.5) and fsdp.exposed_s == pytest.approx(0.125 + 0.25)
+    # without a backward time nothing is known to hide it: the step pays all of it
+    assert predict(LayerwiseGathers(), [1 * MB] * 4, Layout(2, 1), slow).sync_s == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("name", list(SYNC_METHODS))
+def test_every_methods_collectives_add_up_to_its_communication(name):
+    prediction = predict(method(name), [1 * MB] * 8, Layout(4, 2), NET, backward_s=0.1)
+    assert sum(prediction.parts.values()) == pytest.approx(prediction.comm_s)
+    assert prediction.sync_s <= prediction.comm_s + 1e-12
