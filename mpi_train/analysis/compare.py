@@ -6,7 +6,9 @@ loss against step per job, the mean step split into its phases, and each rank's
 step-time spread. With --log-artifacts the plots and table become a comparison run.
 Every time is the job's `summary/` figure (tracking/names.py), taken once by one rule
 (SUMMARY_RULE: means over ranks and over the steps after the timing warm-up) and shown the
-same in every table; jobs of earlier versions are read under the names they logged.
+same in every table; beside it, memory per rank (`memory/total_bytes`: parameters, gradients and
+optimizer state, the most any rank held), what a sharded method saves for its time. Jobs of
+earlier versions are read under the names they logged (and show no memory).
 
     python -m mpi_train compare --experiment mpi_train --tracking-uri http://127.0.0.1:5000 --out plots
 """
@@ -29,7 +31,8 @@ from . import time_to_accuracy
 from .time_to_accuracy import Evaluation
 
 PLOTTED_PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
-COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "samples/s", "final_loss", "test_acc", "speed-up")
+COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "mem_MiB", "samples/s", "final_loss", "test_acc",
+           "speed-up")  # mem_MiB: memory per rank, the most any rank held (memory/total_bytes)
 
 
 @dataclass
@@ -154,6 +157,7 @@ def table_rows(jobs: list[FinishedJob]) -> list[dict]:
             "run": job.name, "sync": job.sync, "np": job.world_size,
             "step_s": step_s, "sync_s": sync_s,
             "sync_%": 100 * sync_s / step_s if step_s and sync_s is not None else None,
+            "mem_MiB": held / 2**20 if (held := m.get(metric_names.memory_key("total_bytes"))) is not None else None,
             "samples/s": throughput(m),
             "final_loss": metric_names.read(m, metric_names.summary_key("final_loss")) or metric_names.read(
                 m, metric_names.LOSS),

@@ -11,6 +11,11 @@ comes from --compute-per-sample, else from --calibration's no-sync baseline, els
 the model here. Links: between hosts the --link rate with the calibration's (or an assumed)
 latency; within a host the calibration's intra-host link, else an assumed loopback.
 Scaling efficiency = compute / step time: how much of the ideal N-fold speed-up is left.
+
+Beside the time, each method's memory per rank (netmodel/memory.py): the parameters, gradients
+and SGD state (a momentum buffer per parameter, none with --momentum 0) a rank holds, with what the
+method shards divided by N; and its communication by collective, where it runs more than one
+(ZeRO's reduce-scatter and all-gather, FSDP's gathers in forward and in backward).
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import netmodel
 from ..config import TrainConfig
 from ..errors import UserError, format_error
 from ..models import INPUT_SHAPES, build_model
+from ..netmodel.memory import MemoryPrediction, predict_memory
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
 
 
@@ -38,6 +44,8 @@ class Row:
     compute_s: float
     comm_s: float
     exposed_s: float
+    parts: dict = field(default_factory=dict)  # seconds per step of each collective (netmodel Prediction.parts)
+    memory: MemoryPrediction | None = None  # bytes per rank
 
     @property
     def step_s(self) -> float:
@@ -76,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="localsgd and diloco: steps between two averages of the models (default: theirs, 8)")
     parser.add_argument("--host-period", type=int, default=None, metavar="STEPS",
                         help="localsgd and diloco: also average inside each host every this many steps (default: off)")
+    parser.add_argument("--momentum", type=float, default=None,
+                        help="SGD momentum the memory per rank assumes: a buffer per parameter, none at 0 (default: "
+                             "the model's, 0.9)")
     parser.add_argument("--steps-to-accuracy", metavar="METHOD=STEPS,...",
                         help="steps each method took to reach an accuracy (measured on any network: a report's time "
                              "to accuracy): adds each one's predicted time to that accuracy on this cluster")
@@ -172,15 +183,18 @@ def parse_steps(text: str | None, methods: Sequence[str]) -> dict[str, int]:
 
 def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, network: netmodel.Network,
                  compute_s: float, methods: dict[str, SyncMethod], ratios: dict[str, float],
-                 backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD) -> list[Row]:
-    """One row per method that declares a collective family: its step on N ranks, R per host, with this compute."""
+                 backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD, model=None,
+                 momentum: float = 0.9) -> list[Row]:
+    """One row per method that declares a collective family: its step on N ranks, R per host, with this compute;
+    given the model, its memory per rank with SGD of this momentum."""
     layout = netmodel.Layout(ranks, min(ranks_per_host, ranks))
     rows = []
     for name, method in methods.items():
         prediction = netmodel.predict(method, tensor_bytes, layout, network, label=name, ratio=ratios[name],
                                       backward_s=backward.share * compute_s, backward=backward)
         if prediction is not None:
-            rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s))
+            memory = predict_memory(method, model, ranks, momentum) if model is not None else None
+            rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s, prediction.parts, memory))
     return rows
 
 
@@ -189,6 +203,23 @@ def format_single(rows: list[Row]) -> str:
     for row in sorted(rows, key=lambda r: r.step_s):
         lines.append(f"{row.method:<20}{row.compute_s * 1e3:>12.1f}{row.comm_s * 1e3:>12.1f}"
                      f"{row.exposed_s * 1e3:>12.1f}{row.step_s * 1e3:>12.1f}{row.efficiency:>12.2f}")
+    return "\n".join(lines)
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f}"
+
+
+def format_memory(rows: list[Row]) -> str:
+    """Memory per rank and communication by collective, least memory first: what a method buys and what it pays."""
+    lines = [(f"{'method':<20}{'params_MiB':>12}{'grads_MiB':>11}{'optim_MiB':>11}{'total_MiB':>11}  "
+             f"communication per step by collective")]
+    for row in sorted((r for r in rows if r.memory is not None), key=lambda r: (r.memory.total, r.step_s)):
+        held = row.memory
+        params = mib(held.parameters) + (f"+{mib(held.gathered)}" if held.gathered else "")
+        collectives = " + ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in row.parts.items())
+        lines.append(f"{row.method:<20}{params:>12}{mib(held.gradients):>11}{mib(held.optimizer):>11}"
+                     f"{mib(held.total):>11}  {collectives}")
     return "\n".join(lines)
 
 
@@ -211,6 +242,15 @@ def format_scaling(table: dict[int, list[Row]]) -> str:
     for ranks, rows in table.items():
         cells = "".join(f"{f'{r.step_s * 1e3:.0f} ({r.efficiency:.2f})':>{width}}" for r in rows)
         lines.append(f"{ranks:>6}{cells}{min(rows, key=lambda r: r.step_s).method:>{width}}")
+    return "\n".join(lines)
+
+
+def format_memory_scaling(table: dict[int, list[Row]]) -> str:
+    methods = [row.method for row in next(iter(table.values()))]
+    width = max(12, max(len(m) for m in methods) + 2)
+    lines = [f"{'ranks':>6}" + "".join(f"{m:>{width}}" for m in methods)]
+    for ranks, rows in table.items():
+        lines.append(f"{ranks:>6}" + "".join(f"{mib(r.memory.total) if r.memory else '-':>{width}}" for r in rows))
     return "\n".join(lines)
 
 
@@ -245,6 +285,8 @@ def plot_scaling(table: dict[int, list[Row]], title: str, path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> None:
     ranks = parse_ranks(args.ranks)
+    if args.momentum is not None and not 0 <= args.momentum < 1:
+        raise UserError(f"--momentum must be in [0, 1), got {args.momentum}.")
     for flag, value in {"--batch-size": args.batch_size, "--ranks-per-host": args.ranks_per_host,
                         "--bucket-mb": args.bucket_mb, "--per-rank-batch": args.per_rank_batch,
                         "--compute-per-sample": args.compute_per_sample}.items():
@@ -299,8 +341,9 @@ def run(args: argparse.Namespace) -> None:
                  (f"ddp and bucketed send {args.bucket_mb:g} MB buckets during backward (backward = "
                   f"{backward.share:.2f} of compute, {when}); only what outlasts backward is exposed")]:
         print(f"  - {note}")
+    momentum = args.momentum if args.momentum is not None else TrainConfig(model=args.model).optimizer.momentum
     table = {n: predict_rows(tensor_bytes, n, args.ranks_per_host, network, per_sample * per_rank(n), methods, ratios,
-                             backward) for n in ranks}
+                             backward, model, momentum) for n in ranks}
     if len(ranks) == 1:
         rows = table[ranks[0]]
         hosts = netmodel.Layout(ranks[0], min(args.ranks_per_host, ranks[0])).hosts
@@ -309,11 +352,16 @@ def run(args: argparse.Namespace) -> None:
         best = min(rows, key=lambda r: r.step_s)
         print(f"\nwinner: {best.method} ({best.step_s * 1e3:.1f} ms per step, "
               f"scaling efficiency {best.efficiency:.2f})")
+        print(f"\nmemory per rank (SGD momentum {momentum:g}; params +U: one unit gathered at a time, ZeRO-3) and "
+              f"communication by collective, least memory first:")
+        print(format_memory(rows))
         if steps_to_accuracy:
             print("\n" + format_time_to_accuracy(rows, steps_to_accuracy))
         return
     print()
     print(format_scaling(table))
+    print(f"\nmemory per rank, MiB (SGD momentum {momentum:g}):")
+    print(format_memory_scaling(table))
     link = args.link or "calibrated link"
     path = plot_scaling(table, f"{args.model}, {batch}, {args.ranks_per_host} ranks/host, {link}: predicted",
                         Path(args.plot))

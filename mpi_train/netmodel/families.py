@@ -81,10 +81,11 @@ class Family:
     traffic: Callable[..., tuple[float, float]]  # (S, N, rank, hosts=None) -> (bytes sent, bytes received)
     floor: Callable[..., float]  # (S, N, B bytes/s, hosts=None) -> seconds
     time: Callable[..., float]  # (S, layout, network) -> seconds for one message of S bytes, all its parts
-    parts: tuple[Part, ...] = ()  # its collectives apart (default: one allreduce, with the message)
+    parts: tuple[Part, ...] = ()  # its collectives apart (default: one, named `one`, with the message)
+    one: str = "allreduce"  # what a report calls its one collective
 
     def collectives(self) -> tuple[Part, ...]:
-        return self.parts or (Part("allreduce", WITH_MESSAGE, self.time),)
+        return self.parts or (Part(self.one, WITH_MESSAGE, self.time),)
 
 
 def _levels(world: int, hosts: Sequence[str] | None) -> list[str] | None:
@@ -215,10 +216,10 @@ RING_THEN_BROADCAST_PARTS = (Part("allreduce", WITH_MESSAGE, _ring_time),
 FAMILIES: dict[str, Family] = {
     "ring": Family("ring", "2(N-1)/N·S per rank, floor 2(N-1)/N·S/B", _ring_traffic, _ring_floor, _ring_time),
     "root": Family("root", "rank 0 moves 2(N-1)·S, others 2·S, floor 2(N-1)·S/B", _root_traffic, _root_floor,
-                   _root_time),
+                   _root_time, one="gather and scatter"),
     "hierarchical": Family("hierarchical", "host leaders move 2(H-1)/H·S between hosts, the others S each way within "
                            "their host; floor 2(H-1)/H·S/B (one host: ring)", _hierarchical_traffic,
-                           _hierarchical_floor, _hierarchical_time),
+                           _hierarchical_floor, _hierarchical_time, one="two-level allreduce"),
     "reduce_scatter": Family("reduce_scatter", "reduce-scatter then all-gather: 2(N-1)/N·S per rank, floor "
                              "2(N-1)/N·S/B", *_times(2), _sum_of(REDUCE_SCATTER_PARTS), REDUCE_SCATTER_PARTS),
     "layerwise_gather": Family("layerwise_gather", "all-gather in forward and in backward, reduce-scatter: "

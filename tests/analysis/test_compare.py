@@ -16,8 +16,10 @@ def test_table_rows_give_speed_up_against_the_slowest_job():
                                                    "mean_step_time_s": 0.4, "mean_sync_time_s": 0.2, "final_loss": 1.0})
     fast = FinishedJob("b", "fast", "allreduce", 4, {"mean_throughput_samples_per_s": 250.0, "sync_share": 0.2,
                                               "mean_step_time_s": 0.16, "mean_sync_time_s": 0.032, "final_loss": 1.0})
+    fast.metrics["memory/total_bytes"] = 3 * 2**20
     rows = table_rows([slow, fast])
     assert [r["speed-up"] for r in rows] == [1.0, 2.5]
+    assert [r["mem_MiB"] for r in rows] == [None, 3.0]  # a job before memory was measured shows none
     assert rows[0]["sync_%"] == 50.0
     lines = format_table(rows).splitlines()
     assert lines[0].split() == list(COLUMNS) and len(lines) == 4
@@ -51,7 +53,8 @@ def test_compare_prints_the_table_writes_plots_and_logs_a_comparison_run(mlflow_
     assert set(rows) == {"allreduce", "gather_scatter"}
     for sync, cells in rows.items():
         assert cells[2] == "2"  # world size
-        assert cells[7] == f"{tracked_jobs[sync]['final_loss']:.4f}"
+        assert cells[8] == f"{tracked_jobs[sync]['final_loss']:.4f}"
+        assert float(cells[6]) == pytest.approx(tracked_jobs[sync]["memory"]["most"]["total_bytes"] / 2**20, abs=0.05)
     assert min(float(cells[-1]) for cells in rows.values()) == 1.0  # the slowest job is the baseline
     for name in ("loss_vs_step.png", "time_breakdown.png", "rank_step_time_spread.png", "accuracy_vs_time.png"):
         assert (out / name).read_bytes().startswith(PNG)

@@ -11,7 +11,7 @@ from mpi_train.sync import SYNC_METHODS
 def test_one_cluster_prints_each_method_and_the_winner(capsys):
     assert predict.main(["--model", "mnist_cnn", "--batch-size", "256", "--ranks", "64", "--ranks-per-host", "8",
                          "--link", "10gbit", "--compute-per-sample", "0.001"]) == 0
-    out = capsys.readouterr().out
+    out, memory = capsys.readouterr().out.split("\nmemory per rank")
     assert "64 ranks on 8 host(s), per-rank batch 4" in out and "between hosts: alpha 100 us, 1,250 MB/s" in out
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out.splitlines()
             if line.split()[:1] and line.split()[0] in SYNC_METHODS}
@@ -27,21 +27,38 @@ def test_one_cluster_prints_each_method_and_the_winner(capsys):
     assert rows["ddp_powersgd"][1] > rows["ddp"][1] > rows["ddp_powersgd"][1] / 2
     winner = min(rows, key=lambda name: rows[name][3])
     assert f"winner: {winner} " in out
+    # memory per rank: every method here keeps whole parameters, gradients and momentum buffers (the model's 0.9)
+    held = {line.split()[0]: line.split() for line in memory.splitlines()
+            if line.split()[:1] and line.split()[0] in SYNC_METHODS}
+    assert set(held) == set(SYNC_METHODS) and "momentum 0.9" in memory
+    assert [float(x) for x in held["ring"][1:5]] == pytest.approx([size / 2**20] * 3 + [3 * size / 2**20], abs=0.05)
+    assert " ".join(held["ring"][5:]) == f"allreduce {1e3 * ring:.1f} ms"
+    assert " ".join(held["gather_scatter"][5:]).startswith("gather and scatter ")
+
+
+def test_memory_per_rank_leaves_out_the_state_sgd_without_momentum_does_not_keep(capsys):
+    assert predict.main(["--model", "mnist_cnn", "--ranks", "4", "--link", "1gbit", "--compute-per-sample", "0.001",
+                         "--methods", "ddp", "--momentum", "0"]) == 0
+    line = capsys.readouterr().out.split("\nmemory per rank")[1].splitlines()[2].split()
+    assert line[0] == "ddp" and float(line[3]) == 0.0 and float(line[4]) == pytest.approx(2 * float(line[1]))
 
 
 def test_a_scaling_table_writes_a_plot(tmp_path, capsys):
     plot = tmp_path / "scaling.png"
     assert predict.main(["--model", "mnist_cnn", "--ranks", "2,4,8,1024", "--link", "1gbit", "--compute-per-sample",
                          "0.001", "--plot", str(plot)]) == 0
-    out = capsys.readouterr().out
+    out, memory = capsys.readouterr().out.split("\nmemory per rank")
     lines = [line for line in out.splitlines() if line.strip().split(" ")[0] in ("2", "4", "8", "1024")]
     assert len(lines) == 4 and plot.read_bytes().startswith(b"\x89PNG")
+    held = [line.split() for line in memory.splitlines() if line.strip().split(" ")[0] in ("2", "4", "8", "1024")]
+    assert len(held) == 4 and all(len(set(row[1:])) == 1 for row in held)  # none shards: the same on every count
 
 
 @pytest.mark.parametrize("args, words", [
     (["--ranks", "0"], "--ranks '0' must be a positive"),
     (["--ranks", "4", "--link", "fast"], "--link: link 'fast' is not a rate"),
     (["--ranks", "4"], "--link or --calibration is needed"),
+    (["--ranks", "4", "--link", "1gbit", "--momentum", "1.5"], "--momentum must be in [0, 1), got 1.5"),
 ])
 def test_bad_input_is_one_paragraph_and_exit_2(args, words, capsys):
     assert predict.main(["--model", "mnist_cnn", "--compute-per-sample", "0.001", *args]) == 2

@@ -77,7 +77,7 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
         assert [m.step for m in client.get_metric_history(parent.info.run_id, key)] == [8], key
     assert 0 < parent.data.metrics["time/elapsed_s"] <= tracked_jobs["allreduce"]["wall_time_s"]
     sections = {key.split("/")[0] for key in parent.data.metrics}
-    assert sections == {"learning", "time", "summary", "system", "network"}, sections  # each in a section of its kind
+    assert sections == {"learning", "time", "summary", "system", "network", "memory"}, sections  # each in its kind's
     summary = {key for key in parent.data.metrics if key.startswith("summary/")}
     assert {"summary/step_s", "summary/data_s", "summary/compute_s", "summary/sync_s", "summary/optimizer_s",
             "summary/samples_per_s", "summary/sync_share", "summary/final_loss", "summary/test_accuracy",
@@ -104,8 +104,18 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
         for key in CHILD_STEP_METRICS:
             assert [m.step for m in client.get_metric_history(child.info.run_id, key)] == logged_steps, key
         child_losses.append([m.value for m in client.get_metric_history(child.info.run_id, "rank/loss")])
-        assert {key.split("/")[0] for key in child.data.metrics} == {"rank"}
+        assert {key.split("/")[0] for key in child.data.metrics} == {"rank", "memory"}
         assert "rank/mean_step_s" in child.data.metrics
+        # memory per rank, once: allreduce keeps whole parameters, gradients and momentum buffers, as the model says
+        held = {key: m for key, m in child.data.metrics.items() if key.startswith("memory/")}
+        assert {m.step for m in (client.get_metric_history(child.info.run_id, key)[0] for key in held)} == {0}
+        assert held["memory/gradients_bytes"] == held["memory/parameters_bytes"] > 0
+        assert held["memory/optimizer_bytes"] == held["memory/parameters_bytes"]  # SGD momentum: one buffer each
+        assert held["memory/total_bytes"] == 3 * held["memory/parameters_bytes"]
+    memory = tracked_jobs["allreduce"]["memory"]
+    assert parent.data.metrics["memory/total_bytes"] == memory["most"]["total_bytes"]
+    assert parent.data.metrics["memory/predicted_total_bytes"] == memory["predicted"]["total_bytes"] == memory[
+        "most"]["total_bytes"]
     # the parent's loss is the ranks' mean
     assert [sum(pair) / 2 for pair in zip(*child_losses)] == pytest.approx(losses)
 
