@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from .. import netmodel, tracking
-from ..advice import cache, search
+from ..advice import cache, memory_limit, search
 from ..advice.search import Candidate, StepModel
 from ..cluster import Cluster
 from ..config import ADVICE_DIR, BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig
@@ -102,6 +102,10 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                              "sizes, STEPS timed steps each, and print the recommendation's regret against the "
                              "fastest of them and Kendall's tau of predicted against measured (the advisor's own "
                              "check; default: 0, off)")
+    parser.add_argument("--memory-limit", metavar="SIZE",
+                        help="bytes a rank may hold for parameters, gradients and optimizer state, e.g. 2GiB or "
+                             "512MiB (B, KiB, MiB, GiB): configurations the model predicts above it are left out, "
+                             "with why (default: no limit)")
     parser.add_argument("--link-iters", type=int, default=2,
                         help="timed repetitions per message size of the link calibration (default: 2)")
     parser.add_argument("--link", help="the link rate the hosts were shaped to (e.g. 100mbit): recorded, and the "
@@ -123,6 +127,7 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
 
 
 def validate(args: argparse.Namespace, world: int) -> None:
+    memory_limit.parse_size(args.memory_limit)
     if world < 2:
         raise UserError("the advisor compares ways of syncing ranks, and this job has one rank. Start it like the "
                         "training job, e.g. mpirun -np 4 --hostfile hostfile python -m mpi_train advise.")
@@ -258,6 +263,12 @@ def option_of(text: str) -> str:
     return method.compression_name(compression)
 
 
+def configured(text: str):
+    """The method a label names, as a job with its defaults configures it (`bucketed+fp16`)."""
+    name, compression = split_label(text)
+    return SYNC_METHODS[name].from_config(TrainConfig(sync=name, compression=compression))
+
+
 def accuracy_cost(model_name: str, text: str) -> AccuracyCost | None:
     """The accuracy cost measured for a lossy label on this model: a model-averaging method's own (its class), else
     its compression's (ACCURACY_COST)."""
@@ -343,7 +354,7 @@ def recommendation(rows: dict[str, dict], first_choice: str, model: StepModel, n
 
 
 def table(rows: Sequence[dict]) -> str:
-    columns = ("candidate", "flags", "predicted_ms", "exposed_ms", "measured_ms", "binds")
+    columns = ("candidate", "flags", "predicted_ms", "exposed_ms", "measured_ms", "mem_MiB", "binds")
 
     def cell(row: dict, column: str) -> str:
         if column == "candidate":
@@ -352,13 +363,16 @@ def table(rows: Sequence[dict]) -> str:
             return " ".join(row["flags"])
         if column == "binds":
             return row["binds"]
+        if column == "mem_MiB":  # memory per rank, predicted (netmodel/memory.py)
+            held = row.get("predicted_memory_bytes")
+            return "-" if held is None else f"{held / 2**20:,.1f}"
         value = row[{"predicted_ms": "predicted_step_s", "exposed_ms": "predicted_exposed_s",
                      "measured_ms": "measured_step_s"}[column]]
         return "-" if value is None else f"{value * 1e3:,.1f}"
 
     cells = [list(columns)] + [[cell(row, column) for column in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = ["  ".join(value.ljust(width) if i in (0, 1, 5) else value.rjust(width)
+    lines = ["  ".join(value.ljust(width) if i in (0, 1, 6) else value.rjust(width)
                        for i, (value, width) in enumerate(zip(line, widths))).rstrip() for line in cells]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
@@ -386,6 +400,9 @@ def describe(result: dict) -> str:
         + (f"; {', '.join(search_note['bucket_tuned'])} at {len(search_note['bucket_sizes_mb'])} bucket sizes "
            f"({search_note['bucket_sizes_mb'][0]:g} .. {search_note['bucket_sizes_mb'][-1]:g} MB)"
            if search_note["bucket_tuned"] else ""),
+        *([(f"memory per rank at most {memory_limit.size(result['memory_limit_bytes'])} (--memory-limit; the "
+            f"model's parameters, gradients and SGD state at momentum {result['momentum']:g}, mem_MiB below)")]
+          if result.get("memory_limit_bytes") else []),
         "",
         table(shown),
         (f"(each method at its best predicted configuration, and every one measured; measured = the short bench, "
@@ -396,6 +413,8 @@ def describe(result: dict) -> str:
                      f"{result['kendall_tau']:.2f}")
     for name, why in result["unavailable"]:
         lines.append(f"unavailable: {name}: {why}")
+    for name, why in result.get("over_memory_limit", []):
+        lines.append(f"left out: {name}: {why}")
     lines += ["", f"recommended: {' '.join(recommended['flags'])}",
               (f"  predicted {recommended['predicted_step_s'] * 1e3:,.0f} ms per step, measured "
                f"{recommended['measured_step_s'] * 1e3:,.0f} ms"),
@@ -561,6 +580,11 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     profile = cluster.gather(times)
     usable, refused = search.lossless(backend)
     found = search.candidates(usable, tensor_bytes, backward.order)
+    limit, momentum = memory_limit.parse_size(args.memory_limit), TrainConfig(model=args.model).optimizer.momentum
+    held = memory_limit.held_per_rank({c.label: c.method() for c in found}, template, world, momentum)
+    found, over_limit = memory_limit.within(found, held, limit)
+    if not found:  # every rank predicts the same: all of them stop here together
+        raise memory_limit.none_fit(held, limit, world)
     chosen = None
     if info.is_main:
         network = netmodel.Network.from_dict(links["network"])
@@ -606,12 +630,18 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
             **one.as_dict(), "shown": one.candidate.label in shown,
             "measured_step_s": taken["step_s"] if taken else None,
             "measured_exposed_s": taken["exposed_s"] if taken else None,
-            "measured_steps_s": taken["steps_s"] if taken else None}
+            "measured_steps_s": taken["steps_s"] if taken else None,
+            "predicted_memory_bytes": held.get(one.candidate.label)}
     timed = [rows[c.label] for c in chosen]
     noise = bench_noise(measured[NO_SYNC]["steps_s"])
     tau = search.kendall_tau([row["predicted_step_s"] for row in timed], [row["measured_step_s"] for row in timed])
     params = [p for p in template.parameters() if p.requires_grad]
     lossy, lossy_refused = lossy_options(args.model, params, model, backend)
+    lossy_held = memory_limit.held_per_rank({row["label"]: configured(row["label"]) for row in lossy}, template,
+                                            world, momentum)
+    lossy_refused += [(row["label"], why) for row in lossy if (why := memory_limit.over(row["label"], lossy_held,
+                                                                                       limit))]
+    lossy = [row for row in lossy if not memory_limit.over(row["label"], lossy_held, limit)]
     created = time.time()
     bucketed = sorted({one.candidate.sync for one in ranking if one.candidate.bucket_mb is not None})
     sizes = sorted({one.candidate.bucket_mb for one in ranking if one.candidate.bucket_mb is not None})
@@ -632,6 +662,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         # (the shortlist's first is the model's choice)
         "recommended": recommendation(rows, chosen[0].label, model, noise),
         "lossy": lossy, "unavailable": refused, "lossy_unavailable": lossy_refused, "advise_s": advised_s,
+        "memory_limit_bytes": limit, "momentum": momentum, "over_memory_limit": over_limit,
     }
     if full is not None:
         result["full_bench"] = full_bench_check(*full, model, result["recommended"]["label"], args.full_bench)
