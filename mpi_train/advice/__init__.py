@@ -2,6 +2,7 @@
 
     search.py   every lossless method, and every bucket size that cuts the gradients differently, predicted
                 by the alpha-beta model; the shortlist the advisor measures; Kendall's tau of its ranking
+    memory_limit.py  --memory-limit: sizes, and the candidates the model predicts fit in them
     cache.py    advice files under mlruns/advice/: the newest that fits a setting, its reused calibration,
                 and what --sync auto takes from it
 

@@ -1,7 +1,9 @@
 """The network model: what a sync method's step costs on a network of alpha-beta links.
 
     links.py        a link (alpha + beta·m), a network of them, rates as tc writes them
-    families.py     the collective families (ring, root, hierarchical): bytes per rank, floor, time per message
+    families.py     the collective families (ring, root, hierarchical, and the sharded methods' reduce_scatter,
+                    layerwise_gather, ring_then_broadcast): bytes per rank, floor, time per message and per part
+    memory.py       memory per rank: what a method keeps of parameters, gradients and optimizer state (its shards)
     prediction.py   a method's messages priced on a network; exposed time behind backward
     calibration.py  links timed inside a job (ping-pong), or read back from a bench JSON
     job.py          the prediction a training job logs beside its measured sync
