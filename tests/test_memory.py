@@ -83,3 +83,25 @@ def test_torchs_sharded_optimizers_hold_their_share_on_two_ranks(tmp_path):
     for rank in ranks:
         for kind in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
             assert rank["fully_shard"][kind] == whole[kind] // 2, kind
+
+
+def test_the_end_line_the_summary_and_the_jobs_metrics_carry_memory_per_rank(tmp_path):
+    from mpi_train.netmodel.memory import MemoryPrediction
+    from mpi_train.reporter import PHASES, Reporter
+    from mpi_train.tracking import job_metrics
+
+    lines, path = [], tmp_path / "summary.json"
+    reporter = Reporter({"sync": "allreduce"}, 64, str(path), print_fn=lines.append)
+    reporter.job = {"total_steps": 2, "world_size": 2}
+    ranks = [{"parameters_bytes": 2**20, "gradients_bytes": 2**20, "optimizer_bytes": 2**20, "total_bytes": 3 * 2**20},
+             {"parameters_bytes": 2**20, "gradients_bytes": 2**20, "optimizer_bytes": 2**21, "total_bytes": 4 * 2**20}]
+    reporter.memory(ranks, MemoryPrediction(2**20, 2**20, 2**20))
+    reporter.finish([dict.fromkeys(PHASES, 0.5)] * 2, 1.0)
+    assert lines[0].endswith("memory per rank (the most any held): parameters 1.0 MiB, gradients 1.0 MiB, optimizer "
+                             "2.0 MiB (total 4.0 MiB), model 3.0 MiB")
+    summary = json.loads(path.read_text())
+    assert summary["memory"]["per_rank"] == ranks and summary["memory"]["most"]["total_bytes"] == 4 * 2**20
+    assert summary["memory"]["predicted"]["total_bytes"] == 3 * 2**20
+    metrics = job_metrics(summary, 64)
+    assert metrics["memory/total_bytes"] == 4 * 2**20 and metrics["memory/optimizer_bytes"] == 2**21
+    assert metrics["memory/predicted_total_bytes"] == 3 * 2**20
