@@ -2,7 +2,9 @@
 
 Run by tests/test_memory.py: `python tests/memory_shards_check.py OUT.json`. Rank 0 writes what each rank held after
 one step of momentum SGD: a replicated model (the baseline), ZeroRedundancyOptimizer (ZeRO-1: its optimizer state is
-this rank's shard) and FSDP2's fully_shard (ZeRO-3: parameters, gradients and state are DTensors, each rank's share).
+this rank's shard) and FSDP2's fully_shard (ZeRO-3: parameters, gradients and state are DTensors, each rank's share;
+each module with parameters of its own is a unit). With a model name (`... OUT.json vgg11`) it runs that model of
+mpi_train's registry instead of the small test network, for docs/results.md.
 """
 
 from __future__ import annotations
@@ -17,18 +19,24 @@ import torch.multiprocessing as mp
 from torch import nn
 
 
-def model() -> nn.Module:
+def model(name: str | None) -> nn.Module:
     torch.manual_seed(0)
+    if name:
+        from mpi_train.models import build_model
+
+        return build_model(name)
     return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-def one_step(net: nn.Module, optimizer) -> None:
+def one_step(net: nn.Module, optimizer, name: str | None) -> None:
+    from mpi_train.models import INPUT_SHAPES
+
     torch.manual_seed(1)
-    net(torch.randn(8, 64)).sum().backward()
+    net(torch.randn(2, *INPUT_SHAPES[name]) if name else torch.randn(8, 64)).sum().backward()
     optimizer.step()
 
 
-def rank_main(rank: int, world: int, port: int, out: str) -> None:
+def rank_main(rank: int, world: int, port: int, out: str, name: str | None) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -37,21 +45,20 @@ def rank_main(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     figures = {}
-    net = model()
+    net = model(name)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    one_step(net, optimizer)
+    one_step(net, optimizer, name)
     figures["replicated"] = held_bytes(net, optimizer)
-    net = model()
+    net = model(name)
     optimizer = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.SGD, lr=0.1, momentum=0.9)
-    one_step(net, optimizer)
+    one_step(net, optimizer, name)
     figures["zero_redundancy"] = held_bytes(net, optimizer)
-    net = model()
-    for layer in net:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer)
+    net = model(name)
+    for unit in [m for m in net.modules() if m is not net and any(True for _ in m.parameters(recurse=False))]:
+        fully_shard(unit)
     fully_shard(net)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    one_step(net, optimizer)
+    one_step(net, optimizer, name)
     figures["fully_shard"] = held_bytes(net, optimizer)
     every = [None] * world
     dist.all_gather_object(every, figures)
@@ -67,4 +74,4 @@ if __name__ == "__main__":
     with socket.socket() as probe:  # a free port for the rendezvous
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
-    mp.spawn(rank_main, args=(2, free, sys.argv[1]), nprocs=2, join=True)
+    mp.spawn(rank_main, args=(2, free, sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None), nprocs=2, join=True)
