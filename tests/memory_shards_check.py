@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -36,14 +37,13 @@ def one_step(net: nn.Module, optimizer, name: str | None) -> None:
     optimizer.step()
 
 
-def rank_main(rank: int, world: int, port: int, out: str, name: str | None) -> None:
+def rank_main(rank: int, world: int, rendezvous: str, out: str, name: str | None) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from mpi_train.memory import held_bytes
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     figures = {}
     net = model(name)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
@@ -69,9 +69,6 @@ def rank_main(rank: int, world: int, port: int, out: str, name: str | None) -> N
 
 
 if __name__ == "__main__":
-    import socket
-
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        free = probe.getsockname()[1]
-    mp.spawn(rank_main, args=(2, free, sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None), nprocs=2, join=True)
+    with tempfile.TemporaryDirectory() as folder:  # a file rendezvous: no port to race other jobs for
+        mp.spawn(rank_main, args=(2, os.path.join(folder, "rendezvous"), sys.argv[1],
+                                  sys.argv[2] if len(sys.argv) > 2 else None), nprocs=2, join=True)
