@@ -94,3 +94,11 @@ def describe(figures: dict) -> str:
     kinds = ", ".join(f"{kind} {megabytes(figures[f'{kind}_bytes'])}" for kind in KINDS)
     peak = f", CUDA peak {megabytes(figures['cuda_peak_bytes'])}" if "cuda_peak_bytes" in figures else ""
     return f"{kinds} (total {megabytes(figures['total_bytes'])}{peak})"
+
+
+def predicted(figures: dict) -> str:
+    """The model's words beside the measured: `model 52.8 MiB (+9.0 MiB while a unit is gathered)`. A rank holds the
+    gathered unit (ZeRO-3) only while it computes, so the measured figure, taken between steps, leaves it out."""
+    between = figures["total_bytes"] - figures.get("gathered_bytes", 0)
+    return f"model {megabytes(between)}" + (f" (+{megabytes(figures['gathered_bytes'])} while a unit is gathered)"
+                                            if figures.get("gathered_bytes") else "")

@@ -212,8 +212,8 @@ class Reporter(SilentReporter):
             f"done in {wall_time_s:.1f}s: mean step {steady['step_time_s']:.3f}s leaving out the first "
             f"{timing_warmup_steps} step(s) ({overall['step_time_s']:.3f}s over all), sync "
             f"{steady['sync_time_s']:.3f}s ({100 * steady['sync_time_s'] / steady['step_time_s']:.1f}% of step)"
-            + (f"; memory per rank (the most any held): {memory.describe(self.held['most'])}, model "
-               f"{memory.megabytes(self.held['predicted']['total_bytes'])}" if self.held.get("most") else "")
+            + (f"; memory per rank (the most any held): {memory.describe(self.held['most'])}, "
+               f"{memory.predicted(self.held['predicted'])}" if self.held.get("most") else "")
         )
         summary = {
             "config": self.config,

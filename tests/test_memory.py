@@ -10,7 +10,7 @@ import torch
 from conftest import REPO
 from torch import nn
 
-from mpi_train.memory import describe, held_bytes, most
+from mpi_train.memory import describe, held_bytes, most, predicted
 from mpi_train.sync.flat import FlatBuffer
 
 
@@ -102,6 +102,8 @@ def test_the_end_line_the_summary_and_the_jobs_metrics_carry_memory_per_rank(tmp
     summary = json.loads(path.read_text())
     assert summary["memory"]["per_rank"] == ranks and summary["memory"]["most"]["total_bytes"] == 4 * 2**20
     assert summary["memory"]["predicted"]["total_bytes"] == 3 * 2**20
+    assert predicted({"total_bytes": 4 * 2**20, "gathered_bytes": 2**20}) == ("model 3.0 MiB (+1.0 MiB while a unit is "
+                                                                             "gathered)")
     metrics = job_metrics(summary, 64)
     assert metrics["memory/total_bytes"] == 4 * 2**20 and metrics["memory/optimizer_bytes"] == 2**21
     assert metrics["memory/predicted_total_bytes"] == 3 * 2**20

@@ -98,13 +98,6 @@ class Prediction:
     exposed_s: float | None = None  # overlapped methods, given a backward time
     parts: dict = field(default_factory=dict)  # seconds per step of each of its collectives (families.Part), by name
 
-    def split(self) -> str:
-        """Its collectives apart, for a family of several (`reduce-scatter 12.0 ms + all-gather 12.0 ms`); ""
-        for one."""
-        if len(self.parts) < 2:
-            return ""
-        return " + ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in self.parts.items())
-
     @property
     def sync_s(self) -> float:
         """What the step pays for communication: exposed for an overlapped method (comm when backward is unknown)."""

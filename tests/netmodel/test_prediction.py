@@ -135,11 +135,9 @@ def test_reduce_scatter_hides_behind_backward_and_its_gather_does_not():
     zero = predict(ReduceScatterBuckets(), [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0)
     assert zero.parts == pytest.approx({"reduce-scatter": 0.5, "all-gather": 0.5})
     assert zero.comm_s == pytest.approx(1.0) and zero.exposed_s == pytest.approx(0.25 + 0.5)
-    assert zero.split() == "reduce-scatter 500.0 ms + all-gather 500.0 ms"
     bucketed = predict(method("bucketed", bucket_mb=2 * MB / 2**20), [1 * MB] * 4, Layout(2, 1), slow,
                        backward_s=2.0)
     assert bucketed.comm_s == pytest.approx(zero.comm_s) and bucketed.parts == {"allreduce": bucketed.comm_s}
-    assert bucketed.split() == ""
 
 
 def test_fsdp_gathers_in_forward_hide_behind_the_forward_but_the_first():
