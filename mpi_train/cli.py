@@ -39,8 +39,8 @@ SUBCOMMANDS = {  # name: the module whose main(argv) runs it, its line in --help
                              "mpirun, then report"),
     "compare": Subcommand("mpi_train.analysis.compare", "the finished jobs of an experiment side by side, as a table "
                           "and as plots"),
-    "predict": Subcommand("mpi_train.analysis.predict", "each sync method's step time on a cluster you do not have, "
-                          "from the alpha-beta model"),
+    "predict": Subcommand("mpi_train.analysis.predict", "each sync method's step time and memory per rank on a "
+                          "cluster you do not have, from the model"),
     "server": Subcommand("mpi_train.tracking.server", "an MLflow tracking server on this project's store"),
     "replay": Subcommand("mpi_train.tracking.replay", "send to MLflow what jobs spooled while its server was "
                          "unreachable"),

@@ -70,3 +70,14 @@ def none_fit(held: dict[str, float], limit: int, world: int) -> UserError:
                      f"{least}, is predicted to hold {size(held[least])} per rank (parameters, gradients and optimizer "
                      f"state). Raise the limit, run on more ranks with a method that shards (its share shrinks as "
                      f"1/N), or use a smaller model.")
+
+
+def fitting(candidates: Sequence[Candidate], model: nn.Module, world: int, momentum: float,
+            limit: int | None) -> tuple[list[Candidate], list[tuple[str, str]], dict[str, float]]:
+    """The candidates predicted to fit, those left out with why, and every one's predicted bytes per rank; a UserError
+    when none fits (every rank computes the same, so all of them stop together)."""
+    held = held_per_rank({c.label: c.method() for c in candidates}, model, world, momentum)
+    kept, left_out = within(candidates, held, limit)
+    if candidates and not kept:
+        raise none_fit(held, limit, world)
+    return kept, left_out, held

@@ -1,4 +1,4 @@
-"""`python -m mpi_train predict`: each sync method's step time on a cluster you do not have, from the alpha-beta model.
+"""`python -m mpi_train predict`: each sync method's step time and memory per rank on a cluster you do not have.
 
     python -m mpi_train predict --model vgg11 --batch-size 256 --ranks 64 --ranks-per-host 8 --link 10gbit
     python -m mpi_train predict --model vgg11 --batch-size 256 --ranks 2,4,8,16,32,64,128,256 --ranks-per-host 8 \\

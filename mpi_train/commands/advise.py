@@ -581,10 +581,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     usable, refused = search.lossless(backend)
     found = search.candidates(usable, tensor_bytes, backward.order)
     limit, momentum = memory_limit.parse_size(args.memory_limit), TrainConfig(model=args.model).optimizer.momentum
-    held = memory_limit.held_per_rank({c.label: c.method() for c in found}, template, world, momentum)
-    found, over_limit = memory_limit.within(found, held, limit)
-    if not found:  # every rank predicts the same: all of them stop here together
-        raise memory_limit.none_fit(held, limit, world)
+    found, over_limit, held = memory_limit.fitting(found, template, world, momentum, limit)
     chosen = None
     if info.is_main:
         network = netmodel.Network.from_dict(links["network"])

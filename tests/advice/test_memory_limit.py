@@ -57,3 +57,14 @@ def test_a_limit_below_a_replica_leaves_only_the_methods_that_shard():
     kept, left_out = memory_limit.within([Candidate(name) for name in names], held, int(replica) - 1)
     assert {c.sync for c in kept} == {name for name in names if methods[name].shards != REPLICATED}
     assert {label for label, _ in left_out} == {name for name in names if methods[name].shards == REPLICATED}
+
+
+def test_the_advisor_keeps_what_fits_and_stops_when_nothing_does():
+    found = [Candidate("ddp"), Candidate("bucketed", 25.0), Candidate("flat")]
+    replica = 3 * (256 * 256 + 256 + 2560 + 10) * 4
+    kept, left_out, held = memory_limit.fitting(found, model(), 2, 0.9, replica)
+    assert kept == found and left_out == [] and set(held.values()) == {replica}
+    assert memory_limit.fitting(found, model(), 2, 0.0, 2 * replica // 3)[0] == found  # no momentum: P + G
+    with pytest.raises(UserError, match=r"no sync method fits --memory-limit 801.12 KiB per rank on 2 ranks: the "
+                                        r"least, ddp, is predicted to hold 801.12 KiB per rank"):
+        memory_limit.fitting(found, model(), 2, 0.9, replica - 1)

@@ -56,6 +56,9 @@ def test_advise_then_a_job_with_sync_auto_runs_what_it_recommends(tmp_path, quic
     measured = [row for row in data["candidates"] if row["measured_step_s"] is not None]
     assert "ddp" in data["measured"] and len(measured) == len(data["measured"]) >= 2
     assert data["search"]["bucket_sizes_mb"] and data["lossy"]
+    # memory per rank, predicted for every candidate: each one here keeps a whole replica (no limit was given)
+    assert data["memory_limit_bytes"] is None and data["over_memory_limit"] == []
+    assert len({row["predicted_memory_bytes"] for row in data["candidates"]}) == 1 and "mem_MiB" in done.stdout
     check = data["full_bench"]  # (its figures are checked in the test above; here, that the run holds them)
     labels = {row["label"] for row in check["configurations"]}
     assert set(data["measured"]) <= labels and {"ddp", "gather_scatter", "bucketed@25MB", "bucketed@1MB"} <= labels
