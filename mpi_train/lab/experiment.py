@@ -417,8 +417,8 @@ def report(sweep: Sweep, uri: str | None, launches: list[Launch], since_ms: int)
     jobs, client, experiment_id = collect_jobs(sweep, uri, launches, since_ms)
     sections, paths = [], []
     if jobs:
-        sections.append(comparison(jobs, f"Runs of {sweep.name!r}", sweep.target_accuracy))
-        paths += plot(jobs, sweep.out / "plots", sweep.target_accuracy)
+        sections.append(comparison(jobs, f"Runs of {sweep.name!r}", sweep.target_accuracy, sweep.target_loss))
+        paths += plot(jobs, sweep.out / "plots", sweep.target_accuracy, sweep.target_loss)
         predictions = prediction_rows(jobs)
         if any(row["predicted_s"] is not None for row in predictions):
             paths.append(plot_predictions(predictions, sweep.out / "plots"))
