@@ -182,6 +182,8 @@ def bench_command(sweep: Sweep, bench: BenchPlan, uri: str | None, json_path: Pa
     command = [*mpirun_prefix(sweep, np, setting), sys.executable, "-m", "mpi_train", "bench", "--model", bench.model,
                "--batch-size", str(bench.batch_size), "--steps", str(bench.steps), "--warmup", str(bench.warmup),
                "--json", str(json_path)] + (["--link", setting.link] if setting else [])
+    if bench.gpt_size:
+        command += ["--gpt-size", bench.gpt_size]
     if bench.methods:
         command += ["--methods", ",".join(bench.methods)]
     if uri:

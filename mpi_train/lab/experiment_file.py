@@ -29,6 +29,7 @@
     [bench]                           # optional: also run `python -m mpi_train bench` once, for the cost table
     np = 4
     steps = 20
+    model = "gpt"                     # any model training takes (default: vgg11); gpt_size = "small" its size
 
     [network]                         # optional: hosts and links as sweep dimensions (test hosts, as root)
     hosts = [1, 2, 4]                 # 1: plain loopback (the [launch] hostfile); more: scripts/testhosts.sh hosts
@@ -65,7 +66,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
 
 from ..config import REGISTRIES, TrainConfig
 from ..errors import UserError
-from ..models import resolve
+from ..models import GPT_SIZES, resolve
 from ..netmodel.links import rate_bytes_per_s
 from ..sync import COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label, parse_labels
 from .network import NetworkPlan, NetworkSetting
@@ -111,6 +112,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "steps": Key((int,), "an integer"),
         "warmup": Key((int,), "an integer"),
         "batch_size": Key((int,), "an integer"), "model": Key((str,), "a string"),
+        "gpt_size": Key((str,), f"one of {', '.join(GPT_SIZES)}"),
         "methods": Key((list,), 'a list of method labels, e.g. ["ddp", "bucketed+powersgd"]', each=(str,)),
     },
 }
@@ -143,6 +145,7 @@ class BenchPlan:
     warmup: int = 2
     batch_size: int = 256
     model: str = "vgg11"
+    gpt_size: str | None = None  # --model gpt's size (default: tiny)
     methods: tuple[str, ...] | None = None  # labels for the bench's --methods (default: every method and compression)
     settings: tuple[NetworkSetting, ...] | None = None  # with [network]: where it runs (default: every setting)
 
@@ -444,9 +447,12 @@ def parse(text: str, path: Path) -> Sweep:
             if bench.batch_size % np:
                 raise reader.fail(("bench", "batch_size"), f"{bench.batch_size} must split evenly across np {np}.")
         try:
-            resolve(bench.model)  # any model training takes (its gpt size: the bench's own default, tiny)
+            resolve(bench.model)  # any model training takes
         except UserError as error:
             raise reader.fail(("bench", "model"), str(error).replace("--model ", "model ", 1)) from None
+        if bench.gpt_size is not None and (bench.gpt_size not in GPT_SIZES or bench.model != "gpt"):
+            raise reader.fail(("bench", "gpt_size"), f"is gpt's size, one of {', '.join(GPT_SIZES)}, with model = "
+                              f'"gpt"; got {bench.gpt_size!r} with model {bench.model!r}.')
 
     target = experiment.get("target_accuracy")
     if target is not None and not 0 < target <= 1:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from mpi_train.lab.experiment import Launch, Progress, estimated_steps, main, train_flags
+from mpi_train.lab.experiment import Launch, Progress, bench_command, estimated_steps, main, train_flags
 from mpi_train.lab.experiment_file import SweepError, load, locate, parse
 from mpi_train.sync import SYNC_METHODS, backend_error
 
@@ -124,8 +124,10 @@ def test_a_sweep_over_models_plans_one_run_per_model_named_by_it():
     # a single model in the grid, or in [train], names no run
     one = parse(GOOD.replace('seed = [7, 8]', 'seed = [7, 8]\nmodel = "resnet18"'), Path("grid.toml")).runs
     assert one[0].name == "allreduce-np1-seed7" and one[0].config.model_name == "resnet18"
-    bench = parse(GOOD + '\n[bench]\nmodel = "gpt"\n', Path("grid.toml")).bench
-    assert bench.model == "gpt"
+    bench = parse(GOOD + '\n[bench]\nmodel = "gpt"\ngpt_size = "small"\n', Path("grid.toml")).bench
+    assert (bench.model, bench.gpt_size) == ("gpt", "small")
+    command = bench_command(parse(GOOD, Path("grid.toml")), bench, None, Path("b.json"))
+    assert command[command.index("--model") + 1] == "gpt" and command[command.index("--gpt-size") + 1] == "small"
 
 
 def test_flags_passed_to_training_are_the_non_default_options():
@@ -168,6 +170,8 @@ BAD = [  # (file text, key named in the error, line, words the message must hold
      "sweep[1].model", 6, "a model name or a list of them"),
     ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nnp = 2\n[bench]\nmodel = "vgg12"\n',
      "bench.model", 7, "model vgg12 is not a model this tool knows"),
+    ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nnp = 2\n[bench]\ngpt_size = "small"\n',
+     "bench.gpt_size", 7, "is gpt's size, one of tiny, small, medium, with model = \"gpt\""),
     ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nperiod = 4\nnp = 2\n',
      "sweep[1].np", 6, "the run ddp at np 2 cannot start: --period is read by --sync localsgd and diloco only"),
     ('[experiment]\nname = "x"\n[launch]\nmpirun_args = "--oversubscribe"\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
