@@ -25,7 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import netmodel
+from ..clock import Clock
+from ..commands.bench import BackwardClock
 from ..config import TrainConfig, add_model_arguments, model_config, model_flags
+from ..data import synthetic_batch
 from ..errors import UserError, format_error
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
 
@@ -98,10 +101,6 @@ def measured_compute(workload: TrainConfig, batch: int = 16, iters: int = 3) -> 
     its backward had each gradient ready (as the bench measures it): the model's own profile, not an assumed one."""
     import torch  # here, not at the top: only timing the model needs torch's autograd running
     import torch.nn.functional as F
-
-    from ..clock import Clock
-    from ..commands.bench import BackwardClock
-    from ..data import synthetic_batch
 
     torch.manual_seed(0)
     model = workload.make_model()
