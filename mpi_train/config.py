@@ -10,6 +10,8 @@ offers that registry's keys (and the words its `also` adds, like --sync auto).
 from __future__ import annotations
 
 import dataclasses
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .environments import LAUNCHERS  # the --launcher names, one per cluster environment
@@ -283,15 +285,7 @@ class TrainConfig:
             self.timeline_window  # noqa: B018 - parses --timeline-steps
         except ValueError as error:
             raise UserError(f"{error}.") from None
-        for flag, value in {"--gpt-layers": self.gpt_layers, "--gpt-heads": self.gpt_heads,
-                            "--gpt-width": self.gpt_width, "--context": self.context}.items():
-            if value is not None and value <= 0:
-                raise UserError(f"{flag} must be positive, got {value}.")
-        gpt_shape = self.gpt_shape
-        if gpt_shape.width % gpt_shape.heads:
-            raise UserError(f"--gpt-width {gpt_shape.width} must split evenly across --gpt-heads {gpt_shape.heads}. "
-                            f"Use a width that is a multiple of {gpt_shape.heads}, or other heads.")
-        shape = self.input_shape  # resolves the model (importing a user's) and refuses one the data cannot feed
+        shape = self.validate_model()
         if len(shape) == 1 and self.loader == "dataloader":
             raise UserError(f"--loader dataloader reads images one by one, and --model {self.model_name} trains on "
                             f"text, which is always held resident (a uint8 tensor of its bytes). Drop --loader.")
@@ -312,6 +306,26 @@ class TrainConfig:
                 f"which they do not make. Use a --batch-size that is a multiple of {share} (ranks x K), e.g. "
                 f"{max(share, self.batch_size - self.batch_size % share)}, or another --accumulate."
             )
+
+    def validate_model(self) -> tuple[int, ...]:
+        """The model's flags: gpt's sizes in range, and a model that resolves and takes the data set's samples. Returns
+        what it takes per sample. Every command that builds the model (train, bench, advise, predict, gpu-check)
+        asks this."""
+        for flag, value in {"--gpt-layers": self.gpt_layers, "--gpt-heads": self.gpt_heads,
+                            "--gpt-width": self.gpt_width, "--context": self.context}.items():
+            if value is not None and value <= 0:
+                raise UserError(f"{flag} must be positive, got {value}.")
+        gpt_shape = self.gpt_shape
+        if gpt_shape.width % gpt_shape.heads:
+            raise UserError(f"--gpt-width {gpt_shape.width} must split evenly across --gpt-heads {gpt_shape.heads}. "
+                            f"Use a width that is a multiple of {gpt_shape.heads}, or other heads.")
+        return self.input_shape  # resolves the model (importing a user's) and refuses one the data cannot feed
+
+    def describe_model(self) -> str:
+        """The model as a report names it: gpt with its size, any other by its name."""
+        if self.language_model and self.model_name == "gpt":
+            return f"gpt ({self.gpt_shape.describe()})"
+        return self.model_name
 
     def validate_averaging(self) -> None:
         """The flags of the methods that sync less often: in range, and only with a method that reads them."""
@@ -345,6 +359,77 @@ class TrainConfig:
     def micro_batch(self, world_size: int) -> int:
         """What each rank's forward and backward take at once: its share over --accumulate."""
         return self.per_rank(world_size) // self.accumulate
+
+
+def add_config_arguments(parser, names: Sequence[str] | None = None, defaults: dict | None = None,
+                         helps: dict | None = None) -> None:
+    """TrainConfig's fields (all, or those `names`) as flags of `parser`, their help the fields' own; `defaults` and
+    `helps` (by field name) replace a field's default and help for this parser."""
+    defaults, helps = defaults or {}, helps or {}
+    hints = typing.get_type_hints(TrainConfig)
+    for config_field in dataclasses.fields(TrainConfig):
+        if names is not None and config_field.name not in names:
+            continue
+        meta = dict(config_field.metadata)
+        choices = meta.pop("choices", None)
+        if isinstance(choices, str):
+            choices = (*REGISTRIES[choices], *meta.pop("also", ()))
+        meta["help"] = helps.get(config_field.name, meta["help"])
+        flag = "--" + config_field.name.replace("_", "-")
+        kind = next((a for a in typing.get_args(hints[config_field.name]) if a is not type(None)),
+                    hints[config_field.name])
+        if kind is bool:  # on/off switches: present means on
+            parser.add_argument(flag, action="store_true", **meta)
+            continue
+        default = defaults.get(config_field.name, config_field.default)
+        if default is not None and "default" not in meta["help"]:
+            meta["help"] += f" (default: {default})"
+        parser.add_argument(flag, type=kind, default=default, choices=choices, **meta)
+
+
+# The flags that name the model, for the commands that build it without training it (bench, advise, predict,
+# gpu-check): the same names, help and checks as training's.
+MODEL_FLAGS = ("model", "gpt_size", "gpt_layers", "gpt_heads", "gpt_width", "context")
+TOOL_DATASETS = ("synthetic", "cifar10", "mnist", "text")
+
+
+def add_model_arguments(parser, default_model: str = "vgg11", dataset: bool = True) -> None:
+    """--model and gpt's size flags as training takes them, and (with `dataset`) --dataset: whose samples' shape the
+    model is built for (the tool feeds it synthetic data of that shape)."""
+    training_default = " (default: vgg11 for cifar10"  # what training's help says of its default; here it is one model
+    add_config_arguments(parser, MODEL_FLAGS, defaults={"model": default_model},
+                         helps={"model": MODEL_HELP.split(training_default)[0] + f" (default: {default_model})"})
+    if not dataset:
+        parser.set_defaults(dataset="synthetic")
+        return
+    parser.add_argument("--dataset", choices=TOOL_DATASETS, default="synthetic",
+                        help="the data set whose samples the model is built for: cifar10 and mnist its images' "
+                             "shape, text or synthetic what the model takes (images 3x32x32 or the smallest it "
+                             "accepts, tokens of gpt's context); the samples themselves are synthetic "
+                             "(default: synthetic)")
+
+
+def model_config(args, **settings) -> TrainConfig:
+    """The TrainConfig of add_model_arguments' flags (and `settings`), its model checked as training checks it: a
+    UserError names what is wrong."""
+    config = TrainConfig(**model_flags(args), **settings)
+    config.validate_model()
+    return config
+
+
+def model_flags(args) -> dict:
+    """add_model_arguments' flags as given (a bench JSON keeps them, so predict can tell its model from another)."""
+    return {name: getattr(args, name) for name in (*MODEL_FLAGS, "dataset")}
+
+
+def model_flag_words(args) -> list[str]:
+    """The model flags to repeat on a training command line: --model and each gpt flag given."""
+    words = ["--model", args.model]
+    for name in MODEL_FLAGS[1:]:
+        value = getattr(args, name)
+        if value is not None and value != getattr(TrainConfig, name):
+            words += ["--" + name.replace("_", "-"), str(value)]
+    return words
 
 
 def redact_uri(uri: str | None) -> str | None:

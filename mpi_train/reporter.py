@@ -186,9 +186,11 @@ class Reporter(SilentReporter):
                  epoch_end: bool = False) -> None:
         """A test evaluation with the wall time (evaluations left out) and the bytes it took to get there: time and
         bytes to accuracy. An epoch's end was printed by log_epoch already."""
+        perplexity = math.exp(min(test_loss, 50)) if self.language_model else None
         self.evaluations.append({"step": step, "test_loss": test_loss, "test_accuracy": test_accuracy,
-                                 "elapsed_s": elapsed_s, "sent_mb": sent_bytes / 1e6})
-        self.tracker.log_eval(step, test_loss, test_accuracy, elapsed_s, sent_bytes / 1e6)
+                                 "elapsed_s": elapsed_s, "sent_mb": sent_bytes / 1e6,
+                                 **({"perplexity": perplexity} if perplexity is not None else {})})
+        self.tracker.log_eval(step, test_loss, test_accuracy, elapsed_s, sent_bytes / 1e6, perplexity)
         if not epoch_end:
             self.print(f"step {step} {self.scored(test_loss, test_accuracy)}  after "
                        f"{elapsed_s:.1f}s of training and {sent_bytes / 1e6:,.1f} MB sent")

@@ -23,12 +23,13 @@ from pathlib import Path
 
 from ..config import ENV_DEFAULTS, redact_uri
 from ..errors import UserError, format_error
+from ..models import BUILT_IN, TOKENS
 from ..stragglers import Straggler
 from ..sync import GRADIENTS, SYNC_METHODS, label, split_label
 from ..tracking import check_uri, default_store_uri, job_metrics, mlflow_client, probe_server
 from ..tracking import names as metric_names
 from . import time_to_accuracy
-from .time_to_accuracy import Evaluation
+from .time_to_accuracy import Evaluation, Target
 
 PLOTTED_PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
 COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "mem_MiB", "samples/s", "final_loss", "test_acc",
@@ -100,8 +101,9 @@ def evaluations(client, run_id: str) -> list[Evaluation]:
     """A run's test evaluations with the training time and bytes logged at the same steps (jobs before these were
     logged: accuracy alone)."""
     at = {key: {m.step: m.value for m in history(client, run_id, key)}
-          for key in (metric_names.TEST_ACCURACY, metric_names.ELAPSED, metric_names.SENT_MB)}
-    return [Evaluation(step, accuracy, at[metric_names.ELAPSED].get(step), at[metric_names.SENT_MB].get(step))
+          for key in (metric_names.TEST_ACCURACY, metric_names.ELAPSED, metric_names.SENT_MB, metric_names.TEST_LOSS)}
+    return [Evaluation(step, accuracy, at[metric_names.ELAPSED].get(step), at[metric_names.SENT_MB].get(step),
+                       at[metric_names.TEST_LOSS].get(step))
             for step, accuracy in sorted(at[metric_names.TEST_ACCURACY].items())]
 
 
@@ -118,8 +120,8 @@ def job_from_summary(name: str, summary: dict) -> FinishedJob:
                                                                        "batch_size")
                           if summary["config"].get(key) is not None}},
                slow_host=Straggler.from_dict(summary["slow_host"]).describe() if summary.get("slow_host") else None,
-               evaluations=[Evaluation(e["step"], e["test_accuracy"], e.get("elapsed_s"), e.get("sent_mb"))
-                            for e in summary.get("evaluations", [])],
+               evaluations=[Evaluation(e["step"], e["test_accuracy"], e.get("elapsed_s"), e.get("sent_mb"),
+                                       e.get("test_loss")) for e in summary.get("evaluations", [])],
                drift_curve=[(step["step"], step["drift"]) for step in summary["steps"] if "drift" in step])
 
 
@@ -183,7 +185,8 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = None) -> list[Path]:
+def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = None,
+         target_loss: float | None = None) -> list[Path]:
     """Three PNGs a person would rather look at than the table, and accuracy against time and bytes for runs that
     were evaluated."""
     import matplotlib
@@ -228,9 +231,10 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
         ax.set_xticks(positions, labels, fontsize=7, rotation=90)
     ax.set(ylabel="step time (ms), every logged window", title="Per-rank step-time spread")
     written.append(save_figure(fig, out / "rank_step_time_spread.png"))
-    target = accuracy_target(jobs, target_accuracy)
+    target = race_target(jobs, target_accuracy, target_loss)
     if target is not None:
-        written.append(time_to_accuracy.plot(accuracy_runs(jobs), target, out / "accuracy_vs_time.png"))
+        name = "accuracy_vs_time.png" if target.kind == time_to_accuracy.ACCURACY else "validation_loss_vs_time.png"
+        written.append(time_to_accuracy.plot(accuracy_runs(jobs), target, out / name))
     drifting = [job for job in jobs if job.drift_curve]
     if drifting:
         fig, ax = plt.subplots(figsize=(8, 5))
@@ -388,7 +392,7 @@ def configuration(job: FinishedJob) -> tuple:
     return ("lossless" if lossless else "", *options, job.world_size, job.params.get("batch_size"))
 
 
-def carried_to_links(jobs: list[FinishedJob], target: float) -> list[dict]:
+def carried_to_links(jobs: list[FinishedJob], target: float | Target) -> list[dict]:
     """Time to `target` on every link a configuration's runs were timed on (time_to_accuracy.carried); [] unless
     some run is carried to a link other than its evaluated run's."""
     evaluated = [(configuration(job), job.evaluations) for job in jobs if job.evaluations]
@@ -400,20 +404,42 @@ def carried_to_links(jobs: list[FinishedJob], target: float) -> list[dict]:
     return rows if any(row["link"] not in reached_on for row in rows) else []
 
 
-def accuracy_target(jobs: list[FinishedJob], target: float | None) -> float | None:
-    """The accuracy time to accuracy is measured to: `target`, else the best final accuracy minus 2 points."""
-    return target if target is not None else time_to_accuracy.default_target([c for _, _, c in accuracy_runs(jobs)])
+def language_models(jobs: list[FinishedJob]) -> bool:
+    """Every job trained a language model (gpt): the race is to a validation loss, not an accuracy."""
+    def takes_tokens(name: str | None) -> bool:
+        return name in BUILT_IN and BUILT_IN[name].takes == TOKENS  # a user's own model takes images
+
+    return bool(jobs) and all(takes_tokens(job.params.get("model")) for job in jobs)
 
 
-def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | None = None) -> str:
-    """The comparison's text: its rule said once, the runs table, time to accuracy (runs that were evaluated),
-    predicted against measured sync (jobs on several hosts), the slow hosts."""
+def race_target(jobs: list[FinishedJob], target_accuracy: float | None = None,
+                target_loss: float | None = None) -> Target | None:
+    """What time to accuracy is measured to: the validation loss or accuracy given (not both), else for language
+    models the best final validation loss plus 0.05 nats, for the others the best final accuracy minus 2 points;
+    None when no run was evaluated."""
+    if target_accuracy is not None and target_loss is not None:
+        raise UserError(f"a comparison races to one target, and both a target accuracy ({target_accuracy}) and a "
+                        f"target loss ({target_loss}) are given. Keep the accuracy for image models, the "
+                        f"validation loss for language models.")
+    if target_loss is not None:
+        return Target(target_loss, time_to_accuracy.LOSS)
+    if target_accuracy is not None:
+        return Target(target_accuracy)
+    kind = time_to_accuracy.LOSS if language_models(jobs) else time_to_accuracy.ACCURACY
+    value = time_to_accuracy.default_target([c for _, _, c in accuracy_runs(jobs)], kind=kind)
+    return Target(value, kind) if value is not None else None
+
+
+def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | None = None,
+               target_loss: float | None = None) -> str:
+    """The comparison's text: its rule said once, the runs table, time to accuracy or to a validation loss (runs
+    that were evaluated), predicted against measured sync (jobs on several hosts), the slow hosts."""
     sections = [f"{title} ({len(jobs)} finished). Times per step: {metric_names.SUMMARY_RULE}.\n"
                 + format_table(table_rows(jobs))]
-    target = accuracy_target(jobs, target_accuracy)
+    target = race_target(jobs, target_accuracy, target_loss)
     if target is not None:
         sections.append(time_to_accuracy.describe(time_to_accuracy.rows(accuracy_runs(jobs), target),
-                                                  given=target_accuracy is not None))
+                                                  given=target_accuracy is not None or target_loss is not None))
         carried = carried_to_links(jobs, target)
         if carried:
             sections.append(time_to_accuracy.describe_carried(carried, target))
@@ -452,7 +478,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="comparison", help="folder the PNG plots are written to (default: comparison)")
     parser.add_argument("--target-accuracy", type=float, metavar="FRACTION",
                         help="time to accuracy is measured to this test accuracy, e.g. 0.6 (default: the best run's "
-                             "final accuracy minus 2 points)")
+                             "final accuracy minus 2 points; language models race to a validation loss instead)")
+    parser.add_argument("--target-loss", type=float, metavar="NATS",
+                        help="time to a validation loss: the first evaluation at or below this loss, e.g. 2.0 nats "
+                             "per byte for gpt (default for language models: the best run's final validation loss "
+                             "plus 0.05; not with --target-accuracy)")
     parser.add_argument("--log-artifacts", action="store_true",
                         help="also store the table and plots as a comparison run in the experiment")
     return parser
@@ -471,6 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if experiment is None:
             raise UserError(f"Experiment {args.experiment!r} does not exist at {redact_uri(uri)}. Name one that "
                             f"training wrote to (--experiment of python -m mpi_train), or check --tracking-uri.")
+        race_target([], args.target_accuracy, args.target_loss)  # one target at most, said before anything is read
         jobs = load_jobs(client, experiment.experiment_id)
         if not jobs:
             raise UserError(f"Experiment {args.experiment!r} at {redact_uri(uri)} has no FINISHED jobs to compare. "
@@ -478,11 +509,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
-    table = comparison(jobs, f"Jobs of {args.experiment!r}", args.target_accuracy)
+    table = comparison(jobs, f"Jobs of {args.experiment!r}", args.target_accuracy, args.target_loss)
     print(table)
     predictions = prediction_rows(jobs)
     predicted = any(row["predicted_s"] is not None for row in predictions)
-    paths = plot(jobs, Path(args.out), args.target_accuracy)
+    paths = plot(jobs, Path(args.out), args.target_accuracy, args.target_loss)
     if predicted:
         paths.append(plot_predictions(predictions, Path(args.out)))
     print("plots: " + ", ".join(str(p) for p in paths))

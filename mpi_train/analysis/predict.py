@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import netmodel
-from ..config import TrainConfig
+from ..clock import Clock
+from ..commands.bench import BackwardClock
+from ..config import TrainConfig, add_model_arguments, model_config, model_flags
+from ..data import synthetic_batch
 from ..errors import UserError, format_error
-from ..models import INPUT_SHAPES, build_model
 from ..netmodel.memory import MemoryPrediction, predict_memory
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
 
@@ -60,8 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mpi_train predict", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("--model", choices=tuple(INPUT_SHAPES), default="vgg11",
-                        help="model whose gradients are synced (default: vgg11)")
+    add_model_arguments(parser)  # the model whose gradients are synced, as training names it
     parser.add_argument("--batch-size", type=int, default=256,
                         help="global batch, split across the ranks (default: 256)")
     parser.add_argument("--per-rank-batch", type=float,
@@ -106,22 +107,39 @@ def parse_ranks(text: str) -> list[int]:
     return sorted(set(ranks))
 
 
-def measured_compute_per_sample(model_name: str, batch: int = 16, iters: int = 3) -> float:
-    """Forward + backward seconds per sample of the model on this machine (median of a few small batches)."""
-    import torch
+def measured_compute(workload: TrainConfig, batch: int = 16, iters: int = 3) -> tuple[float, netmodel.Backward]:
+    """Forward + backward seconds per sample of the model on this machine (median of a few small batches), and when
+    its backward had each gradient ready (as the bench measures it): the model's own profile, not an assumed one."""
+    import torch  # here, not at the top: only timing the model needs torch's autograd running
     import torch.nn.functional as F
 
     torch.manual_seed(0)
-    model = build_model(model_name)
-    images, labels = torch.randn(batch, *INPUT_SHAPES[model_name]), torch.randint(0, 10, (batch,))
-    seconds = []
+    model = workload.make_model()
+    inputs, targets = synthetic_batch(workload, batch)
+    clock, seconds, shares = BackwardClock(model, Clock(torch.device("cpu"))), [], []
     for i in range(iters + 1):
         started = time.perf_counter()
         model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(images), labels).backward()
+        loss = F.cross_entropy(model(inputs), targets)
+        forward_end = time.perf_counter()
+        loss.backward()
+        ended = time.perf_counter()
         if i:  # the first pass allocates
-            seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds) / batch
+            seconds.append(ended - started)
+            shares.append((ended - forward_end) / (ended - started))
+            clock.record(forward_end, ended)
+        else:
+            clock.ready_at.clear()
+    return statistics.median(seconds) / batch, clock.profile(statistics.median(shares))
+
+
+def meta_model(workload: TrainConfig):
+    """The model built on the meta device (shapes only: no memory, no compute): each gradient's bytes, what a
+    compressor sends and what a rank holds come from the model itself."""
+    import torch  # here, not at the top: as measured_compute
+
+    with torch.device("meta"):
+        return workload.make_model()
 
 
 def compute_from_bench(bench: dict) -> float:
@@ -297,35 +315,41 @@ def run(args: argparse.Namespace) -> None:
             netmodel.rate_bytes_per_s(args.link)
         except ValueError as error:
             raise UserError(f"--link: {error}.") from None
+    workload = model_config(args)
     bench, calibrated = None, None
     if args.calibration:
         calibrated = netmodel.load_calibration(args.calibration)
         bench = json.loads(Path(args.calibration).read_text())
-        if bench.get("model") != args.model and args.compute_per_sample is None:
-            raise UserError(f"--calibration {args.calibration} timed {bench.get('model')}, not --model {args.model}: "
-                            f"its compute per sample does not apply. Pass --model {bench.get('model')}, or "
-                            f"--compute-per-sample SECONDS.")
+        timed = bench.get("model_flags") or {"model": bench.get("model")}  # a bench JSON before the flags were kept
+        differs = {name: value for name, value in timed.items() if value != model_flags(args).get(name)}
+        if differs and args.compute_per_sample is None:
+            raise UserError(f"--calibration {args.calibration} timed {bench.get('model_described', bench.get('model'))}"
+                            f" (its {', '.join(f'{k} {v}' for k, v in differs.items())}), not this prediction's "
+                            f"{workload.describe_model()}: its compute per sample does not apply. Name the model as "
+                            f"the bench did, or pass --compute-per-sample SECONDS.")
     network, notes = network_for(args, calibrated)
+    if args.period is not None and args.period < 1 or args.host_period is not None and args.host_period < 0:
+        raise UserError(f"--period must be at least 1 and --host-period not negative, got {args.period} and "
+                        f"{args.host_period}.")
+    model = meta_model(workload)
+    params = [p for p in model.parameters() if p.requires_grad]
+    tensor_bytes = [p.numel() * p.element_size() for p in params]
+    backward = netmodel.ASSUMED_BACKWARD
     if args.compute_per_sample is not None:
         per_sample, source = args.compute_per_sample, "--compute-per-sample"
     elif bench is not None:
         per_sample, source = compute_from_bench(bench), f"the no-sync baseline of {args.calibration}"
     else:
-        per_sample, source = (measured_compute_per_sample(args.model),
-                              "timed here (batch 16, one process, this machine's CPU)")
-    if args.period is not None and args.period < 1 or args.host_period is not None and args.host_period < 0:
-        raise UserError(f"--period must be at least 1 and --host-period not negative, got {args.period} and "
-                        f"{args.host_period}.")
-    model = build_model(args.model)
+        per_sample, backward = measured_compute(workload)
+        source = "timed here (batch 16, one process, this machine's CPU)"
+    if bench is not None:
+        backward = netmodel.load_backward(args.calibration, len(tensor_bytes))
     labels = parse_labels(args.methods) if args.methods else None
-    tensor_bytes = netmodel.tensor_sizes(model)
     methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period)
     steps_to_accuracy = parse_steps(args.steps_to_accuracy, list(methods))
-    params = [p for p in model.parameters() if p.requires_grad]
     ratios = {name: method.wire_ratio(params) for name, method in methods.items()}
-    backward = (netmodel.load_backward(args.calibration, len(tensor_bytes)) if bench is not None
-                else netmodel.ASSUMED_BACKWARD)
-    when = ("gradients ready as the calibration's no-sync backward had them" if backward.ready is not None
+    when = ("gradients ready as the calibration's no-sync backward had them" if bench is not None and backward.ready
+            else "gradients ready as the model's backward had them here" if backward.ready is not None
             else "gradients produced at a constant rate, last layer first")
 
     def per_rank(n: int) -> float:
@@ -333,15 +357,15 @@ def run(args: argparse.Namespace) -> None:
 
     batch = (f"{args.per_rank_batch:g} per rank (weak scaling)" if args.per_rank_batch
              else f"global batch {args.batch_size} split across the ranks")
-    print(f"{args.model}: {len(tensor_bytes)} gradient tensors, {sum(tensor_bytes) / 1e6:.1f} MB; {batch}; "
-          f"{args.ranks_per_host} ranks per host")
+    print(f"{workload.describe_model()}: {len(tensor_bytes)} gradient tensors, {sum(tensor_bytes) / 1e6:.1f} MB; "
+          f"{batch}; {args.ranks_per_host} ranks per host")
     print("assumptions:")
     for note in [f"compute {per_sample * 1e3:.2f} ms per sample ({source}), scaled to each rank's batch",
                  *notes, "ranks numbered host by host (as mpirun fills a hostfile); optimizer and data time left out",
                  (f"ddp and bucketed send {args.bucket_mb:g} MB buckets during backward (backward = "
                   f"{backward.share:.2f} of compute, {when}); only what outlasts backward is exposed")]:
         print(f"  - {note}")
-    momentum = args.momentum if args.momentum is not None else TrainConfig(model=args.model).optimizer.momentum
+    momentum = args.momentum if args.momentum is not None else workload.optimizer.momentum
     table = {n: predict_rows(tensor_bytes, n, args.ranks_per_host, network, per_sample * per_rank(n), methods, ratios,
                              backward, model, momentum) for n in ranks}
     if len(ranks) == 1:
@@ -363,7 +387,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"\nmemory per rank, MiB (SGD momentum {momentum:g}):")
     print(format_memory_scaling(table))
     link = args.link or "calibrated link"
-    path = plot_scaling(table, f"{args.model}, {batch}, {args.ranks_per_host} ranks/host, {link}: predicted",
+    path = plot_scaling(table, f"{workload.model_name}, {batch}, {args.ranks_per_host} ranks/host, {link}: predicted",
                         Path(args.plot))
     print(f"plot: {path}")
 

@@ -43,12 +43,20 @@ from .. import netmodel, tracking
 from ..advice import cache, memory_limit, search
 from ..advice.search import Candidate, StepModel
 from ..cluster import Cluster
-from ..config import ADVICE_DIR, BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig
-from ..data import SyntheticImages
+from ..config import (
+    ADVICE_DIR,
+    BACKENDS,
+    ENV_DEFAULTS,
+    LAUNCHERS,
+    TrainConfig,
+    add_model_arguments,
+    model_config,
+    model_flag_words,
+)
+from ..data import synthetic_batch
 from ..devices import place
 from ..errors import UserError, folder_write_error
 from ..files import write_json_atomically
-from ..models import INPUT_SHAPES, build_model
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import PARAMETERS, SYNC_METHODS, backend_error, every_label, split_label
 from ..sync.base import AccuracyCost
@@ -79,9 +87,7 @@ ACCURACY_COST = {
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser = RankAwareParser(prog="python -m mpi_train advise", quiet=quiet, description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=tuple(INPUT_SHAPES), default="vgg11",
-                        help="model the job trains (default: vgg11; the job's --dataset synthetic or mnist trains "
-                             "mnist_cnn)")
+    add_model_arguments(parser)  # the job's model (a job's --dataset synthetic or mnist trains mnist_cnn by default)
     parser.add_argument("--batch-size", type=int, default=256,
                         help="the job's global batch, split across ranks (default: 256)")
     parser.add_argument("--json", metavar="PATH", help="rank 0 also writes the advice here")
@@ -548,15 +554,16 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     cluster.agree(unwritable and f"cannot keep advice in {args.advice_dir}: {unwritable}. Give a folder this user "
                                  f"can write with --advice-dir", "python -m mpi_train advise")
     uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
-    connection = tracking.connect(TrainConfig(model=args.model, batch_size=args.batch_size, tracking_uri=uri,
-                                              experiment=args.experiment, no_tracking=args.no_tracking), cluster)
+    workload = model_config(args, batch_size=args.batch_size, tracking_uri=uri, experiment=args.experiment,
+                            no_tracking=args.no_tracking)
+    connection = tracking.connect(workload, cluster)
     placement = place(cluster, args.backend, args.threads)
     backend, device = placement.backend, placement.device
     cluster.open_process_group(backend, args.master_addr, args.timeout, device)
     started = time.perf_counter()
 
     torch.manual_seed(0)
-    template = build_model(args.model).to(device).train()
+    template = workload.make_model().to(device).train()
     tensor_bytes = netmodel.tensor_sizes(template)
     gradient_bytes = int(sum(tensor_bytes))
     layout = netmodel.Layout.of_hosts(list(cluster.hosts))
@@ -564,8 +571,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     if info.is_main:
         print(f"advise: {setting.describe()}, backend {backend}, {placement.threads} thread(s) per rank", flush=True)
     links = calibration(cluster, args, min(gradient_bytes, CALIBRATION_BYTES), device)
-    data = SyntheticImages(args.batch_size // world, INPUT_SHAPES[args.model], train=True)
-    images, labels = data.images.to(device), data.labels.to(device)
+    images, labels = (part.to(device) for part in synthetic_batch(workload, args.batch_size // world))
 
     def progress(what: str):
         def say(step: int, total: int, warming: bool) -> None:
@@ -574,13 +580,14 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         return say
 
     if info.is_main:
-        print(f"advise: timing {args.model}'s forward and backward without sync ({PROFILE_STEPS} steps)", flush=True)
+        print(f"advise: timing {workload.describe_model()}'s forward and backward without sync ({PROFILE_STEPS} "
+              f"steps)", flush=True)
     times, backward = measure([contender(NO_SYNC, NoSync(), template)], images, labels, PROFILE_STEPS, 1, device,
                               progress("no-sync"))
     profile = cluster.gather(times)
     usable, refused = search.lossless(backend)
     found = search.candidates(usable, tensor_bytes, backward.order)
-    limit, momentum = memory_limit.parse_size(args.memory_limit), TrainConfig(model=args.model).optimizer.momentum
+    limit, momentum = memory_limit.parse_size(args.memory_limit), workload.optimizer.momentum
     found, over_limit, held = memory_limit.fitting(found, template, world, momentum, limit)
     chosen = None
     if info.is_main:
@@ -672,7 +679,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     print(f"\nadvice kept in {kept} (plot {picture})" + (f" and written to {args.json}" if args.json else "")
           + f"; the advice took {advised_s:.0f} s after start-up"
           + (f", its full bench {result['full_bench']['seconds']:.0f} s more" if full else ""))
-    print(f"train with it: python -m mpi_train --model {args.model} --batch-size {args.batch_size} "
+    print(f"train with it: python -m mpi_train {' '.join(model_flag_words(args))} --batch-size {args.batch_size} "
           f"{' '.join(result['recommended']['flags'])}   (or --sync auto, which reads the newest advice for this "
           f"setting)", flush=True)
     if connection is not None:

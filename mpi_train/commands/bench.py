@@ -65,12 +65,11 @@ from torch import nn
 from .. import netmodel, tracking
 from ..clock import Clock
 from ..cluster import Cluster, GroupChannel
-from ..config import BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig
-from ..data import SyntheticImages
+from ..config import BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig, add_model_arguments, model_config, model_flags
+from ..data import synthetic_batch
 from ..devices import place
 from ..errors import UserError
 from ..files import write_json_atomically
-from ..models import INPUT_SHAPES, build_model
 from ..netmodel.families import bus_bandwidth, family_of
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, parse_labels, split_label
@@ -135,10 +134,10 @@ class BackwardClock:
 
 def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser = RankAwareParser(prog="python -m mpi_train bench", quiet=quiet, description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=tuple(INPUT_SHAPES), default="vgg11",
-                        help="model whose gradients are synced (default: vgg11)")
+    add_model_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=256,
-                        help="global batch of synthetic images shaped for the model, split across ranks (default: 256)")
+                        help="global batch of synthetic samples shaped for the model (images, or sequences of gpt's "
+                             "context), split across ranks (default: 256)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per method (default: 20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per method first (default: 2)")
     parser.add_argument("--json", metavar="PATH", help="rank 0 writes every figure here")
@@ -226,13 +225,13 @@ def configured(text: str, bucket_mb: float, powersgd_rank: int = TrainConfig.pow
     return SYNC_METHODS[name].from_config(config)
 
 
-def contenders(model_name: str, device: torch.device, bucket_mb: float, labels: list[str] | None = None,
+def contenders(workload: TrainConfig, device: torch.device, bucket_mb: float, labels: list[str] | None = None,
                backend: str = "gloo",
                powersgd_rank: int = TrainConfig.powersgd_rank) -> tuple[list[Contender], list[tuple[str, str]]]:
-    """The no-sync baseline and each method, each with an identical replica of the model; and the methods the
-    backend cannot run, with the reason."""
+    """The no-sync baseline and each method, each with an identical replica of the model `workload` names; and the
+    methods the backend cannot run, with the reason."""
     torch.manual_seed(0)
-    template = build_model(model_name).to(device)
+    template = workload.make_model().to(device)
     entries, unavailable = [], []
     for text in [NO_SYNC, *(labels or parse_labels(None))]:
         refused = backend_error(split_label(text)[0], backend) if text != NO_SYNC else None
@@ -439,7 +438,7 @@ def describe(result: dict) -> str:
         f"sync cost: {result['world_size']} rank(s)"
         + (f" on {layout['hosts']} host(s), {layout['ranks_per_host']} per host" if layout else "")
         + (f", link {result['network_link']}" if result.get("network_link") else "")
-        + f", backend {result['backend']}, {result['model']} "
+        + f", backend {result['backend']}, {result.get('model_described', result['model'])} "
         f"({result['gradient_bytes'] / 1e6:.1f} MB of gradients), batch {result['batch_size']}, "
         f"{result['steps']} timed steps per method (medians, slowest rank per step)",
         f"link bandwidth B = {link['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s "
@@ -552,14 +551,14 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     world = info.world_size
     validate(args, world)
     uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
-    settings = TrainConfig(model=args.model, batch_size=args.batch_size, tracking_uri=uri, experiment=args.experiment,
-                           no_tracking=args.no_tracking)
+    settings = model_config(args, batch_size=args.batch_size, tracking_uri=uri, experiment=args.experiment,
+                            no_tracking=args.no_tracking)
     connection = tracking.connect(settings, cluster)  # rank 0 checks the store before any work
     placement = place(cluster, args.backend, args.threads)
     backend, threads, device = placement.backend, placement.threads, placement.device
     cluster.open_process_group(backend, args.master_addr, args.timeout, device)
 
-    entries, unavailable = contenders(args.model, device, args.bucket_mb, parse_labels(args.methods), backend,
+    entries, unavailable = contenders(settings, device, args.bucket_mb, parse_labels(args.methods), backend,
                                       args.powersgd_rank)
     gradient_bytes = sum(p.numel() * p.element_size() for p in entries[0].model.parameters() if p.requires_grad)
     sent = {entry.name: entry.method.wire_bytes(list(entry.model.parameters())) for entry in entries[1:]}
@@ -582,8 +581,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         measured = allreduce_bandwidth(world, device, gradient_bytes / 2**20, args.link_iters)
         link["allreduce_busbw_bytes_per_s"] = measured["busbw_gb_s"] * 1e9
 
-    data = SyntheticImages(args.batch_size // world, INPUT_SHAPES[args.model], train=True)
-    images, labels = data.images.to(device), data.labels.to(device)
+    images, labels = (part.to(device) for part in synthetic_batch(settings, args.batch_size // world))
     for entry in entries:
         entry.model.train()
 
@@ -606,8 +604,9 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         inputs = ModelInputs(netmodel.Network.from_dict(calibration["network"]), layout,
                              tuple(netmodel.tensor_sizes(entries[0].model)), args.bucket_mb, backward)
     result = {
-        "world_size": world, "backend": backend, "model": args.model, "batch_size": args.batch_size,
-        "steps": args.steps, "warmup": args.warmup, "threads": threads, "gradient_bytes": gradient_bytes,
+        "world_size": world, "backend": backend, "model": args.model, "model_described": settings.describe_model(),
+        "model_flags": model_flags(args), "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup,
+        "threads": threads, "gradient_bytes": gradient_bytes,
         "link": link, "hosts": list(cluster.hosts), "unavailable": unavailable,
         "layout": {"hosts": layout.hosts, "ranks_per_host": layout.ranks_per_host, "host_of_rank": list(cluster.hosts)},
         "network_link": args.link, "bucket_mb": args.bucket_mb, "calibration": calibration,

@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from ..cluster import Cluster
+from ..config import DATASET_SHAPES, TrainConfig, add_model_arguments, model_config, model_flag_words
+from ..data import synthetic_batch
 from ..errors import UserError
-from ..models import INPUT_SHAPES, build_model
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import BASELINE, COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label
 from ..train import run
@@ -41,7 +42,7 @@ def parse_args(argv: list[str] | None, quiet: bool = False) -> argparse.Namespac
     parser.add_argument("--data-dir", help="CIFAR-10 for the one-epoch check (left out without it)")
     parser.add_argument("--backend", default="nccl", choices=("nccl", "gloo"), help="nccl (default); gloo dry-runs "
                         "the check on CPUs")
-    parser.add_argument("--model", default="vgg11", choices=tuple(INPUT_SHAPES), help="model (default: vgg11)")
+    add_model_arguments(parser, dataset=False)  # every job trains synthetic data shaped for it (CIFAR-10's epoch aside)
     parser.add_argument("--batch-size", type=int, default=256, help="global batch (default: 256)")
     parser.add_argument("--steps", type=int, default=6, help="steps of each method's short job (default: 6)")
     parser.add_argument("--timed-steps", type=int, default=60, help="steps the bare loop and ddp are timed over "
@@ -58,13 +59,12 @@ def combinations(backend: str, names: list[str]) -> list[tuple[str, str]]:
             and (compression == "none" or not SYNC_METHODS[name].fixed_compression)]
 
 
-def bare_step_s(model_name: str, batch: int, device: torch.device, warm: int, timed: int) -> float:
+def bare_step_s(workload: TrainConfig, batch: int, device: torch.device, warm: int, timed: int) -> float:
     """Seconds per step of the plainest loop: the batch on the device, forward, backward, SGD step, no host wait."""
     torch.manual_seed(0)
-    model = build_model(model_name).to(device)
+    model = workload.make_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-    images = torch.randn(batch, *INPUT_SHAPES[model_name], device=device)
-    labels = torch.randint(0, 10, (batch,), device=device)
+    images, labels = (part.to(device) for part in synthetic_batch(workload, batch))
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -88,7 +88,12 @@ class Checks:
 
     def __init__(self, cluster: Cluster, args: argparse.Namespace, folder: Path):
         self.cluster, self.args, self.folder = cluster, args, folder
-        self.common = ["--backend", args.backend, "--model", args.model, "--batch-size", str(args.batch_size),
+        self.workload = model_config(args)  # refused here, on every rank, as training would refuse it
+        if args.data_dir and self.workload.input_shape != DATASET_SHAPES["cifar10"]:
+            raise UserError(f"--data-dir adds one CIFAR-10 epoch, which --model {args.model} cannot train (it takes "
+                            f"{self.workload.input_shape}). Drop --data-dir, or check an image model that takes "
+                            f"3x32x32 images.")
+        self.common = ["--backend", args.backend, *model_flag_words(args), "--batch-size", str(args.batch_size),
                        "--no-tracking", "--log-every", "1000"]
         self.rows: list[dict] = []
 
@@ -120,7 +125,7 @@ class Checks:
 
     def step_against_bare(self, device: torch.device) -> float:
         warm, timed = 10, self.args.timed_steps
-        bare = bare_step_s(self.args.model, self.args.batch_size // self.cluster.info.world_size, device, warm, timed)
+        bare = bare_step_s(self.workload, self.args.batch_size // self.cluster.info.world_size, device, warm, timed)
         summary = self.job("ddp-timed", "--dataset", "synthetic", "--synthetic-size", str(4 * self.args.batch_size),
                            "--sync", BASELINE, "--max-steps", str(warm + timed), "--epochs", "1000",
                            "--timing-warmup-steps", str(warm))

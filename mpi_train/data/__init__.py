@@ -4,7 +4,7 @@ rank's device with augmentation on whole batches (resident.py, augment.py) or th
 
 from .loaders import Loaders, make_loaders
 from .sampler import ResumableSampler
-from .sets import NUM_CLASSES, SyntheticImages, load_datasets
+from .sets import NUM_CLASSES, SyntheticImages, load_datasets, synthetic_batch
 
 __all__ = [
            "LOADERS",
@@ -14,4 +14,5 @@ __all__ = [
            "SyntheticImages",
            "load_datasets",
            "make_loaders",
+           "synthetic_batch",
 ]

@@ -41,6 +41,20 @@ class SyntheticImages(Dataset):
         return self.images[index], int(self.labels[index])
 
 
+def synthetic_batch(config: TrainConfig, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of `samples` the model of `config` takes, and its targets: synthetic images of its input shape, or
+    windows of synthetic words (the next byte of every position, flattened), for the commands that time a model
+    without training it (bench, advise, predict, gpu-check)."""
+    if config.language_model:
+        context = config.gpt_shape.context
+        train, _ = text.splits(text.synthetic_text(max(samples, 16) * (context + 1)), context, "synthetic text")
+        starts = torch.randint(0, len(train) - context, (samples,),
+                               generator=torch.Generator().manual_seed(SYNTHETIC_DATA_SEED))
+        return text.windows(train.data, starts, context)
+    images = SyntheticImages(samples, config.input_shape, train=True)
+    return images.images, images.labels
+
+
 def _cifar10_transforms(train: bool):
     from torchvision import transforms as T
 

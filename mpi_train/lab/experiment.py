@@ -182,6 +182,8 @@ def bench_command(sweep: Sweep, bench: BenchPlan, uri: str | None, json_path: Pa
     command = [*mpirun_prefix(sweep, np, setting), sys.executable, "-m", "mpi_train", "bench", "--model", bench.model,
                "--batch-size", str(bench.batch_size), "--steps", str(bench.steps), "--warmup", str(bench.warmup),
                "--json", str(json_path)] + (["--link", setting.link] if setting else [])
+    if bench.gpt_size:
+        command += ["--gpt-size", bench.gpt_size]
     if bench.methods:
         command += ["--methods", ",".join(bench.methods)]
     if uri:
@@ -417,8 +419,8 @@ def report(sweep: Sweep, uri: str | None, launches: list[Launch], since_ms: int)
     jobs, client, experiment_id = collect_jobs(sweep, uri, launches, since_ms)
     sections, paths = [], []
     if jobs:
-        sections.append(comparison(jobs, f"Runs of {sweep.name!r}", sweep.target_accuracy))
-        paths += plot(jobs, sweep.out / "plots", sweep.target_accuracy)
+        sections.append(comparison(jobs, f"Runs of {sweep.name!r}", sweep.target_accuracy, sweep.target_loss))
+        paths += plot(jobs, sweep.out / "plots", sweep.target_accuracy, sweep.target_loss)
         predictions = prediction_rows(jobs)
         if any(row["predicted_s"] is not None for row in predictions):
             paths.append(plot_predictions(predictions, sweep.out / "plots"))

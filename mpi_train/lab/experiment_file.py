@@ -6,6 +6,8 @@
     tracking = true                   # false: --no-tracking for every run; the report then reads the runs' summaries
     out = "results/compare_sync"      # report, plots, logs and summaries (default: results/<name>)
     target_accuracy = 0.6             # the report's time to accuracy (default: best final accuracy - 2 points)
+    # target_loss = 2.0               # or, not both: time to this validation loss (nats per byte for gpt; the
+                                      # default for language models: best final validation loss + 0.05)
 
     [launch]                          # how mpirun is called
     hostfile = "hostfile"             # "" for none
@@ -20,12 +22,14 @@
     sync = "all"                      # a method, a list of them, or "all" (every registered method)
     np = [2, 4]                       # world sizes
     seed = [1, 2]                     # default: 42
+    model = ["vgg11", "resnet18"]     # optional: a model or a list of them (runs named ...-MODEL)
     epochs = 2                        # any [train] option, for this grid only
     env = { GLOO_SOCKET_IFNAME = "eth0" }   # extra environment of these runs
 
     [bench]                           # optional: also run `python -m mpi_train bench` once, for the cost table
     np = 4
     steps = 20
+    model = "gpt"                     # any model training takes (default: vgg11); gpt_size = "small" its size
 
     [network]                         # optional: hosts and links as sweep dimensions (test hosts, as root)
     hosts = [1, 2, 4]                 # 1: plain loopback (the [launch] hostfile); more: scripts/testhosts.sh hosts
@@ -62,7 +66,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
 
 from ..config import REGISTRIES, TrainConfig
 from ..errors import UserError
-from ..models import INPUT_SHAPES
+from ..models import GPT_SIZES, resolve
 from ..netmodel.links import rate_bytes_per_s
 from ..sync import COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label, parse_labels
 from .network import NetworkPlan, NetworkSetting
@@ -89,6 +93,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "tracking": Key((bool,), "true or false"),
         "tracking_uri": Key((str,), "a string"), "out": Key((str,), "a string (a folder)"),
         "target_accuracy": Key(NUMBER, "a test accuracy as a fraction, e.g. 0.6 for 60%"),
+        "target_loss": Key(NUMBER, "a validation loss, e.g. 2.0 (nats per byte for gpt)"),
     },
     "launch": {
         "hostfile": Key((str,), 'a string (a file, or "" for none)'),
@@ -107,6 +112,7 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "steps": Key((int,), "an integer"),
         "warmup": Key((int,), "an integer"),
         "batch_size": Key((int,), "an integer"), "model": Key((str,), "a string"),
+        "gpt_size": Key((str,), f"one of {', '.join(GPT_SIZES)}"),
         "methods": Key((list,), 'a list of method labels, e.g. ["ddp", "bucketed+powersgd"]', each=(str,)),
     },
 }
@@ -115,6 +121,7 @@ SWEEP_KEYS = {
     "compression": Key((str, list), "a compression name or a list of them", each=(str,)),
     "np": Key((int, list), "an integer or a list of integers", each=(int,)),
     "seed": Key((int, list), "an integer or a list of integers", each=(int,)),
+    "model": Key((str, list), "a model name or a list of them", each=(str,)),
     "env": Key((dict,), "a table of strings"),
 }
 
@@ -138,6 +145,7 @@ class BenchPlan:
     warmup: int = 2
     batch_size: int = 256
     model: str = "vgg11"
+    gpt_size: str | None = None  # --model gpt's size (default: tiny)
     methods: tuple[str, ...] | None = None  # labels for the bench's --methods (default: every method and compression)
     settings: tuple[NetworkSetting, ...] | None = None  # with [network]: where it runs (default: every setting)
 
@@ -160,6 +168,8 @@ class Sweep:
     unavailable: tuple[tuple[str, str], ...] = ()  # (method label, why) left out of a sync = "all" grid
     network: NetworkPlan | None = None
     target_accuracy: float | None = None  # the report's time to accuracy (None: the best final accuracy - 2 points)
+    target_loss: float | None = None  # or time to this validation loss (None: language models race to the best
+    # final validation loss + 0.05 nats, others to the accuracy above)
 
 
 class SweepError(UserError):
@@ -355,8 +365,16 @@ def parse(text: str, path: Path) -> Sweep:
             if compression not in COMPRESSORS:
                 raise reader.fail(where + ("compression",), f"unknown compression {compression!r}; choose from "
                                   f"{', '.join(COMPRESSORS)}.")
-        overrides = reader.check_train({k: v for k, v in grid.items() if k in TRAIN_FIELDS and k != "compression"},
-                                       where)
+        models = _as_list(grid.get("model", train.get("model")))
+        for model in models:
+            if model is not None:
+                try:
+                    resolve(model)
+                except UserError as error:
+                    raise reader.fail(where + ("model",) if "model" in grid else ("train", "model"),
+                                      str(error).replace("--model ", "model ", 1)) from None
+        overrides = reader.check_train({k: v for k, v in grid.items()
+                                        if k in TRAIN_FIELDS and k not in ("compression", "model")}, where)
         every_method = grid["sync"] == ALL_METHODS
         backend = overrides.get("backend", train.get("backend", "auto"))
         if backend == "auto":  # judged here, where the sweep is launched
@@ -373,8 +391,8 @@ def parse(text: str, path: Path) -> Sweep:
             raise reader.fail(where + ("np",), f"no world size fits the [network] hosts: np must fill them, more than "
                               f"(hosts - 1) × ranks_per_host and at most hosts × ranks_per_host ({ranges}).",
                               line_of=where)
-        for method, compression, (setting, np), seed in itertools.product(methods, compressions, grid_runs,
-                                                                          _as_list(grid.get("seed", DEFAULT_SEED))):
+        for model, method, compression, (setting, np), seed in itertools.product(
+                models, methods, compressions, grid_runs, _as_list(grid.get("seed", DEFAULT_SEED))):
             refused = combination_error(method, compression)
             if every_method and SYNC_METHODS[method].fixed_compression and compression != "none":
                 continue  # flat_fp16 and the like: already in the grid once, with their own compression
@@ -387,14 +405,16 @@ def parse(text: str, path: Path) -> Sweep:
                 raise reader.fail(where + ("compression" if "compression" in grid else "sync",), refused)
             link = {"link": setting.link} if setting else {}
             config = TrainConfig(**{**train, **overrides, "sync": method, "compression": compression, "seed": seed,
-                                    **link})
+                                    "model": model, **link})
             try:
                 config.validate(np)
             except UserError as error:  # the options do not suit this world size (e.g. the batch does not split)
                 raise reader.fail(where + ("np",), f"the run {method} at np {np} cannot start: {error}") from None
-            name = f"{label(method, compression)}-np{np}-seed{seed}" + (f"-{setting.label}" if setting else "")
+            name = (f"{label(method, compression)}-np{np}-seed{seed}" + (f"-{setting.label}" if setting else "")
+                    + (f"-{model}" if isinstance(grid.get("model"), list) else ""))
             if any(run.name == name for run in runs):  # the same triple in two grids with different options
-                name = _distinct(name, overrides, {run.name for run in runs}, len(runs) + 1)
+                named_by = {**overrides, **({"model": model} if "model" in grid else {})}
+                name = _distinct(name, named_by, {run.name for run in runs}, len(runs) + 1)
             runs.append(PlannedRun(len(runs) + 1, name, np, config, dict(env), setting))
 
     if not runs and sweeps:
@@ -426,13 +446,27 @@ def parse(text: str, path: Path) -> Sweep:
         for np in [bench.np] if network is None else [setting.slots for setting in bench.settings]:
             if bench.batch_size % np:
                 raise reader.fail(("bench", "batch_size"), f"{bench.batch_size} must split evenly across np {np}.")
-        if bench.model not in INPUT_SHAPES:  # the bench measures the built-in image models
-            raise reader.fail(("bench", "model"), f"{bench.model!r} is not one of {', '.join(INPUT_SHAPES)}.")
+        try:
+            resolve(bench.model)  # any model training takes
+        except UserError as error:
+            raise reader.fail(("bench", "model"), str(error).replace("--model ", "model ", 1)) from None
+        if bench.gpt_size is not None and (bench.gpt_size not in GPT_SIZES or bench.model != "gpt"):
+            raise reader.fail(("bench", "gpt_size"), f"is gpt's size, one of {', '.join(GPT_SIZES)}, with model = "
+                              f'"gpt"; got {bench.gpt_size!r} with model {bench.model!r}.')
 
     target = experiment.get("target_accuracy")
     if target is not None and not 0 < target <= 1:
         raise reader.fail(("experiment", "target_accuracy"), f"must be a fraction in (0, 1], e.g. 0.6 for 60%, got "
                                                              f"{target}.")
+    target_loss = experiment.get("target_loss")
+    if target_loss is not None and target is not None:
+        raise reader.fail(("experiment", "target_loss"), f"the report races to one target, and target_accuracy = "
+                          f"{target} is set too. Keep target_accuracy for image models and target_loss (a "
+                          f"validation loss) for language models; without either, a sweep of language models races "
+                          f"to a validation loss.")
+    if target_loss is not None and not target_loss > 0:
+        raise reader.fail(("experiment", "target_loss"), f"must be a positive validation loss, e.g. 2.0 nats per "
+                                                         f"byte for gpt, got {target_loss}.")
     launch = data.get("launch", {})
     name = experiment["name"]
     return Sweep(
@@ -442,7 +476,7 @@ def parse(text: str, path: Path) -> Sweep:
         hostfile=launch.get("hostfile", "hostfile") or None,
         mpirun_args=tuple(launch.get("mpirun_args", ("--bind-to", "none"))),
         timeout=launch.get("timeout"), runs=tuple(runs), bench=bench, network=network,
-        unavailable=tuple(unavailable), target_accuracy=target,
+        unavailable=tuple(unavailable), target_accuracy=target, target_loss=target_loss,
     )
 
 

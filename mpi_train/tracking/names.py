@@ -3,7 +3,9 @@
 The chart view groups metrics by the prefix before the first "/", one section per prefix, so the
 prefixes are the questions a user asks of a comparison:
 
-    learning/   is it learning?         loss, lr, test_loss, test_accuracy (at the step they were taken);
+    learning/   is it learning?         loss, lr, test_loss, test_accuracy (at the step they were taken; a
+                                        language model's test_loss is its validation loss in nats per byte, with
+                                        its perplexity);
                                         drift (local SGD, DiLoCo: the ranks' distance from their average)
     time/       where does a step go?   per logged step, means over ranks: step_s, data_s, compute_s, sync_s,
                                         optimizer_s, predicted_sync_s, samples_per_s (the job's) and
@@ -42,6 +44,7 @@ def leaf(name: str) -> str:
 
 
 LOSS, LR, TEST_LOSS, TEST_ACCURACY = "learning/loss", "learning/lr", "learning/test_loss", "learning/test_accuracy"
+PERPLEXITY = "learning/perplexity"  # a language model's, at each evaluation: exp(validation loss)
 SAMPLES_PER_S, PREDICTED_SYNC = "time/samples_per_s", "time/predicted_sync_s"
 EPOCH_TIME = "time/epoch_s"
 WORLD_SIZE = "time/world_size"  # under --resume auto: the ranks of each attempt, from the step it resumed at

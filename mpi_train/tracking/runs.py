@@ -387,10 +387,12 @@ class MlflowTracker(NullTracker):
         with log_eval)."""
         self._put(self.parent_id, self._metrics({names.EPOCH_TIME: epoch_time_s}, step))
 
-    def log_eval(self, step, test_loss, test_accuracy, elapsed_s, sent_mb) -> None:
-        """A test evaluation at `step` with the time and bytes it took to get there (an epoch's end's too)."""
+    def log_eval(self, step, test_loss, test_accuracy, elapsed_s, sent_mb, perplexity=None) -> None:
+        """A test evaluation at `step` with the time and bytes it took to get there (an epoch's end's too), and a
+        language model's perplexity."""
+        scored = {names.PERPLEXITY: perplexity} if perplexity is not None else {}
         self._put(self.parent_id, self._metrics({names.TEST_LOSS: test_loss, names.TEST_ACCURACY: test_accuracy,
-                                                 names.ELAPSED: elapsed_s, names.SENT_MB: sent_mb}, step))
+                                                 names.ELAPSED: elapsed_s, names.SENT_MB: sent_mb, **scored}, step))
 
     def finish(self, summary: dict) -> None:
         means, steps = summary["mean_times"], summary["total_steps"]

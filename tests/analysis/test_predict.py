@@ -64,3 +64,35 @@ def test_bad_input_is_one_paragraph_and_exit_2(args, words, capsys):
     assert predict.main(["--model", "mnist_cnn", "--compute-per-sample", "0.001", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mpi_train predict: error:") and words in " ".join(err.split())
+
+
+def test_any_model_is_predicted_from_its_own_tensors_built_on_the_meta_device(capsys):
+    # resnet18 and gpt, as training names them: each gradient's bytes are the model's own parameters
+    for argv, model in ((["--model", "resnet18"], build_model("resnet18")),
+                        (["--model", "gpt", "--gpt-size", "tiny"], None)):
+        assert predict.main([*argv, "--ranks", "4", "--ranks-per-host", "2", "--link", "100mbit",
+                             "--compute-per-sample", "0.01", "--methods", "allreduce,ddp"]) == 0
+        out = capsys.readouterr().out
+        if model is None:
+            from mpi_train.config import TrainConfig
+
+            model = TrainConfig(model="gpt", dataset="text").make_model()
+        sizes = netmodel.tensor_sizes(model)
+        assert out.startswith(f"{argv[1]}") and f"{len(sizes)} gradient tensors, {sum(sizes) / 1e6:.1f} MB" in out
+    assert "gpt (4 layers, 4 heads, width 128, context 128)" in out
+    assert predict.main(["--model", "resnet19", "--ranks", "4", "--link", "1gbit"]) == 2
+    assert "--model resnet19 is not a model this tool knows" in " ".join(capsys.readouterr().err.split())
+
+
+def test_timed_here_the_model_says_when_each_gradient_is_ready():
+    from mpi_train.config import TrainConfig
+
+    workload = TrainConfig(model="gpt", dataset="text", gpt_layers=2, gpt_width=32, gpt_heads=2, context=16)
+    per_sample, backward = predict.measured_compute(workload, batch=4, iters=2)
+    tensors = [p for p in predict.meta_model(workload).parameters() if p.requires_grad]
+    assert per_sample > 0 and 0 < backward.share < 1 and len(backward.ready) == len(tensors)
+    assert all(0 <= share <= 1 for share in backward.ready) and sorted(backward.order) == list(range(len(tensors)))
+    # backward runs from the output to the input: the last block's gradients come before the first block's
+    names = [name for name, p in workload.make_model().named_parameters() if p.requires_grad]
+    first, last = names.index("blocks.0.mlp.0.weight"), names.index("blocks.1.mlp.0.weight")
+    assert backward.ready[last] < backward.ready[first]

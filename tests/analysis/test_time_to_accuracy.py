@@ -48,7 +48,7 @@ def test_a_summary_file_carries_its_evaluations_and_drift_to_the_comparison_and_
                "mean_times": {"step_time_s": 0.1, "sync_time_s": 0.01},
                "evaluations": [{"step": 4, "test_accuracy": 0.5, "test_loss": 1.2, "elapsed_s": 1.0, "sent_mb": 2.0}]}
     job = job_from_summary("run", summary)
-    assert job.evaluations == [Evaluation(4, 0.5, 1.0, 2.0)] and job.drift_curve == [(4, 0.2), (8, 0.3)]
+    assert job.evaluations == [Evaluation(4, 0.5, 1.0, 2.0, 1.2)] and job.drift_curve == [(4, 0.2), (8, 0.3)]
     written = {path.name for path in plot([job], tmp_path)}
     assert {"accuracy_vs_time.png", "drift_vs_step.png"} <= written
 
@@ -99,3 +99,52 @@ def test_the_comparison_carries_the_evaluated_steps_to_runs_timed_on_other_links
     assert (rows["d"]["steps"], rows["d"]["time_s"]) == (80, 560.0)  # allreduce's steps: the same update as ddp's
     assert (rows["m"]["steps"], rows["m"]["time_s"]) == (80, 200.0)
     assert carried_to_links(jobs[:2], 0.5) == []  # nothing timed elsewhere: nothing to carry
+
+
+def losses(*points):
+    return [Evaluation(step, 0.3, elapsed, sent, loss) for step, loss, elapsed, sent in points]
+
+
+# validation losses in nats per byte, as a gpt's evaluations log them
+GPT_DDP = losses((50, 2.90, 60.0, 300.0), (100, 2.40, 120.0, 600.0), (150, 1.95, 180.0, 900.0))
+GPT_LOCAL = losses((50, 3.00, 30.0, 40.0), (100, 2.45, 60.0, 80.0), (150, 2.10, 90.0, 120.0))
+
+
+def test_a_language_model_races_to_the_first_validation_loss_at_or_below_the_target():
+    target = time_to_accuracy.Target(2.0, time_to_accuracy.LOSS)
+    assert time_to_accuracy.reached(GPT_DDP, target).step == 150
+    assert time_to_accuracy.reached(GPT_LOCAL, target) is None
+    assert time_to_accuracy.reached(GPT_LOCAL, time_to_accuracy.Target(2.45, time_to_accuracy.LOSS)).step == 100
+    # the default: the lowest final validation loss plus 0.05 nats
+    assert time_to_accuracy.default_target([GPT_DDP, GPT_LOCAL], kind=time_to_accuracy.LOSS) == pytest.approx(2.0)
+    rows = time_to_accuracy.rows([("a", "ddp", GPT_DDP), ("b", "localsgd", GPT_LOCAL)],
+                                 time_to_accuracy.Target(2.45, time_to_accuracy.LOSS))
+    by_sync = {row["sync"]: row for row in rows}
+    assert (by_sync["ddp"]["steps"], by_sync["ddp"]["time_s"], by_sync["localsgd"]["time_s"]) == (100, 120.0, 60.0)
+    assert by_sync["localsgd"]["time_vs"] == pytest.approx(0.5) and by_sync["ddp"]["final_accuracy"] == 1.95
+    text = time_to_accuracy.describe(rows, given=True)
+    assert "Time to validation loss" in text and "at or below 2.450 nats per byte (as given)" in text
+    assert "1.950" in text and "2.100" in text and "%" not in text.splitlines()[2]
+
+
+def test_a_comparison_of_gpt_jobs_races_to_a_validation_loss_unless_told_otherwise(tmp_path):
+    from mpi_train.analysis.compare import comparison, race_target
+    from mpi_train.errors import UserError
+
+    def summary(sync, evaluations):
+        return {"config": {"sync": sync, "compression": "none", "batch_size": 64, "model": "gpt"},
+                "world_size": 4, "total_steps": 150, "wall_time_s": 200.0, "final_loss": 1.9, "epochs": [],
+                "steps": [{"step": 150, "loss": 1.9}], "per_rank_mean_times": [{"step_time_s": 1.0}],
+                "mean_times": {"step_time_s": 1.0, "sync_time_s": 0.2},
+                "evaluations": [{"step": e.step, "test_accuracy": e.accuracy, "test_loss": e.loss,
+                                 "elapsed_s": e.elapsed_s, "sent_mb": e.sent_mb} for e in evaluations]}
+
+    jobs = [job_from_summary("ddp-run", summary("ddp", GPT_DDP)), job_from_summary("local", summary("localsgd",
+                                                                                                  GPT_LOCAL))]
+    assert race_target(jobs) == time_to_accuracy.Target(pytest.approx(2.0), time_to_accuracy.LOSS)
+    assert race_target(jobs, target_accuracy=0.3).kind == time_to_accuracy.ACCURACY
+    text = comparison(jobs, "gpt", target_loss=2.45)
+    assert "Time to validation loss" in text and "at or below 2.450 nats per byte (as given)" in text
+    with pytest.raises(UserError, match="both a target accuracy"):
+        race_target(jobs, 0.3, 2.0)
+    assert "validation_loss_vs_time.png" in {path.name for path in plot(jobs, tmp_path)}

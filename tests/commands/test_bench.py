@@ -9,6 +9,7 @@ import pytest
 from conftest import client_for, mpirun
 
 from mpi_train.commands import bench
+from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.lab import mpirun as launch
 from mpi_train.models import build_model
@@ -138,6 +139,20 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
         wire = row["predicted_s"] - (row["codec_s"] or 0.0)
         assert (0 <= wire <= row["predicted_comm_s"] + 1e-12
                 and (wire == pytest.approx(row["predicted_comm_s"]) or row["overlapped"]))
+    # a language model as training names it: the bench times its tensors (the tied embedding once)
+    gpt = ["--model", "gpt", "--gpt-layers", "1", "--gpt-width", "32", "--gpt-heads", "2", "--context", "16"]
+    result = mpirun(2, [*gpt, "--batch-size", "4", "--steps", "2", "--warmup", "1", "--link-iters", "1", "--methods",
+                        "allreduce,bucketed+powersgd", "--no-tracking", "--json", str(out)], module="mpi_train bench",
+                    timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(out.read_text())
+    params = [p for p in TrainConfig(**data["model_flags"]).make_model().parameters()]
+    assert data["model_described"] == "gpt (1 layers, 2 heads, width 32, context 16)" and data["model"] == "gpt"
+    assert data["gradient_bytes"] == 4 * sum(p.numel() for p in params)
+    assert len(data["calibration"]["backward"]["ready"]) == len(params)
+    rows = {row["method"]: row for row in data["methods"]}
+    assert rows["bucketed+powersgd"]["wire_bytes"] == pytest.approx(PowerSGD(rank=2).wire_bytes(params))
+    assert rows["allreduce"]["wire_bytes"] == data["gradient_bytes"] and rows["allreduce"]["predicted_s"] > 0
 
 
 def test_methods_named_for_the_bench_are_checked_before_it_starts():

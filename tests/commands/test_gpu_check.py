@@ -26,7 +26,8 @@ def test_the_table_counts_what_failed():
 @pytest.mark.e2e
 def test_the_check_dry_runs_on_cpus():
     result = subprocess.run([sys.executable, "-m", "mpi_train", "gpu-check", "--backend", "gloo", "--model",
-                             "mnist_cnn", "--batch-size", "32", "--steps", "2", "--timed-steps", "3", "--methods",
+                             "gpt", "--gpt-layers", "1", "--gpt-width", "32", "--context", "16", "--batch-size", "32",
+                             "--steps", "2", "--timed-steps", "3", "--methods",
                              "ddp"], cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
     rows = result.stdout.split("GPU check on cpu x 1")[1].strip().splitlines()
     assert re.match(r"  ddp: 2 steps +ok +loss \d", rows[2]), rows

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from mpi_train.lab.experiment import Launch, Progress, estimated_steps, main, train_flags
+from mpi_train.lab.experiment import Launch, Progress, bench_command, estimated_steps, main, train_flags
 from mpi_train.lab.experiment_file import SweepError, load, locate, parse
 from mpi_train.sync import SYNC_METHODS, backend_error
 
@@ -105,6 +105,31 @@ def test_the_report_s_target_accuracy_is_read_from_the_file():
     assert parse(text, Path("grid.toml")).target_accuracy == 0.6
 
 
+def test_a_language_model_s_report_races_to_a_validation_loss():
+    text = GOOD.replace('name = "grid"', 'name = "grid"\ntarget_loss = 2')
+    sweep = parse(text, Path("grid.toml"))
+    assert sweep.target_loss == 2.0 and sweep.target_accuracy is None
+
+
+def test_a_sweep_over_models_plans_one_run_per_model_named_by_it():
+    text = GOOD.replace('seed = [7, 8]', 'seed = [7, 8]\nmodel = ["mnist_cnn", "resnet18"]')
+    runs = parse(text, Path("grid.toml")).runs
+    first = runs[:2 * 2 * 2 * 2]  # sync x np x seed x model; the second grid (sync = "all") runs the default model
+    assert {run.config.model_name for run in first} == {"mnist_cnn", "resnet18"}
+    assert {run.config.model_name for run in runs[len(first):]} == {"mnist_cnn"}  # synthetic's default
+    assert "allreduce-np1-seed7-resnet18" in {run.name for run in first}
+    assert first[-1].config.model_name == "resnet18" and first[-1].config.input_shape == (3, 32, 32)
+    flags = train_flags(first[-1].config)
+    assert flags[flags.index("--model") + 1] == "resnet18"
+    # a single model in the grid, or in [train], names no run
+    one = parse(GOOD.replace('seed = [7, 8]', 'seed = [7, 8]\nmodel = "resnet18"'), Path("grid.toml")).runs
+    assert one[0].name == "allreduce-np1-seed7" and one[0].config.model_name == "resnet18"
+    bench = parse(GOOD + '\n[bench]\nmodel = "gpt"\ngpt_size = "small"\n', Path("grid.toml")).bench
+    assert (bench.model, bench.gpt_size) == ("gpt", "small")
+    command = bench_command(parse(GOOD, Path("grid.toml")), bench, None, Path("b.json"))
+    assert command[command.index("--model") + 1] == "gpt" and command[command.index("--gpt-size") + 1] == "small"
+
+
 def test_flags_passed_to_training_are_the_non_default_options():
     run = parse(GOOD, Path("grid.toml")).runs[-1]
     flags = train_flags(run.config)
@@ -135,6 +160,18 @@ BAD = [  # (file text, key named in the error, line, words the message must hold
     ('[experiment]\nname = "x"\n[train]\nepochs = 1\n', "sweep", None, "at least one [[sweep]]"),
     ('[experiment]\nname = "x"\ntarget_accuracy = 60\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
      "experiment.target_accuracy", 3, "a fraction in (0, 1], e.g. 0.6"),
+    ('[experiment]\nname = "x"\ntarget_accuracy = 0.6\ntarget_loss = 2.0\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
+     "experiment.target_loss", 4, "races to one target, and target_accuracy = 0.6 is set too"),
+    ('[experiment]\nname = "x"\ntarget_loss = -1\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
+     "experiment.target_loss", 3, "a positive validation loss"),
+    ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nnp = 2\nmodel = ["vgg11", "resnet19"]\n',
+     "sweep[1].model", 6, "model resnet19 is not a model this tool knows"),
+    ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nnp = 2\nmodel = [1]\n',
+     "sweep[1].model", 6, "a model name or a list of them"),
+    ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nnp = 2\n[bench]\nmodel = "vgg12"\n',
+     "bench.model", 7, "model vgg12 is not a model this tool knows"),
+    ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nnp = 2\n[bench]\ngpt_size = "small"\n',
+     "bench.gpt_size", 7, "is gpt's size, one of tiny, small, medium, with model = \"gpt\""),
     ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nperiod = 4\nnp = 2\n',
      "sweep[1].np", 6, "the run ddp at np 2 cannot start: --period is read by --sync localsgd and diloco only"),
     ('[experiment]\nname = "x"\n[launch]\nmpirun_args = "--oversubscribe"\n[[sweep]]\nsync = "ddp"\nnp = 2\n',

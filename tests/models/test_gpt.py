@@ -61,3 +61,20 @@ def test_the_flop_counter_agrees_with_the_6n_rule_plus_attention():
     matmul_params = shape.layers * 12 * shape.width**2 + VOCAB_SIZE * shape.width
     rule = 6 * matmul_params + 12 * shape.layers * shape.context * shape.width
     assert counted / shape.context == pytest.approx(rule, rel=0.02)
+
+
+def test_powersgd_factors_every_matrix_of_the_gpt_the_tied_embedding_included():
+    from mpi_train.config import TrainConfig
+    from mpi_train.sync.compression.powersgd import PowerSGD
+
+    model = TrainConfig(model="gpt", dataset="text").make_model()  # tiny: width 128
+    compressor = PowerSGD(rank=2)
+    matrices = {name: p for name, p in model.named_parameters() if p.dim() == 2}
+    assert "token_embedding.weight" in matrices and "head.weight" not in matrices  # tied: one tensor, synced once
+    assert all(compressor.compressible(p.shape) for p in matrices.values()), [
+        name for name, p in matrices.items() if not compressor.compressible(p.shape)]
+    assert {name.split(".")[-2] for name in matrices} >= {"qkv", "proj", "0", "2", "token_embedding"}
+    factors = sum((p.shape[0] + p.shape[1]) * 2 * 4 for p in matrices.values())
+    vectors = sum(p.numel() * 4 for p in model.parameters() if p.dim() < 2)
+    assert compressor.wire_bytes(list(model.parameters())) == factors + vectors
+    assert factors + vectors < 0.1 * sum(p.numel() * 4 for p in model.parameters())
