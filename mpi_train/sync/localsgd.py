@@ -33,5 +33,5 @@ class LocalSGD(ModelAveraging):
     def from_config(cls, config) -> LocalSGD:
         return cls(cls.compressor_from_config(config), **averaging_options(config))
 
-    def step_anchor(self, mean_change: torch.Tensor) -> None:
-        self.anchor.add_(mean_change)
+    def step_anchor(self, mean_change: torch.Tensor, where: slice = slice(None)) -> None:
+        self.anchor[where].add_(mean_change)
