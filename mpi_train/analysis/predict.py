@@ -29,6 +29,7 @@ from ..config import TrainConfig
 from ..errors import UserError, format_error
 from ..models import INPUT_SHAPES, build_model
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
+from ..sync.averaging import DEFAULT_PERIOD
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Row:
     compute_s: float
     comm_s: float
     exposed_s: float
+    background_s: float | None = None  # per step, averages sent in the background (--overlap)
 
     @property
     def step_s(self) -> float:
@@ -76,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="localsgd and diloco: steps between two averages of the models (default: theirs, 8)")
     parser.add_argument("--host-period", type=int, default=None, metavar="STEPS",
                         help="localsgd and diloco: also average inside each host every this many steps (default: off)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="localsgd and diloco: each average sent in the background, hidden under the local steps "
+                             "until the next one (exposed = max(0, transfer - their compute))")
+    parser.add_argument("--fragments", type=int, default=None, metavar="F",
+                        help="localsgd and diloco: one of F fragments of the model averaged every period/F steps")
     parser.add_argument("--steps-to-accuracy", metavar="METHOD=STEPS,...",
                         help="steps each method took to reach an accuracy (measured on any network: a report's time "
                              "to accuracy): adds each one's predicted time to that accuracy on this cluster")
@@ -140,17 +147,20 @@ def network_for(args: argparse.Namespace, calibrated: netmodel.Network | None) -
 
 
 def registered_methods(bucket_mb: float = TrainConfig.bucket_mb, labels: Sequence[str] | None = None,
-                       period: int | None = None, host_period: int | None = None) -> dict[str, SyncMethod]:
+                       period: int | None = None, host_period: int | None = None, overlap: bool = False,
+                       fragments: int | None = None) -> dict[str, SyncMethod]:
     """Every registered method (or each of `labels`, like `localsgd+powersgd`) as a job with its default options would
     configure it (ddp_powersgd: PowerSGD at the default rank; bucketed: `bucket_mb`; localsgd and diloco: averaging
-    every `period` steps, and inside each host every `host_period`)."""
+    every `period` steps, and inside each host every `host_period`; with `overlap` in the background, `fragments` at
+    a time)."""
     methods = {}
     for text in labels or list(SYNC_METHODS):
         name, compression = split_label(text)
         averaging = SYNC_METHODS[name].averages == PARAMETERS
         methods[text] = SYNC_METHODS[name].from_config(TrainConfig(
             sync=name, compression=compression, bucket_mb=bucket_mb, period=period if averaging else None,
-            host_period=host_period if averaging else None))
+            host_period=host_period if averaging else None, overlap=overlap and averaging,
+            fragments=fragments if averaging else None))
     return methods
 
 
@@ -178,9 +188,9 @@ def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, netwo
     rows = []
     for name, method in methods.items():
         prediction = netmodel.predict(method, tensor_bytes, layout, network, label=name, ratio=ratios[name],
-                                      backward_s=backward.share * compute_s, backward=backward)
+                                      backward_s=backward.share * compute_s, backward=backward, compute_s=compute_s)
         if prediction is not None:
-            rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s))
+            rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s, prediction.background_s))
     return rows
 
 
@@ -190,6 +200,22 @@ def format_single(rows: list[Row]) -> str:
         lines.append(f"{row.method:<20}{row.compute_s * 1e3:>12.1f}{row.comm_s * 1e3:>12.1f}"
                      f"{row.exposed_s * 1e3:>12.1f}{row.step_s * 1e3:>12.1f}{row.efficiency:>12.2f}")
     return "\n".join(lines)
+
+
+def overlap_verdicts(rows: list[Row], methods: dict[str, SyncMethod]) -> list[str]:
+    """For each method whose averages travel in the background: free (its transfer fits in the local steps until
+    the next average) or what it costs per average when it does not."""
+    lines = []
+    for row in rows:
+        if row.background_s is None:
+            continue
+        every = netmodel.averaging_every(methods[row.method])
+        transfer, window = row.background_s * every, row.compute_s * every
+        exposed = netmodel.overlapped_exposed(transfer, window)
+        verdict = "free: it fits" if exposed <= 0 else f"exposed {exposed:.2f} s per average = transfer - compute"
+        lines.append(f"{row.method} --overlap: an average every {every} steps takes {transfer:.2f} s against "
+                     f"{window:.2f} s of their compute: {verdict}")
+    return lines
 
 
 def format_time_to_accuracy(rows: list[Row], steps: dict[str, int]) -> str:
@@ -274,10 +300,14 @@ def run(args: argparse.Namespace) -> None:
     if args.period is not None and args.period < 1 or args.host_period is not None and args.host_period < 0:
         raise UserError(f"--period must be at least 1 and --host-period not negative, got {args.period} and "
                         f"{args.host_period}.")
+    period = args.period if args.period is not None else DEFAULT_PERIOD
+    if args.fragments is not None and (args.fragments < 1 or period % args.fragments):
+        raise UserError(f"--fragments {args.fragments} must be at least 1 and divide --period {period}: one fragment "
+                        f"is averaged every period/F steps.")
     model = build_model(args.model)
     labels = parse_labels(args.methods) if args.methods else None
     tensor_bytes = netmodel.tensor_sizes(model)
-    methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period)
+    methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period, args.overlap, args.fragments)
     steps_to_accuracy = parse_steps(args.steps_to_accuracy, list(methods))
     params = [p for p in model.parameters() if p.requires_grad]
     ratios = {name: method.wire_ratio(params) for name, method in methods.items()}
@@ -307,6 +337,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"\n{ranks[0]} ranks on {hosts} host(s), per-rank batch {per_rank(ranks[0]):g}:")
         print(format_single(rows))
         best = min(rows, key=lambda r: r.step_s)
+        for line in overlap_verdicts(rows, methods):
+            print(line)
         print(f"\nwinner: {best.method} ({best.step_s * 1e3:.1f} ms per step, "
               f"scaling efficiency {best.efficiency:.2f})")
         if steps_to_accuracy:
