@@ -117,10 +117,11 @@ def test_an_overlapped_average_runs_under_the_next_steps_and_resumes_exactly(np4
         # a fragment's turn every 2 steps: 5 sums in 10 steps, each merged at the next turn (the last at the end)
         assert len(sums) == 5 and all(e["name"] == "average" for e in sums)
 
-        def under(message):  # microseconds of the sum's interval during forward and backward (later steps': the
-            start, end = message["ts"], message["ts"] + message["dur"]  # main thread computes only after sending)
-            return sum(max(0.0, min(end, c["ts"] + c["dur"]) - max(start, c["ts"])) for c in compute)
-        assert any(under(message) > 0 for message in sums), f"rank {rank}: no sum ran under a later step's compute"
+        # microseconds of a sum's interval during forward and backward (later steps': the main thread computes only
+        # after sending it)
+        under = [sum(max(0.0, min(m["ts"] + m["dur"], c["ts"] + c["dur"]) - max(m["ts"], c["ts"])) for c in compute)
+                 for m in sums]
+        assert any(u > 0 for u in under), f"rank {rank}: no sum ran under a later step's compute"
     whole, first, resumed = np4["overlapped"], np4["overlapped-first"], np4["overlapped-resumed"]
     assert resumed["resumed_from"]["step"] == 5
     assert losses(first) == [s["loss"] for s in whole["steps"] if s["step"] <= 5]

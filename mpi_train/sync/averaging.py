@@ -334,7 +334,8 @@ class ModelAveraging(SyncMethod):
     def evaluated(self, model: nn.Module) -> Iterator[None]:
         """Between averages each rank holds its own model: a test evaluation scores their plain mean, after which each
         rank goes on with its own, so evaluating changes nothing in training."""
-        if not self.local(self.steps) or (not self.streamed and (self.steps - self.local_start_step) % self.period == 0):
+        averaged_now = not self.streamed and (self.steps - self.local_start_step) % self.period == 0
+        if not self.local(self.steps) or averaged_now:
             yield
             return
         params = trainable(model)
@@ -378,9 +379,10 @@ class ModelAveraging(SyncMethod):
         self.settle()
         state = super().state_dict(model)
         travelling = self.in_flight
-        state.update({"in_flight": None if travelling is None else
-                      {"index": travelling.index, "own": travelling.own.detach().cpu().clone(),
-                       "mean": travelling.mean.detach().cpu().clone()},"steps": self.steps, "anchor_stale": self.anchor_stale,
+        state.update({"in_flight": None if travelling is None else {
+                          "index": travelling.index, "own": travelling.own.detach().cpu().clone(),
+                          "mean": travelling.mean.detach().cpu().clone()},
+                      "steps": self.steps, "anchor_stale": self.anchor_stale,
                       "anchor": None if self.anchor is None else self.anchor.detach().cpu().clone(),
                       "params": [p.detach().cpu().clone() for p in model.parameters()],
                       "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
