@@ -117,9 +117,12 @@ class PlannedMessage:
 
 
 def _wire(method, ratio: float | None) -> float:
+    """Bytes on the wire per gradient byte: `ratio` as measured (method.wire_ratio), else from the wire dtype (and
+    a model-averaging method's fragments: each average carries 1/F of the model)."""
     if ratio is not None:
         return ratio
-    return method.wire_dtype.itemsize / 4 if method.wire_dtype is not None else 1.0
+    share = 1 / getattr(method, "fragments", 1)
+    return share * (method.wire_dtype.itemsize / 4 if method.wire_dtype is not None else 1.0)
 
 
 def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network, ratio: float | None = None,

@@ -44,6 +44,7 @@ from .flat import Flat, FlatBuffer
 from .hierarchical import Hierarchical, host_groups
 from .messages import ONE_BUFFER
 
+OVERLAP = " --overlap"  # after a compression in an accuracy_costs key: the cost measured with the averages overlapped
 STREAMED_COMPRESSIONS = ("none", "fp16", "bf16")  # what --overlap and --fragments carry: elementwise casts
 MOMENTUM = ("keep", "average", "reset")  # --local-momentum: what an average does to the optimizer's momentum buffers
 DEFAULT_PERIOD = 8
