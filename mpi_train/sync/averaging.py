@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -55,7 +56,8 @@ def averaging_options(config) -> dict:
     given = {"period": config.period, "local_start_step": config.local_start_step, "host_period": config.host_period,
              "momentum": config.local_momentum, "overlap": config.overlap, "fragments": config.fragments}
     defaults = {"period": DEFAULT_PERIOD, "local_start_step": 0, "host_period": 0, "momentum": "keep",
-                "overlap": False, "fragments": 1}
+                "overlap": False, "fragments": 1, "timeout_s": None}
+    given["timeout_s"] = config.timeout  # the background sum's group waits as long as the job's collectives
     return {key: defaults[key] if value is None else value for key, value in given.items()}
 
 
@@ -72,8 +74,9 @@ class ModelAveraging(SyncMethod):
 
     def __init__(self, compressor=None, period: int = DEFAULT_PERIOD, local_start_step: int = 0,
                  host_period: int = 0, momentum: str = "keep", hosts: Sequence[int] | None = None,
-                 overlap: bool = False, fragments: int = 1):
+                 overlap: bool = False, fragments: int = 1, timeout_s: float | None = None):
         super().__init__(compressor)
+        self.timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
         if period < 1 or host_period < 0 or local_start_step < 0 or momentum not in MOMENTUM or fragments < 1 \
                 or period % fragments:
             raise ValueError(f"averaging: period {period}, host period {host_period}, start {local_start_step}, "
@@ -111,10 +114,11 @@ class ModelAveraging(SyncMethod):
         if self.overlap:  # collective: the background sum's own groups (background.py says why)
             if self.two_levels:
                 behind = Hierarchical(hosts=self.hosts)
-                behind.wrap(model)
+                behind.two_levels, behind.leader, behind.host_group, behind.leader_group = host_groups(self.hosts,
+                                                                                                       self.timeout)
                 allreduce = behind.allreduce_sum
             else:
-                group = dist.new_group(list(range(dist.get_world_size())))
+                group = dist.new_group(list(range(dist.get_world_size())), timeout=self.timeout)
 
                 def allreduce(data: torch.Tensor) -> None:
                     dist.all_reduce(data, op=dist.ReduceOp.SUM, group=group)
