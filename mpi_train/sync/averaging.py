@@ -174,12 +174,11 @@ class ModelAveraging(SyncMethod):
             self.last_sync = "all"
             return True
         if self.host_period and self.two_levels and local_steps % self.host_period == 0:
-            if self.in_flight is None:
-                self.average(model, self.host_sum, everyone=False)
-            else:  # a host averages its ranks' own progress; each keeps its change in flight, which the merge takes
-                self.with_own_in_flight(model, -1.0)
-                self.average(model, self.host_sum, everyone=False)
-                self.with_own_in_flight(model, 1.0)
+            self.average(model, self.host_sum, everyone=False)
+            if self.in_flight is not None:  # the host's ranks now hold one model: their changes in flight, which the
+                own = self.in_flight.own  # merge takes out again, become one too (the mean of all is unchanged)
+                self.host_sum(own)
+                own.div_(dist.get_world_size(self.host_group))
             self.last_sync = "host"
             return True
         return False
@@ -241,12 +240,6 @@ class ModelAveraging(SyncMethod):
         self.drift = float(torch.sub(travelling.own, travelling.mean).norm())
         self.step_anchor(travelling.mean, where)
         flat[where] = self.anchor[where] + progress
-
-    def with_own_in_flight(self, model: nn.Module, sign: float) -> None:
-        """Take this rank's change in flight out of its model (-1) or put it back (+1)."""
-        flat = self.flat_model()
-        flat[self.fragment(self.in_flight.index)] += sign * self.in_flight.own
-        self.set_model(flat)
 
     def settle(self) -> None:
         """Wait for the sum in flight, if any, keeping it to merge at its turn (a checkpoint holds nothing in

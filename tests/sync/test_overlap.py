@@ -3,6 +3,7 @@ group (two processes), and the flags' refusals."""
 
 import multiprocessing
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,10 +30,10 @@ class Vector(nn.Module):
         self.x = nn.Parameter(torch.zeros(SIZE))
 
 
-def run_rank(rank: int, store: str, queue, cases: dict) -> None:
+def run_rank(rank: int, store: str, queue, cases: dict, world: int = 2) -> None:
     """Each case: a method stepped STEPS times by the deltas above; the model after every step and after finish."""
     try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
         results = {}
         for name, (cls, options) in cases.items():
             method, model = cls(**options), Vector()
@@ -62,12 +63,12 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
+def run_ranks(folder: Path, cases: dict, world: int) -> dict:
+    """Every case on `world` ranks, each a process forked from this one: rank -> case -> the model after each step."""
     context = multiprocessing.get_context("fork")  # the ranks inherit torch, imported already
     queue = context.Queue()
-    store = tmp_path_factory.mktemp("overlap") / "store"
-    ranks = [context.Process(target=run_rank, args=(rank, str(store), queue, CASES)) for rank in range(2)]
+    ranks = [context.Process(target=run_rank, args=(rank, str(folder / "store"), queue, cases, world))
+             for rank in range(world)]
     for process in ranks:
         process.start()
     got = dict(queue.get(timeout=120) for _ in ranks)
@@ -76,6 +77,11 @@ def two_ranks(tmp_path_factory):
     for rank, result in got.items():
         assert not isinstance(result, str), f"rank {rank} failed:\n{result}"
     return got
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return run_ranks(tmp_path_factory.mktemp("overlap"), CASES, 2)
 
 
 def mean_delta(*steps: int) -> torch.Tensor:
@@ -125,6 +131,24 @@ def test_diloco_overlapped_takes_the_outer_step_with_the_delayed_mean(two_ranks)
         assert torch.equal(seen[1], own(rank, 1, 2))
         assert torch.allclose(seen[3], anchor + own(rank, 3, 4), atol=1e-6)
     assert torch.equal(two_ranks[0]["diloco"][6], two_ranks[1]["diloco"][6])  # made one at the end
+
+
+def test_two_levels_overlapped_keep_the_mean_and_end_as_one_model(tmp_path):
+    """4 ranks as 2 hosts of 2: each host's ranks average every step, all ranks every 4 steps in the background (and
+    in 2 fragments). The deltas do not depend on the model, so every schedule that averages (host means, delayed
+    corrections) keeps the ranks' mean, and the job ends on it: x0 + the mean of every rank's deltas."""
+    hosts = [0, 0, 2, 2]
+    cases = {"two-levels": (LocalSGD, {"period": 4, "host_period": 1, "overlap": True, "hosts": hosts}),
+             "two-levels-fragments": (LocalSGD, {"period": 4, "host_period": 1, "overlap": True, "fragments": 2,
+                                                 "hosts": hosts})}
+    got = run_ranks(tmp_path, cases, 4)
+    expected = sum(delta(s, r) for s in range(1, STEPS + 1) for r in range(4)) / 4
+    for name in cases:
+        for rank in range(4):
+            assert torch.equal(got[rank][name][-1], got[0][name][-1])
+        assert torch.allclose(got[0][name][-1], expected, rtol=1e-6)
+        # between averages of all, a host's two ranks agree (their every-step average), the hosts differ
+        assert torch.equal(got[0][name][2], got[1][name][2]) and not torch.equal(got[0][name][2], got[2][name][2])
 
 
 def test_overlap_and_fragments_are_refused_where_they_cannot_run():
