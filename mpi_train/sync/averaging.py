@@ -111,20 +111,26 @@ class ModelAveraging(SyncMethod):
         if self.host_period:  # collective: the groups of each host and of the leaders
             self.two_levels, self.across.leader, self.host_group, self.across.leader_group = host_groups(self.hosts)
             self.across.two_levels, self.across.host_group = self.two_levels, self.host_group
-        if self.overlap:  # collective: the background sum's own groups (background.py says why)
-            if self.two_levels:
-                behind = Hierarchical(hosts=self.hosts)
-                behind.two_levels, behind.leader, behind.host_group, behind.leader_group = host_groups(self.hosts,
-                                                                                                       self.timeout)
-                allreduce = behind.allreduce_sum
-            else:
-                group = dist.new_group(list(range(dist.get_world_size())), timeout=self.timeout)
-
-                def allreduce(data: torch.Tensor) -> None:
-                    dist.all_reduce(data, op=dist.ReduceOp.SUM, group=group)
+        if self.overlap:
             device = next(model.parameters()).device
-            self.sender = Background(allreduce, device)
+            self.sender = Background(self.background_sum(device.type == "cuda"), device)
         return model
+
+    def background_sum(self, on_cuda: bool) -> Callable[[torch.Tensor], None]:
+        """How the background sum reaches the other ranks (background.py says why). Gloo: groups of its own, opened
+        now (collective), for its thread. NCCL: the job's own groups, driven from this thread on a side stream."""
+        behind = Hierarchical(hosts=self.hosts)  # its recorder notes nothing: the sum is noted whole, when merged
+        if on_cuda:
+            if not self.two_levels:
+                return allreduce_sum
+            behind.two_levels, behind.leader = True, self.across.leader
+            behind.host_group, behind.leader_group = self.host_group, self.across.leader_group
+            return behind.allreduce_sum
+        if not self.two_levels:
+            group = dist.new_group(list(range(dist.get_world_size())), timeout=self.timeout)
+            return lambda data: dist.all_reduce(data, op=dist.ReduceOp.SUM, group=group)
+        behind.two_levels, behind.leader, behind.host_group, behind.leader_group = host_groups(self.hosts, self.timeout)
+        return behind.allreduce_sum
 
     def wire_bytes(self, params) -> float:
         """One average's bytes: 1/F of the model with --fragments F."""
