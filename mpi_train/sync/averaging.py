@@ -227,7 +227,7 @@ class ModelAveraging(SyncMethod):
             self.step_anchor(mean, where)
             flat[where] = anchor[where]
         else:
-            mean = own.clone()  # the compressor works on it in place, in the thread
+            mean = own.clone()  # the compressor works on it in place, in the background
             self.in_flight = InFlight(index, own, mean)
             self.sender.start(self.compressor.rounds([("fragment", index)], mean, [mean], world))
         self.set_model(flat)
