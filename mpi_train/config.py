@@ -71,7 +71,8 @@ class TrainConfig:
                                       choices=MOMENTUM)
     overlap: bool = _opt(False, "localsgd, diloco: send each average in the background while the next period computes, "
                          "and merge it one period late as a correction (the rank keeps its own progress since); the "
-                         "job waits for an average only at its end (docs/sync-methods.md)")
+                         "job waits only for a sum not yet arrived at its merge, and at its end "
+                         "(docs/sync-methods.md)")
     fragments: int | None = _opt(None, "localsgd, diloco: cut the model into F element-strided fragments and average "
                                  "one every --period/F steps, an even load on the link instead of a burst (default 1; "
                                  "F must divide --period)", metavar="F")
