@@ -22,7 +22,7 @@ from .models import HELP as MODEL_HELP
 from .models import check as check_model
 from .netmodel.links import rate_bytes_per_s
 from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label, tuned_by
-from .sync.averaging import DEFAULT_PERIOD, MOMENTUM
+from .sync.averaging import DEFAULT_PERIOD, MOMENTUM, STREAMED_COMPRESSIONS
 from .sync.diloco import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
 from .timeline import ALL_STEPS, parse_window
 
@@ -71,6 +71,13 @@ class TrainConfig:
     local_momentum: str | None = _opt(None, "localsgd, diloco: what an average does to each rank's SGD momentum: "
                                       "keep it (default), average it too (as many bytes again) or reset it",
                                       choices=MOMENTUM)
+    overlap: bool = _opt(False, "localsgd, diloco: send each average in the background while the next period computes, "
+                         "and merge it one period late as a correction (the rank keeps its own progress since); the "
+                         "job waits only for a sum not yet arrived at its merge, and at its end "
+                         "(docs/sync-methods.md)")
+    fragments: int | None = _opt(None, "localsgd, diloco: cut the model into F element-strided fragments and average "
+                                 "one every --period/F steps, an even load on the link instead of a burst (default 1; "
+                                 "F must divide --period)", metavar="F")
     outer_lr: float | None = _opt(None, f"diloco: learning rate of the outer Nesterov step (default "
                                   f"{DEFAULT_OUTER_LR})")
     outer_momentum: float | None = _opt(None, f"diloco: momentum of the outer Nesterov step (default "
@@ -329,7 +336,8 @@ class TrainConfig:
 
     def validate_averaging(self) -> None:
         """The flags of the methods that sync less often: in range, and only with a method that reads them."""
-        for name in ("period", "local_start_step", "host_period", "local_momentum", "outer_lr", "outer_momentum"):
+        for name in ("period", "local_start_step", "host_period", "local_momentum", "outer_lr", "outer_momentum",
+                     "fragments", *(("overlap",) if self.overlap else ())):
             flag, readers = "--" + name.replace("_", "-"), tuned_by(name)  # the methods whose class reads it
             if getattr(self, name) is not None and self.sync not in readers:
                 raise UserError(f"{flag} is read by --sync {' and '.join(readers)} only, and this job runs --sync "
@@ -344,10 +352,36 @@ class TrainConfig:
             raise UserError(f"--host-period {self.host_period} must be shorter than --period {period}: the ranks of a "
                             f"host average among themselves between the averages of all ranks. Use a smaller "
                             f"--host-period, or raise --period.")
+        self.validate_streaming(period)
         if self.outer_lr is not None and self.outer_lr <= 0:
             raise UserError(f"--outer-lr must be positive, got {self.outer_lr}.")
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
             raise UserError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}.")
+
+    def validate_streaming(self, period: int) -> None:
+        """--fragments and --overlap: a fragment count that divides the period, and what their schedule carries."""
+        fragments = self.fragments if self.fragments is not None else 1
+        if fragments < 1:
+            raise UserError(f"--fragments must be at least 1 (1: the whole model at once), got {fragments}.")
+        if period % fragments:
+            divisors = [d for d in range(1, period + 1) if period % d == 0]
+            raise UserError(f"--fragments {fragments} must divide --period {period}: one fragment is averaged every "
+                            f"period/F steps, and each once per period. Use one of {', '.join(map(str, divisors))}, "
+                            f"or a --period that is a multiple of {fragments}.")
+        if not (self.overlap or fragments > 1):
+            return
+        flags = " ".join(flag for flag, on in (("--overlap", self.overlap), (f"--fragments {fragments}", fragments > 1))
+                         if on)
+        if self.local_momentum not in (None, "keep"):
+            raise UserError(f"--local-momentum {self.local_momentum} with {flags}: averaging or resetting the momentum "
+                            f"happens at an average of the whole model, which {flags} no longer has. Drop "
+                            f"--local-momentum (each rank keeps its own), or drop {flags}.")
+        if self.compression not in STREAMED_COMPRESSIONS:
+            raise UserError(f"--compression {self.compression} with {flags}: a fragment (element-strided) or a sum in "
+                            f"the background carries elementwise casts only, not {self.compression}'s per-matrix "
+                            f"rounds. "
+                            f"Use --compression {', '.join(c for c in STREAMED_COMPRESSIONS if c != 'none')} or none "
+                            f"with {flags}.")
 
     def default_run_name(self, world_size: int) -> str:
         return self.run_name or f"{label(self.sync, self.compression)}-np{world_size}-seed{self.seed}"

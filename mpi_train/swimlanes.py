@@ -86,6 +86,8 @@ def draw(document: dict, path: Path, plan: dict | None = None) -> Path:
                 ax.broken_barh([(start, width)], (top, 0.9), color=PHASE_COLOURS.get(event["name"], "grey"))
             elif event["cat"] == "message":
                 ax.broken_barh([(start, width)], (top - 1.0, 0.8), color="#756bb1", edgecolor="white", linewidth=0.5)
+            elif event["cat"] == "background":  # an overlapped average, under the steps that follow its sending
+                ax.broken_barh([(start, width)], (top - 1.0, 0.8), color="#bcbddc", edgecolor="#756bb1", linewidth=0.5)
             else:  # a compressor's own work
                 ax.broken_barh([(start, width)], (top - 1.0, 0.8), color="#fdae6b")
         if plan:  # the model's messages of the same step, from this rank's backward start
@@ -103,6 +105,7 @@ def draw(document: dict, path: Path, plan: dict | None = None) -> Path:
                  + (f"+{about['compression']}" if about.get("compression", "none") != "none" else ""))
     handles = [Patch(color=colour, label=name) for name, colour in PHASE_COLOURS.items()]
     handles += [Patch(color="#756bb1", label="message (measured)"), Patch(color="#fdae6b", label="compressor"),
+                Patch(color="#bcbddc", label="message in the background"),
                 Patch(facecolor="none", edgecolor="#756bb1", hatch="///", label="message (model)")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=8, fontsize=8)
     ax.grid(axis="x", alpha=0.3)

@@ -119,6 +119,10 @@ class Recorder:
 
     def codec(self, start: float, end: float, bucket: int | None = None) -> None: ...
 
+    def background(self, name: str, start: float, end: float, nbytes: float = 0.0) -> None:
+        """A message that ran in the background (an overlapped model average) from `start` to `end`, noted when the
+        step that waited for it took it: drawn in the timeline, left out of the step's exposed communication."""
+
     def gradient(self, index: int) -> None: ...
 
 
@@ -202,6 +206,11 @@ class StepRecorder(Recorder):
         if self.detailed:
             with self.lock:
                 self.current.messages.append(Message("codec", start, end, bucket=bucket, kind="codec"))
+
+    def background(self, name, start, end, nbytes=0.0):
+        if self.detailed:
+            with self.lock:
+                self.current.messages.append(Message(name, start, end, nbytes, kind="background"))
 
     def end(self, bounds: tuple[float, ...], sync: tuple[float, float] | None = None) -> None:
         """The step is over: `bounds` are its phase boundaries (data, forward, backward, sync, optimizer, end, and

@@ -1,6 +1,8 @@
 """Syncing less often: localsgd and diloco average models every --period steps; their equivalences, drift, time and
 bytes to accuracy, and clear refusals."""
 
+import json
+
 import pytest
 from conftest import losses, train_several
 from disk_formats import write_mnist
@@ -18,6 +20,10 @@ PLAIN_SGD = ["--dataset", "mnist", "--batch-size", "64", "--max-steps", "6", "--
 EVERY_4 = ["--dataset", "mnist", "--batch-size", "64", "--epochs", "2", "--max-steps", "10", "--log-every", "2",
            "--eval-every", "4", "--check-every", "1", "--no-tracking"]
 PERIODIC = [*EVERY_4, "--period", "3"]
+# DiLoCo with two fragments averaged in turn (one every 2 steps), each sum in the background; few logged steps and
+# replica checks, so the main thread's next steps (not its bookkeeping) run while a sum travels
+OVERLAPPED = ["--dataset", "mnist", "--batch-size", "64", "--epochs", "2", "--log-every", "5", "--check-every", "5",
+              "--no-tracking", "--sync", "diloco", "--period", "4", "--fragments", "2", "--overlap"]
 
 
 def relative_gap(a: list[float], b: list[float]) -> float:
@@ -41,8 +47,18 @@ def np4(tmp_path_factory):
         "diloco-h3+powersgd": [*PERIODIC, *data, "--sync", "diloco", "--compression", "powersgd",
                                "--powersgd-start-step", "1"],
         "flat": [*EVERY_4, *data, "--sync", "flat"],
+        # whole, with a timeline; then stopped at step 5 (the sum of step 4 in flight: the checkpoint carries it) and
+        # resumed to 10
+        "overlapped": [*OVERLAPPED, *data, "--max-steps", "10", "--timeline", "--timeline-dir", str(tmp / "timeline"),
+                       "--run-name", "overlapped"],
+        "overlapped-first": [*OVERLAPPED, *data, "--max-steps", "5", "--checkpoint-dir", str(tmp / "ck"),
+                             "--checkpoint-every", "5"],
+        "overlapped-resumed": [*OVERLAPPED, *data, "--max-steps", "10", "--checkpoint-dir", str(tmp / "ck"),
+                               "--resume", "auto"],
     }
-    return train_several(4, tmp, jobs, timeout=600)
+    summaries = train_several(4, tmp, jobs, timeout=600)
+    summaries["overlapped-trace"] = json.loads((tmp / "timeline" / "overlapped.trace.json").read_text())
+    return summaries
 
 
 @pytest.mark.e2e
@@ -90,6 +106,28 @@ def test_the_warm_up_averages_gradients_and_the_momentum_can_be_averaged_too(np4
     # steps 1-4 sync gradients (each a sync), then averages at 7 and 10: 6 syncs of the model's bytes by step 10
     assert started["evaluations"][-1]["sent_mb"] == pytest.approx(np4["flat"]["evaluations"][-1]["sent_mb"] * 6 / 10)
     assert [s["step"] for s in started["steps"] if "drift" in s] == [8, 10]
+
+
+@pytest.mark.e2e
+def test_an_overlapped_average_runs_under_the_next_steps_and_resumes_exactly(np4):
+    events = [e for e in np4["overlapped-trace"]["traceEvents"] if e.get("ph") == "X"]
+    for rank in range(4):
+        sums = [e for e in events if e["pid"] == rank and e["cat"] == "background"]
+        compute = [e for e in events if e["pid"] == rank and e["name"] in ("forward", "backward")]
+        # a fragment's turn every 2 steps: 5 sums in 10 steps, each merged at the next turn (the last at the end)
+        assert len(sums) == 5 and all(e["name"] == "average" for e in sums)
+
+        # microseconds of a sum's interval during forward and backward (later steps': the main thread computes only
+        # after sending it)
+        under = [sum(max(0.0, min(m["ts"] + m["dur"], c["ts"] + c["dur"]) - max(m["ts"], c["ts"])) for c in compute)
+                 for m in sums]
+        assert any(u > 0 for u in under), f"rank {rank}: no sum ran under a later step's compute"
+    whole, first, resumed = np4["overlapped"], np4["overlapped-first"], np4["overlapped-resumed"]
+    assert resumed["resumed_from"]["step"] == 5
+    assert losses(first) == [s["loss"] for s in whole["steps"] if s["step"] <= 5]
+    assert losses(resumed) == [s["loss"] for s in whole["steps"] if s["step"] > 5]
+    assert resumed["weights_sha256"] == whole["weights_sha256"]  # bit for bit, the in-flight sum included
+    assert resumed["epochs"][-1]["test_accuracy"] == whole["epochs"][-1]["test_accuracy"]
 
 
 def test_the_averaging_flags_are_refused_where_nothing_reads_them_or_out_of_range():

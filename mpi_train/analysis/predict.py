@@ -37,6 +37,7 @@ from ..data import synthetic_batch
 from ..errors import UserError, format_error
 from ..netmodel.memory import MemoryPrediction, predict_memory
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
+from ..sync.averaging import DEFAULT_PERIOD
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Row:
     exposed_s: float
     parts: dict = field(default_factory=dict)  # seconds per step of each collective (netmodel Prediction.parts)
     memory: MemoryPrediction | None = None  # bytes per rank
+    background_s: float | None = None  # per step, averages sent in the background (--overlap)
 
     @property
     def step_s(self) -> float:
@@ -88,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--momentum", type=float, default=None,
                         help="SGD momentum the memory per rank assumes: a buffer per parameter, none at 0 (default: "
                              "the model's, 0.9)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="localsgd and diloco: each average sent in the background, hidden under the local steps "
+                             "until the next one (exposed = max(0, transfer - their compute))")
+    parser.add_argument("--fragments", type=int, default=None, metavar="F",
+                        help="localsgd and diloco: one of F fragments of the model averaged every period/F steps")
     parser.add_argument("--steps-to-accuracy", metavar="METHOD=STEPS,...",
                         help="steps each method took to reach an accuracy (measured on any network: a report's time "
                              "to accuracy): adds each one's predicted time to that accuracy on this cluster")
@@ -169,17 +176,20 @@ def network_for(args: argparse.Namespace, calibrated: netmodel.Network | None) -
 
 
 def registered_methods(bucket_mb: float = TrainConfig.bucket_mb, labels: Sequence[str] | None = None,
-                       period: int | None = None, host_period: int | None = None) -> dict[str, SyncMethod]:
+                       period: int | None = None, host_period: int | None = None, overlap: bool = False,
+                       fragments: int | None = None) -> dict[str, SyncMethod]:
     """Every registered method (or each of `labels`, like `localsgd+powersgd`) as a job with its default options would
     configure it (ddp_powersgd: PowerSGD at the default rank; bucketed: `bucket_mb`; localsgd and diloco: averaging
-    every `period` steps, and inside each host every `host_period`)."""
+    every `period` steps, and inside each host every `host_period`; with `overlap` in the background, `fragments` at
+    a time)."""
     methods = {}
     for text in labels or list(SYNC_METHODS):
         name, compression = split_label(text)
         averaging = SYNC_METHODS[name].averages == PARAMETERS
         methods[text] = SYNC_METHODS[name].from_config(TrainConfig(
             sync=name, compression=compression, bucket_mb=bucket_mb, period=period if averaging else None,
-            host_period=host_period if averaging else None))
+            host_period=host_period if averaging else None, overlap=overlap and averaging,
+            fragments=fragments if averaging else None))
     return methods
 
 
@@ -209,10 +219,11 @@ def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, netwo
     rows = []
     for name, method in methods.items():
         prediction = netmodel.predict(method, tensor_bytes, layout, network, label=name, ratio=ratios[name],
-                                      backward_s=backward.share * compute_s, backward=backward)
+                                      backward_s=backward.share * compute_s, backward=backward, compute_s=compute_s)
         if prediction is not None:
             memory = predict_memory(method, model, ranks, momentum) if model is not None else None
-            rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s, prediction.parts, memory))
+            rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s, prediction.parts, memory,
+                            prediction.background_s))
     return rows
 
 
@@ -239,6 +250,22 @@ def format_memory(rows: list[Row]) -> str:
         lines.append(f"{row.method:<20}{params:>12}{mib(held.gradients):>11}{mib(held.optimizer):>11}"
                      f"{mib(held.total):>11}  {collectives}")
     return "\n".join(lines)
+
+
+def overlap_verdicts(rows: list[Row], methods: dict[str, SyncMethod]) -> list[str]:
+    """For each method whose averages travel in the background: free (its transfer fits in the local steps until
+    the next average) or what it costs per average when it does not."""
+    lines = []
+    for row in rows:
+        if row.background_s is None:
+            continue
+        every = netmodel.averaging_every(methods[row.method])
+        transfer, window = row.background_s * every, row.compute_s * every
+        exposed = netmodel.overlapped_exposed(transfer, window)
+        verdict = "free: it fits" if exposed <= 0 else f"exposed {exposed:.2f} s per average = transfer - compute"
+        lines.append(f"{row.method} --overlap: an average every {every} steps takes {transfer:.2f} s against "
+                     f"{window:.2f} s of their compute: {verdict}")
+    return lines
 
 
 def format_time_to_accuracy(rows: list[Row], steps: dict[str, int]) -> str:
@@ -331,6 +358,10 @@ def run(args: argparse.Namespace) -> None:
     if args.period is not None and args.period < 1 or args.host_period is not None and args.host_period < 0:
         raise UserError(f"--period must be at least 1 and --host-period not negative, got {args.period} and "
                         f"{args.host_period}.")
+    period = args.period if args.period is not None else DEFAULT_PERIOD
+    if args.fragments is not None and (args.fragments < 1 or period % args.fragments):
+        raise UserError(f"--fragments {args.fragments} must be at least 1 and divide --period {period}: one fragment "
+                        f"is averaged every period/F steps.")
     model = meta_model(workload)
     params = [p for p in model.parameters() if p.requires_grad]
     tensor_bytes = [p.numel() * p.element_size() for p in params]
@@ -345,7 +376,7 @@ def run(args: argparse.Namespace) -> None:
     if bench is not None:
         backward = netmodel.load_backward(args.calibration, len(tensor_bytes))
     labels = parse_labels(args.methods) if args.methods else None
-    methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period)
+    methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period, args.overlap, args.fragments)
     steps_to_accuracy = parse_steps(args.steps_to_accuracy, list(methods))
     ratios = {name: method.wire_ratio(params) for name, method in methods.items()}
     when = ("gradients ready as the calibration's no-sync backward had them" if bench is not None and backward.ready
@@ -374,6 +405,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"\n{ranks[0]} ranks on {hosts} host(s), per-rank batch {per_rank(ranks[0]):g}:")
         print(format_single(rows))
         best = min(rows, key=lambda r: r.step_s)
+        for line in overlap_verdicts(rows, methods):
+            print(line)
         print(f"\nwinner: {best.method} ({best.step_s * 1e3:.1f} ms per step, "
               f"scaling efficiency {best.efficiency:.2f})")
         print(f"\nmemory per rank (SGD momentum {momentum:g}; params +U: one unit gathered at a time, ZeRO-3) and "

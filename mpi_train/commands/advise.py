@@ -59,6 +59,7 @@ from ..errors import UserError, folder_write_error
 from ..files import write_json_atomically
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import PARAMETERS, SYNC_METHODS, backend_error, every_label, split_label
+from ..sync.averaging import OVERLAP, STREAMED_COMPRESSIONS
 from ..sync.base import AccuracyCost
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
@@ -310,7 +311,28 @@ def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tu
                      "predicted_step_s": model.baseline_step_s + prediction.sync_s,
                      "accuracy_points": cost.points if cost else None,
                      "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None})
+        if method_class.averages == PARAMETERS and compression in STREAMED_COMPRESSIONS:
+            rows.append(overlapped_option(model_name, params, model, text))
     return sorted(rows, key=lambda row: row["predicted_step_s"]), refused
+
+
+def overlapped_option(model_name: str, params, model: StepModel, text: str) -> dict:
+    """A model-averaging label with its averages in the background (--overlap): free while each fits in the local
+    steps until the next, else what outlasts them; its accuracy cost as its class lists it (key: the compression
+    and " --overlap"), if measured."""
+    name, compression = split_label(text)
+    method_class = SYNC_METHODS[name]
+    method = method_class.from_config(TrainConfig(sync=name, compression=compression, overlap=True))
+    prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
+                                  ratio=method.wire_ratio(params), backward_s=model.backward_s,
+                                  backward=model.backward, compute_s=model.compute_s)
+    cost = method_class.accuracy_costs.get((model_name, compression + OVERLAP))
+    return {"label": text + OVERLAP, "option": option_of(text) + OVERLAP,
+            "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else []) +
+                     ["--overlap"],
+            "predicted_step_s": model.baseline_step_s + prediction.sync_s,
+            "accuracy_points": cost.points if cost else None,
+            "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None}
 
 
 def bench_noise(no_sync_steps: Sequence[float]) -> float:

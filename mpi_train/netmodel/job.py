@@ -36,7 +36,7 @@ class JobModel:
             return self.prediction.comm_s
         again = predict(self.method, self.tensor_bytes, self.layout, network or self.network,
                         label=self.prediction.method, ratio=self.ratio, backward_s=self.backward.share * compute_s,
-                        backward=self.backward)
+                        backward=self.backward, compute_s=compute_s)
         return again.sync_s
 
     def straggler_cost(self, compute_s: float) -> float | None:

@@ -97,6 +97,7 @@ class Prediction:
     overlapped: bool
     exposed_s: float | None = None  # overlapped methods, given a backward time
     parts: dict = field(default_factory=dict)  # seconds per step of each of its collectives (families.Part), by name
+    background_s: float | None = None  # per step, the averages sent in the background (--overlap)
 
     @property
     def sync_s(self) -> float:
@@ -117,9 +118,12 @@ class PlannedMessage:
 
 
 def _wire(method, ratio: float | None) -> float:
+    """Bytes on the wire per gradient byte: `ratio` as measured (method.wire_ratio), else from the wire dtype (and
+    a model-averaging method's fragments: each average carries 1/F of the model)."""
     if ratio is not None:
         return ratio
-    return method.wire_dtype.itemsize / 4 if method.wire_dtype is not None else 1.0
+    share = 1 / getattr(method, "fragments", 1)
+    return share * (method.wire_dtype.itemsize / 4 if method.wire_dtype is not None else 1.0)
 
 
 def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network, ratio: float | None = None,
@@ -153,12 +157,14 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
 
 def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, label: str = "",
             ratio: float | None = None, backward_s: float | None = None,
-            backward: Backward = ASSUMED_BACKWARD) -> Prediction | None:
+            backward: Backward = ASSUMED_BACKWARD, compute_s: float | None = None) -> Prediction | None:
     """A configured sync method's (`method`, a SyncMethod) predicted sync per step on `network` (links.Network);
     None when it declares no collective family. `ratio` is the bytes on the wire per gradient byte (its
     compressor's, measured on the model's parameters by the caller; default: from its wire dtype). `backward` says
     when each gradient is ready and in which order, for an overlapped method's buckets and exposed time (given
-    `backward_s`): message_plan's messages, and what of them runs past the end of backward."""
+    `backward_s`): message_plan's messages, and what of them runs past the end of backward. A model average sent
+    in the background (--overlap) hides under the local steps until the next turn: given a step's compute
+    (`compute_s`), it is free while its transfer fits in them and costs the rest when it does not."""
     family = family_of(method)
     if family is None:
         return None
@@ -174,11 +180,16 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
     comm_s, wire_bytes = sum(m.end_s - m.start_s for m in plan) + sum(
         parts[part.name] for part in family.collectives() if part.when != WITH_MESSAGE), sum(m.nbytes for m in plan)
     if getattr(method, "period", None):  # a model-averaging method: per step, its averages' share
+        across_s = comm_s / averaging_every(method)
         comm_s, wire_bytes = averaging_per_step(method, comm_s, wire_bytes, sum(tensor_bytes), layout, network)
     if len(parts) == 1:  # one collective: its time is the whole, further rounds of sums and averaging included
         parts = {name: comm_s for name in parts}
+    background = None
+    if getattr(method, "period", None) and getattr(method, "overlap", False):
+        overlapped, background = True, across_s
+        exposed = None if compute_s is None else (comm_s - across_s) + overlapped_exposed(across_s, compute_s)
     return Prediction(label or type(method).__name__, family.name, len(plan), wire_bytes, comm_s, overlapped, exposed,
-                      parts)
+                      parts, background)
 
 
 def forward_exposed(family, plan: list[PlannedMessage], layout: Layout, network, forward_s: float) -> float:
@@ -196,13 +207,26 @@ def forward_exposed(family, plan: list[PlannedMessage], layout: Layout, network,
     return max(gather(first), sum(gather(m) for m in plan) - forward_s)
 
 
+def averaging_every(method) -> int:
+    """Steps between two averages across hosts of a model-averaging method: its period, or period/F with F
+    fragments (each average then carries 1/F of the model)."""
+    return method.period // getattr(method, "fragments", 1)
+
+
+def overlapped_exposed(average_s: float, compute_s: float) -> float:
+    """What a step pays of an average sent in the background, per step: the transfer hides under the local steps
+    until the next average, exposed = max(0, transfer - their compute), both per step here."""
+    return max(0.0, average_s - compute_s)
+
+
 def averaging_per_step(method, comm_s: float, wire_bytes: float, model_bytes: float, layout: Layout,
                        network) -> tuple[float, float]:
     """Seconds and bytes per step of a method that averages models (sync/averaging.py) every `period` steps, from
-    one average's: 1/H of it, plus, with two levels (`host_period` h), the (H-1)//h averages inside each host per
-    H steps, sent whole around a ring of the host's ranks on the intra-host link."""
+    one average's: 1/H of it (1/(H/F) with F fragments, each a 1/F share of the model), plus, with two levels
+    (`host_period` h), the (H-1)//h averages inside each host per H steps, sent whole around a ring of the host's
+    ranks on the intra-host link."""
     period, host_period = method.period, getattr(method, "host_period", 0)
-    comm_s, wire_bytes = comm_s / period, wire_bytes / period
+    comm_s, wire_bytes = comm_s / averaging_every(method), wire_bytes / averaging_every(method)
     if host_period and layout.hosts > 1 and layout.local > 1:
         inside = (period - 1) // host_period / period
         host = Layout(layout.local, layout.local)

@@ -16,23 +16,37 @@ steps the ranks of each host average among themselves over their fast local link
 `period` steps all ranks do, the hosts' leaders alone crossing the network (hierarchical's
 split). The optimizer's momentum buffers stay each rank's own by default (`momentum`): see
 docs/sync-methods.md for why, and for the other two choices.
+
+With `overlap` the sum of period k's change travels in the background (background.py) while
+period k+1 computes, and is merged at the end of period k+1 as a correction: the anchor takes
+its step with the delayed mean, and the rank's model keeps its own progress since (x += new
+anchor - old anchor - own change of period k; Overlap-Local-SGD's anchor rule). With
+`fragments` F the flat model is cut element-strided (element j in fragment j mod F) and one
+fragment is averaged every period/F steps, so the link carries 1/F of the model at a time; with
+`overlap` too, each fragment's sum is merged at the next fragment's turn. docs/sync-methods.md
+gives the rules and their cost.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from .background import Background, Sent
 from .base import AFTER_STEP, EVERY_COMPRESSION, PARAMETERS, SyncMethod, sum_each_round
 from .compression.none import NoCompression
 from .flat import Flat, FlatBuffer
 from .hierarchical import Hierarchical, host_groups
 from .messages import ONE_BUFFER
 
+OVERLAP = " --overlap"  # after a compression in an accuracy_costs key: the cost measured with the averages overlapped
+STREAMED_COMPRESSIONS = ("none", "fp16", "bf16")  # what --overlap and --fragments carry: elementwise casts
 MOMENTUM = ("keep", "average", "reset")  # --local-momentum: what an average does to the optimizer's momentum buffers
 DEFAULT_PERIOD = 8
 
@@ -40,8 +54,10 @@ DEFAULT_PERIOD = 8
 def averaging_options(config) -> dict:
     """The averaging flags of a job's config, each left unset taking its default."""
     given = {"period": config.period, "local_start_step": config.local_start_step, "host_period": config.host_period,
-             "momentum": config.local_momentum}
-    defaults = {"period": DEFAULT_PERIOD, "local_start_step": 0, "host_period": 0, "momentum": "keep"}
+             "momentum": config.local_momentum, "overlap": config.overlap, "fragments": config.fragments}
+    defaults = {"period": DEFAULT_PERIOD, "local_start_step": 0, "host_period": 0, "momentum": "keep",
+                "overlap": False, "fragments": 1, "timeout_s": None}
+    given["timeout_s"] = config.timeout  # the background sum's group waits as long as the job's collectives
     return {key: defaults[key] if value is None else value for key, value in given.items()}
 
 
@@ -49,7 +65,7 @@ class ModelAveraging(SyncMethod):
     """Average the ranks' models every `period` optimizer steps, after the step; subclasses move the anchor."""
 
     collective = "ring"  # one allreduce of the model's change (two levels: see __init__)
-    tunables = ("period", "local_start_step", "host_period", "local_momentum")
+    tunables = ("period", "local_start_step", "host_period", "local_momentum", "overlap", "fragments")
     messages = ONE_BUFFER
     sends = AFTER_STEP
     averages = PARAMETERS
@@ -57,11 +73,22 @@ class ModelAveraging(SyncMethod):
     message_name = "average"
 
     def __init__(self, compressor=None, period: int = DEFAULT_PERIOD, local_start_step: int = 0,
-                 host_period: int = 0, momentum: str = "keep", hosts: Sequence[int] | None = None):
+                 host_period: int = 0, momentum: str = "keep", hosts: Sequence[int] | None = None,
+                 overlap: bool = False, fragments: int = 1, timeout_s: float | None = None):
         super().__init__(compressor)
-        if period < 1 or host_period < 0 or local_start_step < 0 or momentum not in MOMENTUM:
+        self.timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+        if period < 1 or host_period < 0 or local_start_step < 0 or momentum not in MOMENTUM or fragments < 1 \
+                or period % fragments:
             raise ValueError(f"averaging: period {period}, host period {host_period}, start {local_start_step}, "
-                             f"momentum {momentum!r}")
+                             f"momentum {momentum!r}, fragments {fragments}")
+        self.overlap, self.fragments = overlap, fragments
+        self.streamed = overlap or fragments > 1  # the schedule of slots below, not one average of all every period
+        if self.streamed and (momentum != "keep" or self.compressor.name not in STREAMED_COMPRESSIONS):
+            raise ValueError(f"averaging: --overlap and --fragments take momentum 'keep' and compression none, fp16 "
+                             f"or bf16, not {momentum!r} and {self.compressor.name!r}")
+        self.slot = period // fragments  # steps between two fragments' averages
+        self.sender: Background | None = None  # the background sum, with --overlap
+        self.in_flight: InFlight | None = None  # the fragment whose sum is travelling, and this rank's change in it
         self.period, self.local_start_step = period, local_start_step
         self.host_period, self.momentum = host_period, momentum
         self.hosts = list(hosts) if hosts is not None else None
@@ -84,7 +111,30 @@ class ModelAveraging(SyncMethod):
         if self.host_period:  # collective: the groups of each host and of the leaders
             self.two_levels, self.across.leader, self.host_group, self.across.leader_group = host_groups(self.hosts)
             self.across.two_levels, self.across.host_group = self.two_levels, self.host_group
+        if self.overlap:
+            device = next(model.parameters()).device
+            self.sender = Background(self.background_sum(device.type == "cuda"), device)
         return model
+
+    def background_sum(self, on_cuda: bool) -> Callable[[torch.Tensor], None]:
+        """How the background sum reaches the other ranks (background.py says why). Gloo: groups of its own, opened
+        now (collective), for its thread. NCCL: the job's own groups, driven from this thread on a side stream."""
+        behind = Hierarchical(hosts=self.hosts)  # its recorder notes nothing: the sum is noted whole, when merged
+        if on_cuda:
+            if not self.two_levels:
+                return allreduce_sum
+            behind.two_levels, behind.leader = True, self.across.leader
+            behind.host_group, behind.leader_group = self.host_group, self.across.leader_group
+            return behind.allreduce_sum
+        if not self.two_levels:
+            group = dist.new_group(list(range(dist.get_world_size())), timeout=self.timeout)
+            return lambda data: dist.all_reduce(data, op=dist.ReduceOp.SUM, group=group)
+        behind.two_levels, behind.leader, behind.host_group, behind.leader_group = host_groups(self.hosts, self.timeout)
+        return behind.allreduce_sum
+
+    def wire_bytes(self, params) -> float:
+        """One average's bytes: 1/F of the model with --fragments F."""
+        return super().wire_bytes(params) / self.fragments
 
     def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -121,15 +171,87 @@ class ModelAveraging(SyncMethod):
         if not self.local(self.steps):
             return False
         local_steps = self.steps - self.local_start_step
-        if local_steps % self.period == 0:
+        if self.streamed and local_steps % self.slot == 0:
+            self.average_fragment(model, (local_steps // self.slot - 1) % self.fragments)
+            self.last_sync = "all"
+            return True
+        if not self.streamed and local_steps % self.period == 0:
             self.average(model, self.across.allreduce_sum if self.two_levels else allreduce_sum, everyone=True)
             self.last_sync = "all"
             return True
         if self.host_period and self.two_levels and local_steps % self.host_period == 0:
             self.average(model, self.host_sum, everyone=False)
+            if self.in_flight is not None:  # the host's ranks now hold one model: their changes in flight, which the
+                own = self.in_flight.own  # merge takes out again, become one too (the mean of all is unchanged)
+                self.host_sum(own)
+                own.div_(dist.get_world_size(self.host_group))
             self.last_sync = "host"
             return True
         return False
+
+    # -- fragments and overlap -------------------------------------------------------------------
+
+    def fragment(self, index: int) -> slice:
+        """The elements of the flat model in fragment `index`: every F-th from `index` (all of them when F = 1)."""
+        return slice(index, None, self.fragments)
+
+    def flat_model(self) -> torch.Tensor:
+        """The parameters, copied into the flat work buffer (the change's)."""
+        torch.cat([p.detach().reshape(-1) for p in self.change.params], out=self.change.data)
+        return self.change.data
+
+    def set_model(self, flat: torch.Tensor) -> None:
+        """The parameters, copied back from a flat model (the work buffer, or the anchor)."""
+        offset = 0
+        with torch.no_grad():
+            for p in self.change.params:
+                p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    def average_fragment(self, model: nn.Module, index: int) -> None:
+        """Fragment `index`'s turn. Without overlap: its change summed now, the anchor stepped, the rank restarts
+        the fragment from the anchor. With overlap: the fragment in flight is merged first (waiting for its sum
+        only if it has not arrived), then this one's change leaves in the background."""
+        flat, anchor = self.flat_model(), self.anchor
+        if self.overlap and self.in_flight is not None:
+            self.merge(flat)
+        where = self.fragment(index)
+        own = flat[where] - anchor[where]  # a contiguous copy: this rank's change of the fragment since its anchor
+        world = dist.get_world_size()
+        if not self.overlap:
+            mean = own.clone()
+            sum_each_round(self.compressor.rounds([("fragment", index)], mean, [mean], world),
+                           self.across.allreduce_sum if self.two_levels else allreduce_sum, self.recorder,
+                           self.message_name)
+            self.drift = float(torch.sub(own, mean).norm())
+            self.step_anchor(mean, where)
+            flat[where] = anchor[where]
+        else:
+            mean = own.clone()  # the compressor works on it in place, in the background
+            self.in_flight = InFlight(index, own, mean)
+            self.sender.start(self.compressor.rounds([("fragment", index)], mean, [mean], world))
+        self.set_model(flat)
+
+    def merge(self, flat: torch.Tensor) -> None:
+        """The delayed mean of the fragment in flight, as a correction: the anchor steps with it and the rank keeps
+        the progress it made since it sent its own change (flat = new anchor + progress)."""
+        travelling, self.in_flight = self.in_flight, None
+        if travelling.sent is None:
+            travelling.sent = self.sender.wait()
+        if travelling.sent is not ARRIVED:
+            self.recorder.background(self.message_name, travelling.sent.start, travelling.sent.end,
+                                     travelling.sent.nbytes)
+        where = self.fragment(travelling.index)
+        progress = flat[where] - self.anchor[where] - travelling.own
+        self.drift = float(torch.sub(travelling.own, travelling.mean).norm())
+        self.step_anchor(travelling.mean, where)
+        flat[where] = self.anchor[where] + progress
+
+    def settle(self) -> None:
+        """Wait for the sum in flight, if any, keeping it to merge at its turn (a checkpoint holds nothing in
+        flight)."""
+        if self.in_flight is not None and self.in_flight.sent is None:
+            self.in_flight.sent = self.sender.wait()
 
     def host_sum(self, data: torch.Tensor) -> None:
         dist.all_reduce(data, op=dist.ReduceOp.SUM, group=self.host_group)
@@ -158,8 +280,9 @@ class ModelAveraging(SyncMethod):
                     torch.add(anchor, view, out=p)
         self.average_momentum(everyone)
 
-    def step_anchor(self, mean_change: torch.Tensor) -> None:
-        """Move the anchor with the ranks' mean change (local SGD: by it; DiLoCo: an outer optimizer step)."""
+    def step_anchor(self, mean_change: torch.Tensor, where: slice = slice(None)) -> None:
+        """Move the anchor's elements `where` with the ranks' mean change of them (local SGD: by it; DiLoCo: an outer
+        optimizer step)."""
         raise NotImplementedError
 
     def average_momentum(self, everyone: bool) -> None:
@@ -191,8 +314,22 @@ class ModelAveraging(SyncMethod):
         return views
 
     def finish(self, model: nn.Module) -> bool:
-        """The job's last step is done: average once more unless it just did, so the job ends with one model."""
-        if not self.local(self.steps) or (self.steps - self.local_start_step) % self.period == 0:
+        """The job's last step is done: average once more unless it just did, so the job ends with one model. With
+        overlap the sum in flight is merged first: the one wait of the job."""
+        if not self.local(self.steps):
+            return False
+        boundary = (self.steps - self.local_start_step) % self.period == 0
+        if not self.streamed:
+            if boundary:
+                return False
+            self.average(model, self.across.allreduce_sum if self.two_levels else allreduce_sum, everyone=True)
+            return True
+        if self.in_flight is not None:
+            flat = self.flat_model()
+            self.merge(flat)
+            self.set_model(flat)
+        if boundary and self.fragments == 1:  # nothing trained since the sum just merged: every rank takes the anchor
+            self.set_model(self.anchor)
             return False
         self.average(model, self.across.allreduce_sum if self.two_levels else allreduce_sum, everyone=True)
         return True
@@ -201,7 +338,8 @@ class ModelAveraging(SyncMethod):
     def evaluated(self, model: nn.Module) -> Iterator[None]:
         """Between averages each rank holds its own model: a test evaluation scores their plain mean, after which each
         rank goes on with its own, so evaluating changes nothing in training."""
-        if not self.local(self.steps) or (self.steps - self.local_start_step) % self.period == 0:
+        averaged_now = not self.streamed and (self.steps - self.local_start_step) % self.period == 0
+        if not self.local(self.steps) or averaged_now:
             yield
             return
         params = trainable(model)
@@ -242,8 +380,13 @@ class ModelAveraging(SyncMethod):
     def state_dict(self, model: nn.Module) -> dict:
         """Besides the compressor's memory, what makes this rank's model its own between averages: its parameters
         and optimizer state (a checkpoint otherwise holds rank 0's), the anchor and the step count."""
+        self.settle()
         state = super().state_dict(model)
-        state.update({"steps": self.steps, "anchor_stale": self.anchor_stale,
+        travelling = self.in_flight
+        state.update({"in_flight": None if travelling is None else {
+                          "index": travelling.index, "own": travelling.own.detach().cpu().clone(),
+                          "mean": travelling.mean.detach().cpu().clone()},
+                      "steps": self.steps, "anchor_stale": self.anchor_stale,
                       "anchor": None if self.anchor is None else self.anchor.detach().cpu().clone(),
                       "params": [p.detach().cpu().clone() for p in model.parameters()],
                       "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
@@ -266,7 +409,25 @@ class ModelAveraging(SyncMethod):
             self.anchor = state["anchor"].to(self.change.data.device)
         for mine, saved in zip(self.outer_state(), state["outer"], strict=True):
             mine.copy_(saved)
+        travelling = state.get("in_flight")
+        if travelling is not None:  # arrived before the checkpoint was taken: merged at its turn, as it would have been
+            device = self.anchor.device
+            self.in_flight = InFlight(travelling["index"], travelling["own"].to(device), travelling["mean"].to(device),
+                                      sent=ARRIVED)
 
+
+@dataclass
+class InFlight:
+    """A fragment whose sum travels in the background: its index, this rank's change in it, and the buffer that
+    becomes the ranks' mean change once the sum is done (`sent`: its timing, once waited for)."""
+
+    index: int
+    own: torch.Tensor
+    mean: torch.Tensor
+    sent: Sent | None = None
+
+
+ARRIVED = Sent(0.0, 0.0, 0.0)  # a sum that was done when a checkpoint took it: its messages went in the job before
 
 
 def trainable(model: nn.Module) -> list[nn.Parameter]:

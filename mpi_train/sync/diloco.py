@@ -45,12 +45,13 @@ class DiLoCo(ModelAveraging):
                    DEFAULT_OUTER_MOMENTUM if config.outer_momentum is None else config.outer_momentum,
                    **averaging_options(config))
 
-    def step_anchor(self, mean_change: torch.Tensor) -> None:
-        """torch.optim.SGD(nesterov=True)'s update with the outer gradient -mean_change."""
+    def step_anchor(self, mean_change: torch.Tensor, where: slice = slice(None)) -> None:
+        """torch.optim.SGD(nesterov=True)'s update with the outer gradient -mean_change, on the elements `where` (a
+        fragment's: its velocity is its own)."""
         gradient = mean_change.neg_()
-        velocity = self.outer_state()[0]
+        velocity = self.outer_state()[0][where]
         velocity.mul_(self.outer_momentum).add_(gradient)
-        self.anchor.sub_(gradient.add_(velocity, alpha=self.outer_momentum), alpha=self.outer_lr)
+        self.anchor[where].sub_(gradient.add_(velocity, alpha=self.outer_momentum), alpha=self.outer_lr)
 
     def outer_state(self) -> list[torch.Tensor]:
         if self.anchor is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -36,9 +37,11 @@ def host_of_each_rank() -> list[int]:
     return [names.index(name) for name in names]
 
 
-def host_groups(hosts: Sequence[int] | None = None) -> tuple[bool, int, object, object]:
+def host_groups(hosts: Sequence[int] | None = None,
+                timeout: timedelta | None = None) -> tuple[bool, int, object, object]:
     """Whether the job has two levels (several hosts, one holding several ranks), this rank's host leader, its host's
-    process group and the leaders' group; `hosts` is each rank's leader (default: found by host_of_each_rank).
+    process group and the leaders' group; `hosts` is each rank's leader (default: found by host_of_each_rank);
+    `timeout`: the groups' (default: torch's for new groups).
     Collective: every rank creates every group, in the same order."""
     hosts = list(hosts) if hosts is not None else host_of_each_rank()
     if len(hosts) != dist.get_world_size():
@@ -48,10 +51,10 @@ def host_groups(hosts: Sequence[int] | None = None) -> tuple[bool, int, object, 
         return False, 0, None, None
     leader, host_group = hosts[dist.get_rank()], None
     for one in leaders:
-        group = dist.new_group([r for r, host in enumerate(hosts) if host == one])
+        group = dist.new_group([r for r, host in enumerate(hosts) if host == one], timeout=timeout)
         if one == leader:
             host_group = group
-    return True, leader, host_group, dist.new_group(leaders)
+    return True, leader, host_group, dist.new_group(leaders, timeout=timeout)
 
 
 class Hierarchical(Flat):

@@ -158,3 +158,17 @@ def test_every_methods_collectives_add_up_to_its_communication(name):
     prediction = predict(method(name), [1 * MB] * 8, Layout(4, 2), NET, backward_s=0.1)
     assert sum(prediction.parts.values()) == pytest.approx(prediction.comm_s)
     assert prediction.sync_s <= prediction.comm_s + 1e-12
+
+
+def test_an_overlapped_average_is_free_while_it_fits_in_the_period_and_costs_the_rest_when_not():
+    tensors, layout = [4 * MB] * 2, Layout(4, 2)
+    plain = predict(method("localsgd"), tensors, layout, NET)
+    per_step = plain.comm_s  # one average's transfer over its 8 steps
+    fits = predict(method("localsgd", overlap=True), tensors, layout, NET, compute_s=2 * per_step)
+    assert fits.overlapped and fits.background_s == pytest.approx(per_step) and fits.sync_s == 0.0
+    tight = predict(method("localsgd", overlap=True), tensors, layout, NET, compute_s=per_step / 4)
+    assert tight.sync_s == pytest.approx(per_step * 3 / 4)  # exposed = transfer - the period's compute, per step
+    assert predict(method("localsgd", overlap=True), tensors, layout, NET).sync_s == pytest.approx(per_step)
+    # four fragments: a quarter of the model every 2 steps, the same bytes per step
+    quarters = predict(method("localsgd", fragments=4), tensors, layout, NET)
+    assert quarters.wire_bytes == pytest.approx(plain.wire_bytes)
