@@ -38,7 +38,7 @@ class SilentReporter:
     def finish(self, per_rank_means: list[dict], wall_time_s: float, per_rank_steady: list[dict] | None = None,
                timing_warmup_steps: int = 0, recorder_busy_s: list[float] | None = None,
                weights_sha256: str | None = None) -> None: ...
-    def save_weights(self, model) -> None: ...
+    def save_weights(self, state: dict) -> None: ...
     def note_stall(self, stall) -> None: ...
     def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None: ...
 
@@ -277,5 +277,5 @@ class Reporter(SilentReporter):
             return None
         return swimlanes.predicted(recorder.kept[0], model, method)
 
-    def save_weights(self, model) -> None:
-        self.tracker.save_weights(model)
+    def save_weights(self, state: dict) -> None:
+        self.tracker.save_weights(state)

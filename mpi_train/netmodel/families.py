@@ -137,10 +137,16 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+# families the sharded methods declare (sync/zero.py, fsdp.py, zero_torch.py) until the model prices them: their
+# methods are left out of predictions, as a method that declares no family is
+NOT_YET_PRICED = frozenset({"reduce_scatter", "layerwise_gather", "ring_then_broadcast"}) - set(FAMILIES)
+
+
 def family_of(method) -> Family | None:
-    """The family a sync method (class or instance) declares in `collective`, or None when it declares none."""
+    """The family a sync method (class or instance) declares in `collective`, or None when it declares none (or one
+    the model does not price yet)."""
     name = getattr(method, "collective", None)
-    if name is None:
+    if name is None or name in NOT_YET_PRICED:
         return None
     if name not in FAMILIES:
         cls = method if isinstance(method, type) else type(method)

