@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..timeline import now
-from .base import GRADIENTS_AND_STATE, SyncMethod
+from .base import GRADIENTS_AND_STATE
 from .bucketed import DEFAULT_BUCKET_MB, Bucket, Bucketed
 from .flat import padded_length
 from .messages import backward_order
@@ -89,7 +89,7 @@ class Zero(Bucketed):
         message = data if self.wire_dtype is None else torch.div(data, world).to(self.wire_dtype)  # a share each
         received = torch.empty(data.numel() // world, dtype=message.dtype, device=data.device)
         start = now()
-        bucket.work = dist.reduce_scatter_tensor(received, message, op=dist.ReduceOp.SUM, async_op=True)
+        bucket.work = dist.reduce_scatter_single(received, message, op=dist.ReduceOp.SUM, async_op=True)
         # Gloo's reduce-scatter and all-gather give no future to end the message: it ends where it is waited for
         noted = self.recorder.message(REDUCE_SCATTER, start, None, message.numel() * message.element_size(),
                                       bucket.index)
@@ -120,7 +120,7 @@ class Zero(Bucketed):
         for bucket, shard in zip(self.buckets, self.shard_params):
             whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype, device=shard.device)
             start = now()
-            work = dist.all_gather_into_tensor(whole, shard, async_op=True)
+            work = dist.all_gather_single(whole, shard, async_op=True)
             noted = self.recorder.message(ALL_GATHER, start, None, whole.numel() * whole.element_size(), bucket.index)
             gathers.append((bucket, whole, work, noted))
         with torch.no_grad():
@@ -151,7 +151,7 @@ class Zero(Bucketed):
                 if not (torch.is_tensor(value) and value.shape == shard.shape):
                     continue
                 whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=value.dtype, device=value.device)
-                dist.all_gather_into_tensor(whole, value.contiguous())
+                dist.all_gather_single(whole, value.contiguous())
                 offset = 0
                 for param in bucket.params:
                     state.setdefault(index_of[id(param)], {})[key] = (

@@ -5,6 +5,7 @@ import pytest
 from mpi_train import netmodel
 from mpi_train.analysis import predict
 from mpi_train.models import build_model
+from mpi_train.netmodel.families import NOT_YET_PRICED
 from mpi_train.sync import SYNC_METHODS
 
 
@@ -15,7 +16,8 @@ def test_one_cluster_prints_each_method_and_the_winner(capsys):
     assert "64 ranks on 8 host(s), per-rank batch 4" in out and "between hosts: alpha 100 us, 1,250 MB/s" in out
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out.splitlines()
             if line.split()[:1] and line.split()[0] in SYNC_METHODS}
-    assert set(rows) == set(SYNC_METHODS)
+    # every method but those whose family the model does not price yet (netmodel/families.py)
+    assert set(rows) == {name for name, method in SYNC_METHODS.items() if method.collective not in NOT_YET_PRICED}
     # the ring row by hand: compute 4 ms, one flat buffer over the 10 Gbit/s link
     size = sum(netmodel.tensor_sizes(build_model("mnist_cnn")))
     ring = 2 * 63 * 100e-6 + 2 * 63 / 64 * size / 1.25e9
