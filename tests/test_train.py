@@ -5,6 +5,7 @@ from conftest import losses, mpirun, train, train_several
 from disk_formats import write_cifar10_folders, write_mnist
 
 from mpi_train.sync import GRADIENTS, SYNC_METHODS
+from mpi_train.sync.base import REPLICATED
 
 pytestmark = pytest.mark.e2e
 # one rate from step 1: 12 steps learn visibly
@@ -20,7 +21,8 @@ def relative_gap(a: list[float], b: list[float]) -> float:
 def test_every_sync_method_leaves_the_hand_computed_mean_on_every_rank(np):
     result = mpirun(np, [], module="tests.mpi_sync_check")
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in [*(m for m, method in SYNC_METHODS.items() if m != "ddp_powersgd" and method.averages == GRADIENTS),
+    for name in [*(m for m, method in SYNC_METHODS.items()
+                   if m != "ddp_powersgd" and method.averages == GRADIENTS and method.shards == REPLICATED),
                  "bucketed, 64-byte buckets, shared + unused layers",
                  "ring, shared + unused layers", "hierarchical, hosts of 2 ranks, shared + unused layers",
                  *(f"{sync}+{c}" for sync in ("allreduce", "flat", "bucketed", "ring", "hierarchical")
@@ -29,6 +31,8 @@ def test_every_sync_method_leaves_the_hand_computed_mean_on_every_rank(np):
     for sync in ("allreduce", "flat", "bucketed", "ring", "hierarchical"):
         assert f"{sync}+powersgd: one update and error feedback kept on every rank" in result.stdout
     assert "ddp_powersgd: unavailable on gloo" in result.stdout  # torch's hook fails there: not run, said so
+    for name in ("zero", "fsdp", "zero_torch", "zero, 64-byte buckets"):  # sharded: they step, checked by the result
+        assert f"{name}: the parameters of SGD over the whole model on every rank" in result.stdout
     assert "localsgd: averages parameters, not gradients" in result.stdout
 
 
