@@ -65,16 +65,24 @@ class Zero(Bucketed):
         super().wrap(model)
         self.arrivals = None  # no order to learn: the shards, and so the buckets, must exist before the first step
         self.build(backward_order(len(self.params)))
-        world, rank = dist.get_world_size(), dist.get_rank()
-        self.shard_params = []
-        for bucket in self.buckets:
-            start, end = shard_bounds(sum(p.numel() for p in bucket.params), world, rank)
-            values = bucket.buffer.data  # the padded buffer, filled with the parameters this once
-            for view, param in zip(bucket.buffer.views, bucket.params):
-                view.copy_(param.detach())
-            self.shard_params.append(values[start:end].clone())
-            bucket.release()
+        self.shard_params = [self.slice_of(bucket) for bucket in self.buckets]
         return model
+
+    def slice_of(self, bucket: Bucket) -> torch.Tensor:
+        """A copy of this rank's slice of `bucket`'s parameters (zeros where it is padded)."""
+        start, end = shard_bounds(sum(p.numel() for p in bucket.params), dist.get_world_size(), dist.get_rank())
+        for view, param in zip(bucket.buffer.views, bucket.params):  # the padded buffer holds parameters this once
+            view.copy_(param.detach())
+        values = bucket.buffer.data[start:end].clone()
+        bucket.release()
+        return values
+
+    def load_model_state(self, model: nn.Module, state: dict) -> None:
+        """The checkpoint's weights, and this rank's slices of them, which the optimizer steps (in place: it holds
+        them)."""
+        super().load_model_state(model, state)
+        for bucket, shard in zip(self.buckets, self.shard_params):
+            shard.copy_(self.slice_of(bucket))
 
     def new_bucket(self, index: int, params: list[nn.Parameter]) -> Bucket:
         return Bucket(index, params, multiple_of=dist.get_world_size())

@@ -11,6 +11,7 @@ from mpi_train.models import INPUT_SHAPES, build_model
 from mpi_train.sync.flat import padded_length
 from mpi_train.sync.fsdp import units
 from mpi_train.sync.zero import Zero, shard_bounds
+from mpi_train.timeline import Alignment, StepRecorder
 
 
 @pytest.mark.parametrize("count", [1, 7, 784, 785, 786])
@@ -40,12 +41,16 @@ def sgd(params):
     return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3)
 
 
-def three_steps(model, method=None):
+def three_steps(model, method=None, recorder=None):
     net = method.wrap(model) if method else model
     optimizer = method.make_optimizer(model, sgd) if method else sgd(model.parameters())
+    if recorder:
+        method.record_into(recorder)
     torch.manual_seed(1)
     images, labels = torch.randn(4, *INPUT_SHAPES["mnist_cnn"]), torch.randint(0, 10, (4,))
-    for _ in range(3):
+    for step in range(1, 4):
+        if recorder:
+            recorder.begin(step)
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(net(images), labels).backward()
         if method:
@@ -61,9 +66,15 @@ def test_zero_steps_as_sgd_does_and_gives_its_state_in_sgds_layout(one_rank_grou
     reference, model = build_model("mnist_cnn", dropout=0.0), build_model("mnist_cnn", dropout=0.0)
     model.load_state_dict(reference.state_dict())
     plain = three_steps(reference)
-    method = Zero(bucket_mb=0.01)  # several buckets
-    optimizer = three_steps(model, method)
+    method, recorder = Zero(bucket_mb=0.01), StepRecorder(Alignment(), overlapped=True, window=(3, 3))
+    optimizer = three_steps(model, method, recorder)
     assert len(method.buckets) > 2 and len(optimizer.param_groups[0]["params"]) == len(method.buckets)
+    # the timeline's messages: each bucket's reduce-scatter, then its all-gather, each of the bucket's bytes
+    noted = [(m.name, m.bucket, m.nbytes) for m in recorder.current.messages if m.kind == "message"]
+    sizes = [sum(p.numel() * 4 for p in bucket.params) for bucket in method.buckets]
+    assert noted == ([("reduce-scatter", b, size) for b, size in enumerate(sizes)]
+                     + [("all-gather", b, size) for b, size in enumerate(sizes)])
+    assert all(m.end is not None and m.end >= m.start for m in recorder.current.messages)
     for ours, theirs in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
         assert ours.grad is None  # the full gradient is not kept between steps
@@ -82,6 +93,10 @@ def test_zero_steps_as_sgd_does_and_gives_its_state_in_sgds_layout(one_rank_grou
     held = optimizer.state_dict()["state"]
     for number, shard in enumerate(again.shard_params):
         assert torch.equal(fresh.state[shard]["momentum_buffer"], held[number]["momentum_buffer"])
+    # a checkpoint's weights reach the slices the optimizer steps, not only the model
+    weights = {key: value + 1 for key, value in reference.state_dict().items()}
+    again.load_model_state(model, weights)
+    assert torch.equal(again.shard_params[0][:1], weights[[n for n, _ in model.named_parameters()][-1]].reshape(-1)[:1])
 
 
 @pytest.mark.parametrize(("name", "expected"), [
