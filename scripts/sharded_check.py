@@ -6,9 +6,11 @@
    local shard for fsdp; ZeroRedundancyOptimizer's local optimizer's, .optim.state, since
    its own .state stays empty), per rank.
 2. Equality: one short training job per method (dropout off, the same seed and global
-   batch), its logged losses against allreduce's: the largest relative difference.
+   batch, the tests' rate of 0.05), its logged losses against allreduce's: the largest
+   relative difference; bucketed and ring, which sum the same gradients in another order,
+   show what rounding alone does in the same job.
 
-    mpirun -np 4 python scripts/sharded_check.py OUT [--model mnist_cnn] [--steps 12]
+    mpirun -np 4 python scripts/sharded_check.py OUT [--model mnist_cnn] [--steps 12] [--lr 0.05]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from mpi_train.models import INPUT_SHAPES, build_model
 from mpi_train.sync import SYNC_METHODS
 from mpi_train.train import run
 
-METHODS = ("allreduce", "zero", "fsdp", "zero_torch")
+METHODS = ("allreduce", "zero", "fsdp", "zero_torch", "bucketed", "ring")  # the last two: sums in another order
 
 
 def local_bytes(tensor: torch.Tensor) -> int:
@@ -59,29 +61,31 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--model", default="mnist_cnn")
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--lr", default="0.05", help="the rate of every job (default: 0.05, the tests')")
     args = parser.parse_args()
     cluster = Cluster.from_mpi()
     world, main_rank = cluster.info.world_size, cluster.info.is_main
     out = Path(args.out)
     cluster.open_process_group("gloo", None, 120)
-    held = {name: cluster.gather(optimizer_state_bytes(name, args.model, 8)) for name in METHODS}
+    held = {name: cluster.gather(optimizer_state_bytes(name, args.model, 8)) for name in METHODS[:4]}
     dist.destroy_process_group()
     batch = 48 * world  # divides by 2, 3 and 4
     for name in METHODS:
         argv = ["--model", args.model, "--dataset", "synthetic", "--synthetic-size", str(batch * args.steps),
                 "--batch-size", str(batch), "--max-steps", str(args.steps), "--log-every", "1", "--dropout", "0",
-                "--lr-schedule", "constant", "--warmup-steps", "0", "--no-tracking", "--sync", name,
+                "--lr", args.lr, "--lr-schedule", "constant", "--warmup-steps", "0", "--no-tracking", "--sync", name,
                 "--summary-json", str(out / f"{name}-np{world}.json")]
         run(parse_config(argv, quiet=True), cluster)
     if main_rank:
         losses = {name: [s["loss"] for s in json.loads((out / f"{name}-np{world}.json").read_text())["steps"]]
                   for name in METHODS}
-        print(f"{world} ranks, {args.model}, global batch {batch}, {args.steps} steps, dropout off")
+        print(f"{world} ranks, {args.model}, global batch {batch}, {args.steps} steps at lr {args.lr}, dropout off")
         print(f"{'method':<11} {'max rel. loss gap to allreduce':>31} {'optimizer state per rank (bytes)':>40}")
         for name in METHODS:
             gap = max(abs(a - b) / abs(b) for a, b in zip(losses[name], losses["allreduce"]))
-            ratio = max(held[name]) / max(held["allreduce"])
-            print(f"{name:<11} {gap:>31.2e} {', '.join(f'{b:,}' for b in held[name]):>28} ({ratio:.3f}x)")
+            state = (f"{', '.join(f'{b:,}' for b in held[name]):>28} ({max(held[name]) / max(held['allreduce']):.3f}x)"
+                     if name in held else "")
+            print(f"{name:<11} {gap:>31.2e} {state}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ shard, then the parameters are all-gathered."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 
 import torch
@@ -38,12 +39,18 @@ class Zero(Bucketed):
     parameters. The job's optimizer (make_optimizer) steps those copies alone, so its
     momentum covers 1/N of the model: SGD's momentum and weight decay are elementwise,
     which makes stepping slices the same arithmetic as stepping the whole. after_step()
-    then all-gathers every bucket's updated slices into the model's parameters, the same
-    on every rank. The model's own .grad is dropped once copied and the full-size buffers
-    after the reduce-scatter, so between steps a rank holds 1/N of the gradients (ZeRO-2).
+    then starts the all-gather of every bucket's updated slices, the first layers' bucket
+    first, and returns: the next forward waits for a bucket (a pre-hook on each module with
+    parameters) only when it reaches the first layer whose parameters the bucket holds, and
+    copies them in, so the all-gather overlaps the next forward as the reduce-scatter
+    overlaps backward. Whatever reads the parameters between steps (the replica check,
+    evaluation, checkpoints, the end) waits for all of them first (`settle`). The model's
+    own .grad is dropped once copied and the full-size buffers after the reduce-scatter, so
+    between steps a rank holds 1/N of the gradients (ZeRO-2).
 
     Bytes per rank: (N-1)/N·S for the reduce-scatter plus (N-1)/N·S for the all-gather, a
-    ring allreduce's 2(N-1)/N·S; the all-gather runs after the step and is not overlapped.
+    ring allreduce's 2(N-1)/N·S. In a timeline each all-gather is noted from its start after
+    the step to the wait in the next forward.
     With --compression fp16|bf16 each rank's share of the mean travels in the narrow type
     (as in bucketed); the all-gather carries the parameters in their own type. A parameter
     that gets no gradient in a step adds zeros to its slice (and weight decay still applies
@@ -59,13 +66,18 @@ class Zero(Bucketed):
         super().__init__(bucket_mb, compressor)
         self.shard_params: list[torch.Tensor] = []  # per bucket, this rank's slice of its parameters
         self.received: dict[int, tuple] = {}  # bucket index -> its reduce-scatter's output and message, in flight
-        self.gathers: list = []
+        self.gathering: dict[int, tuple] = {}  # bucket index -> its all-gather's output, work and message, in flight
 
     def wrap(self, model: nn.Module) -> nn.Module:
         super().wrap(model)
         self.arrivals = None  # no order to learn: the shards, and so the buckets, must exist before the first step
         self.build(backward_order(len(self.params)))
         self.shard_params = [self.slice_of(bucket) for bucket in self.buckets]
+        bucket_of = {id(param): self.slot[index][0].index for index, param in enumerate(self.params)}
+        for module in model.modules():
+            held = sorted({bucket_of[id(p)] for p in module.parameters(recurse=False) if id(p) in bucket_of})
+            if held:
+                module.register_forward_pre_hook(lambda _module, _inputs, held=held: self.arrive(held))
         return model
 
     def slice_of(self, bucket: Bucket) -> torch.Tensor:
@@ -104,7 +116,8 @@ class Zero(Bucketed):
         self.received[bucket.index] = (received, noted)
         self.next_to_launch = bucket.index + 1
 
-    def sync(self, model: nn.Module) -> None:
+    def reduce_scattered(self) -> None:
+        """Launch what backward did not, wait for every reduce-scatter: each slice's mean gradient is its .grad."""
         for bucket in self.buckets[self.next_to_launch:]:  # not launched in backward: unused parameters
             bucket.buffer.pack()
             self.launch(bucket)
@@ -122,24 +135,56 @@ class Zero(Bucketed):
         self.next_to_launch = 0
 
     def after_step(self, model: nn.Module) -> bool:
-        """All-gather every bucket's updated slices into the model's parameters (each started at once, copied out as
-        each completes)."""
-        gathers = []
-        for bucket, shard in zip(self.buckets, self.shard_params):
+        """Start the all-gather of every bucket's updated slices, in forward order (the last bucket holds the first
+        layers); the next forward takes each in as it needs it (`arrive`)."""
+        self.settle()
+        for bucket, shard in reversed(list(zip(self.buckets, self.shard_params))):
             whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype, device=shard.device)
             start = now()
             work = dist.all_gather_single(whole, shard, async_op=True)
             noted = self.recorder.message(ALL_GATHER, start, None, whole.numel() * whole.element_size(), bucket.index)
-            gathers.append((bucket, whole, work, noted))
-        with torch.no_grad():
-            for bucket, whole, work, noted in gathers:
-                work.wait()
-                self.recorder.ended(noted)
-                offset = 0
-                for param in bucket.params:
+            self.gathering[bucket.index] = (whole, work, noted)
+        return True
+
+    def arrive(self, indices: Iterable[int]) -> None:
+        """Wait for these buckets' all-gathers, if still pending, and copy the parameters they bring in."""
+        for index in indices:
+            pending = self.gathering.pop(index, None)
+            if pending is None:
+                continue
+            whole, work, noted = pending
+            work.wait()
+            self.recorder.ended(noted)
+            offset = 0
+            with torch.no_grad():
+                for param in self.buckets[index].params:
                     param.copy_(whole[offset:offset + param.numel()].view_as(param))
                     offset += param.numel()
-        return True
+
+    def settle(self) -> None:
+        """Every pending all-gather in: the parameters are the step's, on every rank."""
+        self.arrive(sorted(self.gathering, reverse=True))
+
+    def sync(self, model: nn.Module) -> None:
+        self.settle()  # a bucket no forward reached (parameters unused this step) is taken in here
+        self.reduce_scattered()
+
+    def replicated(self, model: nn.Module) -> list[torch.Tensor]:
+        self.settle()
+        return super().replicated(model)
+
+    def whole_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+        self.settle()
+        return super().whole_parameters(model)
+
+    def model_state(self, model: nn.Module) -> dict | None:
+        self.settle()
+        return super().model_state(model)
+
+    @contextlib.contextmanager
+    def evaluated(self, model: nn.Module):
+        self.settle()
+        yield
 
     def held_tensors(self) -> dict[str, list[torch.Tensor]]:
         return {"parameters": list(self.shard_params),

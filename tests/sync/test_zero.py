@@ -69,13 +69,18 @@ def test_zero_steps_as_sgd_does_and_gives_its_state_in_sgds_layout(one_rank_grou
     method, recorder = Zero(bucket_mb=0.01), StepRecorder(Alignment(), overlapped=True, window=(3, 3))
     optimizer = three_steps(model, method, recorder)
     assert len(method.buckets) > 2 and len(optimizer.param_groups[0]["params"]) == len(method.buckets)
-    # the timeline's messages: each bucket's reduce-scatter, then its all-gather, each of the bucket's bytes
+    # the last step's all-gathers are still in flight, for the next forward to take in
+    assert sorted(method.gathering) == list(range(len(method.buckets)))
+    whole = method.whole_parameters(model)  # waits for them
+    assert not method.gathering
+    # the timeline's messages: each bucket's reduce-scatter, then the all-gathers in forward order (the first
+    # layers' bucket, the last, first), each of the bucket's bytes
     noted = [(m.name, m.bucket, m.nbytes) for m in recorder.current.messages if m.kind == "message"]
     sizes = [sum(p.numel() * 4 for p in bucket.params) for bucket in method.buckets]
     assert noted == ([("reduce-scatter", b, size) for b, size in enumerate(sizes)]
-                     + [("all-gather", b, size) for b, size in enumerate(sizes)])
+                     + [("all-gather", b, size) for b, size in reversed(list(enumerate(sizes)))])
     assert all(m.end is not None and m.end >= m.start for m in recorder.current.messages)
-    for ours, theirs in zip(model.parameters(), reference.parameters()):
+    for ours, theirs in zip(whole, reference.parameters()):
         assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
         assert ours.grad is None  # the full gradient is not kept between steps
     whole, expected = method.optimizer_state(optimizer, model), plain.state_dict()
