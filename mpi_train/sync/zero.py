@@ -50,7 +50,8 @@ class Zero(Bucketed):
 
     Bytes per rank: (N-1)/N·S for the reduce-scatter plus (N-1)/N·S for the all-gather, a
     ring allreduce's 2(N-1)/N·S. In a timeline each all-gather is noted from its start after
-    the step to the wait in the next forward.
+    the step to the wait in the next forward. Any collective between two steps (a logged
+    step's gather of figures) runs after the all-gathers in flight, so it waits for them.
     With --compression fp16|bf16 each rank's share of the mean travels in the narrow type
     (as in bucketed); the all-gather carries the parameters in their own type. A parameter
     that gets no gradient in a step adds zeros to its slice (and weight decay still applies
