@@ -7,7 +7,10 @@ stray `.step-*.partial` file and never touches the last good checkpoint.
 
 What a checkpoint holds, and why that is enough for an exact continuation:
 - the weights and the optimizer state (momentum), from rank 0: every sync method
-  leaves them identical on all ranks (the replica check at the end verifies it);
+  leaves them identical on all ranks (the replica check at the end verifies it); a
+  method that shards them (zero, fsdp, zero_torch) gathers them first, into the layout
+  of one optimizer over the whole model, so any method resumes from any checkpoint, on
+  the same number of ranks or, with --reshard, on another;
 - the position: epoch and steps done in it. The sampler's order is a function of
   (seed, epoch), so the resumed job rebuilds the epoch's order and skips the batches
   already trained on by index, without loading them;
@@ -149,6 +152,9 @@ class Checkpointer:
         an uninterrupted job's random states stand, even when written later. `unsent_metrics`: what the tracker
         holds for this checkpoint (tracker.unsent), sent again by an attempt that resumes from it."""
         rank_states = self.cluster.gather(capture_rank_state(model, method))
+        # collective: a method that shards them gathers them, in the layout of an unsharded model and optimizer, so
+        # that any method resumes from them, on any number of ranks (--reshard)
+        model_state, optimizer_state = method.model_state(model), method.optimizer_state(optimizer, model)
         if not self.cluster.info.is_main:
             return None
         config, info = self.config, self.cluster.info
@@ -159,8 +165,7 @@ class Checkpointer:
             "compression": config.compression, "seed": config.seed,
             "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
             "elapsed_s": position.elapsed_s, "sent_bytes": position.sent_bytes,
-            "model_state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-            "optimizer_state": copy.deepcopy(optimizer.state_dict()), "ranks": rank_states,
+            "model_state": model_state, "optimizer_state": copy.deepcopy(optimizer_state), "ranks": rank_states,
             "mlflow_parent_run_id": run_id, "unsent_metrics": list(unsent_metrics),
         }
 

@@ -192,8 +192,8 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     method.record_into(recorder)
     sync_model = job_model(config, cluster, model, method, device)
     settings = config.optimizer  # the flags given, else the model's defaults
-    optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
-                                weight_decay=settings.weight_decay)
+    optimizer = method.make_optimizer(model, lambda params: torch.optim.SGD(
+        params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay))
     method.use_optimizer(optimizer)
 
     steps_per_epoch = len(loaders.train) // config.accumulate  # optimizer steps: K micro-batches each
@@ -202,8 +202,8 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     resume = load_for_resume(config, cluster, total_steps)
     # the weights and momentum of the checkpoint; each rank's random state comes right before its first batch
     if resume:
-        model.load_state_dict(resume.model_state)
-        optimizer.load_state_dict(resume.optimizer_state)
+        method.load_model_state(model, resume.model_state)
+        method.load_optimizer_state(optimizer, resume.optimizer_state, model)  # a sharding method keeps its shard
         method.start_at(resume.position.step)
     schedule_steps = config.epochs * steps_per_epoch  # the whole run's, so --max-steps and resuming keep the same curve
     learning_rate = LearningRate(optimizer, settings.lr, config.lr_schedule, settings.warmup_steps, schedule_steps,
@@ -404,6 +404,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             cluster.liveness.close()  # ranks may now leave at different times: silence is no longer news
             # a job too short to leave any out
             steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals
+            digest = parameter_digest(job.method.whole_parameters(job.model))  # collective for a sharding method
             reporter.memory(cluster.gather(held_bytes(job.model, job.optimizer, job.method)),
                             predict_memory(job.method, job.model, cluster.info.world_size,
                                            config.optimizer.momentum))
@@ -411,9 +412,9 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
                             cluster.gather(steady.means()),
                             config.timing_warmup_steps if after_step.after_warmup.steps else 0,
                             cluster.gather(job.recorder.busy_s),
-                            weights_sha256=parameter_digest(job.model) if cluster.info.is_main else None)
+                            weights_sha256=digest if cluster.info.is_main else None)
             if config.save_model:
-                reporter.save_weights(job.model)
+                reporter.save_weights(job.method.model_state(job.model))
     if after_step.requeued:
         job.preemption.leave_together()
     job.preemption.close()

@@ -18,6 +18,11 @@ with at least one matrix factored (not all sent whole).
 The model's 785 parameters do not divide into 2, 3 or 4 equal chunks, which `ring`
 must handle. A method that cannot run on Gloo is listed as unavailable; one that averages
 parameters rather than gradients (localsgd, diloco) is checked by tests/test_averaging.py.
+A method that shards the gradients or the optimizer state (zero, fsdp, zero_torch) holds
+no mean gradient to check: it steps its optimizer (SGD with momentum and weight decay,
+through its make_optimizer) and must leave every rank the parameters that SGD over the
+whole model reaches from the hand-computed means, to float32 rounding, at world sizes
+that do not divide the model's 785 numbers (its shards are padded).
 Prints one line per case on rank 0; exits non-zero if any rank saw a wrong gradient.
 """
 
@@ -32,10 +37,12 @@ from torch import nn
 from mpi_train.cluster import Cluster, exit_process
 from mpi_train.config import TrainConfig
 from mpi_train.sync import GRADIENTS, SYNC_METHODS, SyncMethod, backend_error
+from mpi_train.sync.base import REPLICATED
 from mpi_train.sync.bucketed import Bucketed
 from mpi_train.sync.flat import Flat
 from mpi_train.sync.hierarchical import Hierarchical, host_of_each_rank
 from mpi_train.sync.ring import Ring
+from mpi_train.sync.zero import Zero
 
 STEPS = 3
 COMPRESSING = ("allreduce", "flat", "bucketed", "ring", "hierarchical")
@@ -123,7 +130,8 @@ def cases(world: int) -> dict[str, tuple[Callable[[], SyncMethod], Callable[[], 
     tiny_buckets = 64 / 2**20  # 64 bytes: every tensor of these models gets its own bucket
     return {
         **{name: (method_class, make_model) for name, method_class in SYNC_METHODS.items()
-           if not backend_error(name, "gloo") and method_class.averages == GRADIENTS},
+           if not backend_error(name, "gloo") and method_class.averages == GRADIENTS
+           and method_class.shards == REPLICATED},
         "bucketed, 64-byte buckets": (lambda: Bucketed(tiny_buckets), make_model),
         "bucketed, 64-byte buckets, shared + unused layers": (lambda: Bucketed(tiny_buckets), make_shared_and_unused),
         "bucketed, one bucket, shared + unused layers": (Bucketed, make_shared_and_unused),
@@ -137,6 +145,44 @@ def cases(world: int) -> dict[str, tuple[Callable[[], SyncMethod], Callable[[], 
         "bucketed+powersgd, 64-byte buckets, shared + unused layers":
             (compressed("bucketed", "powersgd", world, bucket_mb=tiny_buckets), make_shared_and_unused),
     }
+
+
+def sharded_cases() -> dict[str, Callable[[], SyncMethod]]:
+    """Name -> method factory, for the methods that shard (checked by the parameters they step to)."""
+    return {**{name: method_class for name, method_class in SYNC_METHODS.items()
+               if method_class.shards != REPLICATED and not backend_error(name, "gloo")},
+            "zero, 64-byte buckets": lambda: Zero(64 / 2**20)}
+
+
+def sgd(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=0.01)
+
+
+def stepped_by_hand(world: int) -> list[torch.Tensor]:
+    """The parameters SGD over the whole model reaches in STEPS steps of every rank's mean gradient."""
+    reference = make_model()
+    optimizer = sgd(reference.parameters())
+    for step in range(STEPS):
+        per_rank = every_ranks_gradients(lambda: reference, world, step)
+        for param, gradient in zip(reference.parameters(), mean(per_rank)):
+            param.grad = gradient
+        optimizer.step()
+    return [p.detach().clone() for p in reference.parameters()]
+
+
+def steps_as_sgd_does(make_method: Callable[[], SyncMethod], rank: int, expected: list[torch.Tensor]) -> bool:
+    model = make_model()
+    method = make_method()
+    net = method.wrap(model)
+    optimizer = method.make_optimizer(model, sgd)
+    for step in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        backward(net, rank, step)
+        method.sync(model)
+        optimizer.step()
+        method.after_step(model)
+    whole = method.whole_parameters(model)
+    return all(torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6) for ours, theirs in zip(whole, expected))
 
 
 def residuals(method: SyncMethod, model: nn.Module) -> list[torch.Tensor]:
@@ -189,6 +235,10 @@ def main() -> int:
             if not (right and (differs_from_local or world == 1)):
                 failures.append(name)
                 break
+    expected = stepped_by_hand(world)
+    for name, make_method in sharded_cases().items():
+        if not steps_as_sgd_does(make_method, rank, expected):
+            failures.append(name)
     everyone = cluster.gather(failures)
     if rank == 0:
         for name in cases(world):
@@ -196,6 +246,10 @@ def main() -> int:
             right = ("one update and error feedback kept on every rank" if "powersgd" in name
                      else "mean gradient on every rank")
             print(f"{name}: {right if not bad else f'WRONG on ranks {bad}'}")
+        for name in sharded_cases():
+            bad = [r for r, names in enumerate(everyone) if name in names]
+            print(f"{name}: {'the parameters of SGD over the whole model' if not bad else f'WRONG on ranks {bad}'}"
+                  f" on every rank")
         print(f"hierarchical: MPI's host split found {len(set(leaders))} host(s), leaders {sorted(set(leaders))}")
         for name, method_class in SYNC_METHODS.items():
             if backend_error(name, "gloo"):

@@ -1,5 +1,6 @@
 """--accumulate K: K micro-batches per optimizer step, the sync once after the last, equal one batch of the same
-global size to float32 precision for every lossless method (DDP through no_sync(), bucketed by holding its hooks)."""
+global size to float32 precision for every lossless method (DDP and zero_torch through no_sync(), bucketed and zero by
+holding their hooks, fsdp through set_requires_gradient_sync)."""
 
 import pytest
 from conftest import losses, train_several
@@ -10,7 +11,8 @@ from mpi_train.errors import UserError
 # The MNIST CNN without dropout and without BatchNorm: nothing in a step depends on how the batch is split.
 JOB = ["--dataset", "synthetic", "--synthetic-size", "512", "--batch-size", "64", "--max-steps", "4", "--log-every",
        "1", "--dropout", "0", "--no-tracking"]
-LOSSLESS = ("gather_scatter", "allreduce", "flat", "bucketed", "ring", "hierarchical", "ddp")
+LOSSLESS = ("gather_scatter", "allreduce", "flat", "bucketed", "ring", "hierarchical", "ddp", "zero", "fsdp",
+            "zero_torch")
 
 
 def relative_gap(a: list[float], b: list[float]) -> float:

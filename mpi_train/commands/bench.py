@@ -295,9 +295,9 @@ def codec_times(entries: list[Contender], device: torch.device, powersgd_rank: i
     for entry in entries:
         if entry.method.compressor.name == "none" or entry.method.inside_ddp():  # DDP compresses in torch's hooks
             continue
-        params = [p for p in entry.model.parameters() if p.grad is not None]
+        params = [p for p in entry.model.parameters() if p.requires_grad]
         buffer = FlatBuffer(params)
-        buffer.pack()
+        buffer.pack()  # the gradients the last step left; zeros where a method keeps none (zero keeps a shard)
         codec = type(entry.method.compressor).from_config(TrainConfig(powersgd_rank=powersgd_rank,
                                                                       powersgd_start_step=0))
         for repeat in range(CODEC_REPEATS + 1):  # the first allocates the compressor's buffers: untimed

@@ -19,10 +19,13 @@ from .ddp_powersgd import DDPPowerSGD
 from .diloco import DiLoCo
 from .flat import Flat
 from .flat_fp16 import FlatFP16
+from .fsdp import FSDP
 from .gather_scatter import GatherScatter
 from .hierarchical import Hierarchical
 from .localsgd import LocalSGD
 from .ring import Ring
+from .zero import Zero
+from .zero_torch import ZeroTorch
 
 SYNC_METHODS: dict[str, type[SyncMethod]] = {
     "gather_scatter": GatherScatter,
@@ -37,6 +40,9 @@ SYNC_METHODS: dict[str, type[SyncMethod]] = {
     "ddp_powersgd": DDPPowerSGD,
     "localsgd": LocalSGD,
     "diloco": DiLoCo,
+    "zero": Zero,
+    "fsdp": FSDP,
+    "zero_torch": ZeroTorch,
 }
 
 

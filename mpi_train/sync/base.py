@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -20,6 +20,7 @@ EVERY_COMPRESSION = tuple(COMPRESSORS)
 AFTER_BACKWARD = "after backward"  # in the sync phase, once backward is done
 DURING_BACKWARD = "during backward"  # from our own hooks while backward runs; sync() waits for what is left
 INSIDE_DDP = "inside DDP"  # torch's DistributedDataParallel and its comm hooks; sync() has nothing left to do
+INSIDE_FSDP = "inside FSDP"  # torch's fully_shard: gathers in forward and backward, reduce-scatters in backward
 AFTER_STEP = "after the optimizer step"  # model averaging: parameters, every few steps, in after_step()
 GRADIENTS, PARAMETERS = "gradients", "parameters"  # what a method averages (`averages`)
 # what a method keeps only 1/N of on each rank (`shards`), ZeRO's stages 0-3: the memory per rank it buys
@@ -115,12 +116,13 @@ class SyncMethod:
     @classmethod
     def overlapped(cls) -> bool:
         """Communicates while backward runs: only what outlasts backward costs the step (its exposed time)."""
-        return cls.sends in (DURING_BACKWARD, INSIDE_DDP)
+        return cls.sends in (DURING_BACKWARD, INSIDE_DDP, INSIDE_FSDP)
 
     @classmethod
     def inside_ddp(cls) -> bool:
-        """A DistributedDataParallel variant: its buckets and compression are torch's, its sync() is empty."""
-        return cls.sends == INSIDE_DDP
+        """Communicates inside torch's wrapper (DistributedDataParallel and its variants, FSDP): its buckets and
+        compression are torch's, its sync() is empty, its sync time cannot be measured apart from compute's."""
+        return cls.sends in (INSIDE_DDP, INSIDE_FSDP)
 
     def bucket_caps(self) -> tuple[float, float]:
         """Bytes of its first bucket and of the others, for a method that sends buckets (DDP's defaults)."""
@@ -176,6 +178,34 @@ class SyncMethod:
 
     def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """The job's optimizer, for a method that must reach its state (local SGD's momentum buffers)."""
+
+    def make_optimizer(self, model: nn.Module, build: Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
+                       ) -> torch.optim.Optimizer:
+        """The job's optimizer, made by `build` from the tensors it steps: the model's parameters, or for a method
+        that shards the optimizer state, the tensors of this rank's shard (the object returned holds that state)."""
+        return build(model.parameters())
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict | None:
+        """Collective: the optimizer's state as one unsharded optimizer over model.parameters() would hold it (its
+        state_dict), on rank 0 at least, so that a checkpoint resumes under any method and world size."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict, model: nn.Module) -> None:
+        """Take back what optimizer_state gave (every rank has the whole of it): a sharding method keeps its shard."""
+        optimizer.load_state_dict(state)
+
+    def model_state(self, model: nn.Module) -> dict | None:
+        """Collective: the model's whole state_dict on CPU, on rank 0 at least (a method that shards the parameters
+        gathers them)."""
+        return {key: value.detach().cpu().clone() for key, value in model.state_dict().items()}
+
+    def load_model_state(self, model: nn.Module, state: dict) -> None:
+        """Take back what model_state gave (every rank has the whole of it)."""
+        model.load_state_dict(state)
+
+    def whole_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+        """Collective: every parameter whole, on every rank (what the end's weights digest hashes)."""
+        return list(model.parameters())
 
     def finish(self, model: nn.Module) -> bool:
         """The last step is done (collective): a method whose ranks may hold different models makes them one. True

@@ -20,12 +20,25 @@ DEFAULT_BUCKET_MB = DDP_BUCKET_MB  # DistributedDataParallel's default bucket_ca
 class Bucket:
     """A few parameters, consecutive in backward order, sharing one flat buffer and one allreduce."""
 
-    def __init__(self, index: int, params: list[nn.Parameter]):
+    def __init__(self, index: int, params: list[nn.Parameter], multiple_of: int = 1):
         self.index = index
-        self.buffer = FlatBuffer(params)
+        self.params = params
+        self.multiple_of = multiple_of  # its buffer's length, padded (zero.py cuts it into one shard per rank)
+        self.held: FlatBuffer | None = None
         self.waiting = len(params)  # gradients not yet arrived this step
         self.work: dist.Work | None = None  # the in-flight allreduce once launched
         self.rounds = None  # the compressor's messages for this step, once launched
+
+    @property
+    def buffer(self) -> FlatBuffer:
+        """Its flat buffer, allocated when first needed: a method that keeps only a shard of the gradients between
+        steps drops it (`release`) once its messages are done."""
+        if self.held is None:
+            self.held = FlatBuffer(self.params, self.multiple_of)
+        return self.held
+
+    def release(self) -> None:
+        self.held = None
 
 
 class Bucketed(SyncMethod):
@@ -113,10 +126,13 @@ class Bucketed(SyncMethod):
         """The buckets for parameters in backward `order` (the same on every rank)."""
         self.buckets, self.slot = [], {}
         for number, group in enumerate(self.split(order)):
-            bucket = Bucket(number, [self.params[i] for i in group])
+            bucket = self.new_bucket(number, [self.params[i] for i in group])
             self.buckets.append(bucket)
-            for index, view in zip(group, bucket.buffer.views):
-                self.slot[index] = (bucket, view)
+            for position, index in enumerate(group):
+                self.slot[index] = (bucket, position)
+
+    def new_bucket(self, index: int, params: list[nn.Parameter]) -> Bucket:
+        return Bucket(index, params)
 
     def make_hook(self, index: int):
         def gradient_ready(param: nn.Parameter) -> None:
@@ -125,13 +141,13 @@ class Bucketed(SyncMethod):
             if self.arrivals is not None:  # the first step: only learn the order
                 self.arrivals.append(index)
                 return
-            bucket, view = self.slot[index]
+            bucket, position = self.slot[index]
             if bucket.work is not None:
                 raise RuntimeError(
                     "bucketed sync: a gradient arrived for a bucket already being reduced. Call sync() after "
                     "every backward, or hold the hooks with accumulating() for the backward passes before it."
                 )
-            view.copy_(param.grad)
+            bucket.buffer.views[position].copy_(param.grad)
             bucket.waiting -= 1
             if bucket.waiting == 0:
                 self.launch_ready()
@@ -187,7 +203,7 @@ class Bucketed(SyncMethod):
                 message = self.next_message(bucket)  # finishes the bucket's average once its last round is summed
                 if message is None:
                     bucket.buffer.unpack()
-                    bucket.work, bucket.rounds, bucket.waiting = None, None, len(bucket.buffer.params)
+                    bucket.work, bucket.rounds, bucket.waiting = None, None, len(bucket.params)
                 else:
                     self.send(bucket, message)
                     still.append(bucket)

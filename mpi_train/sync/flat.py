@@ -9,14 +9,21 @@ from torch import nn
 from .base import EVERY_COMPRESSION, SyncMethod, sum_each_round
 
 
+def padded_length(count: int, multiple_of: int) -> int:
+    """`count` rounded up to a multiple of `multiple_of`: 785 numbers in 3 equal shards take 786, 262 each."""
+    return -(-count // multiple_of) * multiple_of
+
+
 class FlatBuffer:
     """One contiguous buffer with a fixed slot for each parameter, allocated once and reused every step."""
 
-    def __init__(self, params: list[nn.Parameter]):
+    def __init__(self, params: list[nn.Parameter], multiple_of: int = 1):
         if len({(p.dtype, p.device) for p in params}) > 1:
             raise ValueError("a flat gradient buffer needs every parameter on one device with one dtype")
         self.params = params
-        self.data = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        # zeros after the last slot up to a multiple of `multiple_of`: a buffer cut into N equal shards (zero.py)
+        self.data = torch.zeros(padded_length(sum(p.numel() for p in params), multiple_of), dtype=params[0].dtype,
+                                device=params[0].device)
         self.views, offset = [], 0
         for p in params:
             self.views.append(self.data[offset:offset + p.numel()].view_as(p))

@@ -422,12 +422,13 @@ class MlflowTracker(NullTracker):
     def log_artifact(self, path, folder: str) -> None:
         self.client.log_artifact(self.parent_id, str(path), folder)
 
-    def save_weights(self, model) -> None:
+    def save_weights(self, state: dict) -> None:
+        """`state`: the model's whole state_dict on CPU (SyncMethod.model_state)."""
         import torch
 
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "state_dict.pt"
-            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+            torch.save(state, path)
             self.client.log_artifact(self.parent_id, str(path), "model")
 
     # -- lifetime: started by `with`, ended once -------------------------------------------------------

@@ -78,7 +78,8 @@ def test_where_backward_hides_the_messages_nothing_binds():
 
 def test_the_lossless_methods_are_read_from_the_registry():
     usable, refused = search.lossless("gloo")
-    assert usable == ["gather_scatter", "allreduce", "ddp", "flat", "bucketed", "ring", "hierarchical"]
+    assert usable == ["gather_scatter", "allreduce", "ddp", "flat", "bucketed", "ring", "hierarchical", "zero", "fsdp",
+                      "zero_torch"]  # the sharded methods too: the advisor weighs their memory against their time
     assert refused == []  # ddp_powersgd, refused on Gloo, is lossy: listed by the advisor apart
     assert search.follows_bucket_size("bucketed") and not search.follows_bucket_size("ddp")
     assert Candidate("bucketed", 8.0).flags == ["--sync", "bucketed", "--bucket-mb", "8"]

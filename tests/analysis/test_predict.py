@@ -6,6 +6,7 @@ from mpi_train import netmodel
 from mpi_train.analysis import predict
 from mpi_train.models import build_model
 from mpi_train.sync import SYNC_METHODS
+from mpi_train.sync.base import REPLICATED
 
 
 def test_one_cluster_prints_each_method_and_the_winner(capsys):
@@ -15,6 +16,7 @@ def test_one_cluster_prints_each_method_and_the_winner(capsys):
     assert "64 ranks on 8 host(s), per-rank batch 4" in out and "between hosts: alpha 100 us, 1,250 MB/s" in out
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out.splitlines()
             if line.split()[:1] and line.split()[0] in SYNC_METHODS}
+    # every method: each declares a family the model prices (netmodel/families.py)
     assert set(rows) == set(SYNC_METHODS)
     # the ring row by hand: compute 4 ms, one flat buffer over the 10 Gbit/s link
     size = sum(netmodel.tensor_sizes(build_model("mnist_cnn")))
@@ -50,8 +52,14 @@ def test_a_scaling_table_writes_a_plot(tmp_path, capsys):
     out, memory = capsys.readouterr().out.split("\nmemory per rank")
     lines = [line for line in out.splitlines() if line.strip().split(" ")[0] in ("2", "4", "8", "1024")]
     assert len(lines) == 4 and plot.read_bytes().startswith(b"\x89PNG")
-    held = [line.split() for line in memory.splitlines() if line.strip().split(" ")[0] in ("2", "4", "8", "1024")]
-    assert len(held) == 4 and all(len(set(row[1:])) == 1 for row in held)  # none shards: the same on every count
+    header, *rows = [line.split() for line in memory.splitlines()[1:] if line.strip()][:5]
+    columns = {name: [float(row[i]) for row in rows] for i, name in enumerate(header[1:], start=1)}
+    assert [row[0] for row in rows] == ["2", "4", "8", "1024"]
+    for name, held in columns.items():
+        if SYNC_METHODS[name].shards == REPLICATED:  # a whole replica on every count of ranks
+            assert len(set(held)) == 1 and held[0] == columns["allreduce"][0], name
+        else:  # a sharding method holds less on more ranks, and less than a replica
+            assert held == sorted(held, reverse=True) and held[-1] < held[0] < columns["allreduce"][0], name
 
 
 @pytest.mark.parametrize("args, words", [

@@ -71,7 +71,7 @@ def test_the_registry_lists_what_the_cli_offers():
 
 
 def test_a_method_says_what_it_can_be_tuned_on():
-    assert tuned_by("bucket_mb") == ["bucketed"]
+    assert tuned_by("bucket_mb") == ["bucketed", "zero"]
     assert tuned_by("period") == ["localsgd", "diloco"] and tuned_by("outer_lr") == ["diloco"]
     with pytest.raises(UserError, match="--outer-lr is read by --sync diloco only"):
         parse_config(["--sync", "localsgd", "--outer-lr", "0.5"]).validate(world_size=2)

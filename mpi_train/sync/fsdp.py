@@ -1,0 +1,123 @@
+"""fsdp: PyTorch's FSDP2 (`fully_shard`), one unit per layer block: parameters, gradients and optimizer state sharded
+(ZeRO-3)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+
+from .base import EVERYTHING, INSIDE_FSDP, SyncMethod
+from .messages import BUCKETS
+
+WHOLE_ON_RANK_0 = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered, on CPU, on rank 0 only
+WHOLE_EVERYWHERE = StateDictOptions(full_state_dict=True)  # every rank hands over the whole, keeps its shard
+
+
+def container(module: nn.Module) -> bool:
+    return isinstance(module, (nn.Sequential, nn.ModuleList))
+
+
+def units(model: nn.Module) -> list[nn.Module]:
+    """The layer blocks sharded as units of their own: each child with parameters of the model's stacks (a
+    Sequential or ModuleList at its top level, or the model itself when it is one: VGG's features and classifier,
+    ResNet's layer1-4 blocks, GPT's transformer blocks). A child sharing a parameter with anything outside it (GPT's
+    tied embedding and head) stays with the root, which takes whatever no unit holds."""
+    owners: dict[int, set[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), set()).add(name)
+    stacks = [model] if container(model) else [child for child in model.children() if container(child)]
+    prefix_of = {id(module): name for name, module in model.named_modules()}
+    found = []
+    for stack in stacks:
+        for child in stack.children():
+            params = list(child.parameters())
+            prefix = prefix_of[id(child)] + "."
+            if params and all(all(name.startswith(prefix) for name in owners[id(p)]) for p in params):
+                found.append(child)
+    return found
+
+
+class FSDP(SyncMethod):
+    """torch's sharded data parallel, as the peer of `zero` (ddp is bucketed's).
+
+    Each rank keeps 1/N of every parameter (a DTensor shard). Before a unit's forward its
+    parameters are all-gathered and, after it, freed again (reshard after forward); backward
+    gathers them once more, and each unit's gradients are reduce-scattered as soon as they
+    are ready, so every rank ends backward with the mean gradient of its own shard, which
+    the job's optimizer (built over the sharded parameters) steps. Bytes per rank: up to
+    3(N-1)/N·S a step (two all-gathers and one reduce-scatter), against a ring allreduce's
+    2(N-1)/N·S; memory per rank (P+G+O)/N plus one unit's gathered parameters.
+
+    Everything travels inside torch's hooks during forward and backward, so sync() has
+    nothing left to do, and the messages are not noted in a timeline. Checkpoints gather
+    the whole model and optimizer state (torch.distributed.checkpoint's state_dict API) and
+    keep them in an unsharded optimizer's layout, keyed by parameter index, so a job resumes
+    under any method and, with --reshard, on another number of ranks.
+    """
+
+    collective = "layerwise_gather"  # netmodel/families.py: all-gathers around each unit, reduce-scatters in backward
+    shards = EVERYTHING
+    messages = BUCKETS  # one all-gather and one reduce-scatter per unit, not cut by --bucket-mb
+    sends = INSIDE_FSDP
+    no_compression_because = ("FSDP reduce-scatters the gradients in torch's own collectives, in the parameters' "
+                               "dtype")
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        for unit in units(model):
+            fully_shard(unit)
+        fully_shard(model)
+        return model
+
+    @contextlib.contextmanager
+    def accumulating(self, net: nn.Module):
+        """FSDP2's own way: a micro-batch's gradients stay unsharded and add up, reduce-scattered with the last's."""
+        net.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            net.set_requires_gradient_sync(True)
+
+    def sync(self, model: nn.Module) -> None:
+        """Nothing left to do: backward has reduce-scattered every unit's gradients already."""
+
+    def whole_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+        return [param.full_tensor() for param in model.parameters()]
+
+    def replicated(self, model: nn.Module) -> list[torch.Tensor]:
+        """Each parameter gathered whole: the model every rank's shards make up."""
+        return self.whole_parameters(model)
+
+    def model_state(self, model: nn.Module) -> dict | None:
+        state = get_model_state_dict(model, options=WHOLE_ON_RANK_0)  # collective: every rank sends its shards
+        return state if dist.get_rank() == 0 else None
+
+    def load_model_state(self, model: nn.Module, state: dict) -> None:
+        set_model_state_dict(model, state, options=WHOLE_EVERYWHERE)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict | None:
+        """Collective: the whole state, keyed by parameter index (torch keys it by parameter name)."""
+        named = get_optimizer_state_dict(model, optimizer, options=WHOLE_ON_RANK_0)
+        if dist.get_rank() != 0:
+            return None
+        index_of = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+        return {"state": {index_of[name]: value for name, value in named["state"].items()},
+                "param_groups": [{**group, "params": [index_of[name] for name in group["params"]]}
+                                 for group in named["param_groups"]]}
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict, model: nn.Module) -> None:
+        names = [name for name, _ in model.named_parameters()]
+        named = {"state": {names[int(i)]: value for i, value in state["state"].items()},
+                 "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]}
+                                  for group in state["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, named, options=WHOLE_EVERYWHERE)

@@ -1,0 +1,41 @@
+"""zero_torch: torch's ZeroRedundancyOptimizer under DistributedDataParallel: the optimizer state sharded (ZeRO-1)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from .base import OPTIMIZER_STATE
+from .ddp import DDP
+
+
+class ZeroTorch(DDP):
+    """torch's ZeRO-1, as the peer of `zero` (ddp is bucketed's): DDP averages every gradient in backward as usual;
+    the optimizer is a ZeroRedundancyOptimizer, which gives each rank the parameters of about 1/N of the model
+    (whole tensors, balanced by size) to step and keep state for, then broadcasts each rank's updated parameters
+    from their owner. Bytes per rank: DDP's 2(N-1)/N·S, then each rank's own share sent to the N-1 others; memory
+    per rank P + G + O/N.
+
+    Checkpoints consolidate the state on rank 0 (consolidate_state_dict) in an unsharded optimizer's layout, so a job
+    resumes under any method and, with --reshard, on another number of ranks; on loading each rank keeps its share.
+    """
+
+    collective = "ring_then_broadcast"  # netmodel/families.py: DDP's allreduce, then each owner's parameters sent
+    shards = OPTIMIZER_STATE
+    fixed_compression = None
+    no_compression_because = ("it runs under plain DistributedDataParallel, whose compression is torch's "
+                              "communication hooks (--sync ddp_fp16, ddp_powersgd)")
+
+    def make_optimizer(self, model: nn.Module, build: Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
+                       ) -> torch.optim.Optimizer:
+        """The optimizer `build` makes, its class and settings taken over by a ZeroRedundancyOptimizer."""
+        template = build(model.parameters())  # holds no state until it steps: only its class and defaults are read
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(template), **template.defaults)
+
+    def optimizer_state(self, optimizer: ZeroRedundancyOptimizer, model: nn.Module) -> dict | None:
+        optimizer.consolidate_state_dict(to=0)  # collective: every rank sends its shard's state to rank 0
+        return optimizer.state_dict() if dist.get_rank() == 0 else None

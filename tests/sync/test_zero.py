@@ -1,0 +1,119 @@
+"""zero's shard arithmetic (padding, world sizes that do not divide) and its checkpoint layout; fsdp's units."""
+
+import itertools
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from mpi_train.models import INPUT_SHAPES, build_model
+from mpi_train.sync.flat import padded_length
+from mpi_train.sync.fsdp import units
+from mpi_train.sync.zero import Zero, shard_bounds
+from mpi_train.timeline import Alignment, StepRecorder
+
+
+@pytest.mark.parametrize("count", [1, 7, 784, 785, 786])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_the_shards_tile_the_padded_bucket_equally_and_pad_by_less_than_one_number_per_rank(count, world):
+    bounds = [shard_bounds(count, world, rank) for rank in range(world)]
+    assert bounds[0][0] == 0 and all(end == start for (_, end), (start, _) in itertools.pairwise(bounds))
+    assert len({end - start for start, end in bounds}) == 1  # equal: what reduce_scatter_single cuts
+    padded = bounds[-1][1]
+    assert padded == padded_length(count, world) and padded % world == 0 and 0 <= padded - count < world
+
+
+def test_785_numbers_on_3_ranks_pad_to_786():
+    assert [shard_bounds(785, 3, rank) for rank in range(3)] == [(0, 262), (262, 524), (524, 786)]
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3)
+
+
+def three_steps(model, method=None, recorder=None):
+    net = method.wrap(model) if method else model
+    optimizer = method.make_optimizer(model, sgd) if method else sgd(model.parameters())
+    if recorder:
+        method.record_into(recorder)
+    torch.manual_seed(1)
+    images, labels = torch.randn(4, *INPUT_SHAPES["mnist_cnn"]), torch.randint(0, 10, (4,))
+    for step in range(1, 4):
+        if recorder:
+            recorder.begin(step)
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(net(images), labels).backward()
+        if method:
+            method.sync(model)
+        optimizer.step()
+        if method:
+            method.after_step(model)
+    return optimizer
+
+
+def test_zero_steps_as_sgd_does_and_gives_its_state_in_sgds_layout(one_rank_group):
+    torch.manual_seed(0)
+    reference, model = build_model("mnist_cnn", dropout=0.0), build_model("mnist_cnn", dropout=0.0)
+    model.load_state_dict(reference.state_dict())
+    plain = three_steps(reference)
+    method, recorder = Zero(bucket_mb=0.01), StepRecorder(Alignment(), overlapped=True, window=(3, 3))
+    optimizer = three_steps(model, method, recorder)
+    assert len(method.buckets) > 2 and len(optimizer.param_groups[0]["params"]) == len(method.buckets)
+    # the last step's all-gathers are still in flight, for the next forward to take in
+    assert sorted(method.gathering) == list(range(len(method.buckets)))
+    whole = method.whole_parameters(model)  # waits for them
+    assert not method.gathering
+    # the timeline's messages: each bucket's reduce-scatter, then the all-gathers in forward order (the first
+    # layers' bucket, the last, first), each of the bucket's bytes
+    noted = [(m.name, m.bucket, m.nbytes) for m in recorder.current.messages if m.kind == "message"]
+    sizes = [sum(p.numel() * 4 for p in bucket.params) for bucket in method.buckets]
+    assert noted == ([("reduce-scatter", b, size) for b, size in enumerate(sizes)]
+                     + [("all-gather", b, size) for b, size in reversed(list(enumerate(sizes)))])
+    assert all(m.end is not None and m.end >= m.start for m in recorder.current.messages)
+    for ours, theirs in zip(whole, reference.parameters()):
+        assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+        assert ours.grad is None  # the full gradient is not kept between steps
+    whole, expected = method.optimizer_state(optimizer, model), plain.state_dict()
+    assert sorted(whole["state"]) == sorted(expected["state"])
+    for index, entry in expected["state"].items():
+        assert torch.allclose(whole["state"][index]["momentum_buffer"], entry["momentum_buffer"], rtol=1e-5,
+                              atol=1e-6)
+    assert whole["param_groups"][0]["params"] == expected["param_groups"][0]["params"]
+    assert whole["param_groups"][0]["lr"] == 0.1
+    # taken back into a fresh method's shard: the same state, bit for bit
+    again = Zero(bucket_mb=0.01)
+    again.wrap(model)
+    fresh = again.make_optimizer(model, sgd)
+    again.load_optimizer_state(fresh, whole, model)
+    held = optimizer.state_dict()["state"]
+    for number, shard in enumerate(again.shard_params):
+        assert torch.equal(fresh.state[shard]["momentum_buffer"], held[number]["momentum_buffer"])
+    # a checkpoint's weights reach the slices the optimizer steps, not only the model
+    weights = {key: value + 1 for key, value in reference.state_dict().items()}
+    again.load_model_state(model, weights)
+    assert torch.equal(again.shard_params[0][:1], weights[[n for n, _ in model.named_parameters()][-1]].reshape(-1)[:1])
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("vgg11", 8 + 8 + 1),  # its 8 convolutions, 8 BatchNorms and the Linear head, the model being one Sequential
+    ("mnist_cnn", 4),
+])
+def test_fsdp_shards_each_layer_of_the_models_stacks(name, expected):
+    found = units(build_model(name))
+    assert len(found) == expected or pytest.fail(f"{[type(u).__name__ for u in found]}")
+
+
+def test_fsdp_leaves_gpts_tied_embedding_and_head_with_the_root_and_shards_each_block():
+    model = build_model("gpt")
+    found = units(model)
+    assert found == list(model.blocks)
