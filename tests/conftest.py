@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from mpi_train.lab import mpirun as launch
 
@@ -324,3 +325,13 @@ def hosts_brought_up(root: Path, prefix: str, subnet: str, count: int = 2, slots
         listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
         left = [line for line in listing.splitlines() if line.startswith(prefix)]
         assert not left, f"test hosts left behind: {left}"
+
+
+@pytest.fixture
+def one_rank_group():
+    """A real Gloo process group of one rank, in this process."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -2,22 +2,11 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from mpi_train.models import INPUT_SHAPES, build_model
 from mpi_train.sync.bucketed import Bucketed
-
-
-@pytest.fixture
-def one_rank_group():
-    """A real Gloo process group of one rank, in this process."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def steps(net, model_name: str, count: int, after_backward=lambda: None) -> None:

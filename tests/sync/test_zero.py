@@ -4,7 +4,6 @@ import itertools
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from mpi_train.models import INPUT_SHAPES, build_model
@@ -27,14 +26,6 @@ def test_the_shards_tile_the_padded_bucket_equally_and_pad_by_less_than_one_numb
 def test_785_numbers_on_3_ranks_pad_to_786():
     assert [shard_bounds(785, 3, rank) for rank in range(3)] == [(0, 262), (262, 524), (524, 786)]
 
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def sgd(params):
