@@ -1,4 +1,4 @@
-"""Cluster check: every collective the sync methods use, against its closed form, plus allreduce bandwidth.
+"""Cluster check: every collective the sync methods use, against its closed form, plus what each costs.
 
     mpirun -np 4 --hostfile hostfile python -m mpi_train collectives
 
@@ -6,6 +6,11 @@ Rank r contributes the tensor (r + 1) * ones(n), so every result is known in adv
 all_reduce(SUM) gives N(N+1)/2 everywhere, gather/all_gather give [1, 2, ..., N], and so on.
 It is the first thing to run on a new cluster: it exercises the same rendezvous and
 process group as training, and exits non-zero if any rank got a wrong answer.
+
+Then it times an allreduce of one buffer and, beside it, the reduce-scatter and all-gather the
+sharded methods (zero, fsdp) use in its place: a bandwidth-optimal backend (NCCL) does the two
+in an allreduce's time, since a ring allreduce is exactly those two; one that does not (Gloo
+over TCP here: docs/results.md, "Sharded data parallel") shows it in their ratio.
 """
 
 from __future__ import annotations
@@ -71,9 +76,23 @@ def _scatter(rank, world, device):
     return _close(received, 10.0 * (rank + 1))
 
 
+def _reduce_scatter_tensor(rank, world, device):
+    chunks = torch.cat([_contribution(rank, device) * (i + 1) for i in range(world)])  # chunk i holds (rank+1)(i+1)
+    received = torch.empty(CHECK_ELEMENTS, device=device)
+    dist.reduce_scatter_tensor(received, chunks)
+    return _close(received, (rank + 1) * world * (world + 1) / 2)
+
+
+def _all_gather_into_tensor(rank, world, device):
+    whole = torch.empty(world * CHECK_ELEMENTS, device=device)
+    dist.all_gather_into_tensor(whole, _contribution(rank, device))
+    return all(_close(part, i + 1) for i, part in enumerate(whole.chunk(world)))
+
+
 CHECKS: dict[str, Callable[[int, int, torch.device], bool]] = {
     "reduce": _reduce, "all_reduce": _all_reduce, "scatter": _scatter,
     "gather": _gather, "all_gather": _all_gather, "broadcast": _broadcast,
+    "reduce_scatter": _reduce_scatter_tensor, "all_gather_t": _all_gather_into_tensor,
 }
 
 
@@ -82,42 +101,52 @@ def run_checks(rank: int, world: int, device: torch.device) -> dict[str, bool]:
     return {name: check(rank, world, device) for name, check in CHECKS.items()}
 
 
-def allreduce_bandwidth(world: int, device: torch.device, megabytes: float, iters: int) -> dict:
-    """Time all_reduce of one float32 buffer; bus bandwidth = algbw * 2(N-1)/N, as nccl-tests report it."""
-    tensor = torch.ones(int(megabytes * 2**20 // 4), device=device)
-    dist.all_reduce(tensor)  # warm-up: connections and buffers
+def timed(collective: Callable[[], None], device: torch.device, iters: int) -> float:
+    """Seconds per call of `collective`, after one untimed call (connections, buffers), on every rank together."""
+    collective()
     dist.barrier()
     started = time.perf_counter()
     for _ in range(iters):
-        dist.all_reduce(tensor)
+        collective()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    seconds = (time.perf_counter() - started) / iters
+    return (time.perf_counter() - started) / iters
+
+
+def allreduce_bandwidth(world: int, device: torch.device, megabytes: float, iters: int) -> dict:
+    """Time all_reduce of one float32 buffer (bus bandwidth = algbw * 2(N-1)/N, as nccl-tests report it), and the
+    reduce-scatter and all-gather of the same buffer that stand for it in the sharded methods."""
+    tensor = torch.ones(int(megabytes * 2**20 // 4 // world * world), device=device)
+    shard = torch.empty(tensor.numel() // world, device=device)
+    seconds = timed(lambda: dist.all_reduce(tensor), device, iters)
     size = tensor.numel() * 4
     algbw = size / seconds
     return {"bytes": size, "seconds": seconds, "algbw_gb_s": algbw / 1e9,
-            "busbw_gb_s": algbw * 2 * (world - 1) / world / 1e9}
+            "busbw_gb_s": algbw * 2 * (world - 1) / world / 1e9,
+            "reduce_scatter_s": timed(lambda: dist.reduce_scatter_tensor(shard, tensor), device, iters),
+            "all_gather_s": timed(lambda: dist.all_gather_into_tensor(tensor, shard), device, iters)}
 
 
 def format_table(rows: list[dict], hosts: Sequence[str]) -> str:
-    header = f"{'rank':>4}  {'host':<16}" + "".join(f"{name:>12}" for name in CHECKS)
+    width = max(len(name) for name in CHECKS) + 2
+    header = f"{'rank':>4}  {'host':<16}" + "".join(f"{name:>{width}}" for name in CHECKS)
     lines = [header]
     for rank, results in enumerate(rows):
         lines.append(f"{rank:>4}  {hosts[rank]:<16}"
-                     + "".join(f"{'ok' if results[n] else 'WRONG':>12}" for n in CHECKS))
+                     + "".join(f"{'ok' if results[n] else 'WRONG':>{width}}" for n in CHECKS))
     return "\n".join(lines)
 
 
 def _parse(argv: Sequence[str] | None, quiet: bool) -> argparse.Namespace:
     parser = RankAwareParser(prog="python -m mpi_train collectives", quiet=quiet,
-                             description="Check every collective against its closed form and measure allreduce "
-                                         "bandwidth.")
+                             description="Check every collective against its closed form, measure allreduce "
+                                         "bandwidth and time reduce-scatter plus all-gather against it.")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="auto",
                         help="what started the ranks (default: auto, detected)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend (default: auto)")
     parser.add_argument("--size-mb", type=float, default=16.0,
-                        help="allreduce buffer for the bandwidth test, MiB (default: 16)")
-    parser.add_argument("--iters", type=int, default=10, help="timed allreduce repetitions (default: 10)")
+                        help="buffer for the timed collectives, MiB (default: 16)")
+    parser.add_argument("--iters", type=int, default=10, help="timed repetitions of each (default: 10)")
     parser.add_argument("--master-addr", default=None, help="rendezvous address (default: $MASTER_ADDR, else chosen)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait (default: 60)")
     return parser.parse_args(argv)
@@ -140,6 +169,10 @@ def check(cluster: Cluster, args: argparse.Namespace) -> None:
         print(format_table(rows, cluster.hosts))
         print(f"all_reduce {bandwidth['bytes'] / 2**20:.0f} MiB: {bandwidth['seconds'] * 1e3:.2f} ms, "
               f"algbw {bandwidth['algbw_gb_s']:.2f} GB/s, busbw {bandwidth['busbw_gb_s']:.2f} GB/s")
+        both = bandwidth["reduce_scatter_s"] + bandwidth["all_gather_s"]
+        print(f"reduce_scatter {bandwidth['reduce_scatter_s'] * 1e3:.2f} ms + all_gather "
+              f"{bandwidth['all_gather_s'] * 1e3:.2f} ms of the same buffer: {both / bandwidth['seconds']:.2f}x the "
+              f"all_reduce (a bandwidth-optimal backend: 1.00x; zero and fsdp pay the ratio)")
     failed = cluster.bcast(failed)
     if failed:
         raise UserError(

@@ -13,6 +13,8 @@ def test_cluster_check_passes_on_four_ranks():
     rows = [line for line in result.stdout.splitlines() if line.strip()[:1].isdigit() and "ok" in line]
     assert len(rows) == 4 and all(line.split()[2:] == ["ok"] * len(CHECKS) for line in rows)
     assert "busbw" in result.stdout and "all collectives correct" in result.stdout
+    ratio = next(line for line in result.stdout.splitlines() if line.startswith("reduce_scatter "))
+    assert float(ratio.split("x the all_reduce")[0].rsplit(" ", 1)[1]) > 0
 
 
 def test_table_marks_a_wrong_result():
