@@ -37,8 +37,9 @@ def optimizer_tensors(optimizer) -> list[torch.Tensor]:
     for holder in (optimizer, getattr(optimizer, "optim", None)):
         if holder is None or not hasattr(holder, "state"):
             continue
-        for state in holder.state.values():
-            found.extend(value for value in state.values() if isinstance(value, torch.Tensor))
+        for state in holder.state.values():  # a parameter's entry; not a dict where a wrapper keeps none for it
+            if isinstance(state, dict):
+                found.extend(value for value in state.values() if isinstance(value, torch.Tensor))
     return found
 
 

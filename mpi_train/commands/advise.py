@@ -271,9 +271,11 @@ def option_of(text: str) -> str:
 
 
 def configured(text: str):
-    """The method a label names, as a job with its defaults configures it (`bucketed+fp16`)."""
-    name, compression = split_label(text)
-    return SYNC_METHODS[name].from_config(TrainConfig(sync=name, compression=compression))
+    """The method a label names, as a job with its defaults configures it (`bucketed+fp16`, `localsgd+fp16
+    --overlap`)."""
+    overlap = text.endswith(OVERLAP)
+    name, compression = split_label(text.removesuffix(OVERLAP))
+    return SYNC_METHODS[name].from_config(TrainConfig(sync=name, compression=compression, overlap=overlap))
 
 
 def accuracy_cost(model_name: str, text: str) -> AccuracyCost | None:

@@ -12,6 +12,8 @@ from mpi_train.advice.search import Candidate, StepModel
 from mpi_train.commands import advise
 from mpi_train.commands.bench import NO_SYNC
 from mpi_train.models import build_model
+from mpi_train.sync import SYNC_METHODS
+from mpi_train.sync.base import REPLICATED
 
 
 def test_lossy_options_are_listed_apart_with_the_accuracy_cost_measured_where_it_was():
@@ -63,9 +65,13 @@ def test_advise_then_a_job_with_sync_auto_runs_what_it_recommends(tmp_path, quic
     measured = [row for row in data["candidates"] if row["measured_step_s"] is not None]
     assert "ddp" in data["measured"] and len(measured) == len(data["measured"]) >= 2
     assert data["search"]["bucket_sizes_mb"] and data["lossy"]
-    # memory per rank, predicted for every candidate: each one here keeps a whole replica (no limit was given)
-    assert data["memory_limit_bytes"] is None and data["over_memory_limit"] == []
-    assert len({row["predicted_memory_bytes"] for row in data["candidates"]}) == 1 and "mem_MiB" in done.stdout
+    # memory per rank, predicted for every candidate (no limit was given): a whole replica for each method that
+    # shards nothing, less for those that do
+    assert data["memory_limit_bytes"] is None and data["over_memory_limit"] == [] and "mem_MiB" in done.stdout
+    held = {row["sync"]: row["predicted_memory_bytes"] for row in data["candidates"]}
+    replica = {held[name] for name in held if SYNC_METHODS[name].shards == REPLICATED}
+    assert len(replica) == 1 and {"zero", "fsdp", "zero_torch"} <= set(held)
+    assert all(held[name] < min(replica) for name in held if SYNC_METHODS[name].shards != REPLICATED)
     check = data["full_bench"]  # (its figures are checked in the test above; here, that the run holds them)
     labels = {row["label"] for row in check["configurations"]}
     assert set(data["measured"]) <= labels and {"ddp", "gather_scatter", "bucketed@25MB", "bucketed@1MB"} <= labels
