@@ -6,7 +6,7 @@ renamed over (os.replace is atomic on POSIX), so a crash mid-write leaves at mos
 stray `.step-*.partial` file and never touches the last good checkpoint.
 
 What a checkpoint holds, and why that is enough for an exact continuation:
-- the weights and the optimizer state (momentum), from rank 0: every sync method
+- the weights and the optimizer state (SGD's momentum, AdamW's moments and step), from rank 0: every sync method
   leaves them identical on all ranks (the replica check at the end verifies it); a
   method that shards them (zero, fsdp, zero_torch) gathers them first, into the layout
   of one optimizer over the whole model, so any method resumes from any checkpoint, on

@@ -21,6 +21,7 @@ from .models import GPT_SIZES, TOKENS, GptShape, build_model, resolve
 from .models import HELP as MODEL_HELP
 from .models import check as check_model
 from .netmodel.links import rate_bytes_per_s
+from .optimizers import OPTIMIZERS
 from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label, tuned_by
 from .sync.averaging import DEFAULT_PERIOD, MOMENTUM, STREAMED_COMPRESSIONS
 from .sync.diloco import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
@@ -35,7 +36,8 @@ LOADERS = ("auto", "resident", "dataloader")  # the data paths (data/loaders.py)
 RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-dir, if any
 SYNC_AUTO = "auto"  # --sync auto: the method an advice recommends (advice/cache.py), resolved before setup
 ADVICE_DIR = "mlruns/advice"  # where python -m mpi_train advise keeps its advice and --sync auto looks for it
-REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS}  # a field's `choices` names one (--model: models/)
+# a field's `choices` names one (--model: models/)
+REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS, "optimizer": OPTIMIZERS}
 
 
 def _opt(default, help, **extra):
@@ -115,9 +117,14 @@ class TrainConfig:
                            "once, after the last", metavar="K")
     epochs: int = _opt(1, "passes over the training set")
     max_steps: int | None = _opt(None, "stop after this many optimizer steps (default: run all epochs)")
-    lr: float | None = _opt(None, "peak SGD learning rate (default: the model's, 0.01 for vgg11, 0.1 for mnist_cnn)")
-    momentum: float | None = _opt(None, "SGD momentum (default: the model's, 0.9)")
-    weight_decay: float | None = _opt(None, "SGD weight decay (default: the model's, 5e-4)")
+    optimizer: str | None = _opt(None, "sgd (momentum, coupled weight decay) or adamw (betas 0.9, 0.95, decoupled "
+                                 "weight decay) (default: the model's, adamw for gpt, sgd for every other)",
+                                 choices="optimizer")
+    lr: float | None = _opt(None, "peak learning rate (default: the model's for its optimizer: 0.01 for vgg11, 0.1 for "
+                            "mnist_cnn, 3e-3 for gpt with adamw and 0.1 with sgd; adamw elsewhere 1e-3)")
+    momentum: float | None = _opt(None, "SGD momentum (default: the model's, 0.9; --optimizer sgd only)")
+    weight_decay: float | None = _opt(None, "weight decay (default: the model's: 5e-4 for the image models with sgd, 0 "
+                                      "for gpt; adamw elsewhere 0.01)")
     seed: int = _opt(42, "seed of the model's initial weights (the same on every rank) and of the data order; "
                      "augmentation and dropout draw from (seed, rank)")
 
@@ -195,9 +202,9 @@ class TrainConfig:
         return self.model or DATASET_DEFAULT_MODEL[self.dataset]
 
     @property
-    def optimizer(self) -> OptimizerDefaults:
-        """lr, momentum, weight decay and warm-up: each flag given, else the model's default."""
-        defaults = optimizer_defaults(self.model_name)
+    def optimizer_settings(self) -> OptimizerDefaults:
+        """The optimizer, its lr, momentum, weight decay and warm-up: each flag given, else the model's default."""
+        defaults = optimizer_defaults(self.model_name, self.optimizer)
         given = {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
                  "warmup_steps": self.warmup_steps}
         return dataclasses.replace(defaults, **{key: value for key, value in given.items() if value is not None})
@@ -232,14 +239,14 @@ class TrainConfig:
 
     def as_dict(self) -> dict:
         """The resolved config, as saved in summaries and run artifacts (passwords in URIs masked)."""
-        return {**dataclasses.asdict(self), "model": self.model_name, **dataclasses.asdict(self.optimizer),
+        return {**dataclasses.asdict(self), "model": self.model_name, **dataclasses.asdict(self.optimizer_settings),
                 "tracking_uri": redact_uri(self.tracking_uri)}
 
     def validate(self, world_size: int) -> None:
         """Reject values no run can use, before any work starts."""
         positive = {
             "--batch-size": self.batch_size, "--epochs": self.epochs, "--log-every": self.log_every,
-            "--synthetic-size": self.synthetic_size, "--timeout": self.timeout, "--lr": self.optimizer.lr,
+            "--synthetic-size": self.synthetic_size, "--timeout": self.timeout, "--lr": self.optimizer_settings.lr,
             "--bucket-mb": self.bucket_mb, "--powersgd-rank": self.powersgd_rank, "--accumulate": self.accumulate,
         }
         if self.eval_every is not None:
@@ -253,13 +260,14 @@ class TrainConfig:
         for flag, value in positive.items():
             if value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
-        optimizer = self.optimizer
+        optimizer = self.optimizer_settings
         for flag, value in {"--momentum": optimizer.momentum, "--weight-decay": optimizer.weight_decay,
                             "--check-every": self.check_every, "--warmup-steps": optimizer.warmup_steps,
                             "--timing-warmup-steps": self.timing_warmup_steps,
                             "--powersgd-start-step": self.powersgd_start_step}.items():
-            if value < 0:
+            if value is not None and value < 0:
                 raise UserError(f"{flag} must not be negative, got {value}.")
+        self.validate_optimizer()
         if self.loader_workers is not None and self.loader_workers < 0:
             raise UserError(f"--loader-workers must not be negative, got {self.loader_workers}; 0 loads in the "
                             f"rank's own process.")
@@ -333,6 +341,17 @@ class TrainConfig:
         if self.language_model and self.model_name == "gpt":
             return f"gpt ({self.gpt_shape.describe()})"
         return self.model_name
+
+    def validate_optimizer(self) -> None:
+        """Flags only SGD reads are refused with an optimizer that would ignore them."""
+        name = self.optimizer_settings.optimizer
+        if OPTIMIZERS[name].reads_momentum:
+            return
+        if self.momentum is not None:
+            raise UserError(f"--momentum {self.momentum} is SGD's and this job steps with {name} (--optimizer "
+                            f"{self.optimizer or name + ', the default for ' + self.model_name}), whose betas "
+                            f"(0.9, 0.95) take momentum's part and which would ignore it. Drop --momentum, or pass "
+                            f"--optimizer sgd.")
 
     def validate_averaging(self) -> None:
         """The flags of the methods that sync less often: in range, and only with a method that reads them."""

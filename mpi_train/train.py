@@ -28,6 +28,7 @@ from .lr_schedule import LearningRate
 from .memory import held_bytes
 from .netmodel import JobModel, bytes_sent_per_sync, job_model, layout_params
 from .netmodel.memory import predict_memory
+from .optimizers import OPTIMIZERS, state_slots
 from .preemption import REQUEUE_EXIT, Preemption
 from .randomness import seed_rank_streams
 from .reporter import PHASES, Reporter, SilentReporter
@@ -191,9 +192,8 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     recorder.watch(model)
     method.record_into(recorder)
     sync_model = job_model(config, cluster, model, method, device)
-    settings = config.optimizer  # the flags given, else the model's defaults
-    optimizer = method.make_optimizer(model, lambda params: torch.optim.SGD(
-        params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay))
+    settings = config.optimizer_settings  # the flags given, else the model's defaults
+    optimizer = method.make_optimizer(model, lambda params: OPTIMIZERS[settings.optimizer].build(params, settings))
     method.use_optimizer(optimizer)
 
     steps_per_epoch = len(loaders.train) // config.accumulate  # optimizer steps: K micro-batches each
@@ -407,7 +407,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             digest = parameter_digest(job.method.whole_parameters(job.model))  # collective for a sharding method
             reporter.memory(cluster.gather(held_bytes(job.model, job.optimizer, job.method)),
                             predict_memory(job.method, job.model, cluster.info.world_size,
-                                           config.optimizer.momentum))
+                                           state_slots(config.optimizer_settings)))
             reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,
                             cluster.gather(steady.means()),
                             config.timing_warmup_steps if after_step.after_warmup.steps else 0,

@@ -51,10 +51,10 @@ def test_a_resumed_schedule_continues_exactly_where_it_stopped():
 
 def test_each_model_gets_its_defaults_unless_a_flag_overrides_them():
     vgg = parse_config(["--dataset", "cifar10"])
-    assert vgg.optimizer == MODEL_DEFAULTS["vgg11"]
+    assert vgg.optimizer_settings == MODEL_DEFAULTS["vgg11"][0]
     mnist = parse_config(["--dataset", "mnist", "--lr", "0.2", "--warmup-steps", "0"])
-    assert (mnist.optimizer.lr, mnist.optimizer.warmup_steps) == (0.2, 0)
-    assert mnist.optimizer.momentum == MODEL_DEFAULTS["mnist_cnn"].momentum
+    assert (mnist.optimizer_settings.lr, mnist.optimizer_settings.warmup_steps) == (0.2, 0)
+    assert mnist.optimizer_settings.momentum == MODEL_DEFAULTS["mnist_cnn"][0].momentum
     resolved = mnist.as_dict()
     assert (resolved["lr"], resolved["warmup_steps"], resolved["lr_schedule"]) == (0.2, 0, "cosine")
 

@@ -42,9 +42,11 @@ def size(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
-def held_per_rank(methods: dict[str, SyncMethod], model: nn.Module, world: int, momentum: float) -> dict[str, float]:
-    """Each configured method's predicted bytes per rank, by its label."""
-    return {label: predict_memory(method, model, world, momentum).total for label, method in methods.items()}
+def held_per_rank(methods: dict[str, SyncMethod], model: nn.Module, world: int, state_slots: int
+                  ) -> dict[str, float]:
+    """Each configured method's predicted bytes per rank, by its label, with `state_slots` optimizer state tensors
+    per parameter (optimizers.state_slots)."""
+    return {label: predict_memory(method, model, world, state_slots).total for label, method in methods.items()}
 
 
 def over(label: str, held: dict[str, float], limit: int | None) -> str | None:
@@ -72,11 +74,11 @@ def none_fit(held: dict[str, float], limit: int, world: int) -> UserError:
                      f"1/N), or use a smaller model.")
 
 
-def fitting(candidates: Sequence[Candidate], model: nn.Module, world: int, momentum: float,
+def fitting(candidates: Sequence[Candidate], model: nn.Module, world: int, state_slots: int,
             limit: int | None) -> tuple[list[Candidate], list[tuple[str, str]], dict[str, float]]:
     """The candidates predicted to fit, those left out with why, and every one's predicted bytes per rank; a UserError
     when none fits (every rank computes the same, so all of them stop together)."""
-    held = held_per_rank({c.label: c.method() for c in candidates}, model, world, momentum)
+    held = held_per_rank({c.label: c.method() for c in candidates}, model, world, state_slots)
     kept, left_out = within(candidates, held, limit)
     if candidates and not kept:
         raise none_fit(held, limit, world)

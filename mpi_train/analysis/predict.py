@@ -13,9 +13,10 @@ latency; within a host the calibration's intra-host link, else an assumed loopba
 Scaling efficiency = compute / step time: how much of the ideal N-fold speed-up is left.
 
 Beside the time, each method's memory per rank (netmodel/memory.py): the parameters, gradients
-and SGD state (a momentum buffer per parameter, none with --momentum 0) a rank holds, with what the
-method shards divided by N; and its communication by collective, where it runs more than one
-(ZeRO's reduce-scatter and all-gather, FSDP's gathers in forward and in backward).
+and optimizer state (--optimizer sgd: a momentum buffer per parameter, none with --momentum 0;
+adamw: two moments) a rank holds, with what the method shards divided by N; and its
+communication by collective, where it runs more than one (ZeRO's reduce-scatter and all-gather,
+FSDP's gathers in forward and in backward).
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ from pathlib import Path
 from .. import netmodel
 from ..clock import Clock
 from ..commands.bench import BackwardClock
-from ..config import TrainConfig, add_model_arguments, model_config, model_flags
+from ..config import TrainConfig, add_config_arguments, add_model_arguments, model_config, model_flags
 from ..data import synthetic_batch
 from ..errors import UserError, format_error
 from ..netmodel.memory import MemoryPrediction, predict_memory
+from ..optimizers import describe_state, state_slots
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
 from ..sync.averaging import DEFAULT_PERIOD
 
@@ -87,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="localsgd and diloco: steps between two averages of the models (default: theirs, 8)")
     parser.add_argument("--host-period", type=int, default=None, metavar="STEPS",
                         help="localsgd and diloco: also average inside each host every this many steps (default: off)")
+    add_config_arguments(parser, ("optimizer",))  # the job's: its state is part of the memory per rank
     parser.add_argument("--momentum", type=float, default=None,
                         help="SGD momentum the memory per rank assumes: a buffer per parameter, none at 0 (default: "
-                             "the model's, 0.9)")
+                             "the model's, 0.9; --optimizer sgd only)")
     parser.add_argument("--overlap", action="store_true",
                         help="localsgd and diloco: each average sent in the background, hidden under the local steps "
                              "until the next one (exposed = max(0, transfer - their compute))")
@@ -212,16 +215,17 @@ def parse_steps(text: str | None, methods: Sequence[str]) -> dict[str, int]:
 def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, network: netmodel.Network,
                  compute_s: float, methods: dict[str, SyncMethod], ratios: dict[str, float],
                  backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD, model=None,
-                 momentum: float = 0.9) -> list[Row]:
+                 state_slots: int = 1) -> list[Row]:
     """One row per method that declares a collective family: its step on N ranks, R per host, with this compute;
-    given the model, its memory per rank with SGD of this momentum."""
+    given the model, its memory per rank with `state_slots` optimizer state tensors per parameter (SGD's momentum
+    buffer: 1; AdamW's moments: 2)."""
     layout = netmodel.Layout(ranks, min(ranks_per_host, ranks))
     rows = []
     for name, method in methods.items():
         prediction = netmodel.predict(method, tensor_bytes, layout, network, label=name, ratio=ratios[name],
                                       backward_s=backward.share * compute_s, backward=backward, compute_s=compute_s)
         if prediction is not None:
-            memory = predict_memory(method, model, ranks, momentum) if model is not None else None
+            memory = predict_memory(method, model, ranks, state_slots) if model is not None else None
             rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s, prediction.parts, memory,
                             prediction.background_s))
     return rows
@@ -342,7 +346,8 @@ def run(args: argparse.Namespace) -> None:
             netmodel.rate_bytes_per_s(args.link)
         except ValueError as error:
             raise UserError(f"--link: {error}.") from None
-    workload = model_config(args)
+    workload = model_config(args, optimizer=args.optimizer, momentum=args.momentum)
+    workload.validate_optimizer()  # --momentum with adamw: refused
     bench, calibrated = None, None
     if args.calibration:
         calibrated = netmodel.load_calibration(args.calibration)
@@ -396,9 +401,10 @@ def run(args: argparse.Namespace) -> None:
                  (f"ddp and bucketed send {args.bucket_mb:g} MB buckets during backward (backward = "
                   f"{backward.share:.2f} of compute, {when}); only what outlasts backward is exposed")]:
         print(f"  - {note}")
-    momentum = args.momentum if args.momentum is not None else workload.optimizer.momentum
+    settings = workload.optimizer_settings  # --optimizer and --momentum, else the model's
+    state = describe_state(settings.optimizer, settings.momentum)
     table = {n: predict_rows(tensor_bytes, n, args.ranks_per_host, network, per_sample * per_rank(n), methods, ratios,
-                             backward, model, momentum) for n in ranks}
+                             backward, model, state_slots(settings)) for n in ranks}
     if len(ranks) == 1:
         rows = table[ranks[0]]
         hosts = netmodel.Layout(ranks[0], min(args.ranks_per_host, ranks[0])).hosts
@@ -409,7 +415,7 @@ def run(args: argparse.Namespace) -> None:
             print(line)
         print(f"\nwinner: {best.method} ({best.step_s * 1e3:.1f} ms per step, "
               f"scaling efficiency {best.efficiency:.2f})")
-        print(f"\nmemory per rank (SGD momentum {momentum:g}; params +U: one unit gathered at a time, ZeRO-3) and "
+        print(f"\nmemory per rank ({state}; params +U: one unit gathered at a time, ZeRO-3) and "
               f"communication by collective, least memory first:")
         print(format_memory(rows))
         if steps_to_accuracy:
@@ -417,7 +423,7 @@ def run(args: argparse.Namespace) -> None:
         return
     print()
     print(format_scaling(table))
-    print(f"\nmemory per rank, MiB (SGD momentum {momentum:g}):")
+    print(f"\nmemory per rank, MiB ({state}):")
     print(format_memory_scaling(table))
     link = args.link or "calibrated link"
     path = plot_scaling(table, f"{workload.model_name}, {batch}, {args.ranks_per_host} ranks/host, {link}: predicted",

@@ -49,6 +49,7 @@ from ..config import (
     ENV_DEFAULTS,
     LAUNCHERS,
     TrainConfig,
+    add_config_arguments,
     add_model_arguments,
     model_config,
     model_flag_words,
@@ -57,6 +58,7 @@ from ..data import synthetic_batch
 from ..devices import place
 from ..errors import UserError, folder_write_error
 from ..files import write_json_atomically
+from ..optimizers import describe_state, state_slots
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import PARAMETERS, SYNC_METHODS, backend_error, every_label, split_label
 from ..sync.averaging import OVERLAP, STREAMED_COMPRESSIONS
@@ -113,6 +115,7 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                         help="bytes a rank may hold for parameters, gradients and optimizer state, e.g. 2GiB or "
                              "512MiB (B, KiB, MiB, GiB): configurations the model predicts above it are left out, "
                              "with why (default: no limit)")
+    add_config_arguments(parser, ("optimizer",))  # the job's: its state is part of the memory per rank
     parser.add_argument("--link-iters", type=int, default=2,
                         help="timed repetitions per message size of the link calibration (default: 2)")
     parser.add_argument("--link", help="the link rate the hosts were shaped to (e.g. 100mbit): recorded, and the "
@@ -431,7 +434,8 @@ def describe(result: dict) -> str:
            f"({search_note['bucket_sizes_mb'][0]:g} .. {search_note['bucket_sizes_mb'][-1]:g} MB)"
            if search_note["bucket_tuned"] else ""),
         *([(f"memory per rank at most {memory_limit.size(result['memory_limit_bytes'])} (--memory-limit; the "
-            f"model's parameters, gradients and SGD state at momentum {result['momentum']:g}, mem_MiB below)")]
+            f"model's parameters, gradients and {describe_state(result.get('optimizer', 'sgd'), result['momentum'])}, "
+            f"mem_MiB below)")]
           if result.get("memory_limit_bytes") else []),
         "",
         table(shown),
@@ -579,7 +583,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
                                  f"can write with --advice-dir", "python -m mpi_train advise")
     uri = args.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
     workload = model_config(args, batch_size=args.batch_size, tracking_uri=uri, experiment=args.experiment,
-                            no_tracking=args.no_tracking)
+                            no_tracking=args.no_tracking, optimizer=args.optimizer)
     connection = tracking.connect(workload, cluster)
     placement = place(cluster, args.backend, args.threads)
     backend, device = placement.backend, placement.device
@@ -611,8 +615,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     profile = cluster.gather(times)
     usable, refused = search.lossless(backend)
     found = search.candidates(usable, tensor_bytes, backward.order)
-    limit, momentum = memory_limit.parse_size(args.memory_limit), workload.optimizer.momentum
-    found, over_limit, held = memory_limit.fitting(found, template, world, momentum, limit)
+    limit, settings = memory_limit.parse_size(args.memory_limit), workload.optimizer_settings
+    found, over_limit, held = memory_limit.fitting(found, template, world, state_slots(settings), limit)
     chosen = None
     if info.is_main:
         network = netmodel.Network.from_dict(links["network"])
@@ -666,7 +670,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     params = [p for p in template.parameters() if p.requires_grad]
     lossy, lossy_refused = lossy_options(args.model, params, model, backend)
     lossy_held = memory_limit.held_per_rank({row["label"]: configured(row["label"]) for row in lossy}, template,
-                                            world, momentum)
+                                            world, state_slots(settings))
     lossy_refused += [(row["label"], why) for row in lossy if (why := memory_limit.over(row["label"], lossy_held,
                                                                                        limit))]
     lossy = [row for row in lossy if not memory_limit.over(row["label"], lossy_held, limit)]
@@ -690,7 +694,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         # (the shortlist's first is the model's choice)
         "recommended": recommendation(rows, chosen[0].label, model, noise),
         "lossy": lossy, "unavailable": refused, "lossy_unavailable": lossy_refused, "advise_s": advised_s,
-        "memory_limit_bytes": limit, "momentum": momentum, "over_memory_limit": over_limit,
+        "memory_limit_bytes": limit, "momentum": settings.momentum, "optimizer": settings.optimizer,
+        "over_memory_limit": over_limit,
     }
     if full is not None:
         result["full_bench"] = full_bench_check(*full, model, result["recommended"]["label"], args.full_bench)

@@ -2,7 +2,8 @@
 
 From the model alone: P bytes of parameters, G of gradients (the trainable parameters'), O of
 optimizer state (SGD keeps one momentum buffer per trainable parameter, O = G, and none without
-momentum). A method says what it keeps only 1/N of on each rank (sync/base.py's `shards`):
+momentum; AdamW two moments, O = 2G: optimizers.state_slots). A method says what it keeps only 1/N
+of on each rank (sync/base.py's `shards`):
 
     nothing (replicated)                P      + G      + O
     optimizer state (ZeRO-1)            P      + G      + O/N
@@ -55,11 +56,6 @@ class MemoryPrediction:
                 "optimizer_bytes": self.optimizer, "gathered_bytes": self.gathered, "total_bytes": self.total}
 
 
-def optimizer_slots(momentum: float) -> int:
-    """Tensors of state SGD keeps per trainable parameter: its momentum buffer, or none."""
-    return 1 if momentum else 0
-
-
 def largest_unit_bytes(model: nn.Module) -> int:
     """Bytes of the largest module's own parameters (not its children's): the model's unit of ZeRO-3's gathers."""
     return max((sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
@@ -72,15 +68,16 @@ def shard_bytes(element_counts: list[int], item_size: int, world: int) -> int:
     return sum(math.ceil(count / world) for count in element_counts) * item_size
 
 
-def predict_memory(method, model: nn.Module, world: int, momentum: float) -> MemoryPrediction:
-    """Bytes per rank of `method` (a SyncMethod class or instance) training `model` on `world` ranks with SGD of
-    this momentum; a method's `shards` decides what is divided by N."""
+def predict_memory(method, model: nn.Module, world: int, state_slots: int) -> MemoryPrediction:
+    """Bytes per rank of `method` (a SyncMethod class or instance) training `model` on `world` ranks with an
+    optimizer that keeps `state_slots` tensors the size of each parameter (optimizers.state_slots: SGD 1, or 0
+    without momentum; AdamW 2); a method's `shards` decides what is divided by N."""
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     item = trainable[0].element_size() if trainable else 4
     full = {"parameters": sum(p.numel() * p.element_size() for p in params),
             "gradients": sum(p.numel() * p.element_size() for p in trainable)}
-    full["optimizer"] = optimizer_slots(momentum) * full["gradients"]
+    full["optimizer"] = state_slots * full["gradients"]
     sharded = SHARDED[getattr(method, "shards", REPLICATED)]
     if getattr(method, "shards", REPLICATED) == EVERYTHING:  # per tensor, by rows (FSDP2's Shard(0), padded)
         groups = [[math.ceil(p.shape[0] / world) * world * (p.numel() // p.shape[0]) if p.dim() else world]
@@ -98,7 +95,7 @@ def predict_memory(method, model: nn.Module, world: int, momentum: float) -> Mem
         if kind not in sharded or world == 1:
             figures[kind] = float(whole)
         elif kind == "optimizer":
-            figures[kind] = float(optimizer_slots(momentum) * per_rank)
+            figures[kind] = float(state_slots * per_rank)
         elif kind == "parameters":  # frozen parameters stay whole
             figures[kind] = float(per_rank + whole - full["gradients"])
         else:

@@ -47,7 +47,7 @@ from .messages import ONE_BUFFER
 
 OVERLAP = " --overlap"  # after a compression in an accuracy_costs key: the cost measured with the averages overlapped
 STREAMED_COMPRESSIONS = ("none", "fp16", "bf16")  # what --overlap and --fragments carry: elementwise casts
-MOMENTUM = ("keep", "average", "reset")  # --local-momentum: what an average does to the optimizer's momentum buffers
+MOMENTUM = ("keep", "average", "reset")  # --local-momentum: what an average does to the optimizer's state
 DEFAULT_PERIOD = 8
 
 
@@ -286,16 +286,21 @@ class ModelAveraging(SyncMethod):
         raise NotImplementedError
 
     def average_momentum(self, everyone: bool) -> None:
-        """--local-momentum: keep each rank's buffers, average them too (as many bytes again), or reset them."""
+        """--local-momentum: keep each rank's optimizer state, average it too (as many bytes again per state tensor),
+        or reset it. The state is every per-parameter tensor the optimizer keeps: SGD's momentum buffer, AdamW's two
+        moments; a reset zeroes AdamW's step count too, so its bias correction starts again with its moments."""
         if self.momentum == "keep" or self.optimizer is None:
             return
-        buffers = [state["momentum_buffer"] for state in self.optimizer.state.values()
-                   if state.get("momentum_buffer") is not None]
-        if not buffers:
-            return
+        states = [(param, state) for param, state in self.optimizer.state.items() if isinstance(state, dict)]
         if self.momentum == "reset":
-            for buffer in buffers:
-                buffer.zero_()
+            for _, state in states:
+                for value in state.values():
+                    if torch.is_tensor(value):
+                        value.zero_()
+            return
+        buffers = [value for param, state in states for value in state.values()
+                   if torch.is_tensor(value) and value.shape == param.shape]  # the moments, not a step count
+        if not buffers:
             return
         flat = torch.cat([b.reshape(-1) for b in buffers])
         group = None if everyone else self.host_group

@@ -37,7 +37,7 @@ class Zero(Bucketed):
     rank the sum of its 1/N of the bucket only. sync() waits for the rest and divides by N:
     that slice's mean gradient is the .grad of this rank's copy of its slice of the
     parameters. The job's optimizer (make_optimizer) steps those copies alone, so its
-    momentum covers 1/N of the model: SGD's momentum and weight decay are elementwise,
+    state covers 1/N of the model: SGD's and AdamW's updates are elementwise,
     which makes stepping slices the same arithmetic as stepping the whole. after_step()
     then starts the all-gather of every bucket's updated slices, the first layers' bucket
     first, and returns: the next forward waits for a bucket (a pre-hook on each module with
@@ -196,12 +196,17 @@ class Zero(Bucketed):
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
         """Collective: each shard's state tensors all-gathered and cut back into one per parameter, keyed by the
-        parameter's index in model.parameters() (an unsharded SGD's state_dict)."""
+        parameter's index in model.parameters() (an unsharded optimizer's state_dict: SGD's momentum buffers, AdamW's
+        moments, and its step count, a number that each parameter of the bucket takes)."""
         sharded = optimizer.state_dict()
         index_of = {id(p): i for i, p in enumerate(model.parameters())}
         state: dict[int, dict] = {}
         for number, (bucket, shard) in enumerate(zip(self.buckets, self.shard_params)):
             for key, value in sharded["state"].get(number, {}).items():
+                if torch.is_tensor(value) and value.dim() == 0:  # AdamW's step count: every parameter's
+                    for param in bucket.params:
+                        state.setdefault(index_of[id(param)], {})[key] = value.clone()
+                    continue
                 if not (torch.is_tensor(value) and value.shape == shard.shape):
                     continue
                 whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=value.dtype, device=value.device)
@@ -227,6 +232,10 @@ class Zero(Bucketed):
             keys = dict.fromkeys(key for entry in held for key, value in entry.items() if torch.is_tensor(value))
             start, end = shard_bounds(shard.numel() * world, world, rank)
             for key in keys:
+                counts = [entry[key] for entry in held if key in entry and entry[key].dim() == 0]
+                if counts:  # AdamW's step count, the same for the bucket's parameters
+                    sharded.setdefault(number, {})[key] = counts[0].clone()
+                    continue
                 flat = torch.zeros(shard.numel() * world, dtype=shard.dtype)
                 offset = 0
                 for param, entry in zip(bucket.params, held):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 
 import torch
@@ -34,7 +35,10 @@ class ZeroTorch(DDP):
                        ) -> torch.optim.Optimizer:
         """The optimizer `build` makes, its class and settings taken over by a ZeroRedundancyOptimizer."""
         template = build(model.parameters())  # holds no state until it steps: only its class and defaults are read
-        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(template), **template.defaults)
+        # the settings its constructor takes: AdamW's defaults also hold decoupled_weight_decay, which it sets itself
+        accepted = inspect.signature(type(template)).parameters
+        settings = {key: value for key, value in template.defaults.items() if key in accepted}
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(template), **settings)
 
     def optimizer_state(self, optimizer: ZeroRedundancyOptimizer, model: nn.Module) -> dict | None:
         optimizer.consolidate_state_dict(to=0)  # collective: every rank sends its shard's state to rank 0

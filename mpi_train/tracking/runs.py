@@ -42,10 +42,10 @@ FAILURE_TAGS = ("mpi_train.failed_rank", "mpi_train.failed_host", "mpi_train.err
                 "mpi_train.unreachable_hosts", "mpi_train.unreachable_ranks", "mpi_train.requeued")
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
 PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size",
-          "batch_size_per_rank", "model", "dataset", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_steps",
-          "timing_warmup_steps", "epochs", "max_steps", "seed", "hosts", "threads", "rendezvous", "link", "num_hosts",
-          "ranks_per_host", "advice", "accumulate", "period", "local_start_step", "host_period", "local_momentum",
-          "outer_lr", "outer_momentum", "eval_every")
+          "batch_size_per_rank", "model", "dataset", "optimizer", "lr", "momentum", "weight_decay", "lr_schedule",
+          "warmup_steps", "timing_warmup_steps", "epochs", "max_steps", "seed", "hosts", "threads", "rendezvous",
+          "link", "num_hosts", "ranks_per_host", "advice", "accumulate", "period", "local_start_step", "host_period",
+          "local_momentum", "outer_lr", "outer_momentum", "eval_every")
 
 
 def checked_failure(posted: bytes) -> dict:

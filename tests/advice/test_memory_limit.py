@@ -51,8 +51,8 @@ def test_candidates_over_the_limit_are_left_out_with_why():
 def test_a_limit_below_a_replica_leaves_only_the_methods_that_shard():
     names = [name for name in SYNC_METHODS if SYNC_METHODS[name].averages == "gradients"]
     methods = {name: Candidate(name).method() for name in names}
-    held = memory_limit.held_per_rank(methods, model(), 4, momentum=0.9)
-    replica = predict_memory(SYNC_METHODS["ddp"](), model(), 4, momentum=0.9).total
+    held = memory_limit.held_per_rank(methods, model(), 4, state_slots=1)
+    replica = predict_memory(SYNC_METHODS["ddp"](), model(), 4, state_slots=1).total
     assert held["ddp"] == replica == 3 * (256 * 256 + 256 + 2560 + 10) * 4
     kept, left_out = memory_limit.within([Candidate(name) for name in names], held, int(replica) - 1)
     assert {c.sync for c in kept} == {name for name in names if methods[name].shards != REPLICATED}
@@ -62,9 +62,9 @@ def test_a_limit_below_a_replica_leaves_only_the_methods_that_shard():
 def test_the_advisor_keeps_what_fits_and_stops_when_nothing_does():
     found = [Candidate("ddp"), Candidate("bucketed", 25.0), Candidate("flat")]
     replica = 3 * (256 * 256 + 256 + 2560 + 10) * 4
-    kept, left_out, held = memory_limit.fitting(found, model(), 2, 0.9, replica)
+    kept, left_out, held = memory_limit.fitting(found, model(), 2, 1, replica)
     assert kept == found and left_out == [] and set(held.values()) == {replica}
-    assert memory_limit.fitting(found, model(), 2, 0.0, 2 * replica // 3)[0] == found  # no momentum: P + G
+    assert memory_limit.fitting(found, model(), 2, 0, 2 * replica // 3)[0] == found  # no momentum: P + G
     with pytest.raises(UserError, match=r"no sync method fits --memory-limit 801.12 KiB per rank on 2 ranks: the "
                                         r"least, ddp, is predicted to hold 801.12 KiB per rank"):
-        memory_limit.fitting(found, model(), 2, 0.9, replica - 1)
+        memory_limit.fitting(found, model(), 2, 1, replica - 1)

@@ -45,6 +45,18 @@ def test_memory_per_rank_leaves_out_the_state_sgd_without_momentum_does_not_keep
     assert line[0] == "ddp" and float(line[3]) == 0.0 and float(line[4]) == pytest.approx(2 * float(line[1]))
 
 
+def test_memory_per_rank_holds_adamws_two_moments_and_momentum_is_refused_with_it(capsys):
+    assert predict.main(["--model", "mnist_cnn", "--ranks", "4", "--link", "1gbit", "--compute-per-sample", "0.001",
+                         "--methods", "ddp", "--optimizer", "adamw"]) == 0
+    memory = capsys.readouterr().out.split("\nmemory per rank")[1]
+    line = memory.splitlines()[2].split()
+    assert "adamw state (two moments)" in memory.splitlines()[0]
+    assert line[0] == "ddp" and float(line[3]) == pytest.approx(2 * float(line[1]), abs=0.01)  # O = 2G
+    assert predict.main(["--model", "mnist_cnn", "--ranks", "4", "--link", "1gbit", "--compute-per-sample", "0.001",
+                         "--optimizer", "adamw", "--momentum", "0.9"]) != 0
+    assert "--momentum 0.9 is SGD's" in capsys.readouterr().err
+
+
 def test_a_scaling_table_writes_a_plot(tmp_path, capsys):
     plot = tmp_path / "scaling.png"
     assert predict.main(["--model", "mnist_cnn", "--ranks", "2,4,8,1024", "--link", "1gbit", "--compute-per-sample",

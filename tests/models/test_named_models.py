@@ -60,8 +60,8 @@ def test_synthetic_images_take_the_size_the_model_takes():
 
 
 def test_a_model_without_measured_defaults_trains_with_the_general_ones():
-    assert TrainConfig(model="resnet50").optimizer == OTHER_MODELS
-    assert TrainConfig(model="gpt", dataset="text").optimizer == MODEL_DEFAULTS["gpt"]
+    assert TrainConfig(model="resnet50").optimizer_settings == OTHER_MODELS
+    assert TrainConfig(model="gpt", dataset="text").optimizer_settings == MODEL_DEFAULTS["gpt"][0]
 
 
 @pytest.fixture

@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mpi_train.lr_schedule import OptimizerDefaults
 from mpi_train.models import INPUT_SHAPES, build_model
+from mpi_train.optimizers import AdamW
 from mpi_train.sync.flat import padded_length
 from mpi_train.sync.fsdp import units
 from mpi_train.sync.zero import Zero, shard_bounds
@@ -32,9 +34,13 @@ def sgd(params):
     return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3)
 
 
-def three_steps(model, method=None, recorder=None):
+def adamw(params):
+    return AdamW.build(params, OptimizerDefaults("adamw", lr=0.01, momentum=None, weight_decay=0.1, warmup_steps=0))
+
+
+def three_steps(model, method=None, recorder=None, build=sgd):
     net = method.wrap(model) if method else model
-    optimizer = method.make_optimizer(model, sgd) if method else sgd(model.parameters())
+    optimizer = method.make_optimizer(model, build) if method else build(model.parameters())
     if recorder:
         method.record_into(recorder)
     torch.manual_seed(1)
@@ -52,13 +58,14 @@ def three_steps(model, method=None, recorder=None):
     return optimizer
 
 
-def test_zero_steps_as_sgd_does_and_gives_its_state_in_sgds_layout(one_rank_group):
+@pytest.mark.parametrize("build", [sgd, adamw], ids=["sgd", "adamw"])
+def test_zero_steps_as_the_optimizer_does_and_gives_its_state_in_its_layout(one_rank_group, build):
     torch.manual_seed(0)
     reference, model = build_model("mnist_cnn", dropout=0.0), build_model("mnist_cnn", dropout=0.0)
     model.load_state_dict(reference.state_dict())
-    plain = three_steps(reference)
+    plain = three_steps(reference, build=build)
     method, recorder = Zero(bucket_mb=0.01), StepRecorder(Alignment(), overlapped=True, window=(3, 3))
-    optimizer = three_steps(model, method, recorder)
+    optimizer = three_steps(model, method, recorder, build=build)
     assert len(method.buckets) > 2 and len(optimizer.param_groups[0]["params"]) == len(method.buckets)
     # the last step's all-gathers are still in flight, for the next forward to take in
     assert sorted(method.gathering) == list(range(len(method.buckets)))
@@ -77,18 +84,22 @@ def test_zero_steps_as_sgd_does_and_gives_its_state_in_sgds_layout(one_rank_grou
     whole, expected = method.optimizer_state(optimizer, model), plain.state_dict()
     assert sorted(whole["state"]) == sorted(expected["state"])
     for index, entry in expected["state"].items():
-        assert torch.allclose(whole["state"][index]["momentum_buffer"], entry["momentum_buffer"], rtol=1e-5,
-                              atol=1e-6)
+        # SGD's momentum buffer; AdamW's two moments and its step count (3.0 for every parameter)
+        assert sorted(whole["state"][index]) == sorted(entry)
+        for key, value in entry.items():
+            assert torch.allclose(whole["state"][index][key], value, rtol=1e-5, atol=1e-6), key
     assert whole["param_groups"][0]["params"] == expected["param_groups"][0]["params"]
-    assert whole["param_groups"][0]["lr"] == 0.1
+    assert whole["param_groups"][0]["lr"] == plain.param_groups[0]["lr"]
     # taken back into a fresh method's shard: the same state, bit for bit
     again = Zero(bucket_mb=0.01)
     again.wrap(model)
-    fresh = again.make_optimizer(model, sgd)
+    fresh = again.make_optimizer(model, build)
     again.load_optimizer_state(fresh, whole, model)
     held = optimizer.state_dict()["state"]
     for number, shard in enumerate(again.shard_params):
-        assert torch.equal(fresh.state[shard]["momentum_buffer"], held[number]["momentum_buffer"])
+        assert sorted(fresh.state[shard]) == sorted(held[number])
+        for key, value in held[number].items():
+            assert torch.equal(fresh.state[shard][key], value), key
     # a checkpoint's weights reach the slices the optimizer steps, not only the model
     weights = {key: value + 1 for key, value in reference.state_dict().items()}
     again.load_model_state(model, weights)
