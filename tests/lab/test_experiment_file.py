@@ -135,6 +135,9 @@ def test_flags_passed_to_training_are_the_non_default_options():
     flags = train_flags(run.config)
     assert flags[:2] == ["--sync", run.config.sync] and "--max-steps" in flags and "--epochs" not in flags
     assert flags[flags.index("--batch-size") + 1] == "64"
+    adamw = parse(GOOD.replace("lr = 1 ", 'optimizer = "adamw"\nlr = 1 '), Path("grid.toml")).runs[-1]
+    flags = train_flags(adamw.config)
+    assert flags[flags.index("--optimizer") + 1] == "adamw" and adamw.config.optimizer_settings.optimizer == "adamw"
 
 
 BAD = [  # (file text, key named in the error, line, words the message must hold)
@@ -157,6 +160,7 @@ BAD = [  # (file text, key named in the error, line, words the message must hold
     ('[experiment]\nname = "x"\n[train]\nseed = 3\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
      "train.seed", 4, "set by the sweep"),
     ('[experiment]\nname = "x"\n[train]\ndataset = "imagenet"\n', "train.dataset", 4, "not one of"),
+    ('[experiment]\nname = "x"\n[train]\noptimizer = "lamb"\n', "train.optimizer", 4, "not one of"),
     ('[experiment]\nname = "x"\n[train]\nepochs = 1\n', "sweep", None, "at least one [[sweep]]"),
     ('[experiment]\nname = "x"\ntarget_accuracy = 60\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
      "experiment.target_accuracy", 3, "a fraction in (0, 1], e.g. 0.6"),

@@ -24,24 +24,26 @@ def relative_gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
-def with_resume(args: list[str], folder, total: int, stop_at: int) -> dict[str, list[str]]:
-    """Every method's job, and allreduce stopped at `stop_at` with a checkpoint then resumed from it to `total`."""
+def with_resume(args: list[str], folder, total: int, stop_at: int, first: str = "allreduce") -> dict[str, list[str]]:
+    """Every method's job, and `first` stopped at `stop_at` with a checkpoint, then allreduce resumed from it to
+    `total`."""
     checkpoints = ["--checkpoint-dir", str(folder / "checkpoints")]
     return {**{name: [*args, *method] for name, method in {**METHODS, **OTHERS}.items()},
-            "first": [*args, "--sync", "allreduce", "--max-steps", str(stop_at), *checkpoints,
+            "first": [*args, "--sync", first, "--max-steps", str(stop_at), *checkpoints,
                       "--checkpoint-every", str(stop_at)],
             "resumed": [*args, "--sync", "allreduce", "--max-steps", str(total), *checkpoints, "--resume", "auto"]}
 
 
-def check_the_others(runs: dict, reference: list[float], stop_at: int) -> None:
-    """Every method trained its steps to a finite loss; the resumed job continued allreduce's run exactly."""
+def check_the_others(runs: dict, reference: list[float], stop_at: int, resume_gap: float = 1e-6) -> None:
+    """Every method trained its steps to a finite loss; the resumed job continued allreduce's run exactly (within
+    `resume_gap`: the first job's method may round differently from allreduce)."""
     for name in OTHERS:
         steps = losses(runs[name])
         assert len(steps) == len(reference) and all(math.isfinite(loss) for loss in steps), name
     assert runs["powersgd"]["compression"] == "powersgd"
     resumed = [(step["step"], step["loss"]) for step in runs["resumed"]["steps"]]
     assert [step for step, _ in resumed] == list(range(stop_at + 1, len(reference) + 1))
-    assert relative_gap([loss for _, loss in resumed], reference[stop_at:]) <= 1e-6
+    assert relative_gap([loss for _, loss in resumed], reference[stop_at:]) <= resume_gap
     assert runs["resumed"]["resumed_from"]["step"] == stop_at
 
 
@@ -57,18 +59,31 @@ def test_resnet18_trains_and_bucketed_equals_allreduce(tmp_path):
     check_the_others(runs, reference, stop_at=2)
 
 
+# gpt steps with AdamW (its default): the methods that shard its two moments and step count step as allreduce does
+SHARDED = {"zero": ["--sync", "zero", "--bucket-mb", "1"], "zero_torch": ["--sync", "zero_torch"],
+           "fsdp": ["--sync", "fsdp"]}
+
+
 def test_gpt_learns_from_a_text_file_and_bucketed_equals_allreduce(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)  # 18 KB, learnable in a few steps
     args = [*QUICK, "--dataset", "text", "--data-dir", str(corpus), "--gpt-layers", "2", "--gpt-width", "64",
-            "--context", "32", "--batch-size", "16", "--max-steps", "8", "--lr", "0.1"]
-    runs = train_several(4, tmp_path, with_resume(args, tmp_path, total=8, stop_at=4), timeout=600)
+            "--context", "32", "--batch-size", "16", "--max-steps", "8", "--lr", "0.01"]
+    # zero's checkpoint (its sharded AdamW state gathered, step counts included) resumed by allreduce; local SGD
+    # averages AdamW's moments with the models, DiLoCo resets them
+    jobs = with_resume(args, tmp_path, total=8, stop_at=4, first="zero")
+    jobs["localsgd"] += ["--local-momentum", "average"]
+    jobs["diloco"] += ["--local-momentum", "reset"]
+    runs = train_several(4, tmp_path, {**jobs, **{name: [*args, *method] for name, method in SHARDED.items()}},
+                         timeout=600)
     reference = losses(runs["allreduce"])
     assert runs["allreduce"]["config"]["model"] == "gpt" and runs["allreduce"]["steps"][0]["step"] == 1
+    assert runs["allreduce"]["config"]["optimizer"] == "adamw"
     assert reference[-1] < reference[0]  # it learns
-    assert relative_gap(losses(runs["bucketed"]), reference) <= 1e-5
+    for name in ("bucketed", *SHARDED):
+        assert relative_gap(losses(runs[name]), reference) <= 1e-5, name
     assert runs["allreduce"]["epochs"][-1]["perplexity"] > 1
     assert "tokens_per_s_per_rank" in str(runs["allreduce"])
-    check_the_others(runs, reference, stop_at=4)
+    check_the_others(runs, reference, stop_at=4, resume_gap=1e-5)
     for name in OTHERS:  # every method learns the text
         assert losses(runs[name])[-1] < losses(runs[name])[0], name
