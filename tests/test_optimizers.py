@@ -112,12 +112,12 @@ def average_on_rank(rank: int, store: str, queue) -> None:
             param, optimizer = adamw_after_one_step(rank)
             method.use_optimizer(optimizer)
             method.average_momentum(everyone=True)
-            results[choice] = {key: value.clone() for key, value in optimizer.state[param].items()}
-            before = param.detach().clone()
+            results[choice] = {key: value.tolist() for key, value in optimizer.state[param].items()}
+            before = param.tolist()
             param.grad = torch.arange(1.0, 4.0)
             optimizer.step()  # the step after the average
-            results[choice + " step"] = (before, param.detach().clone())
-        queue.put((rank, results))
+            results[choice + " step"] = (before, param.tolist())
+        queue.put((rank, results))  # as lists: a tensor in a queue is shared memory, gone once this process ends
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the parent reports it
         queue.put((rank, traceback.format_exc()))
@@ -135,6 +135,9 @@ def test_local_momentum_averages_adamws_moments_and_a_reset_starts_it_afresh(tmp
     for rank, result in got.items():
         assert not isinstance(result, str), f"rank {rank} failed:\n{result}"
     own = [next(iter(adamw_after_one_step(rank)[1].state.values())) for rank in (0, 1)]
+    got = {rank: {name: ({key: torch.tensor(value) for key, value in entry.items()} if isinstance(entry, dict)
+                         else tuple(torch.tensor(value) for value in entry)) for name, entry in result.items()}
+           for rank, result in got.items()}
     for rank in (0, 1):
         averaged = got[rank]["average"]
         for key in ("exp_avg", "exp_avg_sq"):  # the mean of the two ranks' moments, on both

@@ -92,6 +92,9 @@ class FSDP(SyncMethod):
         """Nothing left to do: backward has reduce-scattered every unit's gradients already."""
 
     def whole_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+        # an evaluation's forward, with no backward after it, leaves the root's own parameters (GPT's embeddings and
+        # last norm) gathered, plain tensors in the model: resharding registers the DTensor shards again
+        model.reshard()
         return [param.full_tensor() for param in model.parameters()]
 
     def replicated(self, model: nn.Module) -> list[torch.Tensor]:

@@ -1,4 +1,5 @@
-"""zero's shard arithmetic (padding, world sizes that do not divide) and its checkpoint layout; fsdp's units."""
+"""zero's shard arithmetic (padding, world sizes that do not divide) and its checkpoint layout; fsdp's units and its
+whole parameters after an evaluation."""
 
 import itertools
 
@@ -6,11 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mpi_train.config import TrainConfig
 from mpi_train.lr_schedule import OptimizerDefaults
 from mpi_train.models import INPUT_SHAPES, build_model
 from mpi_train.optimizers import AdamW
 from mpi_train.sync.flat import padded_length
-from mpi_train.sync.fsdp import units
+from mpi_train.sync.fsdp import FSDP, units
 from mpi_train.sync.zero import Zero, shard_bounds
 from mpi_train.timeline import Alignment, StepRecorder
 
@@ -119,3 +121,17 @@ def test_fsdp_leaves_gpts_tied_embedding_and_head_with_the_root_and_shards_each_
     model = build_model("gpt")
     found = units(model)
     assert found == list(model.blocks)
+
+
+def test_fsdp_gives_gpts_whole_parameters_after_an_evaluation(one_rank_group):
+    """An evaluation's forward, with no backward after it, leaves the root's own parameters gathered (plain tensors,
+    not shards); the replica check and the end of a job read them whole right after one."""
+    model = TrainConfig(model="gpt", dataset="synthetic", gpt_layers=1, gpt_width=32, context=8).make_model()
+    expected = [p.detach().clone() for p in model.parameters()]
+    method = FSDP()
+    method.wrap(model).eval()
+    with torch.no_grad():
+        model(torch.randint(0, 256, (2, 8)))
+    assert {type(p).__name__ for p in model.parameters()} == {"Parameter", "DTensor"}
+    for ours, theirs in zip(method.whole_parameters(model), expected, strict=True):
+        assert torch.equal(ours, theirs)
