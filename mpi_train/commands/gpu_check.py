@@ -37,6 +37,23 @@ EPOCH_TARGET = 1.5  # one epoch's training time against steps x the bare step
 CPU_ACCURACY, ACCURACY_BAND = 0.63, 0.03  # one CIFAR-10 epoch of VGG-11, as measured on CPUs (docs/results.md)
 
 
+# The overlapped averages (sync/background.py), each with several periods so that averages are in flight
+OVERLAPPED = {"localsgd --overlap": "--sync localsgd --period 2 --overlap",
+              "localsgd+fp16 --overlap --fragments 2": "--sync localsgd --compression fp16 --period 4 --overlap "
+                                                       "--fragments 2",
+              "diloco --overlap": "--sync diloco --period 2 --overlap"}
+OVERLAP_STEPS = 8
+
+
+def held(summary: dict) -> str:
+    """`; held 105.5 MiB, CUDA peak 812.0 MiB`: what the method costs in memory beside its speed."""
+    most = summary.get("memory", {}).get("most", {})
+    if not most:
+        return ""
+    peak = f", CUDA peak {most['cuda_peak_bytes'] / 2**20:,.1f} MiB" if "cuda_peak_bytes" in most else ""
+    return f"; held {most['total_bytes'] / 2**20:,.1f} MiB{peak}"
+
+
 def parse_args(argv: list[str] | None, quiet: bool = False) -> argparse.Namespace:
     parser = RankAwareParser(prog="python -m mpi_train gpu-check", description=__doc__.split("\n\n")[0], quiet=quiet)
     parser.add_argument("--data-dir", help="CIFAR-10 for the one-epoch check (left out without it)")
@@ -121,6 +138,17 @@ class Checks:
                 loss = summary["final_loss"]
                 step = summary["mean_times_after_warmup"]["step_time_s"]
                 self.row(f"{label(sync, compression)}: {self.args.steps} steps", math.isfinite(loss) and loss < 10,
+                         f"loss {loss:.3f}, step {step * 1e3:.1f} ms{held(summary)}")
+
+    def overlapped(self) -> None:
+        """The averages sent while the next period computes (--overlap): on CUDA a side stream, not Gloo's thread."""
+        synthetic = ["--dataset", "synthetic", "--synthetic-size", str(4 * self.args.batch_size)]
+        for name, flags in OVERLAPPED.items():
+            summary = self.job(name.replace(" ", "_"), *synthetic, *flags.split(), "--max-steps", str(OVERLAP_STEPS))
+            if self.cluster.info.is_main:
+                loss = summary["final_loss"]
+                step = summary["mean_times_after_warmup"]["step_time_s"]
+                self.row(f"{name}: {OVERLAP_STEPS} steps", math.isfinite(loss) and loss < 10,
                          f"loss {loss:.3f}, step {step * 1e3:.1f} ms")
 
     def step_against_bare(self, device: torch.device) -> float:
@@ -183,6 +211,8 @@ def check(cluster: Cluster, args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="mpi_train-gpu-check-") as folder:
         checks = Checks(cluster, args, Path(folder))
         checks.methods()  # the first job made this rank's GPU current, and cuDNN autotuning
+        if not args.methods or "localsgd" in args.methods or "diloco" in args.methods:
+            checks.overlapped()
         device = torch.device("cuda", torch.cuda.current_device()) if args.backend == "nccl" else torch.device("cpu")
         bare = checks.step_against_bare(device)
         checks.resume()
