@@ -31,8 +31,8 @@ stage() {  # stage NAME SECONDS COMMAND...: run it, its log to LOG_DIR, its tabl
 date -u
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 python -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'NCCL', torch.cuda.nccl.version())"
-stage collectives 60 python -m mpi_train collectives --backend "${BACKEND:-nccl}" --size-mb 64 --iters 5
-stage vgg11 330 python -m mpi_train gpu-check --backend "${BACKEND:-nccl}" --data-dir "$data" --json "$logs/vgg11.json"
-stage gpt-small 150 python -m mpi_train gpu-check --backend "${BACKEND:-nccl}" --model gpt --gpt-size small --batch-size 64 \
+stage collectives 45 python -m mpi_train collectives --backend "${BACKEND:-nccl}" --size-mb 64 --iters 5
+stage vgg11 300 python -m mpi_train gpu-check --backend "${BACKEND:-nccl}" --data-dir "$data" --json "$logs/vgg11.json"
+stage gpt-small 120 python -m mpi_train gpu-check --backend "${BACKEND:-nccl}" --model gpt --gpt-size small --batch-size 64 \
     --methods ddp,bucketed,zero,fsdp,zero_torch,localsgd --json "$logs/gpt-small.json"
 exit "$failed"
