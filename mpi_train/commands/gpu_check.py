@@ -124,6 +124,15 @@ class Checks:
     def row(self, check: str, ok: bool, figure: str) -> None:
         self.rows.append({"check": check, "ok": ok, "figure": figure})
 
+    def trained(self, check: str, name: str, *flags: str) -> dict | None:
+        """A short job's summary on rank 0 ({} elsewhere); None, with a failed row, where the job broke: one method
+        that fails on this machine is a row of the table, not the end of the check."""
+        try:
+            return self.job(name, *flags)
+        except Exception as error:  # noqa: BLE001 - reported in the table, with its kind and first line
+            self.row(check, False, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:160])
+            return None
+
     def methods(self) -> None:
         names = [name.strip() for name in self.args.methods.split(",")] if self.args.methods else list(SYNC_METHODS)
         unknown = [name for name in names if name not in SYNC_METHODS]
@@ -132,23 +141,26 @@ class Checks:
                             f"{', '.join(SYNC_METHODS)}.")
         synthetic = ["--dataset", "synthetic", "--synthetic-size", str(4 * self.args.batch_size)]
         for sync, compression in combinations(self.args.backend, names):
-            summary = self.job(label(sync, compression), *synthetic, "--sync", sync, "--compression", compression,
-                               "--max-steps", str(self.args.steps))
-            if self.cluster.info.is_main:
+            check = f"{label(sync, compression)}: {self.args.steps} steps"
+            summary = self.trained(check, label(sync, compression), *synthetic, "--sync", sync, "--compression",
+                                   compression, "--max-steps", str(self.args.steps))
+            if summary and self.cluster.info.is_main:
                 loss = summary["final_loss"]
                 step = summary["mean_times_after_warmup"]["step_time_s"]
-                self.row(f"{label(sync, compression)}: {self.args.steps} steps", math.isfinite(loss) and loss < 10,
+                self.row(check, math.isfinite(loss) and loss < 10,
                          f"loss {loss:.3f}, step {step * 1e3:.1f} ms{held(summary)}")
 
     def overlapped(self) -> None:
         """The averages sent while the next period computes (--overlap): on CUDA a side stream, not Gloo's thread."""
         synthetic = ["--dataset", "synthetic", "--synthetic-size", str(4 * self.args.batch_size)]
         for name, flags in OVERLAPPED.items():
-            summary = self.job(name.replace(" ", "_"), *synthetic, *flags.split(), "--max-steps", str(OVERLAP_STEPS))
-            if self.cluster.info.is_main:
+            check = f"{name}: {OVERLAP_STEPS} steps"
+            summary = self.trained(check, name.replace(" ", "_"), *synthetic, *flags.split(), "--max-steps",
+                                   str(OVERLAP_STEPS))
+            if summary and self.cluster.info.is_main:
                 loss = summary["final_loss"]
                 step = summary["mean_times_after_warmup"]["step_time_s"]
-                self.row(f"{name}: {OVERLAP_STEPS} steps", math.isfinite(loss) and loss < 10,
+                self.row(check, math.isfinite(loss) and loss < 10,
                          f"loss {loss:.3f}, step {step * 1e3:.1f} ms")
 
     def step_against_bare(self, device: torch.device) -> float:
