@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -219,6 +220,8 @@ def check(cluster: Cluster, args: argparse.Namespace) -> int:
     if args.backend == "nccl" and not torch.cuda.is_available():
         raise UserError("the GPU check runs under NCCL and this machine has no CUDA device torch can use. Run it on "
                         "a GPU machine, or dry-run its code on CPUs with --backend gloo.", collective=True)
+    # cuBLAS reads it once, at its first handle: the resume check's --deterministic job comes after other jobs
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mpi_train-gpu-check-") as folder:
         checks = Checks(cluster, args, Path(folder))
