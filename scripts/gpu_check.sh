@@ -26,7 +26,8 @@ stage() {  # stage NAME SECONDS COMMAND...: run it, its log to LOG_DIR, its tabl
     echo "== $name: exit $status after $((SECONDS - began)) s"
     if grep -q '^GPU check on' "$logs/$name.log"; then sed -n '/^GPU check on/,$p' "$logs/$name.log"
     else grep -v 'Warning\|return func' "$logs/$name.log" | tail -8; fi
-    [ "$status" = 0 ] || { failed=$((failed + 1)); tail -15 "$logs/$name.log"; }
+    [ "$status" = 0 ] || failed=$((failed + 1))
+    [ "$status" = 0 ] || grep -q '^GPU check on' "$logs/$name.log" || tail -15 "$logs/$name.log"
 }
 date -u
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
