@@ -64,6 +64,7 @@ class Zero(Bucketed):
 
     collective = "reduce_scatter"  # netmodel/families.py: reduce-scatter of the gradients, all-gather of the parameters
     shards = GRADIENTS_AND_STATE
+    keeps_parameter_shard = True  # its 1/N of the parameters, flat, beside the model's whole ones (netmodel/memory.py)
     compressions = ("none", "fp16", "bf16")
     no_compression_because = "PowerSGD's factors are summed whole, not reduce-scattered"
 
