@@ -1,5 +1,4 @@
-"""zero's shard arithmetic (padding, world sizes that do not divide) and its checkpoint layout; fsdp's units and its
-whole parameters after an evaluation."""
+"""zero's shard arithmetic (padding, world sizes that do not divide) and its checkpoint layout; fsdp's units."""
 
 import itertools
 
@@ -7,12 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpi_train.config import TrainConfig
 from mpi_train.lr_schedule import OptimizerDefaults
 from mpi_train.models import INPUT_SHAPES, build_model
 from mpi_train.optimizers import AdamW
 from mpi_train.sync.flat import padded_length
-from mpi_train.sync.fsdp import FSDP, units
+from mpi_train.sync.fsdp import units
 from mpi_train.sync.zero import Zero, shard_bounds
 from mpi_train.timeline import Alignment, StepRecorder
 
@@ -123,15 +121,19 @@ def test_fsdp_leaves_gpts_tied_embedding_and_head_with_the_root_and_shards_each_
     assert found == list(model.blocks)
 
 
-def test_fsdp_gives_gpts_whole_parameters_after_an_evaluation(one_rank_group):
-    """An evaluation's forward, with no backward after it, leaves the root's own parameters gathered (plain tensors,
-    not shards); the replica check and the end of a job read them whole right after one."""
-    model = TrainConfig(model="gpt", dataset="synthetic", gpt_layers=1, gpt_width=32, context=8).make_model()
-    expected = [p.detach().clone() for p in model.parameters()]
-    method = FSDP()
-    method.wrap(model).eval()
-    with torch.no_grad():
-        model(torch.randint(0, 256, (2, 8)))
-    assert {type(p).__name__ for p in model.parameters()} == {"Parameter", "DTensor"}
-    for ours, theirs in zip(method.whole_parameters(model), expected, strict=True):
-        assert torch.equal(ours, theirs)
+def test_fsdp_reshards_the_roots_parameters_after_an_evaluation(one_rank_group):
+    """FSDP2 leaves the root's parameters gathered after a forward (for the backward that usually follows); after a
+    test evaluation they must be shards again, or reading the model (replicas' check, memory, checkpoints) breaks."""
+    from torch.distributed.tensor import DTensor
+
+    from mpi_train.models.gpt import GptShape, gpt
+    from mpi_train.sync.fsdp import FSDP
+
+    model = gpt(GptShape(layers=1, heads=1, width=16, context=8))
+    method = FSDP.__new__(FSDP)
+    method.wrap(model)
+    with method.evaluated(model), torch.no_grad():
+        model(torch.zeros(2, 8, dtype=torch.long))
+        assert not isinstance(model.token_embedding.weight, DTensor)  # gathered by the forward: what needs undoing
+    assert all(isinstance(param, DTensor) for param in model.parameters())
+    assert [tuple(p.shape) for p in method.whole_parameters(model)] == [tuple(p.shape) for p in model.parameters()]
