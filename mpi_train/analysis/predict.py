@@ -172,7 +172,15 @@ def network_for(args: argparse.Namespace, calibrated: netmodel.Network | None) -
         raise UserError("--link or --calibration is needed: say the rate of each host's link (e.g. --link 10gbit), "
                         "or give a bench JSON whose fitted links to use (--calibration bench.json).")
     notes.append(f"between hosts: alpha {inter.alpha * 1e6:.0f} us, {inter.bandwidth / 1e6:,.0f} MB/s ({inter.source})")
-    return netmodel.Network(intra, inter), notes
+    measured = calibrated.collectives if calibrated else ()
+    if measured:
+        notes.extend(f"{netmodel.describe_cost(cost)}, from --calibration: the sharded methods' {cost.name} priced as "
+                     f"the backend ran it (its bytes factor times the link's beta)" for cost in measured)
+    else:
+        notes.append("reduce-scatter and all-gather (zero, fsdp) priced at a ring's bytes and the link's latency, as a "
+                     "bandwidth-optimal backend runs them: no measured collectives (--calibration with a bench JSON "
+                     "of this version prices them as the backend ran them; Gloo over TCP runs them slower)")
+    return netmodel.Network(intra, inter, collectives=measured), notes
 
 
 def registered_methods(bucket_mb: float = TrainConfig.bucket_mb, labels: Sequence[str] | None = None,
@@ -216,10 +224,12 @@ def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, netwo
     """One row per method that declares a collective family: its step on N ranks, R per host, with this compute;
     given the model, its memory per rank with SGD of this momentum."""
     layout = netmodel.Layout(ranks, min(ranks_per_host, ranks))
+    units = netmodel.tensor_units(model) if model is not None else None  # fsdp's layer blocks, a message each
     rows = []
     for name, method in methods.items():
         prediction = netmodel.predict(method, tensor_bytes, layout, network, label=name, ratio=ratios[name],
-                                      backward_s=backward.share * compute_s, backward=backward, compute_s=compute_s)
+                                      backward_s=backward.share * compute_s, backward=backward, compute_s=compute_s,
+                                      units=units)
         if prediction is not None:
             memory = predict_memory(method, model, ranks, momentum) if model is not None else None
             rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s, prediction.parts, memory,

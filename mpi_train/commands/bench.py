@@ -380,7 +380,8 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
         if model_of is not None and name != NO_SYNC:
             backward = model_of.backward.share * statistics.median(slowest(per_rank, NO_SYNC, "compute"))
             prediction = netmodel.predict(method, model_of.tensor_bytes, model_of.layout, model_of.network, label=name,
-                                          ratio=ratio, backward_s=backward, backward=model_of.backward)
+                                          ratio=ratio, backward_s=backward, backward=model_of.backward,
+                                          units=model_of.units)
             if prediction is not None:
                 measured = exposed if prediction.overlapped else sync
                 # the wire, plus the compressor's CPU, timed here
@@ -401,6 +402,7 @@ class ModelInputs:
     tensor_bytes: tuple
     bucket_mb: float
     backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD  # when its gradients are ready, measured on no-sync
+    units: tuple | None = None  # each tensor's layer block (netmodel.tensor_units): fsdp's messages
 
 
 def format_table(rows: list[dict]) -> str:
@@ -619,7 +621,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         network = netmodel.with_collective_costs(netmodel.Network.from_dict(calibration["network"]), calibration,
                                                  layout)  # the sharded collectives priced as they ran here
         inputs = ModelInputs(network, layout,
-                             tuple(netmodel.tensor_sizes(entries[0].model)), args.bucket_mb, backward)
+                             tuple(netmodel.tensor_sizes(entries[0].model)), args.bucket_mb, backward,
+                             tuple(netmodel.tensor_units(entries[0].model)))
     result = {
         "world_size": world, "backend": backend, "model": args.model, "model_described": settings.describe_model(),
         "model_flags": model_flags(args), "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup,

@@ -46,6 +46,7 @@ from .prediction import (
            overlapped_exposed,
            predict,
            tensor_sizes,
+           tensor_units,
 )
 
 __all__ = [
@@ -86,5 +87,6 @@ __all__ = [
            "predict",
            "rate_bytes_per_s",
            "tensor_sizes",
+           "tensor_units",
            "with_collective_costs",
 ]
