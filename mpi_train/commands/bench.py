@@ -79,7 +79,6 @@ from ..sync.flat import FlatBuffer
 from ..sync.messages import BUCKETS
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
-from .collectives import allreduce_bandwidth
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
 ALLREDUCE_FIT = "allreduce"  # the calibration's fit of torch's all_reduce alone (a key of the bench JSON, not a method)
@@ -595,8 +594,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
             crossed = network.slowest if layout.hosts > 1 else network.intra
             link["bandwidth_bytes_per_s"] = crossed.bandwidth
             link["measured_by"] = crossed.source + (", between hosts" if layout.hosts > 1 else ", on one host")
-        measured = allreduce_bandwidth(world, device, gradient_bytes / 2**20, args.link_iters)
-        link["allreduce_busbw_bytes_per_s"] = measured["busbw_gb_s"] * 1e9
+        whole = fits[ALLREDUCE_FIT]  # its largest buffer, the gradients' size: the allreduce as training meets it
+        link["allreduce_busbw_bytes_per_s"] = bus_bandwidth(whole["sizes"][-1], world, whole["seconds"][-1])
 
     images, labels = (part.to(device) for part in synthetic_batch(settings, args.batch_size // world))
     for entry in entries:
