@@ -205,8 +205,8 @@ def collective_calibration(collective: str, largest: int, iters: int, device: to
         whole = torch.zeros(max(world, size // 4 // world * world), device=device)
         shard = torch.zeros(whole.numel() // world, device=device)
         run = {ALLREDUCE_FIT: lambda whole=whole: dist.all_reduce(whole),
-               netmodel.REDUCE_SCATTER: lambda whole=whole, shard=shard: dist.reduce_scatter_tensor(shard, whole),
-               netmodel.ALL_GATHER: lambda whole=whole, shard=shard: dist.all_gather_into_tensor(whole, shard),
+               netmodel.REDUCE_SCATTER: lambda whole=whole, shard=shard: dist.reduce_scatter_single(shard, whole),
+               netmodel.ALL_GATHER: lambda whole=whole, shard=shard: dist.all_gather_single(whole, shard),
                }[collective]
         times = []
         for i in range(iters + 1):

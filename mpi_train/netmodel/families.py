@@ -27,7 +27,7 @@ all-gather). A reduce-scatter or an all-gather of S on a ring moves (N-1)/N·S p
 (N-1)·alpha + (N-1)/N·S·beta, half a ring allreduce. That is what a bandwidth-optimal backend
 (NCCL) takes; Gloo over TCP takes longer (docs/results.md, "Sharded data parallel"). When the
 network carries a calibration's measured cost of the collective (links.CollectiveCost, from the
-bench's fits of reduce_scatter_tensor and all_gather_into_tensor), each of the N-1 steps pays
+bench's fits of reduce_scatter_single and all_gather_single), each of the N-1 steps pays
 the measured latency alpha_c and the bytes f_c times the link's: (N-1)·alpha_c + f_c·(N-1)/N·S·beta.
 Without one (nominal links, a job's own ping-pong) they are priced at a ring's bytes.
 
