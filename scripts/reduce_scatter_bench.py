@@ -1,9 +1,9 @@
-"""Gloo's reduce_scatter_tensor against two ways of our own to the same result, on every rank of an mpirun job.
+"""Gloo's reduce_scatter_single against two ways of our own to the same result, on every rank of an mpirun job.
 
     mpirun -np 4 python scripts/reduce_scatter_bench.py --size-mb 32 --iters 5
 
 Each rank ends with the sum over ranks of its 1/N of one float32 buffer (what `zero` needs
-from each bucket), got three ways: torch's `reduce_scatter_tensor` (Gloo's), a ring
+from each bucket), got three ways: torch's `reduce_scatter_single` (Gloo's), a ring
 reduce-scatter over point-to-point messages (N-1 steps of S/N each way: (N-1)/N·S per
 rank, the bytes a bandwidth-optimal backend moves; the exchange of sync/ring.py), and an
 allreduce of the whole buffer then a slice (2(N-1)/N·S). An allreduce and an all-gather of
@@ -51,7 +51,7 @@ def main() -> None:
     expected = (torch.arange(numel, dtype=torch.float32) % 1000 * (world * (world + 1) / 2)).chunk(world)[rank]
 
     def gloo_rs():
-        dist.reduce_scatter_tensor(shard, whole)
+        dist.reduce_scatter_single(shard, whole)
 
     def ours():
         whole.copy_(source)  # summed in place: each call starts from the rank's own buffer
@@ -66,10 +66,10 @@ def main() -> None:
         dist.all_reduce(whole)
 
     def all_gather():
-        dist.all_gather_into_tensor(whole, shard)
+        dist.all_gather_single(whole, shard)
 
-    ways = {"reduce_scatter_tensor (gloo)": gloo_rs, "ring reduce-scatter (ours, p2p)": ours,
-            "allreduce, then slice": allreduce_slice, "all_reduce": allreduce, "all_gather_into_tensor": all_gather}
+    ways = {"reduce_scatter_single (gloo)": gloo_rs, "ring reduce-scatter (ours, p2p)": ours,
+            "allreduce, then slice": allreduce_slice, "all_reduce": allreduce, "all_gather_single": all_gather}
     for name in list(ways)[:3]:
         whole.copy_(source)
         ways[name]()
@@ -90,7 +90,7 @@ def main() -> None:
     if rank == 0:
         medians = {name: statistics.median(max(r[name][i] for r in slowest) for i in range(args.iters))
                    for name in ways}
-        gloo = medians["reduce_scatter_tensor (gloo)"]
+        gloo = medians["reduce_scatter_single (gloo)"]
         print(f"{world} ranks on {len(set(cluster.hosts))} host(s), {numel * 4 / 2**20:.0f} MiB float32, "
               f"median of {args.iters} (slowest rank), every result checked")
         for name, value in medians.items():
