@@ -77,13 +77,15 @@ from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, parse_labels, split_label
 from ..sync.flat import FlatBuffer
 from ..sync.messages import BUCKETS
+from ..sync.ring import ring_reduce_scatter
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
 ALLREDUCE_FIT = "allreduce"  # the calibration's fit of torch's all_reduce alone (a key of the bench JSON, not a method)
-# every collective the calibration fits, each under its own key: the sharded families price theirs from these
-CALIBRATED_COLLECTIVES = (ALLREDUCE_FIT, netmodel.REDUCE_SCATTER, netmodel.ALL_GATHER)
+# every collective the calibration fits, each under its own key: the sharded families price theirs from these; zero's
+# own ring reduce-scatter on Gloo only, where zero runs it (sync/zero.py)
+CALIBRATED_COLLECTIVES = (ALLREDUCE_FIT, netmodel.REDUCE_SCATTER, netmodel.ALL_GATHER, netmodel.RING_REDUCE_SCATTER)
 COLUMNS = ("method", "family", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s",
            "floor_ms", "efficiency", "predicted_ms", "pred_err", "codec_ms")
 CODEC_REPEATS = 3
@@ -207,6 +209,7 @@ def collective_calibration(collective: str, largest: int, iters: int, device: to
         run = {ALLREDUCE_FIT: lambda whole=whole: dist.all_reduce(whole),
                netmodel.REDUCE_SCATTER: lambda whole=whole, shard=shard: dist.reduce_scatter_single(shard, whole),
                netmodel.ALL_GATHER: lambda whole=whole, shard=shard: dist.all_gather_single(whole, shard),
+               netmodel.RING_REDUCE_SCATTER: lambda whole=whole, shard=shard: ring_reduce_scatter(whole, shard),
                }[collective]
         times = []
         for i in range(iters + 1):
@@ -586,7 +589,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
                   flush=True)
         calibration = netmodel.calibrate(cluster.hosts, gradient_bytes, args.link_iters, device, args.link)
         fits = {name: collective_calibration(name, gradient_bytes, args.link_iters, device)
-                for name in CALIBRATED_COLLECTIVES}
+                for name in CALIBRATED_COLLECTIVES if name != netmodel.RING_REDUCE_SCATTER or backend == "gloo"}
         if info.is_main:
             calibration.update(fits)
             network = netmodel.capped(netmodel.Network.from_dict(calibration["network"]), args.link)

@@ -62,7 +62,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .links import ALL_GATHER, REDUCE_SCATTER
+from .links import ALL_GATHER, REDUCE_SCATTER, RING_REDUCE_SCATTER
 
 # when a part of a family's message goes: prediction.py prices each where it falls in the step
 WITH_MESSAGE = "with the message"  # when the method sends it (after backward, or during it as buckets fill)
@@ -77,7 +77,7 @@ class Part:
     name: str
     when: str  # WITH_MESSAGE, IN_FORWARD or AFTER_STEP
     time: Callable[..., float]  # (S, layout, network) -> seconds, for a message of S bytes
-    measured: str | None = None  # the collective a calibration measures for it (links.REDUCE_SCATTER, ALL_GATHER)
+    measured: tuple[str, ...] = ()  # the collectives a calibration measures that price it, the first found wins
 
 
 @dataclass(frozen=True)
@@ -177,15 +177,15 @@ def _hierarchical_time(size: float, layout, network) -> float:
 
 # --- the sharded families: reduce-scatters and all-gathers --------------------------------------
 
-def _half_ring(collective: str) -> Callable[..., float]:
-    """One reduce-scatter, or one all-gather (`collective`), of S bytes: on a ring, (N-1)·alpha + (N-1)/N·S·beta;
-    as the backend runs it when the network carries its measured cost (links.CollectiveCost)."""
+def _half_ring(*collectives: str) -> Callable[..., float]:
+    """One reduce-scatter, or one all-gather, of S bytes: on a ring, (N-1)·alpha + (N-1)/N·S·beta; as the backend ran
+    it when the network carries a measured cost of the first of `collectives` it has (links.CollectiveCost)."""
     def time(size: float, layout, network) -> float:
         n = layout.world
         if n == 1:
             return 0.0
         link = network.slowest if layout.hosts > 1 else network.intra
-        measured = network.cost(collective)
+        measured = network.cost(*collectives)
         if measured is not None:
             return measured.time(size, n, link)
         return (n - 1) * link.alpha + (n - 1) / n * size * link.beta
@@ -219,11 +219,13 @@ def _sum_of(parts: tuple[Part, ...]) -> Callable[..., float]:
     return lambda size, layout, network: sum(part.time(size, layout, network) for part in parts)
 
 
-REDUCE_SCATTER_PARTS = (Part("reduce-scatter", WITH_MESSAGE, _half_ring(REDUCE_SCATTER), REDUCE_SCATTER),
-                        Part("all-gather", AFTER_STEP, _half_ring(ALL_GATHER), ALL_GATHER))
-LAYERWISE_GATHER_PARTS = (Part("all-gather (forward)", IN_FORWARD, _half_ring(ALL_GATHER), ALL_GATHER),
-                          Part("all-gather (backward)", WITH_MESSAGE, _half_ring(ALL_GATHER), ALL_GATHER),
-                          Part("reduce-scatter", WITH_MESSAGE, _half_ring(REDUCE_SCATTER), REDUCE_SCATTER))
+# zero's reduce-scatter: its own ring where the calibration timed one (Gloo, where zero runs it), else the backend's
+ZERO_REDUCE_SCATTER = (RING_REDUCE_SCATTER, REDUCE_SCATTER)
+REDUCE_SCATTER_PARTS = (Part("reduce-scatter", WITH_MESSAGE, _half_ring(*ZERO_REDUCE_SCATTER), ZERO_REDUCE_SCATTER),
+                        Part("all-gather", AFTER_STEP, _half_ring(ALL_GATHER), (ALL_GATHER,)))
+LAYERWISE_GATHER_PARTS = (Part("all-gather (forward)", IN_FORWARD, _half_ring(ALL_GATHER), (ALL_GATHER,)),
+                          Part("all-gather (backward)", WITH_MESSAGE, _half_ring(ALL_GATHER), (ALL_GATHER,)),
+                          Part("reduce-scatter", WITH_MESSAGE, _half_ring(REDUCE_SCATTER), (REDUCE_SCATTER,)))
 RING_THEN_BROADCAST_PARTS = (Part("allreduce", WITH_MESSAGE, _ring_time),
                              Part("broadcast", AFTER_STEP, _owners_broadcast_time))
 

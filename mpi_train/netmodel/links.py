@@ -78,6 +78,7 @@ def nominal_link(link: str) -> Link:
 
 
 REDUCE_SCATTER, ALL_GATHER = "reduce_scatter", "all_gather"  # the sharded collectives a calibration measures
+RING_REDUCE_SCATTER = "ring_reduce_scatter"  # and zero's own ring over point-to-point, which it runs on Gloo
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class CollectiveCost:
     of its N-1 steps pays `alpha`, and its (N-1)/N·S bytes take `beta_factor` times what the link's beta gives them.
     A bandwidth-optimal backend (NCCL) has a factor near 1; Gloo over TCP runs its reduce-scatter well above."""
 
-    name: str  # REDUCE_SCATTER or ALL_GATHER
+    name: str  # REDUCE_SCATTER, ALL_GATHER or RING_REDUCE_SCATTER
     alpha: float  # seconds per step of the ring: the fit's latency over N-1
     beta_factor: float  # the fit's seconds per byte over a ring's (N-1)/N·beta on the link it crossed
     source: str = "measured"
@@ -107,9 +108,9 @@ class Network:
     slow_is_root: bool = False
     collectives: tuple[CollectiveCost, ...] = ()  # measured on the backend; none: a ring's bytes and the link's alpha
 
-    def cost(self, name: str) -> CollectiveCost | None:
-        """The measured cost of collective `name` (REDUCE_SCATTER, ALL_GATHER), if a calibration measured it."""
-        return next((cost for cost in self.collectives if cost.name == name), None)
+    def cost(self, *names: str) -> CollectiveCost | None:
+        """The measured cost of the first of `names` (REDUCE_SCATTER, ...) a calibration measured, if any."""
+        return next((cost for name in names for cost in self.collectives if cost.name == name), None)
 
     @property
     def slowest(self) -> Link:

@@ -8,6 +8,7 @@ from mpi_train.netmodel import (
     ALL_GATHER,
     FAMILIES,
     REDUCE_SCATTER,
+    RING_REDUCE_SCATTER,
     CollectiveCost,
     Layout,
     Link,
@@ -114,13 +115,18 @@ def test_measured_collectives_price_the_sharded_families_as_the_backend_ran_them
     assert [p.time(8 * MB, Layout(4, 2), measured) for p in zero.collectives()] == pytest.approx([rs_s, ag_s])
     assert zero.time(8 * MB, Layout(4, 2), measured) == pytest.approx(rs_s + ag_s)
     layerwise = FAMILIES["layerwise_gather"]  # two gathers and a reduce-scatter per unit
-    assert [p.measured for p in layerwise.collectives()] == [ALL_GATHER, ALL_GATHER, REDUCE_SCATTER]
+    assert [p.measured for p in layerwise.collectives()] == [(ALL_GATHER,), (ALL_GATHER,), (REDUCE_SCATTER,)]
     assert layerwise.time(8 * MB, Layout(4, 2), measured) == pytest.approx(2 * ag_s + rs_s)
     # one host: the measured step latency and factor on the intra-host link (1 GB/s)
     assert zero.collectives()[0].time(8 * MB, Layout(4, 4), measured) == pytest.approx(6e-3 + 3.0 * 6 * MB / 1e9)
     # the allreduce and ZeRO-1's families are not the sharded collectives: unchanged
     for name in ("ring", "ring_then_broadcast"):
         assert FAMILIES[name].time(8 * MB, Layout(4, 2), measured) == FAMILIES[name].time(8 * MB, Layout(4, 2), NET)
+    # zero's own ring reduce-scatter (Gloo), where the calibration timed it, prices zero's and not fsdp's: 1 ms a step
+    # and 1.1x a ring's bytes
+    ring = replace(measured, collectives=(rs_cost, ag_cost, CollectiveCost(RING_REDUCE_SCATTER, 1e-3, 1.1)))
+    assert zero.collectives()[0].time(8 * MB, Layout(4, 2), ring) == pytest.approx(3e-3 + 1.1 * 0.048)
+    assert layerwise.collectives()[2].time(8 * MB, Layout(4, 2), ring) == pytest.approx(rs_s)
     # the network keeps them through a cap and without a straggler, and through its dict form
     assert capped(measured, "100mbit").collectives == measured.collectives == measured.without_slow().collectives
     assert Network.from_dict(measured.as_dict()) == measured and "collectives" not in NET.as_dict()
