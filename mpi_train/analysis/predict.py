@@ -278,6 +278,13 @@ def overlap_verdicts(rows: list[Row], methods: dict[str, SyncMethod]) -> list[st
     return lines
 
 
+def cuda_only_overlaps(rows: list[Row], methods: dict[str, SyncMethod]) -> list[str]:
+    """For each method that overlaps its communication only on CUDA: exposed is the CUDA case; on CPU, comm."""
+    return [f"{row.method}: exposed assumes CUDA; on CPU the step pays its comm, {row.comm_s * 1e3:.1f} ms "
+            f"({methods[row.method].overlaps_only_on_cuda})"
+            for row in rows if methods[row.method].overlaps_only_on_cuda]
+
+
 def format_time_to_accuracy(rows: list[Row], steps: dict[str, int]) -> str:
     """Steps to accuracy (the method's, measured on any network) times the predicted step here, fastest first."""
     known = sorted(((row, steps[row.method]) for row in rows if row.method in steps),
@@ -419,6 +426,8 @@ def run(args: argparse.Namespace) -> None:
             print(line)
         print(f"\nwinner: {best.method} ({best.step_s * 1e3:.1f} ms per step, "
               f"scaling efficiency {best.efficiency:.2f})")
+        for line in cuda_only_overlaps(rows, methods):
+            print(line)
         print(f"\nmemory per rank (SGD momentum {momentum:g}; params +U: one unit gathered at a time, ZeRO-3) and "
               f"communication by collective, least memory first:")
         print(format_memory(rows))

@@ -70,6 +70,8 @@ class FSDP(SyncMethod):
     shards = EVERYTHING
     messages = PER_UNIT  # two all-gathers, one reduce-scatter per unit (netmodel.tensor_units), not cut by --bucket-mb
     sends = INSIDE_FSDP
+    overlaps_only_on_cuda = ("FSDP2 issues its all-gathers and reduce-scatters without async_op and overlaps them "
+                             "with compute on CUDA streams; on CPU each blocks where it is issued")
     no_compression_because = ("FSDP reduce-scatters the gradients in torch's own collectives, in the parameters' "
                                "dtype")
 

@@ -138,3 +138,6 @@ def test_a_calibration_prices_the_sharded_collectives_as_the_backend_ran_them(tm
     zero = buckets * 3 * (3e-3 + 1.5e-3) + (2 + 1) * 0.75 * size / 12.5e6
     assert measured["zero"] == pytest.approx(1e3 * zero, abs=0.05)
     assert measured["bucketed"] == nominal["bucketed"] and measured["fsdp"] > nominal["fsdp"]
+    # FSDP2 overlaps only on CUDA streams: on CPU its step pays all of its communication, which predict says
+    assert f"fsdp: exposed assumes CUDA; on CPU the step pays its comm, {measured['fsdp']:.1f} ms" in measured_out
+    assert "zero: exposed assumes CUDA" not in measured_out
