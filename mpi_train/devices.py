@@ -137,6 +137,10 @@ def place(cluster, backend: str, threads: int | None, deterministic: bool = Fals
     if device_name.startswith("cuda"):
         torch.backends.cudnn.benchmark = not deterministic
         torch.backends.cudnn.deterministic = deterministic
+        if deterministic:  # cuBLAS too: read when its first handle is made (the GPU check sets it at its start)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # and torch's deterministic kernels where it has them (the rest warn): set back for a job that does not ask
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
     return Placement(backend, torch.device(device_name), threads)  # under NCCL, resolve_backend made the device current
 
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from mpi_train.cluster import Cluster, GroupChannel
 from mpi_train.sync.ring import Ring
+from mpi_train.sync.zero import all_gather_single, reduce_scatter_single
 
 
 def ring_reduce_scatter(whole: torch.Tensor, shard: torch.Tensor, incoming: torch.Tensor) -> None:
@@ -51,7 +52,7 @@ def main() -> None:
     expected = (torch.arange(numel, dtype=torch.float32) % 1000 * (world * (world + 1) / 2)).chunk(world)[rank]
 
     def gloo_rs():
-        dist.reduce_scatter_single(shard, whole)
+        reduce_scatter_single(shard, whole)
 
     def ours():
         whole.copy_(source)  # summed in place: each call starts from the rank's own buffer
@@ -66,7 +67,7 @@ def main() -> None:
         dist.all_reduce(whole)
 
     def all_gather():
-        dist.all_gather_single(whole, shard)
+        all_gather_single(whole, shard)
 
     ways = {"reduce_scatter_single (gloo)": gloo_rs, "ring reduce-scatter (ours, p2p)": ours,
             "allreduce, then slice": allreduce_slice, "all_reduce": allreduce, "all_gather_single": all_gather}

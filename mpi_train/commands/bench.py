@@ -78,6 +78,7 @@ from ..sync import SYNC_METHODS, SyncMethod, backend_error, parse_labels, split_
 from ..sync.flat import FlatBuffer
 from ..sync.messages import BUCKETS
 from ..sync.ring import ring_reduce_scatter
+from ..sync.zero import all_gather_single, reduce_scatter_single
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
 
@@ -207,8 +208,8 @@ def collective_calibration(collective: str, largest: int, iters: int, device: to
         whole = torch.zeros(max(world, size // 4 // world * world), device=device)
         shard = torch.zeros(whole.numel() // world, device=device)
         run = {ALLREDUCE_FIT: lambda whole=whole: dist.all_reduce(whole),
-               netmodel.REDUCE_SCATTER: lambda whole=whole, shard=shard: dist.reduce_scatter_single(shard, whole),
-               netmodel.ALL_GATHER: lambda whole=whole, shard=shard: dist.all_gather_single(whole, shard),
+               netmodel.REDUCE_SCATTER: lambda whole=whole, shard=shard: reduce_scatter_single(shard, whole),
+               netmodel.ALL_GATHER: lambda whole=whole, shard=shard: all_gather_single(whole, shard),
                netmodel.RING_REDUCE_SCATTER: lambda whole=whole, shard=shard: ring_reduce_scatter(whole, shard),
                }[collective]
         times = []

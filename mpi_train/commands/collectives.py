@@ -27,6 +27,7 @@ from ..config import BACKENDS, LAUNCHERS
 from ..devices import resolve_backend
 from ..errors import UserError
 from ..rankguard import RankAwareParser, guarded, join_job
+from ..sync.zero import all_gather_single, reduce_scatter_single
 
 CHECK_ELEMENTS = 1024
 
@@ -79,13 +80,13 @@ def _scatter(rank, world, device):
 def _reduce_scatter_tensor(rank, world, device):
     chunks = torch.cat([_contribution(rank, device) * (i + 1) for i in range(world)])  # chunk i holds (rank+1)(i+1)
     received = torch.empty(CHECK_ELEMENTS, device=device)
-    dist.reduce_scatter_tensor(received, chunks)
+    reduce_scatter_single(received, chunks)
     return _close(received, (rank + 1) * world * (world + 1) / 2)
 
 
 def _all_gather_into_tensor(rank, world, device):
     whole = torch.empty(world * CHECK_ELEMENTS, device=device)
-    dist.all_gather_into_tensor(whole, _contribution(rank, device))
+    all_gather_single(whole, _contribution(rank, device))
     return all(_close(part, i + 1) for i, part in enumerate(whole.chunk(world)))
 
 
@@ -123,8 +124,8 @@ def allreduce_bandwidth(world: int, device: torch.device, megabytes: float, iter
     algbw = size / seconds
     return {"bytes": size, "seconds": seconds, "algbw_gb_s": algbw / 1e9,
             "busbw_gb_s": algbw * 2 * (world - 1) / world / 1e9,
-            "reduce_scatter_s": timed(lambda: dist.reduce_scatter_tensor(shard, tensor), device, iters),
-            "all_gather_s": timed(lambda: dist.all_gather_into_tensor(tensor, shard), device, iters)}
+            "reduce_scatter_s": timed(lambda: reduce_scatter_single(shard, tensor), device, iters),
+            "all_gather_s": timed(lambda: all_gather_single(tensor, shard), device, iters)}
 
 
 def format_table(rows: list[dict], hosts: Sequence[str]) -> str:

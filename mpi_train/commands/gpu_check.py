@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +36,23 @@ from .train import parse_config
 STEP_TARGET = 1.10  # --sync ddp's step against the bare loop's
 EPOCH_TARGET = 1.5  # one epoch's training time against steps x the bare step
 CPU_ACCURACY, ACCURACY_BAND = 0.63, 0.03  # one CIFAR-10 epoch of VGG-11, as measured on CPUs (docs/results.md)
+
+
+# The overlapped averages (sync/background.py), each with several periods so that averages are in flight
+OVERLAPPED = {"localsgd --overlap": "--sync localsgd --period 2 --overlap",
+              "localsgd+fp16 --overlap --fragments 2": "--sync localsgd --compression fp16 --period 4 --overlap "
+                                                       "--fragments 2",
+              "diloco --overlap": "--sync diloco --period 2 --overlap"}
+OVERLAP_STEPS = 8
+
+
+def held(summary: dict) -> str:
+    """`; held 105.5 MiB, CUDA peak 812.0 MiB`: what the method costs in memory beside its speed."""
+    most = summary.get("memory", {}).get("most", {})
+    if not most:
+        return ""
+    peak = f", CUDA peak {most['cuda_peak_bytes'] / 2**20:,.1f} MiB" if "cuda_peak_bytes" in most else ""
+    return f"; held {most['total_bytes'] / 2**20:,.1f} MiB{peak}"
 
 
 def parse_args(argv: list[str] | None, quiet: bool = False) -> argparse.Namespace:
@@ -107,6 +125,15 @@ class Checks:
     def row(self, check: str, ok: bool, figure: str) -> None:
         self.rows.append({"check": check, "ok": ok, "figure": figure})
 
+    def trained(self, check: str, name: str, *flags: str) -> dict | None:
+        """A short job's summary on rank 0 ({} elsewhere); None, with a failed row, where the job broke: one method
+        that fails on this machine is a row of the table, not the end of the check."""
+        try:
+            return self.job(name, *flags)
+        except Exception as error:  # noqa: BLE001 - reported in the table, with its kind and first line
+            self.row(check, False, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:160])
+            return None
+
     def methods(self) -> None:
         names = [name.strip() for name in self.args.methods.split(",")] if self.args.methods else list(SYNC_METHODS)
         unknown = [name for name in names if name not in SYNC_METHODS]
@@ -115,12 +142,26 @@ class Checks:
                             f"{', '.join(SYNC_METHODS)}.")
         synthetic = ["--dataset", "synthetic", "--synthetic-size", str(4 * self.args.batch_size)]
         for sync, compression in combinations(self.args.backend, names):
-            summary = self.job(label(sync, compression), *synthetic, "--sync", sync, "--compression", compression,
-                               "--max-steps", str(self.args.steps))
-            if self.cluster.info.is_main:
+            check = f"{label(sync, compression)}: {self.args.steps} steps"
+            summary = self.trained(check, label(sync, compression), *synthetic, "--sync", sync, "--compression",
+                                   compression, "--max-steps", str(self.args.steps))
+            if summary and self.cluster.info.is_main:
                 loss = summary["final_loss"]
                 step = summary["mean_times_after_warmup"]["step_time_s"]
-                self.row(f"{label(sync, compression)}: {self.args.steps} steps", math.isfinite(loss) and loss < 10,
+                self.row(check, math.isfinite(loss) and loss < 10,
+                         f"loss {loss:.3f}, step {step * 1e3:.1f} ms{held(summary)}")
+
+    def overlapped(self) -> None:
+        """The averages sent while the next period computes (--overlap): on CUDA a side stream, not Gloo's thread."""
+        synthetic = ["--dataset", "synthetic", "--synthetic-size", str(4 * self.args.batch_size)]
+        for name, flags in OVERLAPPED.items():
+            check = f"{name}: {OVERLAP_STEPS} steps"
+            summary = self.trained(check, name.replace(" ", "_"), *synthetic, *flags.split(), "--max-steps",
+                                   str(OVERLAP_STEPS))
+            if summary and self.cluster.info.is_main:
+                loss = summary["final_loss"]
+                step = summary["mean_times_after_warmup"]["step_time_s"]
+                self.row(check, math.isfinite(loss) and loss < 10,
                          f"loss {loss:.3f}, step {step * 1e3:.1f} ms")
 
     def step_against_bare(self, device: torch.device) -> float:
@@ -179,10 +220,14 @@ def check(cluster: Cluster, args: argparse.Namespace) -> int:
     if args.backend == "nccl" and not torch.cuda.is_available():
         raise UserError("the GPU check runs under NCCL and this machine has no CUDA device torch can use. Run it on "
                         "a GPU machine, or dry-run its code on CPUs with --backend gloo.", collective=True)
+    # cuBLAS reads it once, at its first handle: the resume check's --deterministic job comes after other jobs
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mpi_train-gpu-check-") as folder:
         checks = Checks(cluster, args, Path(folder))
         checks.methods()  # the first job made this rank's GPU current, and cuDNN autotuning
+        if not args.methods or "localsgd" in args.methods or "diloco" in args.methods:
+            checks.overlapped()
         device = torch.device("cuda", torch.cuda.current_device()) if args.backend == "nccl" else torch.device("cpu")
         bare = checks.step_against_bare(device)
         checks.resume()

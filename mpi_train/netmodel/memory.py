@@ -7,7 +7,9 @@ momentum). A method says what it keeps only 1/N of on each rank (sync/base.py's 
     nothing (replicated)                P      + G      + O
     optimizer state (ZeRO-1)            P      + G      + O/N
     gradients and optimizer state       P      + G/N    + O/N      (+ padding: each bucket cut into N
-      (ZeRO-2)                                                       equal shards, at most N-1 elements more)
+      (ZeRO-2)                                                       equal shards, at most N-1 elements more;
+                                                                     + P/N where the method steps a shard of
+                                                                     its own, `keeps_parameter_shard`: zero)
     everything (ZeRO-3, FSDP)           P/N + U + G/N   + O/N      (U: one unit's gathered parameters)
 
 U is the largest unit's parameters, gathered whole around its forward and backward. Which modules
@@ -103,5 +105,7 @@ def predict_memory(method, model: nn.Module, world: int, momentum: float) -> Mem
             figures[kind] = float(per_rank + whole - full["gradients"])
         else:
             figures[kind] = float(per_rank)
+    if getattr(method, "keeps_parameter_shard", False) and world > 1:  # its own shard, stepped apart, then gathered
+        figures["parameters"] += float(per_rank)
     gathered = float(largest_unit_bytes(model)) if "parameters" in sharded and world > 1 else 0.0
     return MemoryPrediction(figures["parameters"], figures["gradients"], figures["optimizer"], gathered)

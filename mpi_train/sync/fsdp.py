@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from .base import EVERYTHING, INSIDE_FSDP, SyncMethod
 from .messages import PER_UNIT
@@ -92,6 +92,18 @@ class FSDP(SyncMethod):
 
     def sync(self, model: nn.Module) -> None:
         """Nothing left to do: backward has reduce-scattered every unit's gradients already."""
+
+    @contextlib.contextmanager
+    def evaluated(self, model: nn.Module):
+        """Reshard after a test evaluation: FSDP2 keeps the root's parameters gathered after its forward, for the
+        backward that follows in training; after a forward alone they would stay whole (GPT's embeddings and head),
+        plain tensors where every reader of the model expects its shards."""
+        try:
+            yield
+        finally:
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
 
     def whole_parameters(self, model: nn.Module) -> list[torch.Tensor]:
         return [param.full_tensor() for param in model.parameters()]

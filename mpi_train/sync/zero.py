@@ -20,6 +20,10 @@ from .flat import padded_length
 from .messages import backward_order
 from .ring import ring_reduce_scatter
 
+# torch 2.14 names them *_single and warns at the old names; the releases before have the old names only
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
 REDUCE_SCATTER, ALL_GATHER = "reduce-scatter", "all-gather"  # its messages, as a timeline names them
 
 
@@ -112,6 +116,7 @@ class Zero(Bucketed):
 
     collective = "reduce_scatter"  # netmodel/families.py: reduce-scatter of the gradients, all-gather of the parameters
     shards = GRADIENTS_AND_STATE
+    keeps_parameter_shard = True  # its 1/N of the parameters, flat, beside the model's whole ones (netmodel/memory.py)
     compressions = ("none", "fp16", "bf16")
     no_compression_because = "PowerSGD's factors are summed whole, not reduce-scattered"
 
@@ -173,7 +178,7 @@ class Zero(Bucketed):
         if self.rings is not None:  # Gloo: a ring of our own, half the bytes of Gloo's (RingReduceScatters); it sums
             bucket.work = self.rings.start(received, message)  # into the bucket's buffer, dropped once it is done
         else:
-            bucket.work = dist.reduce_scatter_single(received, message, op=dist.ReduceOp.SUM, async_op=True)
+            bucket.work = reduce_scatter_single(received, message, op=dist.ReduceOp.SUM, async_op=True)
         # Gloo's reduce-scatter and all-gather give no future to end the message: it ends where it is waited for
         noted = self.recorder.message(REDUCE_SCATTER, start, None, message.numel() * message.element_size(),
                                       bucket.index)
@@ -205,7 +210,7 @@ class Zero(Bucketed):
         for bucket, shard in reversed(list(zip(self.buckets, self.shard_params))):
             whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype, device=shard.device)
             start = now()
-            work = dist.all_gather_single(whole, shard, async_op=True)
+            work = all_gather_single(whole, shard, async_op=True)
             noted = self.recorder.message(ALL_GATHER, start, None, whole.numel() * whole.element_size(), bucket.index)
             self.gathering[bucket.index] = (whole, work, noted)
         return True
@@ -268,7 +273,7 @@ class Zero(Bucketed):
                 if not (torch.is_tensor(value) and value.shape == shard.shape):
                     continue
                 whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=value.dtype, device=value.device)
-                dist.all_gather_single(whole, value.contiguous())
+                all_gather_single(whole, value.contiguous())
                 offset = 0
                 for param in bucket.params:
                     state.setdefault(index_of[id(param)], {})[key] = (

@@ -108,3 +108,21 @@ def test_fsdp_leaves_gpts_tied_embedding_and_head_with_the_root_and_shards_each_
     model = build_model("gpt")
     found = units(model)
     assert found == list(model.blocks)
+
+
+def test_fsdp_reshards_the_roots_parameters_after_an_evaluation(one_rank_group):
+    """FSDP2 leaves the root's parameters gathered after a forward (for the backward that usually follows); after a
+    test evaluation they must be shards again, or reading the model (replicas' check, memory, checkpoints) breaks."""
+    from torch.distributed.tensor import DTensor
+
+    from mpi_train.models.gpt import GptShape, gpt
+    from mpi_train.sync.fsdp import FSDP
+
+    model = gpt(GptShape(layers=1, heads=1, width=16, context=8))
+    method = FSDP.__new__(FSDP)
+    method.wrap(model)
+    with method.evaluated(model), torch.no_grad():
+        model(torch.zeros(2, 8, dtype=torch.long))
+        assert not isinstance(model.token_embedding.weight, DTensor)  # gathered by the forward: what needs undoing
+    assert all(isinstance(param, DTensor) for param in model.parameters())
+    assert [tuple(p.shape) for p in method.whole_parameters(model)] == [tuple(p.shape) for p in model.parameters()]
