@@ -71,6 +71,7 @@ class StepModel:
     backward: Backward
     compute_s: float
     baseline_step_s: float
+    units: tuple | None = None  # each tensor's layer block (netmodel.tensor_units): fsdp's messages
 
     @property
     def backward_s(self) -> float:
@@ -189,12 +190,12 @@ def binding(candidate: Candidate, model: StepModel, method: SyncMethod | None = 
 
     def exposed(network: Network) -> float:
         return predict(method, model.tensor_bytes, model.layout, network, backward_s=model.backward_s,
-                       backward=model.backward).sync_s
+                       backward=model.backward, units=model.units).sync_s
 
     full = exposed(model.network)
     if full <= 1e-6:
         return "nothing: backward hides its communication"
-    between = full - exposed(Network(model.network.intra, FREE))
+    between = full - exposed(replace(model.network, inter=FREE, slow=None, slow_is_root=False))
     within = full - exposed(replace(model.network, intra=FREE))
     if model.layout.hosts > 1 and between >= within:
         slow = model.network.slow is not None
@@ -209,7 +210,7 @@ def predicted(candidate: Candidate, model: StepModel) -> Predicted:
     """The candidate's predicted step on the model's network."""
     method = candidate.method()
     prediction = predict(method, model.tensor_bytes, model.layout, model.network, label=candidate.label,
-                         backward_s=model.backward_s, backward=model.backward)
+                         backward_s=model.backward_s, backward=model.backward, units=model.units)
     return Predicted(candidate, model.baseline_step_s + prediction.sync_s, prediction.sync_s, prediction.comm_s,
                      prediction.messages, binding(candidate, model, method))
 

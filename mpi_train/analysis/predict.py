@@ -175,7 +175,15 @@ def network_for(args: argparse.Namespace, calibrated: netmodel.Network | None) -
         raise UserError("--link or --calibration is needed: say the rate of each host's link (e.g. --link 10gbit), "
                         "or give a bench JSON whose fitted links to use (--calibration bench.json).")
     notes.append(f"between hosts: alpha {inter.alpha * 1e6:.0f} us, {inter.bandwidth / 1e6:,.0f} MB/s ({inter.source})")
-    return netmodel.Network(intra, inter), notes
+    measured = calibrated.collectives if calibrated else ()
+    if measured:
+        notes.extend(f"{netmodel.describe_cost(cost)}, from --calibration: the sharded methods' {cost.name} priced as "
+                     f"the backend ran it (its bytes factor times the link's beta)" for cost in measured)
+    else:
+        notes.append("reduce-scatter and all-gather (zero, fsdp) priced at a ring's bytes and the link's latency, as a "
+                     "bandwidth-optimal backend runs them: no measured collectives (--calibration with a bench JSON "
+                     "of this version prices them as the backend ran them; Gloo over TCP runs them slower)")
+    return netmodel.Network(intra, inter, collectives=measured), notes
 
 
 def registered_methods(bucket_mb: float = TrainConfig.bucket_mb, labels: Sequence[str] | None = None,
@@ -220,10 +228,12 @@ def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, netwo
     given the model, its memory per rank with `state_slots` optimizer state tensors per parameter (SGD's momentum
     buffer: 1; AdamW's moments: 2)."""
     layout = netmodel.Layout(ranks, min(ranks_per_host, ranks))
+    units = netmodel.tensor_units(model) if model is not None else None  # fsdp's layer blocks, a message each
     rows = []
     for name, method in methods.items():
         prediction = netmodel.predict(method, tensor_bytes, layout, network, label=name, ratio=ratios[name],
-                                      backward_s=backward.share * compute_s, backward=backward, compute_s=compute_s)
+                                      backward_s=backward.share * compute_s, backward=backward, compute_s=compute_s,
+                                      units=units)
         if prediction is not None:
             memory = predict_memory(method, model, ranks, state_slots) if model is not None else None
             rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s, prediction.parts, memory,
@@ -270,6 +280,13 @@ def overlap_verdicts(rows: list[Row], methods: dict[str, SyncMethod]) -> list[st
         lines.append(f"{row.method} --overlap: an average every {every} steps takes {transfer:.2f} s against "
                      f"{window:.2f} s of their compute: {verdict}")
     return lines
+
+
+def cuda_only_overlaps(rows: list[Row], methods: dict[str, SyncMethod]) -> list[str]:
+    """For each method that overlaps its communication only on CUDA: exposed is the CUDA case; on CPU, comm."""
+    return [f"{row.method}: exposed assumes CUDA; on CPU the step pays its comm, {row.comm_s * 1e3:.1f} ms "
+            f"({methods[row.method].overlaps_only_on_cuda})"
+            for row in rows if methods[row.method].overlaps_only_on_cuda]
 
 
 def format_time_to_accuracy(rows: list[Row], steps: dict[str, int]) -> str:
@@ -415,6 +432,8 @@ def run(args: argparse.Namespace) -> None:
             print(line)
         print(f"\nwinner: {best.method} ({best.step_s * 1e3:.1f} ms per step, "
               f"scaling efficiency {best.efficiency:.2f})")
+        for line in cuda_only_overlaps(rows, methods):
+            print(line)
         print(f"\nmemory per rank ({state}; params +U: one unit gathered at a time, ZeRO-3) and "
               f"communication by collective, least memory first:")
         print(format_memory(rows))

@@ -192,11 +192,13 @@ def contender(name: str, method, template) -> Contender:
 
 
 def step_model(per_rank: list[dict], tensor_bytes: Sequence[float], layout: netmodel.Layout,
-               network: netmodel.Network, backward: netmodel.Backward) -> StepModel:
-    """The step without sync as measured (slowest rank per step, median), with the links and backward's profile."""
+               network: netmodel.Network, backward: netmodel.Backward,
+               units: Sequence[int] | None = None) -> StepModel:
+    """The step without sync as measured (slowest rank per step, median), with the links and backward's profile
+    (and each tensor's layer block, `units`: fsdp's messages)."""
     return StepModel(tuple(tensor_bytes), layout, network, backward,
                      statistics.median(slowest(per_rank, NO_SYNC, "compute")),
-                     statistics.median(slowest(per_rank, NO_SYNC, "step")))
+                     statistics.median(slowest(per_rank, NO_SYNC, "step")), tuple(units) if units else None)
 
 
 def measured_steps(per_rank: list[dict]) -> dict[str, dict]:
@@ -307,7 +309,7 @@ def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tu
         method = method_class.from_config(TrainConfig(sync=name, compression=compression))
         prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
                                       ratio=method.wire_ratio(params), backward_s=model.backward_s,
-                                      backward=model.backward)
+                                      backward=model.backward, units=model.units)
         if prediction is None:
             continue
         cost = accuracy_cost(model_name, text)
@@ -330,7 +332,7 @@ def overlapped_option(model_name: str, params, model: StepModel, text: str) -> d
     method = method_class.from_config(TrainConfig(sync=name, compression=compression, overlap=True))
     prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
                                   ratio=method.wire_ratio(params), backward_s=model.backward_s,
-                                  backward=model.backward, compute_s=model.compute_s)
+                                  backward=model.backward, compute_s=model.compute_s, units=model.units)
     cost = method_class.accuracy_costs.get((model_name, compression + OVERLAP))
     return {"label": text + OVERLAP, "option": option_of(text) + OVERLAP,
             "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else []) +
@@ -593,6 +595,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     template = workload.make_model().to(device).train()
     tensor_bytes = netmodel.tensor_sizes(template)
+    units = netmodel.tensor_units(template)
     gradient_bytes = int(sum(tensor_bytes))
     layout = netmodel.Layout.of_hosts(list(cluster.hosts))
     setting = cache.Setting(tuple(cluster.hosts), args.model, args.batch_size)
@@ -620,7 +623,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     chosen = None
     if info.is_main:
         network = netmodel.Network.from_dict(links["network"])
-        first = search.ranked(found, step_model(profile, tensor_bytes, layout, network, backward))
+        first = search.ranked(found, step_model(profile, tensor_bytes, layout, network, backward, units))
         chosen = [candidate.as_dict() for candidate in search.shortlist(first, args.measure)]
         print(f"advise: predicted {len(found)} lossless configurations; measuring "
               f"{', '.join(c['label'] for c in chosen)} ({args.steps} timed step(s) after {args.warmup} warm-up)",
@@ -651,7 +654,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     if not info.is_main:
         return
 
-    model = step_model(per_rank, tensor_bytes, layout, network, backward)
+    model = step_model(per_rank, tensor_bytes, layout, network, backward, units)
     ranking = search.ranked(list(dict.fromkeys([*found, *chosen])), model)
     measured = measured_steps(per_rank)
     shown = {one.candidate.label for one in search.best_of_each(ranking)} | {c.label for c in chosen}

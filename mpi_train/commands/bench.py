@@ -37,9 +37,11 @@ a burst of machine noise hits them all alike. Per method it reports:
   wire, so the bench adds this measured CPU time to its prediction.
 
 Calibration first: ping-pong between rank 0 and a rank on its host and one on another host,
-and allreduce over all ranks, over message sizes from 1 KB to S, fitted by least squares to
-alpha + beta·m (kept in the JSON under "calibration", with the fit errors; `--calibration`
-of a training job and of `python -m mpi_train predict` reads it from there).
+and allreduce, reduce-scatter and all-gather over all ranks, over message sizes from 1 KB to
+S, fitted by least squares to alpha + beta·m (kept in the JSON under "calibration", with the
+fit errors; `--calibration` of a training job and of `python -m mpi_train predict` reads it
+from there: the links, and the reduce-scatter and all-gather as this backend runs them, which
+price the sharded methods' collectives instead of a ring's bytes).
 
 Medians over the timed steps (after warm-up), of the slowest rank in each step. The
 table goes to stdout, --json writes every figure, and rank 0 logs a run to MLflow
@@ -75,12 +77,16 @@ from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, parse_labels, split_label
 from ..sync.flat import FlatBuffer
 from ..sync.messages import BUCKETS
+from ..sync.ring import ring_reduce_scatter
+from ..sync.zero import all_gather_single, reduce_scatter_single
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
-from .collectives import allreduce_bandwidth
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
 ALLREDUCE_FIT = "allreduce"  # the calibration's fit of torch's all_reduce alone (a key of the bench JSON, not a method)
+# every collective the calibration fits, each under its own key: the sharded families price theirs from these; zero's
+# own ring reduce-scatter on Gloo only, where zero runs it (sync/zero.py)
+CALIBRATED_COLLECTIVES = (ALLREDUCE_FIT, netmodel.REDUCE_SCATTER, netmodel.ALL_GATHER, netmodel.RING_REDUCE_SCATTER)
 COLUMNS = ("method", "family", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s",
            "floor_ms", "efficiency", "predicted_ms", "pred_err", "codec_ms")
 CODEC_REPEATS = 3
@@ -191,26 +197,35 @@ def validate(args: argparse.Namespace, world: int) -> None:
 
 # ---------------------------------------------------------------------------------------------
 
-def allreduce_calibration(largest: int, iters: int, device: torch.device) -> dict:
-    """allreduce over all ranks for 1 KB .. `largest` bytes, fitted to alpha + beta·m: the collective as the methods
-    meet it (its beta folds in the 2(N-1)/N factor and the reductions). Collective; every rank gets the fit."""
-    sizes = netmodel.calibration_sizes(largest)
-    seconds = []
-    for size in sizes:
-        buffer = torch.zeros(max(1, size // 4), device=device)
+def collective_calibration(collective: str, largest: int, iters: int, device: torch.device) -> dict:
+    """One collective over all ranks for buffers of 1 KB .. `largest` bytes, fitted to alpha + beta·m with m the
+    whole buffer (what an allreduce sums, a reduce-scatter reads, an all-gather fills): the collective as the methods
+    meet it on this backend (its beta folds in the bytes each rank moves and the reductions). Collective; every rank
+    gets the fit, of the slowest rank's times."""
+    world = dist.get_world_size()
+    sizes, seconds = [], []
+    for size in netmodel.calibration_sizes(largest):
+        whole = torch.zeros(max(world, size // 4 // world * world), device=device)
+        shard = torch.zeros(whole.numel() // world, device=device)
+        run = {ALLREDUCE_FIT: lambda whole=whole: dist.all_reduce(whole),
+               netmodel.REDUCE_SCATTER: lambda whole=whole, shard=shard: reduce_scatter_single(shard, whole),
+               netmodel.ALL_GATHER: lambda whole=whole, shard=shard: all_gather_single(whole, shard),
+               netmodel.RING_REDUCE_SCATTER: lambda whole=whole, shard=shard: ring_reduce_scatter(whole, shard),
+               }[collective]
         times = []
         for i in range(iters + 1):
             dist.barrier()
             started = time.perf_counter()
-            dist.all_reduce(buffer)
+            run()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if i:
                 times.append(time.perf_counter() - started)
+        sizes.append(whole.numel() * whole.element_size())
         seconds.append(statistics.median(times))
     slowest = GroupChannel().allgather(seconds)
     seconds = [max(column) for column in zip(*slowest)]
-    fit = netmodel.Link.fit(sizes, seconds, source=ALLREDUCE_FIT)
+    fit = netmodel.Link.fit(sizes, seconds, source=collective)
     return {"alpha": fit.alpha, "beta": fit.beta, "fit_error": fit.fit_error, "sizes": sizes, "seconds": seconds}
 
 
@@ -368,7 +383,8 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
         if model_of is not None and name != NO_SYNC:
             backward = model_of.backward.share * statistics.median(slowest(per_rank, NO_SYNC, "compute"))
             prediction = netmodel.predict(method, model_of.tensor_bytes, model_of.layout, model_of.network, label=name,
-                                          ratio=ratio, backward_s=backward, backward=model_of.backward)
+                                          ratio=ratio, backward_s=backward, backward=model_of.backward,
+                                          units=model_of.units)
             if prediction is not None:
                 measured = exposed if prediction.overlapped else sync
                 # the wire, plus the compressor's CPU, timed here
@@ -389,6 +405,7 @@ class ModelInputs:
     tensor_bytes: tuple
     bucket_mb: float
     backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD  # when its gradients are ready, measured on no-sync
+    units: tuple | None = None  # each tensor's layer block (netmodel.tensor_units): fsdp's messages
 
 
 def format_table(rows: list[dict]) -> str:
@@ -449,11 +466,12 @@ def describe(result: dict) -> str:
     if calibration:
         lines.append("calibration (alpha + beta·m, least squares over 1 KB .. S): "
                      + netmodel.describe_network(netmodel.Network.from_dict(calibration["network"])))
-        fit = calibration.get(ALLREDUCE_FIT)
-        if fit:
-            lines.append(f"allreduce of m bytes on all {result['world_size']} ranks: {fit['alpha'] * 1e3:.2f} ms + "
-                         f"m / {1 / fit['beta'] / 1e6 if fit['beta'] else math.inf:,.0f} MB/s "
-                         f"(fit error {100 * fit['fit_error']:.0f}%)")
+        for name in CALIBRATED_COLLECTIVES:
+            fit = calibration.get(name)
+            if fit:
+                lines.append(f"{name} of m bytes on all {result['world_size']} ranks: {fit['alpha'] * 1e3:.2f} ms + "
+                             f"m / {1 / fit['beta'] / 1e6 if fit['beta'] else math.inf:,.0f} MB/s "
+                             f"(fit error {100 * fit['fit_error']:.0f}%)")
     lines.append(format_table(result["methods"]))
     missing = [row["method"] for row in result["methods"] if row["method"] != NO_SYNC and row["collective"] is None]
     if missing:
@@ -567,19 +585,21 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     calibration = None
     if world > 1:
         if info.is_main:
-            print(f"bench: calibrating the links (ping-pong and allreduce, 1 KB .. {gradient_bytes / 1e6:.1f} MB)",
+            print(f"bench: calibrating the links (ping-pong; allreduce, reduce-scatter and all-gather, 1 KB .. "
+                  f"{gradient_bytes / 1e6:.1f} MB)",
                   flush=True)
         calibration = netmodel.calibrate(cluster.hosts, gradient_bytes, args.link_iters, device, args.link)
-        allreduce_fit = allreduce_calibration(gradient_bytes, args.link_iters, device)
+        fits = {name: collective_calibration(name, gradient_bytes, args.link_iters, device)
+                for name in CALIBRATED_COLLECTIVES if name != netmodel.RING_REDUCE_SCATTER or backend == "gloo"}
         if info.is_main:
-            calibration[ALLREDUCE_FIT] = allreduce_fit
+            calibration.update(fits)
             network = netmodel.capped(netmodel.Network.from_dict(calibration["network"]), args.link)
             calibration["network"] = network.as_dict()
             crossed = network.slowest if layout.hosts > 1 else network.intra
             link["bandwidth_bytes_per_s"] = crossed.bandwidth
             link["measured_by"] = crossed.source + (", between hosts" if layout.hosts > 1 else ", on one host")
-        measured = allreduce_bandwidth(world, device, gradient_bytes / 2**20, args.link_iters)
-        link["allreduce_busbw_bytes_per_s"] = measured["busbw_gb_s"] * 1e9
+        whole = fits[ALLREDUCE_FIT]  # its largest buffer, the gradients' size: the allreduce as training meets it
+        link["allreduce_busbw_bytes_per_s"] = bus_bandwidth(whole["sizes"][-1], world, whole["seconds"][-1])
 
     images, labels = (part.to(device) for part in synthetic_batch(settings, args.batch_size // world))
     for entry in entries:
@@ -601,8 +621,11 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     inputs = None
     if calibration:
         calibration["backward"] = backward.as_dict()  # rank 0's: a training job's or predict's --calibration reads it
-        inputs = ModelInputs(netmodel.Network.from_dict(calibration["network"]), layout,
-                             tuple(netmodel.tensor_sizes(entries[0].model)), args.bucket_mb, backward)
+        network = netmodel.with_collective_costs(netmodel.Network.from_dict(calibration["network"]), calibration,
+                                                 layout)  # the sharded collectives priced as they ran here
+        inputs = ModelInputs(network, layout,
+                             tuple(netmodel.tensor_sizes(entries[0].model)), args.bucket_mb, backward,
+                             tuple(netmodel.tensor_units(entries[0].model)))
     result = {
         "world_size": world, "backend": backend, "model": args.model, "model_described": settings.describe_model(),
         "model_flags": model_flags(args), "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup,

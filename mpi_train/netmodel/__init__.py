@@ -5,14 +5,37 @@
                     layerwise_gather, ring_then_broadcast): bytes per rank, floor, time per message and per part
     memory.py       memory per rank: what a method keeps of parameters, gradients and optimizer state (its shards)
     prediction.py   a method's messages priced on a network; exposed time behind backward
-    calibration.py  links timed inside a job (ping-pong), or read back from a bench JSON
+    calibration.py  links timed inside a job (ping-pong), or read back from a bench JSON with the backend's
+                    measured reduce-scatter and all-gather
     job.py          the prediction a training job logs beside its measured sync
 """
 
-from .calibration import calibrate, calibration_sizes, load_backward, load_calibration, ping_pong
+from .calibration import (
+           calibrate,
+           calibration_sizes,
+           collective_costs,
+           load_backward,
+           load_calibration,
+           ping_pong,
+           with_collective_costs,
+)
 from .families import FAMILIES, Family, bus_bandwidth, family_of
 from .job import JobModel, bytes_sent_per_sync, job_model, layout_params
-from .links import LOOPBACK_LINK, UNLIMITED, Link, Network, capped, describe_network, nominal_link, rate_bytes_per_s
+from .links import (
+           ALL_GATHER,
+           LOOPBACK_LINK,
+           REDUCE_SCATTER,
+           RING_REDUCE_SCATTER,
+           UNLIMITED,
+           CollectiveCost,
+           Link,
+           Network,
+           capped,
+           describe_cost,
+           describe_network,
+           nominal_link,
+           rate_bytes_per_s,
+)
 from .prediction import (
            ASSUMED_BACKWARD,
            Backward,
@@ -24,14 +47,19 @@ from .prediction import (
            overlapped_exposed,
            predict,
            tensor_sizes,
+           tensor_units,
 )
 
 __all__ = [
+           "ALL_GATHER",
            "ASSUMED_BACKWARD",
            "FAMILIES",
            "LOOPBACK_LINK",
+           "REDUCE_SCATTER",
+           "RING_REDUCE_SCATTER",
            "UNLIMITED",
            "Backward",
+           "CollectiveCost",
            "Family",
            "JobModel",
            "Layout",
@@ -45,6 +73,8 @@ __all__ = [
            "calibrate",
            "calibration_sizes",
            "capped",
+           "collective_costs",
+           "describe_cost",
            "describe_network",
            "exposed_time",
            "family_of",
@@ -59,4 +89,6 @@ __all__ = [
            "predict",
            "rate_bytes_per_s",
            "tensor_sizes",
+           "tensor_units",
+           "with_collective_costs",
 ]

@@ -4,7 +4,9 @@ Intra-host: rank 0 with a rank on its host. Inter-host: the first ranks of neigh
 around the ring of hosts (stragglers.py), so a host whose link is far slower than the others'
 is found as well. Each pair's one-way times over message sizes are fitted to alpha + beta·m
 (links.Link.fit). `python -m mpi_train bench --json` keeps the fits, with when backward had each
-gradient ready (prediction.Backward), for a job's or predict's --calibration.
+gradient ready (prediction.Backward) and its fits of the allreduce, reduce-scatter and all-gather
+over all ranks, for a job's or predict's --calibration: the last two become the network's measured
+collective costs (collective_costs), which price the sharded families as the backend runs them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -23,8 +25,8 @@ import torch.distributed as dist
 from .. import stragglers
 from ..cluster import GroupChannel
 from ..errors import UserError
-from .links import Link, Network, rate_bytes_per_s
-from .prediction import ASSUMED_BACKWARD, Backward
+from .links import ALL_GATHER, REDUCE_SCATTER, RING_REDUCE_SCATTER, CollectiveCost, Link, Network, rate_bytes_per_s
+from .prediction import ASSUMED_BACKWARD, Backward, Layout
 
 
 def load_calibration(path: str | Path) -> Network:
@@ -42,14 +44,40 @@ def load_backward(path: str | Path, tensors: int) -> Backward:
 def _calibration(path: str | Path) -> tuple[Network, Backward]:
     try:
         data = json.loads(Path(path).read_text())
-        links = data["calibration"]["network"]
-        return Network.from_dict(links), Backward.from_dict(data["calibration"].get("backward"))
+        network = Network.from_dict(data["calibration"]["network"])
+        layout = data.get("layout")
+        if layout and not network.collectives:  # the fits of the sharded collectives, held against the links
+            network = with_collective_costs(network, data["calibration"],
+                                            Layout(int(data["world_size"]), int(layout["ranks_per_host"])))
+        return network, Backward.from_dict(data["calibration"].get("backward"))
     except OSError as error:
         raise UserError(f"cannot read the calibration file {path}: {error.strerror or error}. Give a JSON written by "
                         f"python -m mpi_train bench --json PATH.") from None
     except (ValueError, KeyError, TypeError) as error:
         raise UserError(f"the calibration file {path} holds no fitted links ({type(error).__name__}: {error}); write "
                         f"one with python -m mpi_train bench --json PATH (a bench JSON of this version).") from None
+
+
+def collective_costs(fits: dict, layout: Layout, network: Network) -> tuple[CollectiveCost, ...]:
+    """The reduce-scatter and all-gather as the backend ran them, and zero's own ring reduce-scatter where the bench
+    timed it (`fits`: a bench calibration's alpha-beta fit of each over the whole buffer's bytes, on `layout`), held
+    against a ring's on the link they crossed (the slowest between hosts, else the intra-host link): alpha per ring
+    step = alpha / (N-1); bytes factor = beta / ((N-1)/N·beta_link). Priced back on the same layout and link they
+    give the fits again; on others, the measured latency per step and the backend's share of the link's bandwidth
+    carry over. Empty for one rank or a fit missing."""
+    n = layout.world
+    link = network.slowest if layout.hosts > 1 else network.intra
+    if n < 2 or link.beta <= 0:
+        return ()
+    where = f"{n} ranks on {layout.hosts} host(s)"
+    return tuple(CollectiveCost(name, fits[name]["alpha"] / (n - 1), fits[name]["beta"] / ((n - 1) / n * link.beta),
+                                f"fitted on {where}") for name in (REDUCE_SCATTER, ALL_GATHER, RING_REDUCE_SCATTER)
+                 if fits.get(name))
+
+
+def with_collective_costs(network: Network, fits: dict, layout: Layout) -> Network:
+    """`network` carrying the measured costs of its collectives (collective_costs)."""
+    return replace(network, collectives=collective_costs(fits, layout, network))
 
 
 def calibration_sizes(largest: int, smallest: int = 1024, factor: int = 4) -> list[int]:

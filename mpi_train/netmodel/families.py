@@ -24,7 +24,12 @@ For S bytes on N ranks:
 Three families shard what a rank keeps (sync/base.py's `shards`) and move S in more than one collective,
 each a part of its own (`parts`, priced apart: a report shows the reduce-scatter apart from the
 all-gather). A reduce-scatter or an all-gather of S on a ring moves (N-1)/N·S per rank in N-1 steps:
-(N-1)·alpha + (N-1)/N·S·beta, half a ring allreduce.
+(N-1)·alpha + (N-1)/N·S·beta, half a ring allreduce. That is what a bandwidth-optimal backend
+(NCCL) takes; Gloo over TCP takes longer (docs/results.md, "Sharded data parallel"). When the
+network carries a calibration's measured cost of the collective (links.CollectiveCost, from the
+bench's fits of reduce_scatter_single and all_gather_single), each of the N-1 steps pays
+the measured latency alpha_c and the bytes f_c times the link's: (N-1)·alpha_c + f_c·(N-1)/N·S·beta.
+Without one (nominal links, a job's own ping-pong) they are priced at a ring's bytes.
 
 - `reduce_scatter` (ZeRO-2, `zero`): each bucket's gradients reduce-scattered as backward fills
   it, each rank steps its shard, then the updated parameters all-gathered: 2(N-1)/N·S per rank
@@ -57,6 +62,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .links import ALL_GATHER, REDUCE_SCATTER, RING_REDUCE_SCATTER
+
 # when a part of a family's message goes: prediction.py prices each where it falls in the step
 WITH_MESSAGE = "with the message"  # when the method sends it (after backward, or during it as buckets fill)
 IN_FORWARD = "in forward"  # before each unit's forward (FSDP's gathers)
@@ -70,6 +77,7 @@ class Part:
     name: str
     when: str  # WITH_MESSAGE, IN_FORWARD or AFTER_STEP
     time: Callable[..., float]  # (S, layout, network) -> seconds, for a message of S bytes
+    measured: tuple[str, ...] = ()  # the collectives a calibration measures that price it, the first found wins
 
 
 @dataclass(frozen=True)
@@ -169,13 +177,20 @@ def _hierarchical_time(size: float, layout, network) -> float:
 
 # --- the sharded families: reduce-scatters and all-gathers --------------------------------------
 
-def _half_ring_time(size: float, layout, network) -> float:
-    """One reduce-scatter, or one all-gather, of S bytes on a ring: (N-1)·alpha + (N-1)/N·S·beta."""
-    n = layout.world
-    if n == 1:
-        return 0.0
-    link = network.slowest if layout.hosts > 1 else network.intra
-    return (n - 1) * link.alpha + (n - 1) / n * size * link.beta
+def _half_ring(*collectives: str) -> Callable[..., float]:
+    """One reduce-scatter, or one all-gather, of S bytes: on a ring, (N-1)·alpha + (N-1)/N·S·beta; as the backend ran
+    it when the network carries a measured cost of the first of `collectives` it has (links.CollectiveCost)."""
+    def time(size: float, layout, network) -> float:
+        n = layout.world
+        if n == 1:
+            return 0.0
+        link = network.slowest if layout.hosts > 1 else network.intra
+        measured = network.cost(*collectives)
+        if measured is not None:
+            return measured.time(size, n, link)
+        return (n - 1) * link.alpha + (n - 1) / n * size * link.beta
+
+    return time
 
 
 def _owners_broadcast_time(size: float, layout, network) -> float:
@@ -204,11 +219,13 @@ def _sum_of(parts: tuple[Part, ...]) -> Callable[..., float]:
     return lambda size, layout, network: sum(part.time(size, layout, network) for part in parts)
 
 
-REDUCE_SCATTER_PARTS = (Part("reduce-scatter", WITH_MESSAGE, _half_ring_time),
-                        Part("all-gather", AFTER_STEP, _half_ring_time))
-LAYERWISE_GATHER_PARTS = (Part("all-gather (forward)", IN_FORWARD, _half_ring_time),
-                          Part("all-gather (backward)", WITH_MESSAGE, _half_ring_time),
-                          Part("reduce-scatter", WITH_MESSAGE, _half_ring_time))
+# zero's reduce-scatter: its own ring where the calibration timed one (Gloo, where zero runs it), else the backend's
+ZERO_REDUCE_SCATTER = (RING_REDUCE_SCATTER, REDUCE_SCATTER)
+REDUCE_SCATTER_PARTS = (Part("reduce-scatter", WITH_MESSAGE, _half_ring(*ZERO_REDUCE_SCATTER), ZERO_REDUCE_SCATTER),
+                        Part("all-gather", AFTER_STEP, _half_ring(ALL_GATHER), (ALL_GATHER,)))
+LAYERWISE_GATHER_PARTS = (Part("all-gather (forward)", IN_FORWARD, _half_ring(ALL_GATHER), (ALL_GATHER,)),
+                          Part("all-gather (backward)", WITH_MESSAGE, _half_ring(ALL_GATHER), (ALL_GATHER,)),
+                          Part("reduce-scatter", WITH_MESSAGE, _half_ring(REDUCE_SCATTER), (REDUCE_SCATTER,)))
 RING_THEN_BROADCAST_PARTS = (Part("allreduce", WITH_MESSAGE, _ring_time),
                              Part("broadcast", AFTER_STEP, _owners_broadcast_time))
 

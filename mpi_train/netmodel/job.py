@@ -10,7 +10,7 @@ from ..sync import label
 from .calibration import calibrate, load_backward, load_calibration
 from .families import FAMILIES, family_of
 from .links import Network, capped
-from .prediction import ASSUMED_BACKWARD, Backward, Layout, Prediction, predict, tensor_sizes
+from .prediction import ASSUMED_BACKWARD, Backward, Layout, Prediction, predict, tensor_sizes, tensor_units
 
 QUICK_CALIBRATION_BYTES = 1 << 20  # a job's own ping-pong stops at 1 MB: well under a second even at 100 Mbit/s
 QUICK_CALIBRATION_ITERS = 2
@@ -29,6 +29,7 @@ class JobModel:
     backward: Backward = ASSUMED_BACKWARD  # when each gradient is ready: measured by a bench (--calibration)
     host_links: dict = field(default_factory=dict)  # host -> bytes/s its link reached (empty with --calibration)
     straggler: stragglers.Straggler | None = None
+    units: tuple | None = None  # each tensor's layer block (tensor_units): fsdp's messages
 
     def sync_time(self, compute_s: float, network: Network | None = None) -> float:
         """Predicted sync seconds per step; for an overlapped method its exposed time behind this measured compute."""
@@ -36,7 +37,7 @@ class JobModel:
             return self.prediction.comm_s
         again = predict(self.method, self.tensor_bytes, self.layout, network or self.network,
                         label=self.prediction.method, ratio=self.ratio, backward_s=self.backward.share * compute_s,
-                        backward=self.backward, compute_s=compute_s)
+                        backward=self.backward, compute_s=compute_s, units=self.units)
         return again.sync_s
 
     def straggler_cost(self, compute_s: float) -> float | None:
@@ -70,11 +71,13 @@ def job_model(config, cluster, model, method, device) -> JobModel | None:
     straggler = stragglers.Straggler.from_dict(measured["straggler"]) if measured.get("straggler") else None
     layout = Layout.of_hosts(hosts)
     ratio = method.wire_ratio(list(model.parameters()))  # what its compressor sends
-    prediction = predict(method, sizes, layout, network, label=label(config.sync, config.compression), ratio=ratio)
+    units = tuple(tensor_units(model))
+    prediction = predict(method, sizes, layout, network, label=label(config.sync, config.compression), ratio=ratio,
+                         units=units)
     if prediction is None:
         return None
     return JobModel(method, prediction, network, layout, sizes, ratio, backward, measured.get("host_links", {}),
-                    straggler)
+                    straggler, units)
 
 
 def layout_params(hosts: Sequence[str]) -> dict:

@@ -1,7 +1,8 @@
 """Links and networks: a link costs alpha + beta·m seconds for an m-byte message.
 
 A `Link` is fitted by least squares from timed messages (calibration.py); a `Network` holds the
-link between ranks on one host, the link between hosts, and a straggler host's slower one.
+link between ranks on one host, the link between hosts, and a straggler host's slower one, and
+what a calibration measured of the backend's reduce-scatter and all-gather (`CollectiveCost`).
 Rates are written as tc writes them (`1gbit`, `100mbit`), as test hosts are shaped.
 """
 
@@ -11,7 +12,7 @@ import math
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 UNLIMITED = "unlimited"
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
@@ -76,6 +77,26 @@ def nominal_link(link: str) -> Link:
     return Link(DEFAULT_ALPHA, 1 / rate, source=f"nominal {link}: {DEFAULT_ALPHA * 1e6:.0f} us, {rate / 1e6:g} MB/s")
 
 
+REDUCE_SCATTER, ALL_GATHER = "reduce_scatter", "all_gather"  # the sharded collectives a calibration measures
+RING_REDUCE_SCATTER = "ring_reduce_scatter"  # and zero's own ring over point-to-point, which it runs on Gloo
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """A collective as the backend runs it, measured (calibration.collective_costs) and held against a ring's: each
+    of its N-1 steps pays `alpha`, and its (N-1)/N·S bytes take `beta_factor` times what the link's beta gives them.
+    A bandwidth-optimal backend (NCCL) has a factor near 1; Gloo over TCP runs its reduce-scatter well above."""
+
+    name: str  # REDUCE_SCATTER, ALL_GATHER or RING_REDUCE_SCATTER
+    alpha: float  # seconds per step of the ring: the fit's latency over N-1
+    beta_factor: float  # the fit's seconds per byte over a ring's (N-1)/N·beta on the link it crossed
+    source: str = "measured"
+
+    def time(self, size: float, world: int, link: Link) -> float:
+        """Seconds for S bytes on `world` ranks whose slowest crossing is `link`."""
+        return (world - 1) * self.alpha + self.beta_factor * (world - 1) / world * size * link.beta
+
+
 @dataclass(frozen=True)
 class Network:
     """The links of a cluster: between ranks on one host, and between hosts; `slow` is a straggler host's link
@@ -85,6 +106,11 @@ class Network:
     inter: Link = LOOPBACK_LINK
     slow: Link | None = None
     slow_is_root: bool = False
+    collectives: tuple[CollectiveCost, ...] = ()  # measured on the backend; none: a ring's bytes and the link's alpha
+
+    def cost(self, *names: str) -> CollectiveCost | None:
+        """The measured cost of the first of `names` (REDUCE_SCATTER, ...) a calibration measured, if any."""
+        return next((cost for name in names for cost in self.collectives if cost.name == name), None)
 
     @property
     def slowest(self) -> Link:
@@ -92,17 +118,19 @@ class Network:
         return self.slow or self.inter
 
     def without_slow(self) -> Network:
-        return Network(self.intra, self.inter)
+        return replace(self, slow=None, slow_is_root=False)
 
     def as_dict(self) -> dict:
         return {"intra": asdict(self.intra), "inter": asdict(self.inter),
-                **({"slow": asdict(self.slow), "slow_is_root": self.slow_is_root} if self.slow else {})}
+                **({"slow": asdict(self.slow), "slow_is_root": self.slow_is_root} if self.slow else {}),
+                **({"collectives": [asdict(cost) for cost in self.collectives]} if self.collectives else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> Network:
         slow = data.get("slow")
         return cls(Link(**data["intra"]), Link(**data["inter"]), Link(**slow) if slow else None,
-                   bool(data.get("slow_is_root")))
+                   bool(data.get("slow_is_root")),
+                   tuple(CollectiveCost(**cost) for cost in data.get("collectives", ())))
 
 
 def capped(network: Network, link: str | None) -> Network:
@@ -110,9 +138,8 @@ def capped(network: Network, link: str | None) -> Network:
     rate = rate_bytes_per_s(link) if link else None
     if rate is None or network.inter.beta >= 1 / rate:
         return network
-    return Network(network.intra, Link(network.inter.alpha, 1 / rate, network.inter.fit_error,
-                                       f"{network.inter.source}; bandwidth capped at the {link} link"),
-                   network.slow, network.slow_is_root)
+    return replace(network, inter=Link(network.inter.alpha, 1 / rate, network.inter.fit_error,
+                                       f"{network.inter.source}; bandwidth capped at the {link} link"))
 
 
 def describe_network(network: Network) -> str:
@@ -121,4 +148,10 @@ def describe_network(network: Network) -> str:
                 f"(fit error {100 * link.fit_error:.0f}%, {link.source})")
 
     slow = f"; a straggler host's: {one(network.slow)}" if network.slow else ""
-    return f"intra-host: {one(network.intra)}; inter-host: {one(network.inter)}{slow}"
+    measured = "".join(f"; {describe_cost(cost)}" for cost in network.collectives)
+    return f"intra-host: {one(network.intra)}; inter-host: {one(network.inter)}{slow}{measured}"
+
+
+def describe_cost(cost: CollectiveCost) -> str:
+    return (f"{cost.name} as measured: {cost.alpha * 1e3:.2f} ms per ring step, {cost.beta_factor:.2f}x a ring's "
+            f"bytes ({cost.source})")

@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..sync.fsdp import units
 from ..sync.messages import message_groups
 from .families import AFTER_STEP, FAMILIES, IN_FORWARD, WITH_MESSAGE, family_of
 
@@ -127,16 +128,18 @@ def _wire(method, ratio: float | None) -> float:
 
 
 def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network, ratio: float | None = None,
-                 backward_s: float = 0.0, backward: Backward = ASSUMED_BACKWARD) -> list[PlannedMessage]:
+                 backward_s: float = 0.0, backward: Backward = ASSUMED_BACKWARD,
+                 units: Sequence[int] | None = None) -> list[PlannedMessage]:
     """Each message of a step, one after the other: an overlapped method's leaves once backward has produced its
     last gradient, the others' once backward (`backward_s` long) is over; each takes the time of its family's parts
     that go with the message (families.WITH_MESSAGE: all of a one-collective family) for its bytes, plus the latency
-    of every further round of sums (PowerSGD: 2 rounds). [] for a method without family."""
+    of every further round of sums (PowerSGD: 2 rounds). A method that sends per unit sends one message per layer
+    block of `units` (tensor_units). [] for a method without family."""
     family = family_of(method)
     if family is None:
         return []
     ratio, rounds = _wire(method, ratio), method.compressor.rounds_per_step
-    groups = message_groups(tensor_bytes, method.messages, method.bucket_caps(), backward.order)
+    groups = message_groups(tensor_bytes, method.messages, method.bucket_caps(), backward.order, units)
     ready = backward.ready_times(tensor_bytes, backward_s) if method.overlapped() else [backward_s] * len(tensor_bytes)
     with_message = [part for part in family.collectives() if part.when == WITH_MESSAGE]
 
@@ -157,18 +160,21 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
 
 def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, label: str = "",
             ratio: float | None = None, backward_s: float | None = None,
-            backward: Backward = ASSUMED_BACKWARD, compute_s: float | None = None) -> Prediction | None:
+            backward: Backward = ASSUMED_BACKWARD, compute_s: float | None = None,
+            units: Sequence[int] | None = None) -> Prediction | None:
     """A configured sync method's (`method`, a SyncMethod) predicted sync per step on `network` (links.Network);
     None when it declares no collective family. `ratio` is the bytes on the wire per gradient byte (its
     compressor's, measured on the model's parameters by the caller; default: from its wire dtype). `backward` says
     when each gradient is ready and in which order, for an overlapped method's buckets and exposed time (given
     `backward_s`): message_plan's messages, and what of them runs past the end of backward. A model average sent
     in the background (--overlap) hides under the local steps until the next turn: given a step's compute
-    (`compute_s`), it is free while its transfer fits in them and costs the rest when it does not."""
+    (`compute_s`), it is free while its transfer fits in them and costs the rest when it does not. `units`: each
+    tensor's layer block (tensor_units), for a method that sends one message per block (fsdp): each pays its
+    collectives' latency."""
     family = family_of(method)
     if family is None:
         return None
-    plan = message_plan(method, tensor_bytes, layout, network, ratio, backward_s or 0.0, backward)
+    plan = message_plan(method, tensor_bytes, layout, network, ratio, backward_s or 0.0, backward, units)
     overlapped = method.overlapped()
     parts = {part.name: sum(part.time(m.nbytes, layout, network) for m in plan) for part in family.collectives()}
     later = sum(parts[part.name] for part in family.collectives() if part.when == AFTER_STEP)
@@ -238,3 +244,11 @@ def averaging_per_step(method, comm_s: float, wire_bytes: float, model_bytes: fl
 def tensor_sizes(model) -> list[int]:
     """Bytes of each trainable parameter's gradient, in registration order."""
     return [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+
+
+def tensor_units(model) -> list[int]:
+    """Each trainable parameter's layer block, in registration order: the units fsdp shards, gathers and
+    reduce-scatters one at a time (sync/fsdp.py); what no unit holds is the root's, one block after them."""
+    blocks = units(model)
+    block_of = {id(param): index for index, block in enumerate(blocks) for param in block.parameters()}
+    return [block_of.get(id(p), len(blocks)) for p in model.parameters() if p.requires_grad]

@@ -88,6 +88,9 @@ class SyncMethod:
     # option of this method (a method that averages models; compressions of the gradient methods: commands/advise.py)
     accuracy_costs: ClassVar[dict[tuple[str, str], AccuracyCost]] = {}
     unsupported_backends: ClassVar[dict[str, str]] = {}
+    # where it overlaps its messages with compute only on CUDA (on a side stream), why it does not on CPU: the model
+    # prices the overlap; on CPU the step pays all of its communication (predict says so)
+    overlaps_only_on_cuda: ClassVar[str | None] = None
     # completes "cannot carry --compression X:"
     no_compression_because = "its schedule has no sum of gradients to compress"
 

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from .base import EVERYTHING, INSIDE_FSDP, SyncMethod
-from .messages import BUCKETS
+from .messages import PER_UNIT
 
 WHOLE_ON_RANK_0 = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered, on CPU, on rank 0 only
 WHOLE_EVERYWHERE = StateDictOptions(full_state_dict=True)  # every rank hands over the whole, keeps its shard
@@ -68,8 +68,10 @@ class FSDP(SyncMethod):
 
     collective = "layerwise_gather"  # netmodel/families.py: all-gathers around each unit, reduce-scatters in backward
     shards = EVERYTHING
-    messages = BUCKETS  # one all-gather and one reduce-scatter per unit, not cut by --bucket-mb
+    messages = PER_UNIT  # two all-gathers, one reduce-scatter per unit (netmodel.tensor_units), not cut by --bucket-mb
     sends = INSIDE_FSDP
+    overlaps_only_on_cuda = ("FSDP2 issues its all-gathers and reduce-scatters without async_op and overlaps them "
+                             "with compute on CUDA streams; on CPU each blocks where it is issued")
     no_compression_because = ("FSDP reduce-scatters the gradients in torch's own collectives, in the parameters' "
                                "dtype")
 

@@ -1,4 +1,5 @@
-"""How a sync method's gradients travel: one message per tensor, one buffer, or buckets cut by DDP's rule.
+"""How a sync method's gradients travel: one message per tensor, one buffer, buckets cut by DDP's rule, or one per
+layer block (FSDP's units).
 
 A method says which with its class attribute `messages` (base.py); `bucketed` cuts its buckets
 here, and the cost model (netmodel/prediction.py) cuts the same messages to price them.
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 PER_TENSOR = "per tensor"  # one collective per gradient: L latencies (allreduce, gather_scatter)
 ONE_BUFFER = "one buffer"  # every gradient in one flat buffer, one collective (flat, ring, hierarchical)
 BUCKETS = "buckets"  # buckets filled in backward order, each reduced once full (ddp, bucketed)
+PER_UNIT = "per unit"  # one message per layer block (FSDP's units: each gathered and reduce-scattered alone)
 
 DDP_BUCKET_MB = 25.0  # DistributedDataParallel's default bucket_cap_mb
 DDP_FIRST_BUCKET_MB = 1.0  # and its first bucket's cap (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
@@ -46,16 +48,25 @@ def backward_order(count: int, order: Sequence[int] | None = None) -> list[int]:
 
 
 def message_groups(tensor_bytes: Sequence[float], messages: str, caps: tuple[float, float] | None = None,
-                   order: Sequence[int] | None = None) -> list[list[int]]:
+                   order: Sequence[int] | None = None, units: Sequence[int] | None = None) -> list[list[int]]:
     """The tensors (indices in registration order) each message carries, in the order they are sent. Buckets fill
-    in backward order (`order`, see backward_order) with caps (first, rest) in bytes."""
+    in backward order (`order`, see backward_order) with caps (first, rest) in bytes; per unit, each layer block
+    (`units`: each tensor's, as netmodel.tensor_units gives them; without, each tensor its own) is one message, sent
+    when backward reaches it."""
     count = len(tensor_bytes)
     if messages == PER_TENSOR:
         return [[i] for i in range(count)]
     if messages == ONE_BUFFER:
         return [list(range(count))]
+    if messages == PER_UNIT:
+        blocks = units if units is not None and len(units) == count else range(count)
+        grouped: dict[int, list[int]] = {}
+        for i in backward_order(count, order):
+            grouped.setdefault(blocks[i], []).append(i)
+        return list(grouped.values())
     if messages != BUCKETS:
-        raise ValueError(f"unknown message layout {messages!r}; one of {PER_TENSOR!r}, {ONE_BUFFER!r}, {BUCKETS!r}")
+        raise ValueError(f"unknown message layout {messages!r}; one of {PER_TENSOR!r}, {ONE_BUFFER!r}, {BUCKETS!r}, "
+                         f"{PER_UNIT!r}")
     first, rest = caps or (DDP_FIRST_BUCKET_MB * 2**20, DDP_BUCKET_MB * 2**20)
     ordered = backward_order(count, order)
     groups = fill_buckets([tensor_bytes[i] for i in ordered], rest, first)

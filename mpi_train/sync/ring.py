@@ -55,14 +55,32 @@ class Ring(Flat):
         self.recorder.message(f"ring {name}", start, now(), send.numel() * send.element_size())
 
     @staticmethod
-    def exchange(send: torch.Tensor, receive: torch.Tensor, right: int, left: int) -> None:
+    def exchange(send: torch.Tensor, receive: torch.Tensor, right: int, left: int, group=None) -> None:
         """Send to the right neighbour while receiving from the left one (posting both first cannot deadlock).
 
         The receive is posted first: on Gloo a blocking recv issued after an isend to the same peer
         waits for that send to finish, which halves a two-rank ring (18 MB each way over 1 Gbit/s:
         292 ms with isend then recv, 154 ms with irecv then isend, as fast as one way alone).
         """
-        incoming = dist.irecv(receive, src=left)
-        outgoing = dist.isend(send, dst=right)
+        incoming = dist.irecv(receive, src=left, group=group)
+        outgoing = dist.isend(send, dst=right, group=group)
         incoming.wait()
         outgoing.wait()
+
+
+def ring_reduce_scatter(whole: torch.Tensor, shard: torch.Tensor, group=None) -> None:
+    """`shard` = the sum across ranks of this rank's 1/N of `whole` (N equal chunks, rank r owning chunk r), by the
+    ring's first phase: at step s rank r sends its running sum of chunk (r-s-1) to the right and adds what comes from
+    the left into chunk (r-s-2), so after N-1 steps chunk r is complete. Each rank sends (N-1)/N·S, the bytes a
+    bandwidth-optimal reduce-scatter moves, where Gloo's reduce_scatter_single allreduces the whole buffer
+    (2(N-1)/N·S) and keeps a slice (docs/results.md, "Sharded data parallel"). `whole` is summed into; ranks are the
+    group's, which spans the world."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    chunks = whole.chunk(world)
+    if world > 1:
+        right, left = (rank + 1) % world, (rank - 1) % world
+        incoming = torch.empty_like(chunks[0])
+        for step in range(world - 1):
+            Ring.exchange(chunks[(rank - step - 1) % world], incoming, right, left, group)
+            chunks[(rank - step - 2) % world].add_(incoming)
+    shard.copy_(chunks[rank])

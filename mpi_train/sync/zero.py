@@ -4,7 +4,10 @@ shard, then the parameters are all-gathered."""
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -15,12 +18,58 @@ from .base import GRADIENTS_AND_STATE
 from .bucketed import DEFAULT_BUCKET_MB, Bucket, Bucketed
 from .flat import padded_length
 from .messages import backward_order
+from .ring import ring_reduce_scatter
 
 # torch 2.14 names them *_single and warns at the old names; the releases before have the old names only
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
 REDUCE_SCATTER, ALL_GATHER = "reduce-scatter", "all-gather"  # its messages, as a timeline names them
+
+
+class RingReduceScatters:
+    """Reduce-scatters run as a ring of our own (ring.ring_reduce_scatter): zero's path on Gloo, whose own
+    reduce_scatter_single allreduces the whole buffer and keeps a slice, twice a ring's bytes.
+
+    A ring is N-1 exchanges with a sum between them, not one call that returns at once, so a
+    thread of its own runs them, one bucket after another in the order they were started (the
+    same on every rank), on a process group of its own opened here (collective), as a
+    background model average does (background.py): the main thread's collectives (the
+    all-gathers, a logged step's figures) come at points the thread does not know. Its waits
+    and sums release the GIL, so backward runs on meanwhile."""
+
+    def __init__(self, timeout: timedelta | None = None):
+        self.group = dist.new_group(list(range(dist.get_world_size())), timeout=timeout)
+        self.todo: queue.Queue = queue.Queue()
+        threading.Thread(target=self.run, name="zero reduce-scatter", daemon=True).start()
+
+    def start(self, shard: torch.Tensor, whole: torch.Tensor) -> RingWork:
+        """`shard` gets the sum across ranks of this rank's 1/N of `whole` (summed into) in the background."""
+        work = RingWork()
+        self.todo.put((shard, whole, work))
+        return work
+
+    def run(self) -> None:
+        while True:
+            shard, whole, work = self.todo.get()
+            try:
+                ring_reduce_scatter(whole, shard, self.group)
+            except BaseException as error:  # noqa: BLE001 - handed to the main thread, which raises it in wait()
+                work.error = error
+            work.done.set()
+
+
+class RingWork:
+    """One reduce-scatter handed to RingReduceScatters: wait() blocks until it is done and re-raises its error."""
+
+    def __init__(self):
+        self.done, self.error = threading.Event(), None
+
+    def wait(self) -> bool:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return True
 
 
 def shard_bounds(count: int, world: int, rank: int) -> tuple[int, int]:
@@ -53,7 +102,10 @@ class Zero(Bucketed):
     between steps a rank holds 1/N of the gradients (ZeRO-2).
 
     Bytes per rank: (N-1)/N·S for the reduce-scatter plus (N-1)/N·S for the all-gather, a
-    ring allreduce's 2(N-1)/N·S. In a timeline each all-gather is noted from its start after
+    ring allreduce's 2(N-1)/N·S. On Gloo the reduce-scatters are a ring of our own on a thread
+    (RingReduceScatters): Gloo's reduce_scatter_single allreduces the whole bucket and keeps a
+    slice, 2(N-1)/N·S, which made zero's reduce-scatter as slow as bucketed's allreduce.
+    In a timeline each all-gather is noted from its start after
     the step to the wait in the next forward. Any collective between two steps (a logged
     step's gather of figures) runs after the all-gathers in flight, so it waits for them.
     With --compression fp16|bf16 each rank's share of the mean travels in the narrow type
@@ -68,14 +120,22 @@ class Zero(Bucketed):
     compressions = ("none", "fp16", "bf16")
     no_compression_because = "PowerSGD's factors are summed whole, not reduce-scattered"
 
-    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, compressor=None):
+    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, compressor=None, timeout_s: float | None = None):
         super().__init__(bucket_mb, compressor)
+        self.timeout = None if timeout_s is None else timedelta(seconds=timeout_s)  # the ring's group's (Gloo)
+        self.rings: RingReduceScatters | None = None  # Gloo: the reduce-scatters, a ring of our own on a thread
         self.shard_params: list[torch.Tensor] = []  # per bucket, this rank's slice of its parameters
         self.received: dict[int, tuple] = {}  # bucket index -> its reduce-scatter's output and message, in flight
         self.gathering: dict[int, tuple] = {}  # bucket index -> its all-gather's output, work and message, in flight
 
+    @classmethod
+    def from_config(cls, config) -> Zero:
+        return cls(config.bucket_mb, cls.compressor_from_config(config), config.timeout)
+
     def wrap(self, model: nn.Module) -> nn.Module:
         super().wrap(model)
+        if dist.get_backend() == "gloo" and dist.get_world_size() > 1:  # collective: the ring's own group
+            self.rings = RingReduceScatters(self.timeout)
         self.arrivals = None  # no order to learn: the shards, and so the buckets, must exist before the first step
         self.build(backward_order(len(self.params)))
         self.shard_params = [self.slice_of(bucket) for bucket in self.buckets]
@@ -115,7 +175,10 @@ class Zero(Bucketed):
         message = data if self.wire_dtype is None else torch.div(data, world).to(self.wire_dtype)  # a share each
         received = torch.empty(data.numel() // world, dtype=message.dtype, device=data.device)
         start = now()
-        bucket.work = reduce_scatter_single(received, message, op=dist.ReduceOp.SUM, async_op=True)
+        if self.rings is not None:  # Gloo: a ring of our own, half the bytes of Gloo's (RingReduceScatters); it sums
+            bucket.work = self.rings.start(received, message)  # into the bucket's buffer, dropped once it is done
+        else:
+            bucket.work = reduce_scatter_single(received, message, op=dist.ReduceOp.SUM, async_op=True)
         # Gloo's reduce-scatter and all-gather give no future to end the message: it ends where it is waited for
         noted = self.recorder.message(REDUCE_SCATTER, start, None, message.numel() * message.element_size(),
                                       bucket.index)

@@ -1,5 +1,7 @@
 """python -m mpi_train predict: the table, the winner, the scaling plot, and its refusals."""
 
+import json
+
 import pytest
 
 from mpi_train import netmodel
@@ -116,3 +118,38 @@ def test_timed_here_the_model_says_when_each_gradient_is_ready():
     names = [name for name, p in workload.make_model().named_parameters() if p.requires_grad]
     first, last = names.index("blocks.0.mlp.0.weight"), names.index("blocks.1.mlp.0.weight")
     assert backward.ready[last] < backward.ready[first]
+
+
+def test_a_calibration_prices_the_sharded_collectives_as_the_backend_ran_them(tmp_path, capsys):
+    # fitted on 4 ranks over 2 hosts at 100 Mbit/s (12.5 MB/s): a reduce-scatter at 3 ms a ring step and 2x a
+    # ring's bytes, an all-gather at 1.5 ms and 1x
+    link = netmodel.Link(100e-6, 1 / 12.5e6, source="ping-pong")  # the nominal link's latency: bucketed alike
+    fits = {"reduce_scatter": {"alpha": 9e-3, "beta": 2 * 0.75 / 12.5e6},
+            "all_gather": {"alpha": 4.5e-3, "beta": 0.75 / 12.5e6}}
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"world_size": 4, "layout": {"hosts": 2, "ranks_per_host": 2}, "model": "mnist_cnn",
+                                 "calibration": {"network": netmodel.Network(link, link).as_dict(), **fits}}))
+    flags = ["--model", "mnist_cnn", "--ranks", "4", "--ranks-per-host", "2", "--link", "100mbit",
+             "--compute-per-sample", "0.001", "--methods", "zero,fsdp,bucketed"]
+
+    def communication(extra: list[str]) -> tuple[str, dict]:
+        assert predict.main([*flags, *extra]) == 0
+        out = capsys.readouterr().out
+        return out, {line.split()[0]: float(line.split()[2]) for line in out.split("\nmemory per rank")[0].splitlines()
+                     if line.split()[:1] and line.split()[0] in ("zero", "fsdp", "bucketed")}
+
+    nominal_out, nominal = communication([])
+    assert "priced at a ring's bytes and the link's latency" in nominal_out
+    measured_out, measured = communication(["--calibration", str(bench)])
+    assert "reduce_scatter as measured: 3.00 ms per ring step, 2.00x a ring's bytes" in measured_out
+    assert "all_gather as measured: 1.50 ms per ring step, 1.00x a ring's bytes" in measured_out
+    # zero by hand: each of its 2 buckets (DDP's rule: a 1 MB first one, then the rest of the 4.8 MB) pays 3 ring
+    # steps of each collective's latency, and S its 3/4 at 2x (reduce-scatter) and 1x (all-gather) the link's beta
+    size = sum(netmodel.tensor_sizes(build_model("mnist_cnn")))
+    buckets = 2
+    zero = buckets * 3 * (3e-3 + 1.5e-3) + (2 + 1) * 0.75 * size / 12.5e6
+    assert measured["zero"] == pytest.approx(1e3 * zero, abs=0.05)
+    assert measured["bucketed"] == nominal["bucketed"] and measured["fsdp"] > nominal["fsdp"]
+    # FSDP2 overlaps only on CUDA streams: on CPU its step pays all of its communication, which predict says
+    assert f"fsdp: exposed assumes CUDA; on CPU the step pays its comm, {measured['fsdp']:.1f} ms" in measured_out
+    assert "zero: exposed assumes CUDA" not in measured_out

@@ -13,6 +13,7 @@ from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.lab import mpirun as launch
 from mpi_train.models import build_model
+from mpi_train.netmodel import load_calibration, tensor_units
 from mpi_train.sync import SYNC_METHODS, SyncMethod, backend_error, every_label, parse_labels, split_label
 from mpi_train.sync.compression.powersgd import PowerSGD
 
@@ -100,6 +101,16 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     assert (calibration["points"]["intra"]["sizes"][0] == 1024
             and calibration["points"]["intra"]["sizes"][-1] == data["gradient_bytes"])
     assert calibration["network"]["intra"]["beta"] > 0 and calibration["allreduce"]["fit_error"] >= 0
+    # the sharded collectives fitted beside the allreduce, over the same sizes (the buffer split evenly by 2 ranks),
+    # read back as the network's measured costs: what prices zero's and fsdp's collectives
+    # (and, on Gloo, zero's own ring reduce-scatter, which zero runs there)
+    for name in ("reduce_scatter", "all_gather", "ring_reduce_scatter"):
+        fit = calibration[name]
+        assert fit["beta"] > 0 and fit["alpha"] >= 0 and fit["sizes"][-1] == data["gradient_bytes"] // 8 * 8, name
+    costs = load_calibration(out).collectives
+    assert [cost.name for cost in costs] == ["reduce_scatter", "all_gather", "ring_reduce_scatter"]
+    assert all(cost.beta_factor > 0 for cost in costs)
+    assert "reduce_scatter of m bytes on all 2 ranks:" in result.stdout
     # when the no-sync replica's gradients were ready, for the overlapped predictions
     backward = calibration["backward"]
     assert (0.3 < backward["share"] < 1 and len(backward["ready"]) == len(params)
@@ -134,6 +145,8 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
         else:
             assert 0 < row["efficiency"] <= 1
         assert row["predicted_s"] > 0 and row["measured_s"] is not None
+        if row["method"] == "fsdp":  # a message per unit: the MNIST CNN's 4 layers
+            assert row["messages"] == len(set(tensor_units(build_model("mnist_cnn")))) == 4
         assert len(data["per_rank_times"][0][row["method"]]["sync"]) == 4
         # the compressor's own CPU time: timed for every compressed method, absent for the rest
         compressed = compression != "none" or row["method"] == "flat_fp16"

@@ -5,7 +5,16 @@ import json
 import pytest
 
 from mpi_train.errors import UserError
-from mpi_train.netmodel import Backward, Link, Network, calibration_sizes, load_backward, load_calibration
+from mpi_train.netmodel import (
+    Backward,
+    Layout,
+    Link,
+    Network,
+    calibration_sizes,
+    collective_costs,
+    load_backward,
+    load_calibration,
+)
 from mpi_train.netmodel.calibration import peers
 
 NET = Network(intra=Link(alpha=10e-6, beta=1 / 1e9), inter=Link(alpha=100e-6, beta=1 / 125e6))
@@ -29,3 +38,26 @@ def test_a_calibration_file_round_trips_and_a_bad_one_is_refused(tmp_path):
         load_calibration(bad)
     with pytest.raises(UserError, match="cannot read the calibration file"):
         load_calibration(tmp_path / "missing.json")
+
+
+def test_a_bench_s_fits_of_the_sharded_collectives_become_the_network_s_measured_costs(tmp_path):
+    # 4 ranks on 2 hosts over a 125 MB/s link: a reduce-scatter fitted at 6 ms + S·6e-8 s/B holds 2 ms per ring step
+    # and 6e-8 / (3/4 · 8e-9) = 10x a ring's bytes; priced back on that layout it is the fit again
+    fits = {"reduce_scatter": {"alpha": 6e-3, "beta": 6e-8}, "all_gather": {"alpha": 3e-3, "beta": 1.2e-8},
+            "allreduce": {"alpha": 1e-3, "beta": 1.6e-8}}
+    layout = Layout(4, 2)
+    rs, ag = collective_costs(fits, layout, NET)
+    assert (rs.name, rs.alpha, rs.beta_factor) == pytest.approx(("reduce_scatter", 2e-3, 10.0))
+    assert (ag.name, ag.alpha, ag.beta_factor) == pytest.approx(("all_gather", 1e-3, 2.0))
+    assert rs.time(8e6, 4, NET.inter) == pytest.approx(6e-3 + 8e6 * 6e-8)
+    # one host: held against the intra-host link (1 GB/s): 6e-8 / (3/4 · 1e-9) = 80x
+    assert collective_costs(fits, Layout(4, 4), NET)[0].beta_factor == pytest.approx(80.0)
+    assert collective_costs(fits, Layout(1, 1), NET) == () and collective_costs({}, layout, NET) == ()
+    # a bench JSON: read back with its layout; one written before the bench fitted them has none (ring bytes)
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"world_size": 4, "layout": {"hosts": 2, "ranks_per_host": 2},
+                                 "calibration": {"network": NET.as_dict(), **fits}}))
+    assert load_calibration(bench).collectives == (rs, ag)
+    bench.write_text(json.dumps({"world_size": 4, "layout": {"hosts": 2, "ranks_per_host": 2},
+                                 "calibration": {"network": NET.as_dict(), "allreduce": fits["allreduce"]}}))
+    assert load_calibration(bench) == NET

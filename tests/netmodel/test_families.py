@@ -1,8 +1,22 @@
 """Collective families: bytes per rank, the floor a link allows and the alpha-beta time, against closed forms."""
 
+from dataclasses import replace
+
 import pytest
 
-from mpi_train.netmodel import FAMILIES, Layout, Link, Network, bus_bandwidth, family_of
+from mpi_train.netmodel import (
+    ALL_GATHER,
+    FAMILIES,
+    REDUCE_SCATTER,
+    RING_REDUCE_SCATTER,
+    CollectiveCost,
+    Layout,
+    Link,
+    Network,
+    bus_bandwidth,
+    capped,
+    family_of,
+)
 from mpi_train.sync import SYNC_METHODS, SyncMethod
 
 MB = 1e6
@@ -87,3 +101,32 @@ def test_the_sharded_families_price_each_collective_apart():
     assert all(family.time(8 * MB, Layout(1, 1), NET) == 0 for family in (rs, layerwise, then))
     # a one-collective family is one allreduce that goes with the message
     assert [(p.name, p.when) for p in FAMILIES["ring"].collectives()] == [("allreduce", "with the message")]
+
+
+def test_measured_collectives_price_the_sharded_families_as_the_backend_ran_them():
+    # Gloo-like: a reduce-scatter's ring step pays 2 ms and its bytes 3x the link's, an all-gather's 1 ms and 1.5x.
+    # N=4 on 2 hosts, S=8 MB, inter-host 125 MB/s: 3 steps and 3/4·S = 6 MB at 48 ms
+    rs_cost = CollectiveCost(REDUCE_SCATTER, alpha=2e-3, beta_factor=3.0)
+    ag_cost = CollectiveCost(ALL_GATHER, alpha=1e-3, beta_factor=1.5)
+    measured = replace(NET, collectives=(rs_cost, ag_cost))
+    rs_s, ag_s = 3 * 2e-3 + 3.0 * 0.048, 3 * 1e-3 + 1.5 * 0.048
+    assert rs_cost.time(8 * MB, 4, NET.inter) == pytest.approx(rs_s)
+    zero = FAMILIES["reduce_scatter"]
+    assert [p.time(8 * MB, Layout(4, 2), measured) for p in zero.collectives()] == pytest.approx([rs_s, ag_s])
+    assert zero.time(8 * MB, Layout(4, 2), measured) == pytest.approx(rs_s + ag_s)
+    layerwise = FAMILIES["layerwise_gather"]  # two gathers and a reduce-scatter per unit
+    assert [p.measured for p in layerwise.collectives()] == [(ALL_GATHER,), (ALL_GATHER,), (REDUCE_SCATTER,)]
+    assert layerwise.time(8 * MB, Layout(4, 2), measured) == pytest.approx(2 * ag_s + rs_s)
+    # one host: the measured step latency and factor on the intra-host link (1 GB/s)
+    assert zero.collectives()[0].time(8 * MB, Layout(4, 4), measured) == pytest.approx(6e-3 + 3.0 * 6 * MB / 1e9)
+    # the allreduce and ZeRO-1's families are not the sharded collectives: unchanged
+    for name in ("ring", "ring_then_broadcast"):
+        assert FAMILIES[name].time(8 * MB, Layout(4, 2), measured) == FAMILIES[name].time(8 * MB, Layout(4, 2), NET)
+    # zero's own ring reduce-scatter (Gloo), where the calibration timed it, prices zero's and not fsdp's: 1 ms a step
+    # and 1.1x a ring's bytes
+    ring = replace(measured, collectives=(rs_cost, ag_cost, CollectiveCost(RING_REDUCE_SCATTER, 1e-3, 1.1)))
+    assert zero.collectives()[0].time(8 * MB, Layout(4, 2), ring) == pytest.approx(3e-3 + 1.1 * 0.048)
+    assert layerwise.collectives()[2].time(8 * MB, Layout(4, 2), ring) == pytest.approx(rs_s)
+    # the network keeps them through a cap and without a straggler, and through its dict form
+    assert capped(measured, "100mbit").collectives == measured.collectives == measured.without_slow().collectives
+    assert Network.from_dict(measured.as_dict()) == measured and "collectives" not in NET.as_dict()

@@ -1,11 +1,24 @@
 """A method's messages priced on a network, by its class attributes: per tensor, one buffer, buckets behind backward."""
 
 import pytest
+import torch
 
 from mpi_train.config import TrainConfig
-from mpi_train.netmodel import ASSUMED_BACKWARD, Backward, Layout, Link, Network, message_plan, predict
+from mpi_train.models import build_model
+from mpi_train.netmodel import (
+    ASSUMED_BACKWARD,
+    Backward,
+    CollectiveCost,
+    Layout,
+    Link,
+    Network,
+    message_plan,
+    predict,
+    tensor_units,
+)
 from mpi_train.sync import SYNC_METHODS, SyncMethod
-from mpi_train.sync.messages import BUCKETS, ONE_BUFFER, PER_TENSOR, message_groups
+from mpi_train.sync.fsdp import units
+from mpi_train.sync.messages import BUCKETS, ONE_BUFFER, PER_TENSOR, PER_UNIT, message_groups
 
 MB = 1e6
 NET = Network(intra=Link(alpha=10e-6, beta=1 / 1e9), inter=Link(alpha=100e-6, beta=1 / 125e6))  # 1 GB/s, 1 Gbit/s
@@ -172,3 +185,28 @@ def test_an_overlapped_average_is_free_while_it_fits_in_the_period_and_costs_the
     # four fragments: a quarter of the model every 2 steps, the same bytes per step
     quarters = predict(method("localsgd", fragments=4), tensors, layout, NET)
     assert quarters.wire_bytes == pytest.approx(plain.wire_bytes)
+
+
+def test_fsdp_sends_a_message_per_layer_block_and_each_pays_its_collectives_measured_latency():
+    assert message_groups([10, 20, 30, 40], PER_UNIT, units=[0, 0, 1, 1]) == [[3, 2], [1, 0]]  # backward: last first
+    assert message_groups([10, 20, 30, 40], PER_UNIT, order=[2, 3, 0, 1], units=[0, 0, 1, 1]) == [[2, 3], [0, 1]]
+    assert message_groups([10, 20], PER_UNIT) == [[1], [0]]  # blocks unknown: each tensor its own
+    # 4 tensors of 1 MB in 2 blocks, np 2 at 4 MB/s; each collective measured at 10 ms a ring step and 2x a ring's
+    # bytes: a block's 2 MB take 10 ms + 2 · 1/2 · 2 MB / 4 MB/s = 0.51 s per collective, three per block
+    measured = Network(NET.intra, Link(0.0, 1 / 4e6), collectives=(CollectiveCost("reduce_scatter", 10e-3, 2.0),
+                                                                   CollectiveCost("all_gather", 10e-3, 2.0)))
+    fsdp = predict(method("fsdp"), [1 * MB] * 4, Layout(2, 1), measured, units=[0, 0, 1, 1])
+    assert fsdp.messages == 2 and fsdp.comm_s == pytest.approx(6 * 0.51)
+    assert fsdp.parts == pytest.approx({"all-gather (forward)": 1.02, "all-gather (backward)": 1.02,
+                                        "reduce-scatter": 1.02})
+    # a block per tensor: the same bytes, 2 more blocks' 3 latencies of 10 ms
+    apart = predict(method("fsdp"), [1 * MB] * 4, Layout(2, 1), measured, units=[0, 1, 2, 3])
+    assert apart.messages == 4 and apart.comm_s - fsdp.comm_s == pytest.approx(2 * 3 * 10e-3)
+
+
+def test_a_model_s_layer_blocks_are_the_units_fsdp_shards():
+    with torch.device("meta"):
+        vgg = build_model("vgg11")
+    # VGG-11: 8 convolutions and 8 BatchNorms in `features`, the head in `classifier`, a weight and a bias each
+    assert tensor_units(vgg) == [block for block in range(17) for _ in range(2)]
+    assert len(units(vgg)) == 17
