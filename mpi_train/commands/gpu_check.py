@@ -28,6 +28,7 @@ from ..cluster import Cluster
 from ..config import DATASET_SHAPES, TrainConfig, add_model_arguments, model_config, model_flag_words
 from ..data import synthetic_batch
 from ..errors import UserError
+from ..optimizers import OPTIMIZERS
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import BASELINE, COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label
 from ..train import run
@@ -78,10 +79,12 @@ def combinations(backend: str, names: list[str]) -> list[tuple[str, str]]:
 
 
 def bare_step_s(workload: TrainConfig, batch: int, device: torch.device, warm: int, timed: int) -> float:
-    """Seconds per step of the plainest loop: the batch on the device, forward, backward, SGD step, no host wait."""
+    """Seconds per step of the plainest loop: the batch on the device, forward, backward, the job's optimizer (the
+    model's default: SGD for the convnets, AdamW for gpt), no host wait."""
     torch.manual_seed(0)
     model = workload.make_model().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    settings = workload.optimizer_settings
+    optimizer = OPTIMIZERS[settings.optimizer].build(model.parameters(), settings)
     images, labels = (part.to(device) for part in synthetic_batch(workload, batch))
 
     def step() -> None:
