@@ -140,15 +140,38 @@ def test_two_levels_overlapped_keep_the_mean_and_end_as_one_model(tmp_path):
     hosts = [0, 0, 2, 2]
     cases = {"two-levels": (LocalSGD, {"period": 4, "host_period": 1, "overlap": True, "hosts": hosts}),
              "two-levels-fragments": (LocalSGD, {"period": 4, "host_period": 1, "overlap": True, "fragments": 2,
-                                                 "hosts": hosts})}
+                                                 "hosts": hosts}),
+             "two-levels-period-2": (LocalSGD, {"period": 2, "host_period": 1, "overlap": True, "hosts": hosts})}
     got = run_ranks(tmp_path, cases, 4)
     expected = sum(delta(s, r) for s in range(1, STEPS + 1) for r in range(4)) / 4
+    check_two_levels_by_hand({rank: got[rank]["two-levels-period-2"] for rank in range(4)}, hosts)
     for name in cases:
         for rank in range(4):
             assert torch.equal(got[rank][name][-1], got[0][name][-1])
         assert torch.allclose(got[0][name][-1], expected, rtol=1e-6)
         # between averages of all, a host's two ranks agree (their every-step average), the hosts differ
         assert torch.equal(got[0][name][2], got[1][name][2]) and not torch.equal(got[0][name][2], got[2][name][2])
+
+
+def check_two_levels_by_hand(seen: dict, hosts: list[int]) -> None:
+    """Period 2 with --host-period 1 (a host average at every step that is not a boundary): three merges in 6
+    steps against their closed forms. A boundary step is not a host's average (the sum of all leaves there): that
+    step's own delta stays the rank's until the next step's host average, which makes the change in flight one
+    within the host too."""
+    def everyone(*steps):  # the mean of all 4 ranks' deltas
+        return sum(delta(s, r) for s in steps for r in range(4)) / 4
+
+    def host(rank, *steps):  # the mean of the deltas of rank's host
+        return sum(delta(s, r) for s in steps for r in range(4) if hosts[r] == hosts[rank]) / 2
+
+    for rank, x in seen.items():
+        assert torch.equal(x[0], host(rank, 1))  # a host's average
+        assert torch.equal(x[1], host(rank, 1) + delta(2, rank))  # the first change leaves, nothing to merge
+        assert torch.equal(x[2], host(rank, 1, 2, 3))  # the change in flight made one in the host
+        # each merge: the mean of all of the period before last, the host's of the last, the rank's own last step
+        assert torch.allclose(x[3], everyone(1, 2) + host(rank, 3) + delta(4, rank), rtol=0, atol=1e-6)
+        assert torch.allclose(x[5], everyone(1, 2, 3, 4) + host(rank, 5) + delta(6, rank), rtol=0, atol=1e-6)
+        assert torch.allclose(x[6], everyone(*range(1, STEPS + 1)), rtol=0, atol=1e-6)  # finish: one model
 
 
 def test_overlap_and_fragments_are_refused_where_they_cannot_run():
