@@ -423,6 +423,7 @@ class ModelAveraging(SyncMethod):
         if travelling is not None:  # arrived before the checkpoint was taken: merged at its turn, as it would have been
             device = self.anchor.device
             own = travelling["own"].to(device)
+            # no "kept": a checkpoint of the rule that kept the whole change, which its model holds
             kept = travelling["kept"].to(device) if self.own_share != 1 and "kept" in travelling else own
             self.in_flight = InFlight(travelling["index"], own, travelling["mean"].to(device), kept, sent=ARRIVED)
 
