@@ -18,9 +18,10 @@ split). The optimizer's momentum buffers stay each rank's own by default (`momen
 docs/sync-methods.md for why, and for the other two choices.
 
 With `overlap` the sum of period k's change travels in the background (background.py) while
-period k+1 computes, and is merged at the end of period k+1 as a correction: the anchor takes
-its step with the delayed mean, and the rank's model keeps its own progress since (x += new
-anchor - old anchor - own change of period k; Overlap-Local-SGD's anchor rule). With
+period k+1 computes; meanwhile the rank's model holds the anchor plus a share (OWN_SHARE) of its
+own period-k change, and at the end of period k+1 the delayed mean is merged as a correction:
+the anchor takes its step with it, the kept share gives way to it, and the rank's progress since
+stays whole (x += new anchor - old anchor - kept share of the own change). With
 `fragments` F the flat model is cut element-strided (element j in fragment j mod F) and one
 fragment is averaged every period/F steps, so the link carries 1/F of the model at a time; with
 `overlap` too, each fragment's sum is merged at the next fragment's turn. docs/sync-methods.md
@@ -49,6 +50,7 @@ OVERLAP = " --overlap"  # after a compression in an accuracy_costs key: the cost
 STREAMED_COMPRESSIONS = ("none", "fp16", "bf16")  # what --overlap and --fragments carry: elementwise casts
 MOMENTUM = ("keep", "average", "reset")  # --local-momentum: what an average does to the optimizer's state
 DEFAULT_PERIOD = 8
+OWN_SHARE = 0.5  # --overlap: the share of its newest change a rank keeps in its model while that change travels
 
 
 def averaging_options(config) -> dict:
@@ -74,14 +76,17 @@ class ModelAveraging(SyncMethod):
 
     def __init__(self, compressor=None, period: int = DEFAULT_PERIOD, local_start_step: int = 0,
                  host_period: int = 0, momentum: str = "keep", hosts: Sequence[int] | None = None,
-                 overlap: bool = False, fragments: int = 1, timeout_s: float | None = None):
+                 overlap: bool = False, fragments: int = 1, timeout_s: float | None = None,
+                 own_share: float = OWN_SHARE):
         super().__init__(compressor)
         self.timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
         if period < 1 or host_period < 0 or local_start_step < 0 or momentum not in MOMENTUM or fragments < 1 \
                 or period % fragments:
             raise ValueError(f"averaging: period {period}, host period {host_period}, start {local_start_step}, "
                              f"momentum {momentum!r}, fragments {fragments}")
-        self.overlap, self.fragments = overlap, fragments
+        if not 0 <= own_share <= 1:
+            raise ValueError(f"averaging: own share {own_share}, not in [0, 1]")
+        self.overlap, self.fragments, self.own_share = overlap, fragments, own_share
         self.streamed = overlap or fragments > 1  # the schedule of slots below, not one average of all every period
         if self.streamed and (momentum != "keep" or self.compressor.name not in STREAMED_COMPRESSIONS):
             raise ValueError(f"averaging: --overlap and --fragments take momentum 'keep' and compression none, fp16 "
@@ -182,9 +187,9 @@ class ModelAveraging(SyncMethod):
         if self.host_period and self.two_levels and local_steps % self.host_period == 0:
             self.average(model, self.host_sum, everyone=False)
             if self.in_flight is not None:  # the host's ranks now hold one model: their changes in flight, which the
-                own = self.in_flight.own  # merge takes out again, become one too (the mean of all is unchanged)
-                self.host_sum(own)
-                own.div_(dist.get_world_size(self.host_group))
+                for own in self.in_flight.held():  # merge takes out again, become one too (the mean of all unchanged)
+                    self.host_sum(own)
+                    own.div_(dist.get_world_size(self.host_group))
             self.last_sync = "host"
             return True
         return False
@@ -228,13 +233,17 @@ class ModelAveraging(SyncMethod):
             flat[where] = anchor[where]
         else:
             mean = own.clone()  # the compressor works on it in place, in the background
-            self.in_flight = InFlight(index, own, mean)
+            kept = own if self.own_share == 1 else own * self.own_share
+            self.in_flight = InFlight(index, own, mean, kept)
             self.sender.start(self.compressor.rounds([("fragment", index)], mean, [mean], world))
+            if kept is not own:  # the rank goes on from the anchor plus its share of the change in flight
+                flat[where] = anchor[where] + kept
         self.set_model(flat)
 
     def merge(self, flat: torch.Tensor) -> None:
-        """The delayed mean of the fragment in flight, as a correction: the anchor steps with it and the rank keeps
-        the progress it made since it sent its own change (flat = new anchor + progress)."""
+        """The delayed mean of the fragment in flight, as a correction: the anchor steps with it, and the share of
+        its own change the rank kept gives way to it, the progress made since kept whole (flat = new anchor +
+        progress; docs/sync-methods.md says why)."""
         travelling, self.in_flight = self.in_flight, None
         if travelling.sent is None:
             travelling.sent = self.sender.wait()
@@ -242,7 +251,7 @@ class ModelAveraging(SyncMethod):
             self.recorder.background(self.message_name, travelling.sent.start, travelling.sent.end,
                                      travelling.sent.nbytes)
         where = self.fragment(travelling.index)
-        progress = flat[where] - self.anchor[where] - travelling.own
+        progress = flat[where] - self.anchor[where] - travelling.kept
         self.drift = float(torch.sub(travelling.own, travelling.mean).norm())
         self.step_anchor(travelling.mean, where)
         flat[where] = self.anchor[where] + progress
@@ -390,7 +399,8 @@ class ModelAveraging(SyncMethod):
         travelling = self.in_flight
         state.update({"in_flight": None if travelling is None else {
                           "index": travelling.index, "own": travelling.own.detach().cpu().clone(),
-                          "mean": travelling.mean.detach().cpu().clone()},
+                          "mean": travelling.mean.detach().cpu().clone(),
+                          "kept": travelling.kept.detach().cpu().clone()},
                       "steps": self.steps, "anchor_stale": self.anchor_stale,
                       "anchor": None if self.anchor is None else self.anchor.detach().cpu().clone(),
                       "params": [p.detach().cpu().clone() for p in model.parameters()],
@@ -417,19 +427,27 @@ class ModelAveraging(SyncMethod):
         travelling = state.get("in_flight")
         if travelling is not None:  # arrived before the checkpoint was taken: merged at its turn, as it would have been
             device = self.anchor.device
-            self.in_flight = InFlight(travelling["index"], travelling["own"].to(device), travelling["mean"].to(device),
-                                      sent=ARRIVED)
+            own = travelling["own"].to(device)
+            # no "kept": a checkpoint of the rule that kept the whole change, which its model holds
+            kept = travelling["kept"].to(device) if self.own_share != 1 and "kept" in travelling else own
+            self.in_flight = InFlight(travelling["index"], own, travelling["mean"].to(device), kept, sent=ARRIVED)
 
 
 @dataclass
 class InFlight:
-    """A fragment whose sum travels in the background: its index, this rank's change in it, and the buffer that
-    becomes the ranks' mean change once the sum is done (`sent`: its timing, once waited for)."""
+    """A fragment whose sum travels in the background: its index, this rank's change in it, the buffer that
+    becomes the ranks' mean change once the sum is done, the part of the change the rank's model still holds (the
+    own change itself, or its share) and `sent`: the sum's timing, once waited for."""
 
     index: int
     own: torch.Tensor
     mean: torch.Tensor
+    kept: torch.Tensor
     sent: Sent | None = None
+
+    def held(self) -> list[torch.Tensor]:
+        """The rank's own tensors of the fragment (one when the model keeps its whole change)."""
+        return [self.own] if self.kept is self.own else [self.own, self.kept]
 
 
 ARRIVED = Sent(0.0, 0.0, 0.0)  # a sum that was done when a checkpoint took it: its messages went in the job before
