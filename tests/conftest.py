@@ -335,3 +335,21 @@ def one_rank_group():
         yield
     finally:
         dist.destroy_process_group()
+
+
+def forked_ranks(target, world: int, store: str, *args) -> dict:
+    """`target(rank, store, queue, *args)` on `world` ranks, each a process forked from this one (the ranks inherit
+    torch, imported already): rank -> what it put on the queue, a rank's traceback failing the test."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    ranks = [context.Process(target=target, args=(rank, store, queue, *args)) for rank in range(world)]
+    for process in ranks:
+        process.start()
+    got = dict(queue.get(timeout=120) for _ in ranks)
+    for process in ranks:
+        process.join(timeout=30)
+    for rank, result in got.items():
+        assert not isinstance(result, str), f"rank {rank} failed:\n{result}"
+    return got

@@ -2,12 +2,12 @@
 methods reach it (memory per rank measured and predicted, zero_torch's wrapper, local SGD's --local-momentum on a
 real 2-rank Gloo group)."""
 
-import multiprocessing
 import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import forked_ranks
 from torch import nn
 
 from mpi_train.commands.train import parse_config
@@ -124,16 +124,7 @@ def average_on_rank(rank: int, store: str, queue) -> None:
 
 
 def test_local_momentum_averages_adamws_moments_and_a_reset_starts_it_afresh(tmp_path):
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    ranks = [context.Process(target=average_on_rank, args=(rank, str(tmp_path / "store"), queue)) for rank in (0, 1)]
-    for process in ranks:
-        process.start()
-    got = dict(queue.get(timeout=120) for _ in ranks)
-    for process in ranks:
-        process.join(timeout=30)
-    for rank, result in got.items():
-        assert not isinstance(result, str), f"rank {rank} failed:\n{result}"
+    got = forked_ranks(average_on_rank, 2, str(tmp_path / "store"))
     own = [next(iter(adamw_after_one_step(rank)[1].state.values())) for rank in (0, 1)]
     got = {rank: {name: ({key: torch.tensor(value) for key, value in entry.items()} if isinstance(entry, dict)
                          else tuple(torch.tensor(value) for value in entry)) for name, entry in result.items()}

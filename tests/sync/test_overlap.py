@@ -1,13 +1,13 @@
 """--overlap and --fragments of localsgd and diloco: the merge rule against a hand computation on a real 2-rank Gloo
 group (two processes), and the flags' refusals."""
 
-import multiprocessing
 import traceback
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import forked_ranks
 from torch import nn
 
 from mpi_train.config import TrainConfig
@@ -67,18 +67,7 @@ CASES = {
 
 def run_ranks(folder: Path, cases: dict, world: int) -> dict:
     """Every case on `world` ranks, each a process forked from this one: rank -> case -> the model after each step."""
-    context = multiprocessing.get_context("fork")  # the ranks inherit torch, imported already
-    queue = context.Queue()
-    ranks = [context.Process(target=run_rank, args=(rank, str(folder / "store"), queue, cases, world))
-             for rank in range(world)]
-    for process in ranks:
-        process.start()
-    got = dict(queue.get(timeout=120) for _ in ranks)
-    for process in ranks:
-        process.join(timeout=30)
-    for rank, result in got.items():
-        assert not isinstance(result, str), f"rank {rank} failed:\n{result}"
-    return got
+    return forked_ranks(run_rank, world, str(folder / "store"), cases, world)
 
 
 @pytest.fixture(scope="module")
