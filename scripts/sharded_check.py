@@ -11,6 +11,9 @@
    show what rounding alone does in the same job.
 
     mpirun -np 4 python scripts/sharded_check.py OUT [--model mnist_cnn] [--steps 12] [--lr 0.05]
+    mpirun -np 4 python scripts/sharded_check.py OUT --model gpt --lr 0.003 --methods lossless   # every lossless one
+
+The optimizer state (1.) is measured for the image models, the equality (2.) for any model.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from mpi_train.sync import SYNC_METHODS
 from mpi_train.train import run
 
 METHODS = ("allreduce", "zero", "fsdp", "zero_torch", "bucketed", "ring")  # the last two: sums in another order
+SHARDED = ("zero", "fsdp", "zero_torch")
+LOSSLESS = ("allreduce", "gather_scatter", "ddp", "flat", "bucketed", "ring", "hierarchical", *SHARDED)
 
 
 def local_bytes(tensor: torch.Tensor) -> int:
@@ -62,15 +67,20 @@ def main() -> None:
     parser.add_argument("--model", default="mnist_cnn")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--lr", default="0.05", help="the rate of every job (default: 0.05, the tests')")
+    parser.add_argument("--methods", help="comma-separated, allreduce first, or `lossless` for every lossless method "
+                        "(default: the sharded ones, with bucketed and ring)")
     args = parser.parse_args()
+    methods = (LOSSLESS if args.methods == "lossless" else tuple(args.methods.split(",")) if args.methods
+               else METHODS)
     cluster = Cluster.from_mpi()
     world, main_rank = cluster.info.world_size, cluster.info.is_main
     out = Path(args.out)
     cluster.open_process_group("gloo", None, 120)
-    held = {name: cluster.gather(optimizer_state_bytes(name, args.model, 8)) for name in METHODS[:4]}
+    measured = [name for name in ("allreduce", *SHARDED) if name in methods] if args.model in INPUT_SHAPES else []
+    held = {name: cluster.gather(optimizer_state_bytes(name, args.model, 8)) for name in measured}
     dist.destroy_process_group()
     batch = 48 * world  # divides by 2, 3 and 4
-    for name in METHODS:
+    for name in methods:
         argv = ["--model", args.model, "--dataset", "synthetic", "--synthetic-size", str(batch * args.steps),
                 "--batch-size", str(batch), "--max-steps", str(args.steps), "--log-every", "1", "--dropout", "0",
                 "--lr", args.lr, "--lr-schedule", "constant", "--warmup-steps", "0", "--no-tracking", "--sync", name,
@@ -78,10 +88,10 @@ def main() -> None:
         run(parse_config(argv, quiet=True), cluster)
     if main_rank:
         losses = {name: [s["loss"] for s in json.loads((out / f"{name}-np{world}.json").read_text())["steps"]]
-                  for name in METHODS}
+                  for name in methods}
         print(f"{world} ranks, {args.model}, global batch {batch}, {args.steps} steps at lr {args.lr}, dropout off")
         print(f"{'method':<11} {'max rel. loss gap to allreduce':>31} {'optimizer state per rank (bytes)':>40}")
-        for name in METHODS:
+        for name in methods:
             gap = max(abs(a - b) / abs(b) for a, b in zip(losses[name], losses["allreduce"]))
             state = (f"{', '.join(f'{b:,}' for b in held[name]):>28} ({max(held[name]) / max(held['allreduce']):.3f}x)"
                      if name in held else "")
