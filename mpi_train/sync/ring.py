@@ -36,11 +36,8 @@ class Ring(Flat):
             return
         right, left = (rank + 1) % world, (rank - 1) % world
         chunks = torch.tensor_split(data, world)
-        incoming = torch.empty_like(chunks[0])  # chunk 0 is the largest
-        for step in range(world - 1):  # reduce-scatter
-            send, receive = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
-            self.step(f"reduce-scatter {step + 1}", send, incoming[:receive.numel()], right, left)
-            receive.add_(incoming[:receive.numel()])
+        reduce_scatter_steps(chunks, rank, lambda step, send, receive: self.step(
+            f"reduce-scatter {step + 1}", send, receive, right, left))
         for step in range(world - 1):  # all-gather
             send, receive = chunks[(rank + 1 - step) % world], chunks[(rank - step) % world]
             self.step(f"all-gather {step + 1}", send, receive, right, left)
@@ -79,8 +76,18 @@ def ring_reduce_scatter(whole: torch.Tensor, shard: torch.Tensor, group=None) ->
     chunks = whole.chunk(world)
     if world > 1:
         right, left = (rank + 1) % world, (rank - 1) % world
-        incoming = torch.empty_like(chunks[0])
-        for step in range(world - 1):
-            Ring.exchange(chunks[(rank - step - 1) % world], incoming, right, left, group)
-            chunks[(rank - step - 2) % world].add_(incoming)
+        reduce_scatter_steps(chunks, rank - 1, lambda _step, send, receive: Ring.exchange(
+            send, receive, right, left, group))  # from one place back: chunk r ends here, not chunk r+1
     shard.copy_(chunks[rank])
+
+
+def reduce_scatter_steps(chunks: tuple[torch.Tensor, ...], position: int, exchange) -> None:
+    """The ring's first phase over `chunks` (chunk 0 the largest): at step s send the running sum of chunk
+    (position-s) mod N to the right and add what comes from the left into chunk (position-s-1) mod N; after N-1 steps
+    chunk (position+1) mod N holds the complete sum. `exchange(step, send, receive)` moves one step's messages."""
+    world = len(chunks)
+    incoming = torch.empty_like(chunks[0])
+    for step in range(world - 1):
+        send, receive = chunks[(position - step) % world], chunks[(position - step - 1) % world]
+        exchange(step, send, incoming[:receive.numel()])
+        receive.add_(incoming[:receive.numel()])
