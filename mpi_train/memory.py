@@ -10,9 +10,10 @@ buffer, a DTensor (FSDP) as its local shard's storage (padding included). What i
     optimizer    every tensor in the optimizer's state (for a wrapper that keeps a local optimizer
                  of its own shard, as ZeroRedundancyOptimizer's `optim`, that one's), and the method's
 
-Buffers of torch's own that no public API reaches (DistributedDataParallel's gradient buckets,
-autograd's activations) are not counted: on CUDA the peak allocated (torch.cuda.max_memory_allocated)
-shows them. A tensor counted under one kind is not counted again under another.
+Buffers of torch's own that no public API reaches (autograd's activations; DistributedDataParallel's
+gradient buckets, except that `ddp` builds it with gradient_as_bucket_view, so its gradients are those
+buckets) are not counted: on CUDA the peak allocated (torch.cuda.max_memory_allocated) shows them.
+A tensor counted under one kind is not counted again under another.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from mpi_train.cluster import Cluster, exit_process
 from mpi_train.commands.train import parse_config
 from mpi_train.config import TrainConfig
+from mpi_train.memory import local, optimizer_tensors
 from mpi_train.models import INPUT_SHAPES, build_model
 from mpi_train.sync import SYNC_METHODS
 from mpi_train.train import run
@@ -36,11 +37,6 @@ from mpi_train.train import run
 METHODS = ("allreduce", "zero", "fsdp", "zero_torch", "bucketed", "ring")  # the last two: sums in another order
 SHARDED = ("zero", "fsdp", "zero_torch")
 LOSSLESS = ("allreduce", "gather_scatter", "ddp", "flat", "bucketed", "ring", "hierarchical", *SHARDED)
-
-
-def local_bytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return local.numel() * local.element_size()
 
 
 def optimizer_state_bytes(name: str, model_name: str, batch: int) -> int:
@@ -56,9 +52,8 @@ def optimizer_state_bytes(name: str, model_name: str, batch: int) -> int:
     method.sync(model)
     optimizer.step()
     method.after_step(model)
-    holder = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's state in .optim
-    return sum(local_bytes(value) for state in holder.state.values() for value in state.values()
-               if torch.is_tensor(value))
+    # ZeroRedundancyOptimizer keeps its shard's state in its local optimizer (.optim), which optimizer_tensors reads
+    return sum(local(value).numel() * local(value).element_size() for value in optimizer_tensors(optimizer))
 
 
 def main() -> None:
