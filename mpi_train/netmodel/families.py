@@ -248,7 +248,6 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-
 def family_of(method) -> Family | None:
     """The family a sync method (class or instance) declares in `collective`, or None when it declares none."""
     name = getattr(method, "collective", None)
