@@ -31,7 +31,7 @@ def predicted(step, model, method) -> dict | None:
     ready = tuple(min(1.0, max(0.0, (first.get(i, sync_start) - backward_start) / backward_s)) for i in range(count))
     order = tuple(sorted(first, key=first.get)) if len(first) == count else None
     plan = message_plan(method, model.tensor_bytes, model.layout, model.network, model.ratio, backward_s,
-                        Backward(ready=ready, order=order))
+                        Backward(ready=ready, order=order), later=model.later)
     return {"step": step.step, "backward_s": backward_s,
             "messages": [{"start_s": m.start_s, "end_s": m.end_s, "bytes": m.nbytes} for m in plan]}
 

@@ -221,17 +221,19 @@ def parse_steps(text: str | None, methods: Sequence[str]) -> dict[str, int]:
 
 
 def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, network: netmodel.Network,
-                 compute_s: float, methods: dict[str, SyncMethod], ratios: dict[str, float],
+                 compute_s: float, methods: dict[str, SyncMethod], ratios: dict[str, tuple[float, float]],
                  backward: netmodel.Backward = netmodel.ASSUMED_BACKWARD, model=None,
                  state_slots: int = 1) -> list[Row]:
-    """One row per method that declares a collective family: its step on N ranks, R per host, with this compute;
-    given the model, its memory per rank with `state_slots` optimizer state tensors per parameter (SGD's momentum
-    buffer: 1; AdamW's moments: 2)."""
+    """One row per method that declares a collective family: its step on N ranks, R per host, with this compute
+    (`ratios`: each method's wire_ratio and later_share on the model's parameters); given the model, its memory
+    per rank with `state_slots` optimizer state tensors per parameter (SGD's momentum buffer: 1; AdamW's
+    moments: 2)."""
     layout = netmodel.Layout(ranks, min(ranks_per_host, ranks))
     units = netmodel.tensor_units(model) if model is not None else None  # fsdp's layer blocks, a message each
     rows = []
     for name, method in methods.items():
-        prediction = netmodel.predict(method, tensor_bytes, layout, network, label=name, ratio=ratios[name],
+        ratio, later = ratios[name]
+        prediction = netmodel.predict(method, tensor_bytes, layout, network, label=name, ratio=ratio, later=later,
                                       backward_s=backward.share * compute_s, backward=backward, compute_s=compute_s,
                                       units=units)
         if prediction is not None:
@@ -400,7 +402,7 @@ def run(args: argparse.Namespace) -> None:
     labels = parse_labels(args.methods) if args.methods else None
     methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period, args.overlap, args.fragments)
     steps_to_accuracy = parse_steps(args.steps_to_accuracy, list(methods))
-    ratios = {name: method.wire_ratio(params) for name, method in methods.items()}
+    ratios = {name: (method.wire_ratio(params), method.later_share(params)) for name, method in methods.items()}
     when = ("gradients ready as the calibration's no-sync backward had them" if bench is not None and backward.ready
             else "gradients ready as the model's backward had them here" if backward.ready is not None
             else "gradients produced at a constant rate, last layer first")

@@ -308,7 +308,8 @@ def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tu
             continue
         method = method_class.from_config(TrainConfig(sync=name, compression=compression))
         prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
-                                      ratio=method.wire_ratio(params), backward_s=model.backward_s,
+                                      ratio=method.wire_ratio(params), later=method.later_share(params),
+                                      backward_s=model.backward_s,
                                       backward=model.backward, units=model.units)
         if prediction is None:
             continue
@@ -331,7 +332,8 @@ def overlapped_option(model_name: str, params, model: StepModel, text: str) -> d
     method_class = SYNC_METHODS[name]
     method = method_class.from_config(TrainConfig(sync=name, compression=compression, overlap=True))
     prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
-                                  ratio=method.wire_ratio(params), backward_s=model.backward_s,
+                                  ratio=method.wire_ratio(params), later=method.later_share(params),
+                                  backward_s=model.backward_s,
                                   backward=model.backward, compute_s=model.compute_s, units=model.units)
     cost = method_class.accuracy_costs.get((model_name, compression + OVERLAP))
     return {"label": text + OVERLAP, "option": option_of(text) + OVERLAP,

@@ -33,8 +33,9 @@ a burst of machine noise hits them all alike. Per method it reports:
   buckets leave when their gradients are ready, as measured on the no-sync baseline
   (hooks time each gradient's arrival in backward; kept under "backward" in the JSON);
 - codec: a compressed method's own CPU work per step (casts, PowerSGD's products and
-  residuals), timed on every rank at once with nothing sent: the model charges only the
-  wire, so the bench adds this measured CPU time to its prediction.
+  residuals), timed in its synced steps between its sums (the codec intervals of a
+  timeline): the model charges only the wire, so the bench adds this measured CPU time to
+  its prediction.
 
 Calibration first: ping-pong between rank 0 and a rank on its host and one on another host,
 and allreduce, reduce-scatter and all-gather over all ranks, over message sizes from 1 KB to
@@ -75,10 +76,10 @@ from ..files import write_json_atomically
 from ..netmodel.families import bus_bandwidth, family_of
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, parse_labels, split_label
-from ..sync.flat import FlatBuffer
 from ..sync.messages import BUCKETS
 from ..sync.ring import ring_reduce_scatter
 from ..sync.zero import all_gather_single, reduce_scatter_single
+from ..timeline import Recorder
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
 
@@ -89,7 +90,6 @@ ALLREDUCE_FIT = "allreduce"  # the calibration's fit of torch's all_reduce alone
 CALIBRATED_COLLECTIVES = (ALLREDUCE_FIT, netmodel.REDUCE_SCATTER, netmodel.ALL_GATHER, netmodel.RING_REDUCE_SCATTER)
 COLUMNS = ("method", "family", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s",
            "floor_ms", "efficiency", "predicted_ms", "pred_err", "codec_ms")
-CODEC_REPEATS = 3
 
 
 class NoSync(SyncMethod):
@@ -106,6 +106,26 @@ class Contender:
     model: nn.Module  # its own replica: a method may hook into its model's backward
     net: nn.Module
     overlapped: bool = False  # sends during backward: sync() waits for what is still in flight
+
+
+class CodecClock(Recorder):
+    """Adds up a compressor's work between its sums, the codec intervals a timeline draws: its CPU time as the
+    synced step pays it (sharing the cores with the other ranks, and with backward for a method that compresses
+    in backward)."""
+
+    detailed = True  # the methods note their codec intervals only for a recorder that wants them
+    wants_messages = False
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def codec(self, start: float, end: float, bucket: int | None = None) -> None:
+        self.seconds += end - start
+
+    def take(self) -> float:
+        """The seconds since the last take."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
 
 
 class BackwardClock:
@@ -266,6 +286,12 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
     runs from one barrier to the next, so its time is the slowest rank's on every rank."""
     now = Clock(device)
     times = {entry.name: {"compute": [], "backward": [], "sync": [], "step": []} for entry in entries}
+    codecs = {}
+    for entry in entries:  # DDP's compression runs in torch's hooks, out of sight
+        if entry.method.compressor.name != "none" and not entry.method.inside_ddp():
+            codecs[entry.name] = CodecClock()
+            entry.method.record_into(codecs[entry.name])
+            times[entry.name]["codec"] = []
     clock = BackwardClock(entries[0].model, now)  # the no-sync baseline: nothing else runs in its backward
     total = warmup + steps
     for step in range(total):
@@ -292,37 +318,15 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
                 times[entry.name]["backward"].append(t1 - forward_end)
                 times[entry.name]["sync"].append(t3 - t2)
                 times[entry.name]["step"].append(t3 - t0)
+            if entry.name in codecs:
+                codec_s = codecs[entry.name].take()
+                if step >= warmup:
+                    times[entry.name]["codec"].append(codec_s)
         progress(step + 1, total, step < warmup)
     baseline = times[NO_SYNC]
     share = (statistics.median(b / c for b, c in zip(baseline["backward"], baseline["compute"]))
              if baseline["compute"] else None)
     return times, clock.profile(share) if share else netmodel.ASSUMED_BACKWARD
-
-
-def codec_times(entries: list[Contender], device: torch.device, powersgd_rank: int) -> dict[str, float]:
-    """Per compressed method, this rank's seconds per step for its compressor's own work with nothing sent.
-
-    The casts, PowerSGD's products, orthogonalisation and residuals, run by a fresh
-    compressor on the gradients the last step left, by every rank at once as in training:
-    the CPU time the alpha-beta model, which charges only the wire, leaves out.
-    """
-    now, world, seconds = Clock(device), dist.get_world_size(), {}
-    for entry in entries:
-        if entry.method.compressor.name == "none" or entry.method.inside_ddp():  # DDP compresses in torch's hooks
-            continue
-        params = [p for p in entry.model.parameters() if p.requires_grad]
-        buffer = FlatBuffer(params)
-        buffer.pack()  # the gradients the last step left; zeros where a method keeps none (zero keeps a shard)
-        codec = type(entry.method.compressor).from_config(TrainConfig(powersgd_rank=powersgd_rank,
-                                                                      powersgd_start_step=0))
-        for repeat in range(CODEC_REPEATS + 1):  # the first allocates the compressor's buffers: untimed
-            dist.barrier()
-            start = now()
-            for _ in codec.rounds(params, buffer.data, buffer.views, world):
-                pass  # nothing summed: the compressor's work alone
-            if repeat:
-                seconds[entry.name] = seconds.get(entry.name, 0.0) + (now() - start) / CODEC_REPEATS
-    return seconds
 
 
 def spread(values: list[float]) -> float:
@@ -340,13 +344,14 @@ def slowest(per_rank: list[dict], name: str, phase: str) -> list[float]:
 
 def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: float,
               sent: dict[str, float] | None = None, hosts: tuple[str, ...] | None = None,
-              model_of: ModelInputs | None = None, codec: list[dict[str, float]] | None = None) -> list[dict]:
+              model_of: ModelInputs | None = None, later: dict[str, float] | None = None) -> list[dict]:
     """One row per method: medians over steps of the slowest rank, bytes and floor from its collective family, and
     the alpha-beta model's prediction when `model_of` gives the links, layout and tensor sizes.
 
     `sent` is S per method label as it sends it (default: the gradients' bytes in its wire dtype); `hosts` each
-    rank's host, for the families that depend on placement; `codec` each rank's compressor time per method
-    (codec_times), of which the slowest rank's is reported."""
+    rank's host, for the families that depend on placement; `later` the share of S each method sums after its
+    first round (SyncMethod.later_share: PowerSGD's Qs). A compressed method's codec is the median over steps of
+    the slowest rank's."""
     names = list(per_rank[0])
     bucket_mb = model_of.bucket_mb if model_of else TrainConfig.bucket_mb
 
@@ -360,10 +365,11 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
         sync = statistics.median(slowest(per_rank, name, "sync"))
         differences = [s - b for s, b in zip(steps[name], steps[NO_SYNC])]
         exposed = statistics.median(differences)
+        codec = statistics.median(slowest(per_rank, name, "codec")) if "codec" in per_rank[0][name] else None
         row = {"method": name, "compute_s": compute, "sync_s": sync, "step_s": statistics.median(steps[name]),
                "exposed_s": exposed, "noise_s": spread(differences), "collective": None, "wire_bytes": None,
                "sent_bytes": None, "received_bytes": None, "busbw_bytes_per_s": None, "floor_s": None,
-               "efficiency": None, "codec_s": max(rank[name] for rank in codec) if codec and name in codec[0] else None}
+               "efficiency": None, "codec_s": codec}
         family = None if name == NO_SYNC else family_of(method)
         ratio = sent[name] / gradient_bytes if sent and name in sent else None  # what its compressor sends
         if family is not None:
@@ -384,7 +390,7 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
             backward = model_of.backward.share * statistics.median(slowest(per_rank, NO_SYNC, "compute"))
             prediction = netmodel.predict(method, model_of.tensor_bytes, model_of.layout, model_of.network, label=name,
                                           ratio=ratio, backward_s=backward, backward=model_of.backward,
-                                          units=model_of.units)
+                                          units=model_of.units, later=(later or {}).get(name, 0.0))
             if prediction is not None:
                 measured = exposed if prediction.overlapped else sync
                 # the wire, plus the compressor's CPU, timed here
@@ -580,6 +586,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
                                       args.powersgd_rank)
     gradient_bytes = sum(p.numel() * p.element_size() for p in entries[0].model.parameters() if p.requires_grad)
     sent = {entry.name: entry.method.wire_bytes(list(entry.model.parameters())) for entry in entries[1:]}
+    later = {entry.name: entry.method.later_share(list(entry.model.parameters())) for entry in entries[1:]}
     link = {"bandwidth_bytes_per_s": None, "allreduce_busbw_bytes_per_s": None}  # one rank has no link
     layout = netmodel.Layout.of_hosts(list(cluster.hosts))
     calibration = None
@@ -614,7 +621,6 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
               flush=True)
     times, backward = measure(entries, images, labels, args.steps, args.warmup, device, progress)
     per_rank = cluster.gather(times)
-    codec = cluster.gather(codec_times(entries, device, args.powersgd_rank))
     dist.destroy_process_group()
     if not info.is_main:
         return
@@ -634,7 +640,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         "layout": {"hosts": layout.hosts, "ranks_per_host": layout.ranks_per_host, "host_of_rank": list(cluster.hosts)},
         "network_link": args.link, "bucket_mb": args.bucket_mb, "calibration": calibration,
         "methods": summarise(per_rank, gradient_bytes, world, link["bandwidth_bytes_per_s"], sent, cluster.hosts,
-                             inputs, codec),
+                             inputs, later),
         "per_rank_times": per_rank,
     }
     text = describe(result)

@@ -26,6 +26,7 @@ class JobModel:
     layout: Layout
     tensor_bytes: list = field(default_factory=list)
     ratio: float | None = None  # the compressor's bytes on the wire per gradient byte
+    later: float = 0.0  # the share of them summed after the first round (method.later_share)
     backward: Backward = ASSUMED_BACKWARD  # when each gradient is ready: measured by a bench (--calibration)
     host_links: dict = field(default_factory=dict)  # host -> bytes/s its link reached (empty with --calibration)
     straggler: stragglers.Straggler | None = None
@@ -37,7 +38,7 @@ class JobModel:
             return self.prediction.comm_s
         again = predict(self.method, self.tensor_bytes, self.layout, network or self.network,
                         label=self.prediction.method, ratio=self.ratio, backward_s=self.backward.share * compute_s,
-                        backward=self.backward, compute_s=compute_s, units=self.units)
+                        backward=self.backward, compute_s=compute_s, units=self.units, later=self.later)
         return again.sync_s
 
     def straggler_cost(self, compute_s: float) -> float | None:
@@ -71,12 +72,13 @@ def job_model(config, cluster, model, method, device) -> JobModel | None:
     straggler = stragglers.Straggler.from_dict(measured["straggler"]) if measured.get("straggler") else None
     layout = Layout.of_hosts(hosts)
     ratio = method.wire_ratio(list(model.parameters()))  # what its compressor sends
+    later = method.later_share(list(model.parameters()))
     units = tuple(tensor_units(model))
     prediction = predict(method, sizes, layout, network, label=label(config.sync, config.compression), ratio=ratio,
-                         units=units)
+                         units=units, later=later)
     if prediction is None:
         return None
-    return JobModel(method, prediction, network, layout, sizes, ratio, backward, measured.get("host_links", {}),
+    return JobModel(method, prediction, network, layout, sizes, ratio, later, backward, measured.get("host_links", {}),
                     straggler, units)
 
 

@@ -129,12 +129,15 @@ def _wire(method, ratio: float | None) -> float:
 
 def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network, ratio: float | None = None,
                  backward_s: float = 0.0, backward: Backward = ASSUMED_BACKWARD,
-                 units: Sequence[int] | None = None) -> list[PlannedMessage]:
+                 units: Sequence[int] | None = None, later: float = 0.0) -> list[PlannedMessage]:
     """Each message of a step, one after the other: an overlapped method's leaves once backward has produced its
     last gradient, the others' once backward (`backward_s` long) is over; each takes the time of its family's parts
     that go with the message (families.WITH_MESSAGE: all of a one-collective family) for its bytes, plus the latency
-    of every further round of sums (PowerSGD: 2 rounds). A method that sends per unit sends one message per layer
-    block of `units` (tensor_units). [] for a method without family."""
+    of every further round of sums (PowerSGD: 2 rounds). Where a method sends its later rounds only after backward
+    (later_rounds_after_backward: `bucketed`), each message's `later` share of bytes (method.later_share: PowerSGD's
+    Qs) is a message of its own, all of them after backward and after every first round, in bucket order. A method
+    that sends per unit sends one message per layer block of `units` (tensor_units). [] for a method without
+    family."""
     family = family_of(method)
     if family is None:
         return []
@@ -147,21 +150,29 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
         return sum(part.time(size, layout, network) for part in with_message)
 
     latency = sent(0.0)
+    deferred = rounds > 1 and method.overlapped() and method.later_rounds_after_backward
+    first_share = 1.0 - later if deferred else 1.0
     plan, finish = [], 0.0
     for group in groups:
         size = sum(tensor_bytes[i] for i in group) * ratio
-        seconds = sent(size) + (rounds - 1) * latency
+        seconds = sent(size * first_share) + (0 if deferred else rounds - 1) * latency
         at = max(ready[i] for i in group)
         start = max(finish, at)
         finish = start + seconds
-        plan.append(PlannedMessage(tuple(group), size, at, start, finish))
+        plan.append(PlannedMessage(tuple(group), size * first_share, at, start, finish))
+    if deferred:  # the later rounds: sync() sends them once backward is over and each first round's sum is in
+        for group, first in zip(groups, list(plan)):
+            size = sum(tensor_bytes[i] for i in group) * ratio * later
+            start = max(finish, backward_s)
+            finish = start + sent(size) + (rounds - 2) * latency
+            plan.append(PlannedMessage(first.tensors, size, backward_s, start, finish))
     return plan
 
 
 def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, label: str = "",
             ratio: float | None = None, backward_s: float | None = None,
             backward: Backward = ASSUMED_BACKWARD, compute_s: float | None = None,
-            units: Sequence[int] | None = None) -> Prediction | None:
+            units: Sequence[int] | None = None, later: float = 0.0) -> Prediction | None:
     """A configured sync method's (`method`, a SyncMethod) predicted sync per step on `network` (links.Network);
     None when it declares no collective family. `ratio` is the bytes on the wire per gradient byte (its
     compressor's, measured on the model's parameters by the caller; default: from its wire dtype). `backward` says
@@ -170,17 +181,18 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
     in the background (--overlap) hides under the local steps until the next turn: given a step's compute
     (`compute_s`), it is free while its transfer fits in them and costs the rest when it does not. `units`: each
     tensor's layer block (tensor_units), for a method that sends one message per block (fsdp): each pays its
-    collectives' latency."""
+    collectives' latency. `later`: the share of the wire bytes summed after the first round (method.later_share),
+    for a method that sends those rounds after backward."""
     family = family_of(method)
     if family is None:
         return None
-    plan = message_plan(method, tensor_bytes, layout, network, ratio, backward_s or 0.0, backward, units)
+    plan = message_plan(method, tensor_bytes, layout, network, ratio, backward_s or 0.0, backward, units, later)
     overlapped = method.overlapped()
     parts = {part.name: sum(part.time(m.nbytes, layout, network) for m in plan) for part in family.collectives()}
-    later = sum(parts[part.name] for part in family.collectives() if part.when == AFTER_STEP)
+    after_step = sum(parts[part.name] for part in family.collectives() if part.when == AFTER_STEP)
     exposed = None
     if overlapped and backward_s is not None:
-        exposed = (max(0.0, plan[-1].end_s - backward_s) if plan else 0.0) + later
+        exposed = (max(0.0, plan[-1].end_s - backward_s) if plan else 0.0) + after_step
         forward_s = backward_s / backward.share - backward_s if backward.share else 0.0
         exposed += forward_exposed(family, plan, layout, network, forward_s)
     comm_s, wire_bytes = sum(m.end_s - m.start_s for m in plan) + sum(

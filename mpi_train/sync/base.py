@@ -78,6 +78,9 @@ class SyncMethod:
     shards: str = REPLICATED  # what each rank keeps only 1/N of: REPLICATED, OPTIMIZER_STATE, ...
     messages: str = ONE_BUFFER  # PER_TENSOR, ONE_BUFFER or BUCKETS (messages.py)
     sends: str = AFTER_BACKWARD  # AFTER_BACKWARD, DURING_BACKWARD, INSIDE_DDP or AFTER_STEP
+    # a compressor's later rounds (PowerSGD's Qs) wait for sync(), after backward, where DURING_BACKWARD sends only
+    # the first; False where they follow the first as soon as its sum is in (torch's PowerSGD hook chains them)
+    later_rounds_after_backward: bool = False
     averages: str = GRADIENTS  # GRADIENTS at every step, or PARAMETERS every few steps (averaging.py)
     wire_dtype: torch.dtype | None = None  # what its messages carry, when not the gradients' own dtype (compression)
     compressions: tuple[str, ...] = ("none",)
@@ -135,6 +138,10 @@ class SyncMethod:
         """Bytes on the wire per gradient byte for these parameters (fp16: 0.5; PowerSGD: its factors)."""
         gradient_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
         return self.wire_bytes(params) / gradient_bytes if gradient_bytes else 1.0
+
+    def later_share(self, params: Sequence[nn.Parameter]) -> float:
+        """The share of its wire bytes its compressor sums after the first round (PowerSGD's Qs; else 0)."""
+        return self.compressor.later_share([p for p in params if p.requires_grad])
 
     @classmethod
     def from_config(cls, config) -> SyncMethod:

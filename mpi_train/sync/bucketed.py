@@ -77,6 +77,7 @@ class Bucketed(SyncMethod):
     collective = "ring"  # the same bytes as one allreduce, sent in buckets; Gloo and NCCL run each bandwidth-optimally
     messages = BUCKETS
     sends = DURING_BACKWARD
+    later_rounds_after_backward = True  # sync() runs them (above)
     compressions = EVERY_COMPRESSION
 
     def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, compressor=None):

@@ -48,6 +48,28 @@ def test_a_second_round_of_sums_pays_the_latency_again():
     assert twice.wire_bytes == once.wire_bytes and twice.comm_s - once.comm_s == pytest.approx(2 * 100e-6)
 
 
+def test_bucketed_sends_a_later_round_only_after_backward():
+    # PowerSGD through two 2 MB buckets at ratio 0.1 (0.2 MB each), 0.05 s each on a 4 MB/s link at np 2; 3/4 of the
+    # bytes are the Qs. Buckets ready at 1 s and 2 s of a 2 s backward: the Ps leave then (0.0125 s each); the Qs
+    # only after backward, one bucket after the other (0.0375 s each), so 0.075 s outlast it
+    slow = Network(NET.intra, Link(0.0, 1 / 4e6))
+    bucketed = method("bucketed", bucket_mb=2 * MB / 2**20, compression="powersgd")
+    plan = message_plan(bucketed, [1 * MB] * 4, Layout(2, 1), slow, ratio=0.1, backward_s=2.0, later=0.75)
+    assert [m.tensors for m in plan] == [(3, 2), (1, 0), (3, 2), (1, 0)]
+    assert [t for m in plan for t in (m.start_s, m.end_s)] == pytest.approx(
+        [1.0, 1.0125, 2.0, 2.0125, 2.0125, 2.05, 2.05, 2.0875])
+    assert sum(m.nbytes for m in plan) == pytest.approx(0.4 * MB)
+    exposed = predict(bucketed, [1 * MB] * 4, Layout(2, 1), slow, ratio=0.1, backward_s=2.0, later=0.75).exposed_s
+    assert exposed == pytest.approx(0.0875)
+    # without a later share the whole message leaves with its bucket (0.05 s, a second latency of 0 here)
+    whole = predict(bucketed, [1 * MB] * 4, Layout(2, 1), slow, ratio=0.1, backward_s=2.0).exposed_s
+    assert whole == pytest.approx(0.05)
+    # a schedule that sums after backward anyway is priced as before: the same bytes, the second round's latency
+    flat = method("flat", compression="powersgd")
+    assert (predict(flat, [4 * MB], Layout(2, 1), NET, ratio=0.1, later=0.75).comm_s
+            == pytest.approx(predict(flat, [4 * MB], Layout(2, 1), NET, ratio=0.1).comm_s))
+
+
 def test_buckets_fill_in_backward_order():
     # DDP's rule: a bucket closes once it reaches its cap (60 bytes here, the first one too), last tensor first
     assert message_groups([10, 20, 30, 40], BUCKETS, (60, 60)) == [[3, 2], [1, 0]]

@@ -146,6 +146,12 @@ def test_wire_bytes_of_vgg11_shrink_as_the_compressors_promise():
     powersgd = PowerSGD(rank=2).wire_bytes(params)
     assert powersgd < 1e6, powersgd
     assert (PowerSGD(rank=4).wire_bytes(params), PowerSGD(rank=8).wire_bytes(params)) == (426_024, 791_592)
+    # its two rounds: a 3x3 conv kernel's Q (9·in x r) is nine times its P (out x r) when in = out
+    conv = torch.nn.Conv2d(64, 64, 3, bias=True)
+    assert PowerSGD(rank=2).round_bytes(list(conv.parameters())) == (4 * (64 * 2 + 64), 4 * 576 * 2)
+    assert PowerSGD(rank=2).later_share(list(conv.parameters())) == pytest.approx(1152 / (192 + 1152))
+    assert PowerSGD(rank=2).round_bytes(params) == (81_960, 161_280) and powersgd == 243_240  # VGG-11: 2/3 later
+    assert COMPRESSORS["fp16"]().later_share(params) == 0.0  # one round
 
 
 def test_impossible_combinations_are_refused_with_the_way_out():

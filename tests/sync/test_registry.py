@@ -56,7 +56,7 @@ def test_a_method_in_one_file_and_one_registry_line_reaches_every_tool(throwaway
     methods = registered_methods()
     link = Link(100e-6, 1 / 125e6)
     rows = {row.method: row for row in predict_rows(sizes, 8, 2, Network(link, link), 0.1, methods,
-                                                    {name: 1.0 for name in methods})}
+                                                    {name: (1.0, 0.0) for name in methods})}
     assert "throwaway" in rows
     # modelled by its attributes: one buffer through rank 0, exactly gather_scatter's bytes in one message
     through_root = 2 * (8 - 1) * 100e-6 + 2 * (8 - 2) * sum(sizes) / 125e6 + 2 * (2 - 1) * sum(sizes) / 125e6

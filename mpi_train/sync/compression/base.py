@@ -38,6 +38,11 @@ class Compressor:
         """Bytes summed across ranks per step for these parameters' gradients: S of the cost model."""
         return float(sum(p.numel() * (self.wire_dtype or p.dtype).itemsize for p in params))
 
+    def later_share(self, params: Sequence[nn.Parameter]) -> float:
+        """The share of wire_bytes summed after the first round (PowerSGD's Qs): those rounds wait for the first
+        round's sum, so a schedule that sends the first during backward may send them only later (cost model)."""
+        return 0.0
+
     def state_dict(self, position: dict[int, int]) -> dict:
         """What this rank carries from step to step, for a checkpoint (tensors and plain data); `position` maps
         id(parameter) to its place among the model's parameters, the key a resumed job finds it by. None here."""

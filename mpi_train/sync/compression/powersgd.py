@@ -188,12 +188,22 @@ class PowerSGD(Compressor):
                     return m.residual.view_as(param)
         return None
 
-    def wire_bytes(self, params: Sequence[nn.Parameter]) -> float:
-        total = 0
+    def round_bytes(self, params: Sequence[nn.Parameter]) -> tuple[float, float]:
+        """Bytes of the two rounds for these parameters: the Ps with the whole tensors, then the Qs."""
+        first = second = 0
         for p in params:
             if self.compressible(p.shape):
                 rows, cols = p.shape[0], p.numel() // p.shape[0]
-                total += (rows + cols) * min(self.rank, rows, cols) * p.element_size()
+                rank = min(self.rank, rows, cols)
+                first, second = first + rows * rank * p.element_size(), second + cols * rank * p.element_size()
             else:
-                total += p.numel() * p.element_size()
-        return float(total)
+                first += p.numel() * p.element_size()
+        return float(first), float(second)
+
+    def wire_bytes(self, params: Sequence[nn.Parameter]) -> float:
+        return sum(self.round_bytes(params))
+
+    def later_share(self, params: Sequence[nn.Parameter]) -> float:
+        """The Qs' share: most of a conv kernel's factors (out x 9·in: Q is the long one), less of a transformer's."""
+        first, second = self.round_bytes(params)
+        return second / (first + second) if first + second else 0.0
