@@ -72,6 +72,13 @@ class RingWork:
         return True
 
 
+def pieces(flat: torch.Tensor, params: Iterable[nn.Parameter]) -> list[torch.Tensor]:
+    """Views of `flat`, one per parameter in order, each shaped like it: a bucket's layout (padding left out)."""
+    params = list(params)
+    sizes = [p.numel() for p in params]
+    return [piece.view_as(p) for piece, p in zip(torch.split(flat[:sum(sizes)], sizes), params)]
+
+
 def shard_bounds(count: int, world: int, rank: int) -> tuple[int, int]:
     """The slice [start, end) of a bucket of `count` numbers, padded to a multiple of `world`, that `rank` owns: 785
     numbers on 3 ranks pad to 786, rank 2 owns [524, 786), of which [524, 785) are real."""
@@ -230,11 +237,10 @@ class Zero(Bucketed):
             whole, work, noted = pending
             work.wait()
             self.recorder.ended(noted)
-            offset = 0
+            params = self.buckets[index].params
             with torch.no_grad():
-                for param in self.buckets[index].params:
-                    param.copy_(whole[offset:offset + param.numel()].view_as(param))
-                    offset += param.numel()
+                for param, piece in zip(params, pieces(whole, params)):
+                    param.copy_(piece)
 
     def settle(self) -> None:
         """Every pending all-gather in: the parameters are the step's, on every rank."""
@@ -285,11 +291,8 @@ class Zero(Bucketed):
                     continue
                 whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=value.dtype, device=value.device)
                 all_gather_single(whole, value.contiguous())
-                offset = 0
-                for param in bucket.params:
-                    state.setdefault(index_of[id(param)], {})[key] = (
-                        whole[offset:offset + param.numel()].view_as(param).cpu().clone())
-                    offset += param.numel()
+                for param, piece in zip(bucket.params, pieces(whole, bucket.params)):
+                    state.setdefault(index_of[id(param)], {})[key] = piece.cpu().clone()
         groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": list(range(len(index_of)))}
                   for group in sharded["param_groups"]]
         return {"state": state, "param_groups": groups}
@@ -311,11 +314,9 @@ class Zero(Bucketed):
                     sharded.setdefault(number, {})[key] = counts[0].clone()
                     continue
                 flat = torch.zeros(shard.numel() * world, dtype=shard.dtype)
-                offset = 0
-                for param, entry in zip(bucket.params, held):
+                for entry, piece in zip(held, pieces(flat, bucket.params)):
                     if key in entry:
-                        flat[offset:offset + param.numel()] = entry[key].reshape(-1)
-                    offset += param.numel()
+                        piece.copy_(entry[key].reshape(piece.shape))
                 sharded.setdefault(number, {})[key] = flat[start:end].to(shard.device).clone()
         groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": list(range(len(self.shard_params)))}
                   for group in state["param_groups"]]
