@@ -85,9 +85,14 @@ from ..tracking.links import share_views, where
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
 ALLREDUCE_FIT = "allreduce"  # the calibration's fit of torch's all_reduce alone (a key of the bench JSON, not a method)
-# every collective the calibration fits, each under its own key: the sharded families price theirs from these; zero's
-# own ring reduce-scatter on Gloo only, where zero runs it (sync/zero.py)
-CALIBRATED_COLLECTIVES = (ALLREDUCE_FIT, netmodel.REDUCE_SCATTER, netmodel.ALL_GATHER, netmodel.RING_REDUCE_SCATTER)
+# every collective the calibration fits, each under its own key (the sharded families price theirs from these; zero's
+# own ring reduce-scatter on Gloo only, where zero runs it: sync/zero.py), called on a whole buffer and this rank's 1/N
+CALIBRATED_COLLECTIVES = {
+    ALLREDUCE_FIT: lambda whole, shard: dist.all_reduce(whole),
+    netmodel.REDUCE_SCATTER: lambda whole, shard: reduce_scatter_single(shard, whole),
+    netmodel.ALL_GATHER: lambda whole, shard: all_gather_single(whole, shard),
+    netmodel.RING_REDUCE_SCATTER: lambda whole, shard: ring_reduce_scatter(whole, shard),
+}
 COLUMNS = ("method", "family", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s",
            "floor_ms", "efficiency", "predicted_ms", "pred_err", "codec_ms")
 
@@ -222,21 +227,16 @@ def collective_calibration(collective: str, largest: int, iters: int, device: to
     whole buffer (what an allreduce sums, a reduce-scatter reads, an all-gather fills): the collective as the methods
     meet it on this backend (its beta folds in the bytes each rank moves and the reductions). Collective; every rank
     gets the fit, of the slowest rank's times."""
-    world = dist.get_world_size()
+    world, run = dist.get_world_size(), CALIBRATED_COLLECTIVES[collective]
     sizes, seconds = [], []
     for size in netmodel.calibration_sizes(largest):
         whole = torch.zeros(max(world, size // 4 // world * world), device=device)
         shard = torch.zeros(whole.numel() // world, device=device)
-        run = {ALLREDUCE_FIT: lambda whole=whole: dist.all_reduce(whole),
-               netmodel.REDUCE_SCATTER: lambda whole=whole, shard=shard: reduce_scatter_single(shard, whole),
-               netmodel.ALL_GATHER: lambda whole=whole, shard=shard: all_gather_single(whole, shard),
-               netmodel.RING_REDUCE_SCATTER: lambda whole=whole, shard=shard: ring_reduce_scatter(whole, shard),
-               }[collective]
         times = []
         for i in range(iters + 1):
             dist.barrier()
             started = time.perf_counter()
-            run()
+            run(whole, shard)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if i:
