@@ -161,11 +161,11 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
         finish = start + seconds
         plan.append(PlannedMessage(tuple(group), size * first_share, at, start, finish))
     if deferred:  # the later rounds: sync() sends them once backward is over and each first round's sum is in
-        for group, first in zip(groups, list(plan)):
+        for group in groups:
             size = sum(tensor_bytes[i] for i in group) * ratio * later
             start = max(finish, backward_s)
             finish = start + sent(size) + (rounds - 2) * latency
-            plan.append(PlannedMessage(first.tensors, size, backward_s, start, finish))
+            plan.append(PlannedMessage(tuple(group), size, backward_s, start, finish))
     return plan
 
 
