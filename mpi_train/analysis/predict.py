@@ -176,12 +176,11 @@ def network_for(args: argparse.Namespace, calibrated: netmodel.Network | None) -
                         "or give a bench JSON whose fitted links to use (--calibration bench.json).")
     notes.append(f"between hosts: alpha {inter.alpha * 1e6:.0f} us, {inter.bandwidth / 1e6:,.0f} MB/s ({inter.source})")
     measured = calibrated.collectives if calibrated else ()
-    if measured:
-        notes.extend(f"{netmodel.describe_cost(cost)}, from --calibration: the sharded methods' {cost.name} priced as "
-                     f"the backend ran it (its bytes factor times the link's beta)" for cost in measured)
-    else:
+    notes.extend(f"{netmodel.describe_cost(cost)}, from --calibration: every {cost.name} priced as the backend ran it "
+                 f"(its bytes factor times the link's beta)" for cost in measured)
+    if not any(cost.name != netmodel.ALLREDUCE for cost in measured):
         notes.append("reduce-scatter and all-gather (zero, fsdp) priced at a ring's bytes and the link's latency, as a "
-                     "bandwidth-optimal backend runs them: no measured collectives (--calibration with a bench JSON "
+                     "bandwidth-optimal backend runs them: none measured (--calibration with a bench JSON "
                      "of this version prices them as the backend ran them; Gloo over TCP runs them slower)")
     return netmodel.Network(intra, inter, collectives=measured), notes
 

@@ -84,7 +84,7 @@ from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
-ALLREDUCE_FIT = "allreduce"  # the calibration's fit of torch's all_reduce alone (a key of the bench JSON, not a method)
+ALLREDUCE_FIT = netmodel.ALLREDUCE  # the calibration's fit of torch's all_reduce (a bench JSON key, not a method)
 # every collective the calibration fits, each under its own key (the sharded families price theirs from these; zero's
 # own ring reduce-scatter on Gloo only, where zero runs it: sync/zero.py), called on a whole buffer and this rank's 1/N
 CALIBRATED_COLLECTIVES = {

@@ -23,6 +23,7 @@ from .families import FAMILIES, Family, bus_bandwidth, family_of
 from .job import JobModel, bytes_sent_per_sync, job_model, layout_params
 from .links import (
            ALL_GATHER,
+           ALLREDUCE,
            LOOPBACK_LINK,
            REDUCE_SCATTER,
            RING_REDUCE_SCATTER,
@@ -51,6 +52,7 @@ from .prediction import (
 )
 
 __all__ = [
+           "ALLREDUCE",
            "ALL_GATHER",
            "ASSUMED_BACKWARD",
            "FAMILIES",

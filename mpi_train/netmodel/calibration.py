@@ -25,7 +25,17 @@ import torch.distributed as dist
 from .. import stragglers
 from ..cluster import GroupChannel
 from ..errors import UserError
-from .links import ALL_GATHER, REDUCE_SCATTER, RING_REDUCE_SCATTER, CollectiveCost, Link, Network, rate_bytes_per_s
+from .links import (
+    ALL_GATHER,
+    ALLREDUCE,
+    PHASES,
+    REDUCE_SCATTER,
+    RING_REDUCE_SCATTER,
+    CollectiveCost,
+    Link,
+    Network,
+    rate_bytes_per_s,
+)
 from .prediction import ASSUMED_BACKWARD, Backward, Layout
 
 
@@ -59,20 +69,26 @@ def _calibration(path: str | Path) -> tuple[Network, Backward]:
 
 
 def collective_costs(fits: dict, layout: Layout, network: Network) -> tuple[CollectiveCost, ...]:
-    """The reduce-scatter and all-gather as the backend ran them, and zero's own ring reduce-scatter where the bench
-    timed it (`fits`: a bench calibration's alpha-beta fit of each over the whole buffer's bytes, on `layout`), held
-    against a ring's on the link they crossed (the slowest between hosts, else the intra-host link): alpha per ring
-    step = alpha / (N-1); bytes factor = beta / ((N-1)/N·beta_link). Priced back on the same layout and link they
-    give the fits again; on others, the measured latency per step and the backend's share of the link's bandwidth
-    carry over. Empty for one rank or a fit missing."""
+    """The allreduce, reduce-scatter and all-gather as the backend ran them, and zero's own ring reduce-scatter where
+    the bench timed it (`fits`: a bench calibration's alpha-beta fit of each over the whole buffer's bytes, on
+    `layout`), held against a ring's on the link they crossed (the slowest between hosts, else the intra-host link):
+    alpha per ring step = alpha / (P·(N-1)); bytes factor = beta / (P·(N-1)/N·beta_link), P the collective's
+    half-rings (an allreduce's 2). Priced back on the same layout and link they give the fits again; on others, the
+    measured latency per step and the backend's share of the link's bandwidth carry over. The allreduce's latency
+    is what a per-call cost needs: a ping-pong's fit between shaped hosts often puts the link's alpha at 0. Empty
+    for one rank or a fit missing."""
     n = layout.world
     link = network.slowest if layout.hosts > 1 else network.intra
     if n < 2 or link.beta <= 0:
         return ()
     where = f"{n} ranks on {layout.hosts} host(s)"
-    return tuple(CollectiveCost(name, fits[name]["alpha"] / (n - 1), fits[name]["beta"] / ((n - 1) / n * link.beta),
-                                f"fitted on {where}") for name in (REDUCE_SCATTER, ALL_GATHER, RING_REDUCE_SCATTER)
-                 if fits.get(name))
+    costs = []
+    for name in (ALLREDUCE, REDUCE_SCATTER, ALL_GATHER, RING_REDUCE_SCATTER):
+        if fits.get(name):
+            phases = PHASES.get(name, 1)
+            costs.append(CollectiveCost(name, fits[name]["alpha"] / (phases * (n - 1)),
+                                        fits[name]["beta"] / (phases * (n - 1) / n * link.beta), f"fitted on {where}"))
+    return tuple(costs)
 
 
 def with_collective_costs(network: Network, fits: dict, layout: Layout) -> Network:

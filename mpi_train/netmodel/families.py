@@ -7,7 +7,10 @@ For S bytes on N ranks:
 - `ring` (bandwidth-optimal allreduce: ring, or reduce-scatter + all-gather): every rank sends
   and receives 2(N-1)/N·S, all links busy at once, so the floor is 2(N-1)/N·S/B. A message
   takes 2(N-1) steps of S/N bytes: 2(N-1)·alpha + 2(N-1)/N·S·beta; with more than one host every
-  step waits for the edge that crosses hosts, so alpha and beta are the inter-host link's.
+  step waits for the edge that crosses hosts, so alpha and beta are the inter-host link's. With a
+  calibration's fit of the backend's allreduce (links.CollectiveCost, ALLREDUCE) each step pays
+  its measured latency and the bytes its factor times the link's: what a short message costs on
+  Gloo (about 3 ms a call between the test hosts) where a ping-pong's fit often finds no alpha.
 - `root` (gather to rank 0, scatter back): rank 0 receives (N-1)·S and sends (N-1)·S, the others
   send S and receive S; rank 0's one link carries everything, so the floor is 2(N-1)·S/B. In
   time: 2(N-1) messages' latency, and rank 0's host link carries (N-R)·S in and then (N-R)·S
@@ -62,7 +65,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .links import ALL_GATHER, REDUCE_SCATTER, RING_REDUCE_SCATTER
+from .links import ALL_GATHER, ALLREDUCE, REDUCE_SCATTER, RING_REDUCE_SCATTER
 
 # when a part of a family's message goes: prediction.py prices each where it falls in the step
 WITH_MESSAGE = "with the message"  # when the method sends it (after backward, or during it as buckets fill)
@@ -118,6 +121,9 @@ def _ring_time(size: float, layout, network) -> float:
     if n == 1:
         return 0.0
     link = network.slowest if layout.hosts > 1 else network.intra
+    measured = network.cost(ALLREDUCE)
+    if measured is not None:  # the backend's allreduce as a calibration timed it: its latency per call above all
+        return measured.time(size, n, link)
     return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * size * link.beta
 
 

@@ -79,22 +79,29 @@ def nominal_link(link: str) -> Link:
 
 REDUCE_SCATTER, ALL_GATHER = "reduce_scatter", "all_gather"  # the sharded collectives a calibration measures
 RING_REDUCE_SCATTER = "ring_reduce_scatter"  # and zero's own ring over point-to-point, which it runs on Gloo
+ALLREDUCE = "allreduce"  # and the allreduce itself: on a ring, a reduce-scatter then an all-gather
+PHASES = {ALLREDUCE: 2}  # the half-rings each collective runs (1 for the others)
 
 
 @dataclass(frozen=True)
 class CollectiveCost:
     """A collective as the backend runs it, measured (calibration.collective_costs) and held against a ring's: each
     of its N-1 steps pays `alpha`, and its (N-1)/N·S bytes take `beta_factor` times what the link's beta gives them.
-    A bandwidth-optimal backend (NCCL) has a factor near 1; Gloo over TCP runs its reduce-scatter well above."""
+    A bandwidth-optimal backend (NCCL) has a factor near 1; Gloo over TCP runs its reduce-scatter well above. An
+    allreduce runs two such half-rings (PHASES), 2(N-1) steps."""
 
-    name: str  # REDUCE_SCATTER, ALL_GATHER or RING_REDUCE_SCATTER
-    alpha: float  # seconds per step of the ring: the fit's latency over N-1
-    beta_factor: float  # the fit's seconds per byte over a ring's (N-1)/N·beta on the link it crossed
+    name: str  # REDUCE_SCATTER, ALL_GATHER, RING_REDUCE_SCATTER or ALLREDUCE
+    alpha: float  # seconds per step of the ring: the fit's latency over its phases·(N-1) steps
+    beta_factor: float  # the fit's seconds per byte over a ring's phases·(N-1)/N·beta on the link it crossed
     source: str = "measured"
+
+    @property
+    def phases(self) -> int:
+        return PHASES.get(self.name, 1)
 
     def time(self, size: float, world: int, link: Link) -> float:
         """Seconds for S bytes on `world` ranks whose slowest crossing is `link`."""
-        return (world - 1) * self.alpha + self.beta_factor * (world - 1) / world * size * link.beta
+        return self.phases * ((world - 1) * self.alpha + self.beta_factor * (world - 1) / world * size * link.beta)
 
 
 @dataclass(frozen=True)

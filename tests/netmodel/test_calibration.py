@@ -1,11 +1,13 @@
 """Calibration: the sizes timed, the peers chosen, and a bench JSON's links read back (or refused)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from mpi_train.errors import UserError
 from mpi_train.netmodel import (
+    FAMILIES,
     Backward,
     Layout,
     Link,
@@ -46,18 +48,24 @@ def test_a_bench_s_fits_of_the_sharded_collectives_become_the_network_s_measured
     fits = {"reduce_scatter": {"alpha": 6e-3, "beta": 6e-8}, "all_gather": {"alpha": 3e-3, "beta": 1.2e-8},
             "allreduce": {"alpha": 1e-3, "beta": 1.6e-8}}
     layout = Layout(4, 2)
-    rs, ag = collective_costs(fits, layout, NET)
+    allreduce, rs, ag = collective_costs(fits, layout, NET)
     assert (rs.name, rs.alpha, rs.beta_factor) == pytest.approx(("reduce_scatter", 2e-3, 10.0))
+    # the allreduce runs two half-rings: 6 steps of 1/6 ms, and 1.6e-8 / (2 · 3/4 · 8e-9) = 4/3 a ring's bytes; the
+    # ring family (every allreduce method) then pays the fit itself on this layout
+    assert (allreduce.name, allreduce.alpha, allreduce.beta_factor) == pytest.approx(("allreduce", 1e-3 / 6, 4 / 3))
+    assert allreduce.time(8e6, 4, NET.inter) == pytest.approx(1e-3 + 8e6 * 1.6e-8)
+    priced = replace(NET, collectives=(allreduce,))
+    assert FAMILIES["ring"].time(8e6, layout, priced) == pytest.approx(1e-3 + 8e6 * 1.6e-8)
     assert (ag.name, ag.alpha, ag.beta_factor) == pytest.approx(("all_gather", 1e-3, 2.0))
     assert rs.time(8e6, 4, NET.inter) == pytest.approx(6e-3 + 8e6 * 6e-8)
     # one host: held against the intra-host link (1 GB/s): 6e-8 / (3/4 · 1e-9) = 80x
-    assert collective_costs(fits, Layout(4, 4), NET)[0].beta_factor == pytest.approx(80.0)
+    assert collective_costs(fits, Layout(4, 4), NET)[1].beta_factor == pytest.approx(80.0)
     assert collective_costs(fits, Layout(1, 1), NET) == () and collective_costs({}, layout, NET) == ()
-    # a bench JSON: read back with its layout; one written before the bench fitted them has none (ring bytes)
+    # a bench JSON: read back with its layout; one written before the bench fitted the sharded ones has the allreduce
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"world_size": 4, "layout": {"hosts": 2, "ranks_per_host": 2},
                                  "calibration": {"network": NET.as_dict(), **fits}}))
-    assert load_calibration(bench).collectives == (rs, ag)
+    assert load_calibration(bench).collectives == (allreduce, rs, ag)
     bench.write_text(json.dumps({"world_size": 4, "layout": {"hosts": 2, "ranks_per_host": 2},
                                  "calibration": {"network": NET.as_dict(), "allreduce": fits["allreduce"]}}))
-    assert load_calibration(bench) == NET
+    assert load_calibration(bench) == replace(NET, collectives=(allreduce,))  # the sharded ones at a ring's bytes
