@@ -103,12 +103,12 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     assert calibration["network"]["intra"]["beta"] > 0 and calibration["allreduce"]["fit_error"] >= 0
     # the sharded collectives fitted beside the allreduce, over the same sizes (the buffer split evenly by 2 ranks),
     # read back as the network's measured costs: what prices zero's and fsdp's collectives
-    # (and, on Gloo, zero's own ring reduce-scatter, which zero runs there)
+    # (and, on Gloo, zero's own ring reduce-scatter, which zero runs there), and the allreduce the ring family's
     for name in ("reduce_scatter", "all_gather", "ring_reduce_scatter"):
         fit = calibration[name]
         assert fit["beta"] > 0 and fit["alpha"] >= 0 and fit["sizes"][-1] == data["gradient_bytes"] // 8 * 8, name
     costs = load_calibration(out).collectives
-    assert [cost.name for cost in costs] == ["reduce_scatter", "all_gather", "ring_reduce_scatter"]
+    assert [cost.name for cost in costs] == ["allreduce", "reduce_scatter", "all_gather", "ring_reduce_scatter"]
     assert all(cost.beta_factor > 0 for cost in costs)
     assert "reduce_scatter of m bytes on all 2 ranks:" in result.stdout
     # when the no-sync replica's gradients were ready, for the overlapped predictions
