@@ -65,6 +65,7 @@ def rank_main(rank: int, world: int, rendezvous: str, out: str, name: str | None
     if rank == 0:
         with open(out, "w") as file:
             json.dump(every, file)
+    dist.barrier()  # neither rank tears its group down while the other still uses it
     dist.destroy_process_group()
 
 
