@@ -139,6 +139,17 @@ def timed(recorder: Recorder, name: str, nbytes: float, call, *args, bucket: int
     return result
 
 
+def coded(recorder: Recorder, call, *args, bucket: int | None = None):
+    """`call(*args)`, a compressor's own work (a cast, PowerSGD's products), noted as a codec interval when the
+    recorder wants them (a timeline's step, the bench's codec clock)."""
+    if not recorder.detailed:
+        return call(*args)
+    start = now()
+    result = call(*args)
+    recorder.codec(start, now(), bucket)
+    return result
+
+
 # ---------------------------------------------------------------------------------------------
 # A rank's record of its steps.
 

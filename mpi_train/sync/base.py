@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..timeline import NO_RECORDER, Recorder, now, timed
+from ..timeline import NO_RECORDER, Recorder, coded, timed
 from .compression import COMPRESSORS, Compressor
 from .compression.none import NoCompression
 from .messages import DDP_BUCKET_MB, DDP_FIRST_BUCKET_MB, ONE_BUFFER
@@ -40,10 +40,7 @@ def sum_each_round(rounds: Iterator[torch.Tensor], allreduce_sum: Callable[[torc
     """Drive a compressor's rounds to the end, summing each message across ranks before the next; for a recorder
     that wants them, each sum is a message and, in a timeline, the compressor's work between them a codec interval."""
     while True:
-        start = now()
-        message = next(rounds, None)
-        if recorder.detailed:
-            recorder.codec(start, now(), bucket)
+        message = coded(recorder, next, rounds, None, bucket=bucket)
         if message is None:
             return
         timed(recorder, name, message.numel() * message.element_size(), allreduce_sum, message, bucket=bucket)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..timeline import now
+from ..timeline import coded, now
 from .base import DURING_BACKWARD, EVERY_COMPRESSION, SyncMethod
 from .flat import FlatBuffer
 from .messages import BUCKETS, DDP_BUCKET_MB, DDP_FIRST_BUCKET_MB, fill_buckets
@@ -176,11 +176,7 @@ class Bucketed(SyncMethod):
 
     def next_message(self, bucket: Bucket):
         """The compressor's next message for `bucket` (None once its average is done); its work, a codec interval."""
-        start = now()
-        message = next(bucket.rounds, None)
-        if self.recorder.detailed:
-            self.recorder.codec(start, now(), bucket.index)
-        return message
+        return coded(self.recorder, next, bucket.rounds, None, bucket=bucket.index)
 
     def send(self, bucket: Bucket, message: torch.Tensor) -> None:
         """Start summing `message` across ranks, noted as a message that ends when the sum completes."""

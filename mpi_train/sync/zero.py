@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..timeline import now
+from ..timeline import coded, now
 from .base import GRADIENTS_AND_STATE
 from .bucketed import DEFAULT_BUCKET_MB, Bucket, Bucketed
 from .flat import padded_length
@@ -179,10 +179,8 @@ class Zero(Bucketed):
     def launch(self, bucket: Bucket) -> None:
         """Start the reduce-scatter of `bucket`: this rank receives the sum of its slice, in the wire's type."""
         data, world = bucket.buffer.data, dist.get_world_size()
-        start = now()
-        message = data if self.wire_dtype is None else torch.div(data, world).to(self.wire_dtype)  # a share each
-        if self.wire_dtype is not None and self.recorder.detailed:
-            self.recorder.codec(start, now(), bucket.index)
+        message = data if self.wire_dtype is None else coded(  # a share each
+            self.recorder, lambda: torch.div(data, world).to(self.wire_dtype), bucket=bucket.index)
         received = torch.empty(data.numel() // world, dtype=message.dtype, device=data.device)
         start = now()
         if self.rings is not None:  # Gloo: a ring of our own, half the bytes of Gloo's (RingReduceScatters); it sums
@@ -205,10 +203,8 @@ class Zero(Bucketed):
             bucket.work.wait()
             received, noted = self.received.pop(bucket.index)
             self.recorder.ended(noted)
-            start = now()
-            mean = received.to(shard.dtype) if self.wire_dtype is not None else received.div_(world)
-            if self.wire_dtype is not None and self.recorder.detailed:
-                self.recorder.codec(start, now(), bucket.index)
+            mean = (coded(self.recorder, received.to, shard.dtype, bucket=bucket.index) if self.wire_dtype is not None
+                    else received.div_(world))
             shard.grad = mean
             bucket.work, bucket.waiting = None, len(bucket.params)
             bucket.release()
