@@ -390,7 +390,8 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
             backward = model_of.backward.share * statistics.median(slowest(per_rank, NO_SYNC, "compute"))
             prediction = netmodel.predict(method, model_of.tensor_bytes, model_of.layout, model_of.network, label=name,
                                           ratio=ratio, backward_s=backward, backward=model_of.backward,
-                                          units=model_of.units, later=(later or {}).get(name, 0.0))
+                                          units=model_of.units, later=(later or {}).get(name, 0.0),
+                                          step_ends_at_barrier=True)  # (zero's all-gathers are waited for there)
             if prediction is not None:
                 measured = exposed if prediction.overlapped else sync
                 # the wire, plus the compressor's CPU, timed here

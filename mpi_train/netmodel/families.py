@@ -37,8 +37,11 @@ Without one (nominal links, a job's own ping-pong) they are priced at a ring's b
 - `reduce_scatter` (ZeRO-2, `zero`): each bucket's gradients reduce-scattered as backward fills
   it, each rank steps its shard, then the updated parameters all-gathered: 2(N-1)/N·S per rank
   as a ring allreduce moves, floor 2(N-1)/N·S/B, time 2(N-1)·alpha + 2(N-1)/N·S·beta, in two
-  parts: the reduce-scatter goes with the message (during backward), the all-gather after the
-  optimizer step, where nothing hides it.
+  parts: the reduce-scatter goes with the message (during backward); the all-gathers start after
+  the optimizer step, first layers first, and the next forward waits for each bucket's as it
+  reaches the bucket's first layer, so they hide behind forward as FSDP's do (the first bucket's
+  is always paid). They carry the parameters in their own type, whatever the reduce-scatter's
+  compression. Where a barrier ends each step (the bench's), the step waits for them whole.
 - `layerwise_gather` (ZeRO-3, FSDP's `fsdp`): per unit, its parameters all-gathered before its
   forward, again before its backward (they are freed after forward), and its gradients
   reduce-scattered in backward: 3(N-1)/N·S per rank, floor 3(N-1)/N·S/B, time
@@ -70,7 +73,8 @@ from .links import ALL_GATHER, ALLREDUCE, REDUCE_SCATTER, RING_REDUCE_SCATTER
 # when a part of a family's message goes: prediction.py prices each where it falls in the step
 WITH_MESSAGE = "with the message"  # when the method sends it (after backward, or during it as buckets fill)
 IN_FORWARD = "in forward"  # before each unit's forward (FSDP's gathers)
-AFTER_STEP = "after the step"  # once the optimizer has stepped (ZeRO's gathers of the updated parameters)
+NEXT_FORWARD = "before the next forward"  # started after the step, waited for in the next forward (ZeRO's gathers)
+AFTER_STEP = "after the step"  # once the optimizer has stepped, waited for there (ZeRO-1's broadcasts)
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,10 @@ class Part:
     """One collective of a family's message: its name as a report shows it, when it goes, its alpha-beta time."""
 
     name: str
-    when: str  # WITH_MESSAGE, IN_FORWARD or AFTER_STEP
+    when: str  # WITH_MESSAGE, IN_FORWARD, NEXT_FORWARD or AFTER_STEP
     time: Callable[..., float]  # (S, layout, network) -> seconds, for a message of S bytes
     measured: tuple[str, ...] = ()  # the collectives a calibration measures that price it, the first found wins
+    compressed: bool = True  # it carries the compressor's bytes; False: the parameters in their own type
 
 
 @dataclass(frozen=True)
@@ -228,7 +233,7 @@ def _sum_of(parts: tuple[Part, ...]) -> Callable[..., float]:
 # zero's reduce-scatter: its own ring where the calibration timed one (Gloo, where zero runs it), else the backend's
 ZERO_REDUCE_SCATTER = (RING_REDUCE_SCATTER, REDUCE_SCATTER)
 REDUCE_SCATTER_PARTS = (Part("reduce-scatter", WITH_MESSAGE, _half_ring(*ZERO_REDUCE_SCATTER), ZERO_REDUCE_SCATTER),
-                        Part("all-gather", AFTER_STEP, _half_ring(ALL_GATHER), (ALL_GATHER,)))
+                        Part("all-gather", NEXT_FORWARD, _half_ring(ALL_GATHER), (ALL_GATHER,), compressed=False))
 LAYERWISE_GATHER_PARTS = (Part("all-gather (forward)", IN_FORWARD, _half_ring(ALL_GATHER), (ALL_GATHER,)),
                           Part("all-gather (backward)", WITH_MESSAGE, _half_ring(ALL_GATHER), (ALL_GATHER,)),
                           Part("reduce-scatter", WITH_MESSAGE, _half_ring(REDUCE_SCATTER), (REDUCE_SCATTER,)))

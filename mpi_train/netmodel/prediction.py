@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..sync.fsdp import units
 from ..sync.messages import message_groups
-from .families import AFTER_STEP, FAMILIES, IN_FORWARD, WITH_MESSAGE, family_of
+from .families import AFTER_STEP, FAMILIES, IN_FORWARD, NEXT_FORWARD, WITH_MESSAGE, Part, family_of
 
 
 @dataclass(frozen=True)
@@ -109,13 +109,19 @@ class Prediction:
 @dataclass(frozen=True)
 class PlannedMessage:
     """One message of a step as the model sees it: which tensors, its bytes on the wire, when its last gradient is
-    ready and when it starts and ends (seconds from the start of backward)."""
+    ready and when it starts and ends (seconds from the start of backward), and its tensors' own bytes, which a
+    part that carries the parameters uncompressed moves (zero's all-gather; 0 for a later round's message)."""
 
     tensors: tuple[int, ...]
     nbytes: float
     ready_s: float
     start_s: float
     end_s: float
+    plain_bytes: float = 0.0
+
+    def carried_by(self, part: Part) -> float:
+        """The bytes `part` moves for this message: the wire's, or the plain tensors' for an uncompressed part."""
+        return self.nbytes if part.compressed else self.plain_bytes
 
 
 def _wire(method, ratio: float | None) -> float:
@@ -159,7 +165,8 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
         at = max(ready[i] for i in group)
         start = max(finish, at)
         finish = start + seconds
-        plan.append(PlannedMessage(tuple(group), size * first_share, at, start, finish))
+        plan.append(PlannedMessage(tuple(group), size * first_share, at, start, finish,
+                                   sum(tensor_bytes[i] for i in group)))
     if deferred:  # the later rounds: sync() sends them once backward is over and each first round's sum is in
         for group in groups:
             size = sum(tensor_bytes[i] for i in group) * ratio * later
@@ -172,7 +179,8 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
 def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, label: str = "",
             ratio: float | None = None, backward_s: float | None = None,
             backward: Backward = ASSUMED_BACKWARD, compute_s: float | None = None,
-            units: Sequence[int] | None = None, later: float = 0.0) -> Prediction | None:
+            units: Sequence[int] | None = None, later: float = 0.0,
+            step_ends_at_barrier: bool = False) -> Prediction | None:
     """A configured sync method's (`method`, a SyncMethod) predicted sync per step on `network` (links.Network);
     None when it declares no collective family. `ratio` is the bytes on the wire per gradient byte (its
     compressor's, measured on the model's parameters by the caller; default: from its wire dtype). `backward` says
@@ -182,19 +190,24 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
     (`compute_s`), it is free while its transfer fits in them and costs the rest when it does not. `units`: each
     tensor's layer block (tensor_units), for a method that sends one message per block (fsdp): each pays its
     collectives' latency. `later`: the share of the wire bytes summed after the first round (method.later_share),
-    for a method that sends those rounds after backward."""
+    for a method that sends those rounds after backward. `step_ends_at_barrier`: a barrier ends each step (the
+    bench's), so what a method starts after its step for the next forward (zero's all-gathers) is waited for
+    there, whole, not under that forward."""
     family = family_of(method)
     if family is None:
         return None
     plan = message_plan(method, tensor_bytes, layout, network, ratio, backward_s or 0.0, backward, units, later)
     overlapped = method.overlapped()
-    parts = {part.name: sum(part.time(m.nbytes, layout, network) for m in plan) for part in family.collectives()}
-    after_step = sum(parts[part.name] for part in family.collectives() if part.when == AFTER_STEP)
+    parts = {part.name: sum(part.time(m.carried_by(part), layout, network) for m in plan)
+             for part in family.collectives()}
+    waited_after = (AFTER_STEP, NEXT_FORWARD) if step_ends_at_barrier else (AFTER_STEP,)
+    after_step = sum(parts[part.name] for part in family.collectives() if part.when in waited_after)
     exposed = None
     if overlapped and backward_s is not None:
         exposed = (max(0.0, plan[-1].end_s - backward_s) if plan else 0.0) + after_step
         forward_s = backward_s / backward.share - backward_s if backward.share else 0.0
-        exposed += forward_exposed(family, plan, layout, network, forward_s)
+        in_forward = (IN_FORWARD,) if step_ends_at_barrier else (IN_FORWARD, NEXT_FORWARD)
+        exposed += forward_exposed(family, plan, layout, network, forward_s, in_forward)
     comm_s, wire_bytes = sum(m.end_s - m.start_s for m in plan) + sum(
         parts[part.name] for part in family.collectives() if part.when != WITH_MESSAGE), sum(m.nbytes for m in plan)
     if getattr(method, "period", None):  # a model-averaging method: per step, its averages' share
@@ -210,16 +223,18 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
                       parts, background)
 
 
-def forward_exposed(family, plan: list[PlannedMessage], layout: Layout, network, forward_s: float) -> float:
-    """What of a family's gathers in forward (FSDP's) the forward compute does not hide: each unit's gather can run
-    while the unit before computes (prefetch), so the first unit's gather is always paid, and all of them beyond the
-    forward's length; the model takes the larger."""
-    forward = [part for part in family.collectives() if part.when == IN_FORWARD]
+def forward_exposed(family, plan: list[PlannedMessage], layout: Layout, network, forward_s: float,
+                    whens: Sequence[str] = (IN_FORWARD,)) -> float:
+    """What of a family's gathers waited for in forward (FSDP's per unit, zero's per bucket: its parts whose `when`
+    is in `whens`) the forward compute does not hide: each unit's gather can run while the units before compute
+    (FSDP prefetches the next; zero's are all under way, first layers first), so the first unit's gather is always
+    paid, and all of them beyond the forward's length; the model takes the larger."""
+    forward = [part for part in family.collectives() if part.when in whens]
     if not forward or not plan:
         return 0.0
 
     def gather(message: PlannedMessage) -> float:
-        return sum(part.time(message.nbytes, layout, network) for part in forward)
+        return sum(part.time(message.carried_by(part), layout, network) for part in forward)
 
     first = next((m for m in plan if 0 in m.tensors), plan[-1])  # the first layer's: forward starts with it
     return max(gather(first), sum(gather(m) for m in plan) - forward_s)

@@ -56,11 +56,15 @@ def test_the_search_finds_what_a_dense_scan_of_bucket_sizes_finds():
         search.predicted(Candidate("bucketed", mb), model).step_s for mb in (1, 5, 25))
 
 
-def test_on_a_slow_link_between_hosts_only_the_host_leaders_crossing_it_wins():
+def test_on_a_slow_link_between_hosts_only_the_host_leaders_crossing_it_wins_but_zeros_hidden_gathers():
     tensors = [2 * MIB] * 10
     ranking = search.ranked(search.candidates(search.lossless("gloo")[0], tensors), step_model(tensors, SLOW))
     best = search.best_of_each(ranking)
-    assert best[0].candidate == Candidate("hierarchical") and best[-1].candidate == Candidate("gather_scatter")
+    # of the methods that keep every gradient, the one whose host leaders alone cross the slow link; zero moves a
+    # ring's bytes across it but hides its reduce-scatters behind backward and its gathers behind the next forward
+    assert [one.candidate.sync for one in best[:3]] == ["zero", "hierarchical", "bucketed"]
+    assert best[0].exposed_s < best[1].exposed_s < best[0].comm_s
+    assert best[-1].candidate == Candidate("gather_scatter")
     flat = next(one for one in best if one.candidate.sync == "flat")
     assert flat.step_s == pytest.approx(1.01 + 2 * 3 * 150e-6 + 2 * 3 / 4 * 20 * MIB / 12.5e6)  # baseline + ring
     assert flat.exposed_s == flat.comm_s and "between-host link (12.5 MB/s, 150 us" in flat.binds

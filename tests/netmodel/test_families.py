@@ -89,7 +89,8 @@ def test_the_sharded_families_price_each_collective_apart():
     half = 3 * 100e-6 + 6 * MB / 125e6
     rs = FAMILIES["reduce_scatter"]
     assert [(p.name, p.when) for p in rs.collectives()] == [("reduce-scatter", "with the message"),
-                                                             ("all-gather", "after the step")]
+                                                             ("all-gather", "before the next forward")]
+    assert [p.compressed for p in rs.collectives()] == [True, False]  # the gather carries the parameters as they are
     assert [p.time(8 * MB, Layout(4, 2), NET) for p in rs.collectives()] == pytest.approx([half, half])
     assert rs.time(8 * MB, Layout(4, 2), NET) == pytest.approx(FAMILIES["ring"].time(8 * MB, Layout(4, 2), NET))
     layerwise = FAMILIES["layerwise_gather"]

@@ -163,16 +163,29 @@ class LayerwiseGathers(ReduceScatterBuckets):
         return 1 * MB, 1 * MB
 
 
-def test_reduce_scatter_hides_behind_backward_and_its_gather_does_not():
+def test_zeros_gathers_hide_behind_the_next_forward_but_the_first_and_a_barrier_waits_for_them_whole():
     # the bucketed case above, each bucket's 0.5 s allreduce now a 0.25 s reduce-scatter in backward and a 0.25 s
-    # all-gather after the step: the last reduce-scatter outlasts backward by 0.25 s, both gathers are exposed
+    # all-gather started after the step: the last reduce-scatter outlasts backward by 0.25 s; the next forward (1 s,
+    # as backward is 2/3) waits for the first layers' bucket's gather (0.25 s) and hides the other
     slow = Network(NET.intra, Link(0.0, 1 / 4e6))
     zero = predict(ReduceScatterBuckets(), [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0)
     assert zero.parts == pytest.approx({"reduce-scatter": 0.5, "all-gather": 0.5})
-    assert zero.comm_s == pytest.approx(1.0) and zero.exposed_s == pytest.approx(0.25 + 0.5)
+    assert zero.comm_s == pytest.approx(1.0) and zero.exposed_s == pytest.approx(0.25 + 0.25)
     bucketed = predict(method("bucketed", bucket_mb=2 * MB / 2**20), [1 * MB] * 4, Layout(2, 1), slow,
                        backward_s=2.0)
     assert bucketed.comm_s == pytest.approx(zero.comm_s) and bucketed.parts == {"allreduce": bucketed.comm_s}
+    # a barrier after each step (the bench's) waits for both gathers there
+    benched = predict(ReduceScatterBuckets(), [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0,
+                      step_ends_at_barrier=True)
+    assert benched.exposed_s == pytest.approx(0.25 + 0.5) and benched.comm_s == pytest.approx(zero.comm_s)
+    # a forward of 0.1 s (backward 0.2 s) hides 0.1 s of the gathers' 0.5 s; the reduce-scatters (ready at 0.1 and
+    # 0.2 s) end at 0.6 s, 0.4 s past backward
+    short = predict(ReduceScatterBuckets(), [1 * MB] * 4, Layout(2, 1), slow, backward_s=0.2)
+    assert short.exposed_s == pytest.approx(0.4 + 0.4)
+    # float16 halves the reduce-scatter; the all-gather carries the parameters in their own type
+    half = predict(method("zero", compression="fp16", bucket_mb=2 * MB / 2**20), [1 * MB] * 4, Layout(2, 1), slow,
+                   backward_s=2.0)
+    assert half.parts == pytest.approx({"reduce-scatter": 0.25, "all-gather": 0.5})
 
 
 def test_fsdp_gathers_in_forward_hide_behind_the_forward_but_the_first():
