@@ -61,7 +61,7 @@ from ..files import write_json_atomically
 from ..optimizers import describe_state, state_slots
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import PARAMETERS, SYNC_METHODS, backend_error, every_label, split_label
-from ..sync.averaging import OVERLAP, STREAMED_COMPRESSIONS
+from ..sync.averaging import STREAMED, STREAMED_COMPRESSIONS
 from ..sync.base import AccuracyCost
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
@@ -277,10 +277,11 @@ def option_of(text: str) -> str:
 
 def configured(text: str):
     """The method a label names, as a job with its defaults configures it (`bucketed+fp16`, `localsgd+fp16
-    --overlap`)."""
-    overlap = text.endswith(OVERLAP)
-    name, compression = split_label(text.removesuffix(OVERLAP))
-    return SYNC_METHODS[name].from_config(TrainConfig(sync=name, compression=compression, overlap=overlap))
+    --overlap`, `localsgd+fp16 --overlap --fragments 4`)."""
+    streamed = max((suffix for suffix in STREAMED if text.endswith(suffix)), key=len, default="")
+    name, compression = split_label(text.removesuffix(streamed))
+    return SYNC_METHODS[name].from_config(TrainConfig(sync=name, compression=compression,
+                                                      **STREAMED.get(streamed, {})))
 
 
 def accuracy_cost(model_name: str, text: str) -> AccuracyCost | None:
@@ -320,25 +321,25 @@ def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tu
                      "accuracy_points": cost.points if cost else None,
                      "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None})
         if method_class.averages == PARAMETERS and compression in STREAMED_COMPRESSIONS:
-            rows.append(overlapped_option(model_name, params, model, text))
+            rows.extend(overlapped_option(model_name, params, model, text, streamed) for streamed in STREAMED)
     return sorted(rows, key=lambda row: row["predicted_step_s"]), refused
 
 
-def overlapped_option(model_name: str, params, model: StepModel, text: str) -> dict:
-    """A model-averaging label with its averages in the background (--overlap): free while each fits in the local
-    steps until the next, else what outlasts them; its accuracy cost as its class lists it (key: the compression
-    and " --overlap"), if measured."""
+def overlapped_option(model_name: str, params, model: StepModel, text: str, streamed: str) -> dict:
+    """A model-averaging label with its averages in the background (`streamed`: --overlap, and in fragments): free
+    while each fits in the local steps until the next, else what outlasts them; its accuracy cost as its class
+    lists it (key: the compression and `streamed`), if measured."""
     name, compression = split_label(text)
     method_class = SYNC_METHODS[name]
-    method = method_class.from_config(TrainConfig(sync=name, compression=compression, overlap=True))
+    method = method_class.from_config(TrainConfig(sync=name, compression=compression, **STREAMED[streamed]))
     prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
                                   ratio=method.wire_ratio(params), later=method.later_share(params),
                                   backward_s=model.backward_s,
                                   backward=model.backward, compute_s=model.compute_s, units=model.units)
-    cost = method_class.accuracy_costs.get((model_name, compression + OVERLAP))
-    return {"label": text + OVERLAP, "option": option_of(text) + OVERLAP,
+    cost = method_class.accuracy_costs.get((model_name, compression + streamed))
+    return {"label": text + streamed, "option": option_of(text) + streamed,
             "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else []) +
-                     ["--overlap"],
+                     streamed.split(),
             "predicted_step_s": model.baseline_step_s + prediction.sync_s,
             "accuracy_points": cost.points if cost else None,
             "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None}

@@ -47,6 +47,9 @@ from .hierarchical import Hierarchical, host_groups
 from .messages import ONE_BUFFER
 
 OVERLAP = " --overlap"  # after a compression in an accuracy_costs key: the cost measured with the averages overlapped
+FRAGMENTED = OVERLAP + " --fragments 4"  # ... overlapped, a quarter of the model at a time
+# the streamed schedules the advisor lists after a label, each with the options it sets
+STREAMED = {OVERLAP: {"overlap": True}, FRAGMENTED: {"overlap": True, "fragments": 4}}
 STREAMED_COMPRESSIONS = ("none", "fp16", "bf16")  # what --overlap and --fragments carry: elementwise casts
 MOMENTUM = ("keep", "average", "reset")  # --local-momentum: what an average does to the optimizer's state
 DEFAULT_PERIOD = 8

@@ -45,7 +45,10 @@ def test_lossy_options_are_listed_apart_with_the_accuracy_cost_measured_where_it
     # each averaging method's lossless or cast options again with their averages in the background: never slower,
     # listed with the accuracy cost measured for it, where it was
     overlapped = options["localsgd+fp16 --overlap"]
-    assert overlapped["flags"][-1] == "--overlap" and overlapped["accuracy_points"] == -3.57
+    assert overlapped["flags"][-1] == "--overlap" and overlapped["accuracy_points"] == -3.03
+    fragmented = options["localsgd+fp16 --overlap --fragments 4"]  # a quarter of the model every 2 steps
+    assert fragmented["flags"][-3:] == ["--overlap", "--fragments", "4"] and fragmented["accuracy_points"] == -1.33
+    assert advise.configured(fragmented["label"]).fragments == 4 and advise.configured(fragmented["label"]).overlap
     assert options["diloco+fp16 --overlap"]["accuracy_points"] is None
     assert overlapped["predicted_step_s"] <= options["localsgd+fp16"]["predicted_step_s"]
     assert "localsgd+powersgd --overlap" not in options  # PowerSGD's rounds do not stream
