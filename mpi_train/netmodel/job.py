@@ -33,13 +33,14 @@ class JobModel:
     units: tuple | None = None  # each tensor's layer block (tensor_units): fsdp's messages
 
     def sync_time(self, compute_s: float, network: Network | None = None) -> float:
-        """Predicted sync seconds per step; for an overlapped method its exposed time behind this measured compute."""
+        """Predicted sync seconds per step; for an overlapped method its exposed time behind this measured compute,
+        less what forward waits for (zero's and fsdp's gathers), which the job counts in its compute as it does."""
         if not self.prediction.overlapped and network is None:
             return self.prediction.comm_s
         again = predict(self.method, self.tensor_bytes, self.layout, network or self.network,
                         label=self.prediction.method, ratio=self.ratio, backward_s=self.backward.share * compute_s,
                         backward=self.backward, compute_s=compute_s, units=self.units, later=self.later)
-        return again.sync_s
+        return again.sync_s - again.in_forward_s
 
     def straggler_cost(self, compute_s: float) -> float | None:
         """Seconds per step the straggler adds: the predicted sync with the measured links minus with the others'."""

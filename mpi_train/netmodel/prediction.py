@@ -99,6 +99,7 @@ class Prediction:
     exposed_s: float | None = None  # overlapped methods, given a backward time
     parts: dict = field(default_factory=dict)  # seconds per step of each of its collectives (families.Part), by name
     background_s: float | None = None  # per step, the averages sent in the background (--overlap)
+    in_forward_s: float = 0.0  # of exposed, the gathers forward waits for (fsdp's, zero's): a job's compute holds it
 
     @property
     def sync_s(self) -> float:
@@ -202,12 +203,13 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
              for part in family.collectives()}
     waited_after = (AFTER_STEP, NEXT_FORWARD) if step_ends_at_barrier else (AFTER_STEP,)
     after_step = sum(parts[part.name] for part in family.collectives() if part.when in waited_after)
-    exposed = None
+    exposed, in_forward = None, 0.0
     if overlapped and backward_s is not None:
         exposed = (max(0.0, plan[-1].end_s - backward_s) if plan else 0.0) + after_step
         forward_s = backward_s / backward.share - backward_s if backward.share else 0.0
-        in_forward = (IN_FORWARD,) if step_ends_at_barrier else (IN_FORWARD, NEXT_FORWARD)
-        exposed += forward_exposed(family, plan, layout, network, forward_s, in_forward)
+        waited_in_forward = (IN_FORWARD,) if step_ends_at_barrier else (IN_FORWARD, NEXT_FORWARD)
+        in_forward = forward_exposed(family, plan, layout, network, forward_s, waited_in_forward)
+        exposed += in_forward
     comm_s, wire_bytes = sum(m.end_s - m.start_s for m in plan) + sum(
         parts[part.name] for part in family.collectives() if part.when != WITH_MESSAGE), sum(m.nbytes for m in plan)
     if getattr(method, "period", None):  # a model-averaging method: per step, its averages' share
@@ -220,7 +222,7 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
         overlapped, background = True, across_s
         exposed = None if compute_s is None else (comm_s - across_s) + overlapped_exposed(across_s, compute_s)
     return Prediction(label or type(method).__name__, family.name, len(plan), wire_bytes, comm_s, overlapped, exposed,
-                      parts, background)
+                      parts, background, in_forward)
 
 
 def forward_exposed(family, plan: list[PlannedMessage], layout: Layout, network, forward_s: float,

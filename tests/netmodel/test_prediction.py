@@ -9,6 +9,7 @@ from mpi_train.netmodel import (
     ASSUMED_BACKWARD,
     Backward,
     CollectiveCost,
+    JobModel,
     Layout,
     Link,
     Network,
@@ -171,13 +172,20 @@ def test_zeros_gathers_hide_behind_the_next_forward_but_the_first_and_a_barrier_
     zero = predict(ReduceScatterBuckets(), [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0)
     assert zero.parts == pytest.approx({"reduce-scatter": 0.5, "all-gather": 0.5})
     assert zero.comm_s == pytest.approx(1.0) and zero.exposed_s == pytest.approx(0.25 + 0.25)
+    assert zero.in_forward_s == pytest.approx(0.25)  # a job counts it in its compute, not its sync
     bucketed = predict(method("bucketed", bucket_mb=2 * MB / 2**20), [1 * MB] * 4, Layout(2, 1), slow,
                        backward_s=2.0)
     assert bucketed.comm_s == pytest.approx(zero.comm_s) and bucketed.parts == {"allreduce": bucketed.comm_s}
+    # a job's sync phase leaves out what its next forward waits for (in its compute): the last reduce-scatter's tail
+    job = JobModel(zero_method := method("zero", bucket_mb=2 * MB / 2**20),
+                   predict(zero_method, [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0), slow, Layout(2, 1),
+                   [1 * MB] * 4)
+    assert job.sync_time(3.0) == pytest.approx(0.25)  # backward 2 s of a 3 s compute
     # a barrier after each step (the bench's) waits for both gathers there
     benched = predict(ReduceScatterBuckets(), [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0,
                       step_ends_at_barrier=True)
     assert benched.exposed_s == pytest.approx(0.25 + 0.5) and benched.comm_s == pytest.approx(zero.comm_s)
+    assert benched.in_forward_s == 0
     # a forward of 0.1 s (backward 0.2 s) hides 0.1 s of the gathers' 0.5 s; the reduce-scatters (ready at 0.1 and
     # 0.2 s) end at 0.6 s, 0.4 s past backward
     short = predict(ReduceScatterBuckets(), [1 * MB] * 4, Layout(2, 1), slow, backward_s=0.2)
@@ -197,6 +205,7 @@ def test_fsdp_gathers_in_forward_hide_behind_the_forward_but_the_first():
     assert fsdp.parts == pytest.approx({"all-gather (forward)": 0.5, "all-gather (backward)": 0.5,
                                         "reduce-scatter": 0.5})
     assert fsdp.comm_s == pytest.approx(1.5) and fsdp.exposed_s == pytest.approx(0.125 + 0.25)
+    assert fsdp.in_forward_s == pytest.approx(0.125)
     # without a backward time nothing is known to hide it: the step pays all of it
     assert predict(LayerwiseGathers(), [1 * MB] * 4, Layout(2, 1), slow).sync_s == pytest.approx(1.5)
 
