@@ -43,17 +43,19 @@ class RingReduceScatters:
         self.todo: queue.Queue = queue.Queue()
         threading.Thread(target=self.run, name="zero reduce-scatter", daemon=True).start()
 
-    def start(self, shard: torch.Tensor, whole: torch.Tensor) -> RingWork:
-        """`shard` gets the sum across ranks of this rank's 1/N of `whole` (summed into) in the background."""
+    def start(self, shard: torch.Tensor, whole: torch.Tensor, finished: Callable[[], None] = lambda: None) -> RingWork:
+        """`shard` gets the sum across ranks of this rank's 1/N of `whole` (summed into) in the background;
+        `finished` is called on the thread as soon as it is done (a timeline notes the message's end there)."""
         work = RingWork()
-        self.todo.put((shard, whole, work))
+        self.todo.put((shard, whole, work, finished))
         return work
 
     def run(self) -> None:
         while True:
-            shard, whole, work = self.todo.get()
+            shard, whole, work, finished = self.todo.get()
             try:
                 ring_reduce_scatter(whole, shard, self.group)
+                finished()
             except BaseException as error:  # noqa: BLE001 - handed to the main thread, which raises it in wait()
                 work.error = error
             work.done.set()
@@ -182,14 +184,13 @@ class Zero(Bucketed):
         message = data if self.wire_dtype is None else coded(  # a share each
             self.recorder, lambda: torch.div(data, world).to(self.wire_dtype), bucket=bucket.index)
         received = torch.empty(data.numel() // world, dtype=message.dtype, device=data.device)
-        start = now()
-        if self.rings is not None:  # Gloo: a ring of our own, half the bytes of Gloo's (RingReduceScatters); it sums
-            bucket.work = self.rings.start(received, message)  # into the bucket's buffer, dropped once it is done
-        else:
-            bucket.work = reduce_scatter_single(received, message, op=dist.ReduceOp.SUM, async_op=True)
-        # Gloo's reduce-scatter and all-gather give no future to end the message: it ends where it is waited for
-        noted = self.recorder.message(REDUCE_SCATTER, start, None, message.numel() * message.element_size(),
+        noted = self.recorder.message(REDUCE_SCATTER, now(), None, message.numel() * message.element_size(),
                                       bucket.index)
+        if self.rings is not None:  # Gloo: a ring of our own, half the bytes of Gloo's (RingReduceScatters); it sums
+            # into the bucket's buffer, dropped once it is done, and its thread notes the message's end
+            bucket.work = self.rings.start(received, message, lambda: self.recorder.ended(noted))
+        else:  # Gloo's collectives give no future to end the message: it ends where it is waited for
+            bucket.work = reduce_scatter_single(received, message, op=dist.ReduceOp.SUM, async_op=True)
         self.received[bucket.index] = (received, noted)
         self.next_to_launch = bucket.index + 1
 
@@ -202,7 +203,8 @@ class Zero(Bucketed):
         for bucket, shard in zip(self.buckets, self.shard_params):
             bucket.work.wait()
             received, noted = self.received.pop(bucket.index)
-            self.recorder.ended(noted)
+            if self.rings is None:  # (the ring's thread noted its end)
+                self.recorder.ended(noted)
             mean = (coded(self.recorder, received.to, shard.dtype, bucket=bucket.index) if self.wire_dtype is not None
                     else received.div_(world))
             shard.grad = mean

@@ -1,10 +1,15 @@
-"""zero's shard arithmetic (padding, world sizes that do not divide) and its checkpoint layout; fsdp's units."""
+"""zero's shard arithmetic (padding, world sizes that do not divide), its checkpoint layout and its timeline messages;
+fsdp's units."""
 
 import itertools
+import time
+import traceback
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from conftest import forked_ranks
 
 from mpi_train.lr_schedule import OptimizerDefaults
 from mpi_train.models import INPUT_SHAPES, build_model
@@ -12,7 +17,7 @@ from mpi_train.optimizers import AdamW
 from mpi_train.sync.flat import padded_length
 from mpi_train.sync.fsdp import units
 from mpi_train.sync.zero import Zero, shard_bounds
-from mpi_train.timeline import Alignment, StepRecorder
+from mpi_train.timeline import Alignment, StepRecorder, now
 
 
 @pytest.mark.parametrize("count", [1, 7, 784, 785, 786])
@@ -137,3 +142,37 @@ def test_fsdp_reshards_the_roots_parameters_after_an_evaluation(one_rank_group):
         assert not isinstance(model.token_embedding.weight, DTensor)  # gathered by the forward: what needs undoing
     assert all(isinstance(param, DTensor) for param in model.parameters())
     assert [tuple(p.shape) for p in method.whole_parameters(model)] == [tuple(p.shape) for p in model.parameters()]
+
+
+def ring_messages(rank: int, store: str, queue) -> None:
+    """One step of zero on Gloo (its ring's thread), the sync called a second after both ranks' backward: its
+    reduce-scatters' timeline messages and the times backward ended and the sync began."""
+    try:
+        torch.set_num_threads(1)  # the parent's OpenMP pool does not survive the fork
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+        torch.manual_seed(0)
+        model, method = build_model("mnist_cnn", dropout=0.0), Zero(bucket_mb=0.01)
+        recorder = StepRecorder(Alignment(), overlapped=True, window=(1, 1))
+        net = method.wrap(model)
+        method.make_optimizer(model, sgd)
+        method.record_into(recorder)
+        recorder.begin(1)
+        F.cross_entropy(net(torch.randn(4, *INPUT_SHAPES["mnist_cnn"])), torch.tensor([0, 1, 2, 3])).backward()
+        dist.barrier()  # both ranks' buckets launched (the ring runs on a group of its own)
+        backward_end = now()
+        time.sleep(1.0)
+        synced = now()
+        method.sync(model)
+        messages = [(m.name, m.start, m.end) for m in recorder.current.messages if m.name == "reduce-scatter"]
+        queue.put((rank, (messages, backward_end, synced)))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - the parent reports it
+        queue.put((rank, traceback.format_exc()))
+
+
+def test_on_gloo_each_reduce_scatter_ends_where_the_rings_thread_finished_it_not_where_it_was_waited_for(tmp_path):
+    for messages, backward_end, synced in forked_ranks(ring_messages, 2, str(tmp_path / "store")).values():
+        assert len(messages) > 2
+        # the last bucket left as backward ended and its kilobytes took milliseconds, long before the sync waited
+        assert all(start <= end < synced - 0.5 for _, start, end in messages), (messages, backward_end, synced)
