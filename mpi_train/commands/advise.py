@@ -278,7 +278,7 @@ def option_of(text: str) -> str:
 def configured(text: str):
     """The method a label names, as a job with its defaults configures it (`bucketed+fp16`, `localsgd+fp16
     --overlap`, `localsgd+fp16 --overlap --fragments 4`)."""
-    streamed = max((suffix for suffix in STREAMED if text.endswith(suffix)), key=len, default="")
+    streamed = next((suffix for suffix in STREAMED if text.endswith(suffix)), "")  # (no suffix ends another)
     name, compression = split_label(text.removesuffix(streamed))
     return SYNC_METHODS[name].from_config(TrainConfig(sync=name, compression=compression,
                                                       **STREAMED.get(streamed, {})))

@@ -177,9 +177,9 @@ def test_zeros_gathers_hide_behind_the_next_forward_but_the_first_and_a_barrier_
                        backward_s=2.0)
     assert bucketed.comm_s == pytest.approx(zero.comm_s) and bucketed.parts == {"allreduce": bucketed.comm_s}
     # a job's sync phase leaves out what its next forward waits for (in its compute): the last reduce-scatter's tail
-    job = JobModel(zero_method := method("zero", bucket_mb=2 * MB / 2**20),
-                   predict(zero_method, [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0), slow, Layout(2, 1),
-                   [1 * MB] * 4)
+    zero_method = method("zero", bucket_mb=2 * MB / 2**20)
+    planned = predict(zero_method, [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0)
+    job = JobModel(zero_method, planned, slow, Layout(2, 1), [1 * MB] * 4)
     assert job.sync_time(3.0) == pytest.approx(0.25)  # backward 2 s of a 3 s compute
     # a barrier after each step (the bench's) waits for both gathers there
     benched = predict(ReduceScatterBuckets(), [1 * MB] * 4, Layout(2, 1), slow, backward_s=2.0,
