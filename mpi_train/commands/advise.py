@@ -294,6 +294,12 @@ def accuracy_cost(model_name: str, text: str) -> AccuracyCost | None:
     return ACCURACY_COST.get((model_name, method.compression_name(compression)))
 
 
+def measured_settings(method_class, cost: AccuracyCost | None) -> dict:
+    """The settings a model-averaging option's accuracy cost was measured with (`--host-period 1`, `--period 4`):
+    the option is priced and flagged as measured, not at the defaults. A compression's cost keeps the defaults."""
+    return dict(cost.settings) if cost and method_class.averages == PARAMETERS else {}
+
+
 def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tuple[list[dict], list[tuple]]:
     """Every lossy label with its predicted step (the wire only: a compressor's CPU work is left out) and its
     measured accuracy cost; and those the backend cannot run, with the reason."""
@@ -307,16 +313,18 @@ def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tu
         if why:
             refused.append((text, why))
             continue
-        method = method_class.from_config(TrainConfig(sync=name, compression=compression))
+        cost = accuracy_cost(model_name, text)
+        method = method_class.from_config(TrainConfig(sync=name, compression=compression,
+                                                      **measured_settings(method_class, cost)))
         prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
                                       ratio=method.wire_ratio(params), later=method.later_share(params),
                                       backward_s=model.backward_s,
                                       backward=model.backward, units=model.units)
         if prediction is None:
             continue
-        cost = accuracy_cost(model_name, text)
         rows.append({"label": text, "option": option_of(text),
-                     "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else []),
+                     "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else [])
+                     + (cost.flags() if method_class.averages == PARAMETERS and cost else []),
                      "predicted_step_s": model.baseline_step_s + prediction.sync_s,
                      "accuracy_points": cost.points if cost else None,
                      "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None})
@@ -331,15 +339,16 @@ def overlapped_option(model_name: str, params, model: StepModel, text: str, stre
     lists it (key: the compression and `streamed`), if measured."""
     name, compression = split_label(text)
     method_class = SYNC_METHODS[name]
-    method = method_class.from_config(TrainConfig(sync=name, compression=compression, **STREAMED[streamed]))
+    cost = method_class.accuracy_costs.get((model_name, compression + streamed))
+    method = method_class.from_config(TrainConfig(sync=name, compression=compression, **STREAMED[streamed],
+                                                  **measured_settings(method_class, cost)))
     prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
                                   ratio=method.wire_ratio(params), later=method.later_share(params),
                                   backward_s=model.backward_s,
                                   backward=model.backward, compute_s=model.compute_s, units=model.units)
-    cost = method_class.accuracy_costs.get((model_name, compression + streamed))
     return {"label": text + streamed, "option": option_of(text) + streamed,
             "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else []) +
-                     streamed.split(),
+                     (cost.flags() if cost else []) + streamed.split(),
             "predicted_step_s": model.baseline_step_s + prediction.sync_s,
             "accuracy_points": cost.points if cost else None,
             "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None}

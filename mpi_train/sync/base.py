@@ -53,6 +53,11 @@ class AccuracyCost:
     points: float
     measured: str  # what was run
     source: str  # where its figures are (docs/results.md#...)
+    settings: tuple[tuple[str, object], ...] = ()  # TrainConfig fields it ran with beyond its label's defaults
+
+    def flags(self) -> list[str]:
+        """Its settings as a job's flags (`--host-period 1`)."""
+        return [part for field, value in self.settings for part in ("--" + field.replace("_", "-"), str(value))]
 
 
 class SyncMethod:

@@ -11,6 +11,7 @@ from mpi_train import netmodel
 from mpi_train.advice.search import Candidate, StepModel
 from mpi_train.commands import advise
 from mpi_train.commands.bench import NO_SYNC
+from mpi_train.config import TrainConfig
 from mpi_train.models import build_model
 from mpi_train.sync import SYNC_METHODS
 from mpi_train.sync.base import REPLICATED
@@ -52,6 +53,12 @@ def test_lossy_options_are_listed_apart_with_the_accuracy_cost_measured_where_it
     assert options["diloco+fp16 --overlap"]["accuracy_points"] is None
     assert overlapped["predicted_step_s"] <= options["localsgd+fp16"]["predicted_step_s"]
     assert "localsgd+powersgd --overlap" not in options  # PowerSGD's rounds do not stream
+    # priced and flagged as their accuracy was measured: a host's ranks averaged every step, PowerSGD at period 4
+    assert fragmented["flags"][-5:-3] == ["--host-period", "1"] and "--host-period" not in options["localsgd"]["flags"]
+    assert options["localsgd+powersgd"]["flags"][-2:] == ["--period", "4"]
+    plain = SYNC_METHODS["localsgd"].from_config(TrainConfig(sync="localsgd", compression="powersgd"))
+    assert options["localsgd+powersgd"]["predicted_step_s"] > 1.0 + netmodel.predict(
+        plain, sizes, step.layout, step.network, ratio=plain.wire_ratio(list(model.parameters()))).sync_s
 
 
 @pytest.mark.e2e
