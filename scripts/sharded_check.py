@@ -2,9 +2,10 @@
 
 1. Optimizer state per rank, measured from the tensors: each method's job optimizer
    (SyncMethod.make_optimizer, SGD with momentum, as training builds it) after one step of
-   the model on random data; the bytes of every tensor in optimizer.state (a DTensor's
-   local shard for fsdp; ZeroRedundancyOptimizer's local optimizer's, .optim.state, since
-   its own .state stays empty), per rank.
+   the model on random data; the bytes of the storages of its state, as a job's memory
+   section counts them (memory.held_bytes: a DTensor's local shard for fsdp;
+   ZeroRedundancyOptimizer's local optimizer's, .optim.state, since its own .state stays
+   empty), per rank.
 2. Equality: one short training job per method (dropout off, the same seed and global
    batch, the tests' rate of 0.05), its logged losses against allreduce's: the largest
    relative difference; bucketed and ring, which sum the same gradients in another order,
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from mpi_train.cluster import Cluster, exit_process
 from mpi_train.commands.train import parse_config
 from mpi_train.config import TrainConfig
-from mpi_train.memory import local, optimizer_tensors
+from mpi_train.memory import held_bytes
 from mpi_train.models import INPUT_SHAPES, build_model
 from mpi_train.sync import SYNC_METHODS
 from mpi_train.train import run
@@ -52,8 +53,8 @@ def optimizer_state_bytes(name: str, model_name: str, batch: int) -> int:
     method.sync(model)
     optimizer.step()
     method.after_step(model)
-    # ZeroRedundancyOptimizer keeps its shard's state in its local optimizer (.optim), which optimizer_tensors reads
-    return sum(local(value).numel() * local(value).element_size() for value in optimizer_tensors(optimizer))
+    # counted as a job counts it (distinct storages; ZeroRedundancyOptimizer's shard is in its local optimizer, .optim)
+    return held_bytes(model, optimizer, method)["optimizer_bytes"]
 
 
 def main() -> None:

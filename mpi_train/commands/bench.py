@@ -19,7 +19,10 @@ a burst of machine noise hits them all alike. Per method it reports:
   the very communication the method overlaps; its sync is then the wait for what backward
   could not hide, and any rank's lateness with it;
 - exposed: step time minus the no-sync baseline's step time in the same round, i.e. the
-  communication the step really pays;
+  communication the step really pays (with what its sends and compression cost backward);
+- after backward: for a method that overlaps backward and waits in its sync (bucketed, zero,
+  not ddp's), the sync of the rank that finished backward last: what backward did not hide,
+  measured within one step;
 - bytes sent/received per rank from the method's collective family (mpi_train/netmodel/families.py), for S
   as the method sends it (half the gradients' bytes for fp16/bf16, PowerSGD's factors);
 - bus bandwidth S/t·2(N-1)/N and the floor the cost model allows on a link of bandwidth B,
@@ -28,14 +31,18 @@ a burst of machine noise hits them all alike. Per method it reports:
 - efficiency = floor / sync time, at most 1; n/a for methods that overlap backward (ddp,
   bucketed), whose communication time cannot be told apart from backward's;
 - predicted: the alpha-beta model's sync time (mpi_train/netmodel/), plus a compressed
-  method's codec time (below), to hold against the measured sync time, or the exposed time
-  for an overlapped method; for the latter, its
-  buckets leave when their gradients are ready, as measured on the no-sync baseline
-  (hooks time each gradient's arrival in backward; kept under "backward" in the JSON);
+  method's codec time after backward (below), to hold against the measured sync time, or
+  for an overlapped method the time after backward (ddp's: the exposed time); for the
+  latter, its buckets leave when their gradients are ready, as measured on the no-sync
+  baseline (hooks time each gradient's arrival in backward, on every rank; the medians are
+  kept under "backward" in the JSON);
 - codec: a compressed method's own CPU work per step (casts, PowerSGD's products and
   residuals), timed in its synced steps between its sums (the codec intervals of a
-  timeline): the model charges only the wire, so the bench adds this measured CPU time to
-  its prediction.
+  timeline), after backward and inside it apart: the model charges only the wire, so the
+  bench adds the measured CPU time after backward to its prediction (the work inside
+  backward lengthens backward, as a timeline shows). An overlapped method's sync runs
+  its buckets' work between their sums, one bucket's while another's is on the wire: there
+  each interval is placed where it runs (netmodel.with_codec), not added after the wire.
 
 Calibration first: ping-pong between rank 0 and a rank on its host and one on another host,
 and allreduce, reduce-scatter and all-gather over all ranks, over message sizes from 1 KB to
@@ -93,8 +100,8 @@ CALIBRATED_COLLECTIVES = {
     netmodel.ALL_GATHER: lambda whole, shard: all_gather_single(whole, shard),
     netmodel.RING_REDUCE_SCATTER: lambda whole, shard: ring_reduce_scatter(whole, shard),
 }
-COLUMNS = ("method", "family", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "sent_MB", "recv_MB", "busbw_GB/s",
-           "floor_ms", "efficiency", "predicted_ms", "pred_err", "codec_ms")
+COLUMNS = ("method", "family", "S_MB", "compute_ms", "sync_ms", "exposed_ms", "±ms", "after_bwd_ms", "sent_MB",
+           "recv_MB", "busbw_GB/s", "floor_ms", "efficiency", "predicted_ms", "pred_err", "codec_ms", "codec_bwd_ms")
 
 
 class NoSync(SyncMethod):
@@ -122,15 +129,17 @@ class CodecClock(Recorder):
     wants_messages = False
 
     def __init__(self):
-        self.seconds = 0.0
+        self.seconds, self.intervals = 0.0, []
 
     def codec(self, start: float, end: float, bucket: int | None = None) -> None:
         self.seconds += end - start
+        self.intervals.append(end - start)
 
-    def take(self) -> float:
-        """The seconds since the last take."""
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
+    def take(self) -> tuple[float, list[float]]:
+        """The seconds since the last take, in all and interval by interval."""
+        taken = self.seconds, self.intervals
+        self.seconds, self.intervals = 0.0, []
+        return taken
 
 
 class BackwardClock:
@@ -291,7 +300,8 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
         if entry.method.compressor.name != "none" and not entry.method.inside_ddp():
             codecs[entry.name] = CodecClock()
             entry.method.record_into(codecs[entry.name])
-            times[entry.name]["codec"] = []
+            # after backward (in all, and each interval in the order sync() ran them), and inside backward
+            times[entry.name].update(codec=[], codec_intervals=[], codec_backward=[])
     clock = BackwardClock(entries[0].model, now)  # the no-sync baseline: nothing else runs in its backward
     total = warmup + steps
     for step in range(total):
@@ -304,6 +314,7 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
             forward_end = now()
             loss.backward()
             t1 = now()
+            in_backward = codecs[entry.name].take()[0] if entry.name in codecs else 0.0
             if entry.name == NO_SYNC and step >= warmup:
                 clock.record(forward_end, t1)
             if not entry.overlapped:  # (a barrier would also wait for an overlapped method's sends in flight)
@@ -319,14 +330,56 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
                 times[entry.name]["sync"].append(t3 - t2)
                 times[entry.name]["step"].append(t3 - t0)
             if entry.name in codecs:
-                codec_s = codecs[entry.name].take()
+                codec_s, intervals = codecs[entry.name].take()
                 if step >= warmup:
                     times[entry.name]["codec"].append(codec_s)
+                    times[entry.name]["codec_backward"].append(in_backward)
+                    times[entry.name]["codec_intervals"].append(intervals)
         progress(step + 1, total, step < warmup)
+    times[NO_SYNC]["ready"] = clock.shares  # (every rank's, pooled by pooled_backward)
     baseline = times[NO_SYNC]
     share = (statistics.median(b / c for b, c in zip(baseline["backward"], baseline["compute"]))
              if baseline["compute"] else None)
     return times, clock.profile(share) if share else netmodel.ASSUMED_BACKWARD
+
+
+def pooled_backward(per_rank: list[dict], order: tuple[int, ...] | None) -> netmodel.Backward:
+    """The backward profile over every rank's timed no-sync steps (measure() keeps each rank's under "ready"): the
+    median share per gradient and backward's median share of compute. With ranks sharing cores one rank's few
+    steps are not enough: between two benches rank 0 alone put VGG-11's first 27 MB bucket ready at 85% and at 91%
+    of backward, and zero's predicted wire time at 1 Gbit/s moved threefold with it."""
+    baseline = [rank[NO_SYNC] for rank in per_rank]
+    steps = [shares for rank in baseline for shares in rank.get("ready", [])]
+    fractions = [b / c for rank in baseline for b, c in zip(rank["backward"], rank["compute"]) if c > 0]
+    if not steps or not fractions:
+        return netmodel.ASSUMED_BACKWARD
+    return netmodel.Backward(statistics.median(fractions), tuple(statistics.median(column) for column in zip(*steps)),
+                             order)
+
+
+def last_to_finish_backward(per_rank: list[dict], name: str) -> list[int]:
+    """Each timed step's rank whose forward and backward of method `name` took longest: every rank starts the step
+    at the same barrier, so it is the last to finish backward."""
+    return [max(range(len(per_rank)), key=computes.__getitem__)
+            for computes in zip(*(rank[name]["compute"] for rank in per_rank))]
+
+
+def after_last_backward(per_rank: list[dict], name: str) -> list[float]:
+    """Each timed step's sync seconds of method `name` on the rank that finished backward last: the communication
+    its backward did not hide, with no wait for a later rank in it. For an overlapped method this is the exposed
+    communication measured within one step, not as the difference of two steps' times, whose noise on shared
+    cores (±50 ms on a 2 s step) can exceed a compressed method's whole sync."""
+    return [per_rank[rank][name]["sync"][step] for step, rank in enumerate(last_to_finish_backward(per_rank, name))]
+
+
+def codec_after_backward(per_rank: list[dict], name: str) -> list[float] | None:
+    """Each of method `name`'s codec intervals after backward, in the order its sync() ran them: the median over
+    steps on the rank that finished backward last; None where steps ran different numbers of them."""
+    steps = [per_rank[rank][name]["codec_intervals"][step]
+             for step, rank in enumerate(last_to_finish_backward(per_rank, name))]
+    if not steps or len({len(intervals) for intervals in steps}) != 1:
+        return None
+    return [statistics.median(column) for column in zip(*steps)]
 
 
 def spread(values: list[float]) -> float:
@@ -366,10 +419,18 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
         differences = [s - b for s, b in zip(steps[name], steps[NO_SYNC])]
         exposed = statistics.median(differences)
         codec = statistics.median(slowest(per_rank, name, "codec")) if "codec" in per_rank[0][name] else None
+        codec_backward = (statistics.median(slowest(per_rank, name, "codec_backward"))
+                          if "codec_backward" in per_rank[0][name] else None)
+        # an overlapped method's own wait (ddp's is inside backward, so not in its sync: none)
+        tails = (after_last_backward(per_rank, name)
+                 if name != NO_SYNC and method.overlapped() and not method.inside_ddp() else None)
+        after_backward = statistics.median(tails) if tails else None
         row = {"method": name, "compute_s": compute, "sync_s": sync, "step_s": statistics.median(steps[name]),
-               "exposed_s": exposed, "noise_s": spread(differences), "collective": None, "wire_bytes": None,
-               "sent_bytes": None, "received_bytes": None, "busbw_bytes_per_s": None, "floor_s": None,
-               "efficiency": None, "codec_s": codec}
+               "exposed_s": exposed, "noise_s": spread(differences), "after_backward_s": after_backward,
+               "after_backward_noise_s": spread(tails) if tails else None,
+               "collective": None, "wire_bytes": None, "sent_bytes": None, "received_bytes": None,
+               "busbw_bytes_per_s": None, "floor_s": None, "efficiency": None, "codec_s": codec,
+               "codec_backward_s": codec_backward}
         family = None if name == NO_SYNC else family_of(method)
         ratio = sent[name] / gradient_bytes if sent and name in sent else None  # what its compressor sends
         if family is not None:
@@ -393,14 +454,39 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
                                           units=model_of.units, later=(later or {}).get(name, 0.0),
                                           step_ends_at_barrier=True)  # (zero's all-gathers are waited for there)
             if prediction is not None:
-                measured = exposed if prediction.overlapped else sync
-                # the wire, plus the compressor's CPU, timed here
+                measured = (sync if not prediction.overlapped else
+                            after_backward if after_backward is not None else exposed)
+                # the wire, plus the compressor's CPU after backward, timed here (what it does in backward lengthens
+                # backward, the step's compute): where each bucket's work runs between its sums, placed there
                 predicted = prediction.sync_s + (row["codec_s"] or 0.0)
+                intervals = (codec_after_backward(per_rank, name)
+                             if after_backward is not None and "codec_intervals" in per_rank[0][name] else None)
+                placed = codec_placed(method, prediction, model_of, ratio, backward, (later or {}).get(name, 0.0),
+                                      intervals)
+                if placed is not None:
+                    predicted = placed
                 row.update({"predicted_s": predicted, "predicted_comm_s": prediction.comm_s,
+                            "codec_placed": placed is not None,  # (its intervals, each a median over steps)
+                            "codec_intervals_s": intervals if placed is not None else None,
                             "measured_s": measured, "messages": prediction.messages,
                             "prediction_error": (predicted - measured) / measured if measured > 0 else None})
         rows.append(row)
     return rows
+
+
+def codec_placed(method: SyncMethod, prediction: netmodel.Prediction, model_of: ModelInputs, ratio: float | None,
+                 backward_s: float, later: float, codec: list[float] | None) -> float | None:
+    """An overlapped method's predicted sync with its codec intervals after backward placed between its sums, as
+    its sync() runs them (netmodel.with_codec), instead of added after the wire; None where they do not fit."""
+    if not codec:
+        return None
+    plan = netmodel.message_plan(method, model_of.tensor_bytes, model_of.layout, model_of.network, ratio, backward_s,
+                                 model_of.backward, model_of.units, later)
+    deferred = (method.compressor.rounds_per_step > 1 and method.later_rounds_after_backward)
+    exposed = netmodel.with_codec(plan, len(plan) // 2 if deferred else len(plan), backward_s, codec)
+    if exposed is None:
+        return None
+    return prediction.sync_s - max(0.0, plan[-1].end_s - backward_s) + exposed
 
 
 @dataclass(frozen=True)
@@ -420,7 +506,8 @@ def format_table(rows: list[dict]) -> str:
         scale = {"compute_ms": ("compute_s", 1e3), "sync_ms": ("sync_s", 1e3), "exposed_ms": ("exposed_s", 1e3),
                  "±ms": ("noise_s", 1e3), "floor_ms": ("floor_s", 1e3), "busbw_GB/s": ("busbw_bytes_per_s", 1e-9),
                  "efficiency": ("efficiency", 1), "predicted_ms": ("predicted_s", 1e3),
-                 "pred_err": ("prediction_error", 100), "codec_ms": ("codec_s", 1e3)}
+                 "pred_err": ("prediction_error", 100), "codec_ms": ("codec_s", 1e3),
+                 "after_bwd_ms": ("after_backward_s", 1e3), "codec_bwd_ms": ("codec_backward_s", 1e3)}
         if column == "method":
             return row["method"]
         if column == "family":
@@ -444,6 +531,9 @@ def format_table(rows: list[dict]) -> str:
             return "-"
         if column == "pred_err":
             return f"{value * factor:+.0f}%"
+        noise = row.get("after_backward_noise_s") if column == "after_bwd_ms" else None
+        if noise is not None and math.isfinite(noise):
+            return f"{value * factor:.1f} ±{noise * factor:.1f}"
         return f"{value * factor:.2f}" if column in ("efficiency", "busbw_GB/s") else f"{value * factor:.1f}"
 
     cells = [list(COLUMNS)] + [[cell(row, c) for c in COLUMNS] for row in rows]
@@ -488,10 +578,14 @@ def describe(result: dict) -> str:
         lines.append(f"unavailable: {name}: {why}")
     lines.append("S = bytes summed per step as the method sends them (cost model's S); "
                  "exposed = step minus the no-sync step in the same round (± half its interquartile range over steps: "
-                 "the machine's noise); efficiency = floor / sync (at most 1; n/a where communication overlaps "
-                 "backward); predicted = the alpha-beta model's wire time (mpi_train/netmodel/) plus codec, pred_err "
-                 "against sync, or against exposed for overlapped methods; codec = the compressor's own CPU work per "
-                 "step, timed with nothing sent.")
+                 "the machine's noise); after_bwd = an overlapped method's sync on the rank that finished backward "
+                 "last (what its backward did not hide, ± as for exposed; none for ddp's, which wait inside "
+                 "backward); "
+                 "efficiency = floor / sync (at most 1; n/a where communication overlaps backward); predicted = the "
+                 "alpha-beta model's wire time (mpi_train/netmodel/) plus codec (an overlapped method's placed "
+                 "between its sums, as its sync runs it), pred_err against sync, against "
+                 "after_bwd for overlapped methods (exposed for ddp's); codec = the compressor's own CPU work per "
+                 "step after backward, codec_bwd its work inside backward (which lengthens compute).")
     return "\n".join(lines)
 
 
@@ -516,6 +610,7 @@ def method_metrics(row: dict) -> dict:
     figures = {"step_s": row["step_s"], "compute_s": row["compute_s"], "sync_s": row["sync_s"],
                "exposed_s": row["exposed_s"], "predicted_s": row.get("predicted_s"),
                "prediction_error": row.get("prediction_error"), "sent_mb": sent, "codec_s": row.get("codec_s"),
+               "codec_backward_s": row.get("codec_backward_s"), "after_backward_s": row.get("after_backward_s"),
                "efficiency": row.get("efficiency")}
     return {metric_names.bench_key(key): float(value) for key, value in figures.items()
             if isinstance(value, (int, float)) and math.isfinite(value)}
@@ -625,9 +720,10 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     dist.destroy_process_group()
     if not info.is_main:
         return
+    backward = pooled_backward(per_rank, backward.order)
     inputs = None
     if calibration:
-        calibration["backward"] = backward.as_dict()  # rank 0's: a training job's or predict's --calibration reads it
+        calibration["backward"] = backward.as_dict()  # a training job's or predict's --calibration reads it
         network = netmodel.with_collective_costs(netmodel.Network.from_dict(calibration["network"]), calibration,
                                                  layout)  # the sharded collectives priced as they ran here
         inputs = ModelInputs(network, layout,

@@ -49,6 +49,7 @@ from .prediction import (
            predict,
            tensor_sizes,
            tensor_units,
+           with_codec,
 )
 
 __all__ = [
@@ -92,5 +93,6 @@ __all__ = [
            "rate_bytes_per_s",
            "tensor_sizes",
            "tensor_units",
+           "with_codec",
            "with_collective_costs",
 ]

@@ -225,6 +225,30 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
                       parts, background, in_forward)
 
 
+def with_codec(plan: list[PlannedMessage], buckets: int, backward_s: float, codec: Sequence[float]) -> float | None:
+    """What of an overlapped method's messages outlasts backward, with its compressor's work after backward placed
+    where sync() runs it instead of added after the wire: bucket by bucket it waits for a round's sum, runs the
+    compressor (`codec`: each interval's seconds, as the bench timed them), then sends the bucket's next round, so
+    one bucket's work runs while another's sum is on the wire (PowerSGD's Qs of the second bucket are computed
+    while the first bucket's travel). `plan` is message_plan's: the first rounds of its `buckets` buckets, then
+    (PowerSGD on `bucketed`) each bucket's later round, sent in turn on one wire; `codec` holds one interval per
+    message, in sync()'s order (every bucket's first, then every bucket's second). None when the intervals do not
+    fit that shape (a bucket launched after backward adds one): the caller then adds the codec after the wire."""
+    if buckets < 1 or len(codec) != len(plan) or len(plan) not in (buckets, 2 * buckets):
+        return None
+    first, later = plan[:buckets], plan[buckets:]
+    ends = [message.end_s for message in first]
+    cpu, wire = backward_s, max([backward_s, *ends])
+    for b in range(buckets):  # each bucket's first sum in: its compressor's work, then its next round leaves
+        cpu = max(cpu, ends[b]) + codec[b]
+        if later:
+            wire = max(cpu, wire) + later[b].end_s - later[b].start_s
+            ends[b] = wire
+    for b in range(buckets if later else 0):  # each later sum in: the work that ends the bucket's average
+        cpu = max(cpu, ends[b]) + codec[buckets + b]
+    return max(0.0, cpu - backward_s)
+
+
 def forward_exposed(family, plan: list[PlannedMessage], layout: Layout, network, forward_s: float,
                     whens: Sequence[str] = (IN_FORWARD,)) -> float:
     """What of a family's gathers waited for in forward (FSDP's per unit, zero's per bucket: its parts whose `when`

@@ -32,7 +32,10 @@ def test_each_prediction_is_judged_against_its_own_target():
     assert "sync after backward: 2 of 3 predictions within ±20%" in text
     assert "worst: ring at np 4 on 2 host(s), 1gbit: -33%" in text
     assert "exposed time of overlapped methods: 3 of 3" in text
-    assert "MISSED" in text and "(exposed)" in text
+    assert "MISSED" in text and "(exposed)" in text and "(after backward)" not in text
+    waited = bench(4, 2, "1gbit", [("bucketed", True, 0.20, 0.21)])  # waits in its sync: held against that wait
+    waited["methods"][1]["after_backward_s"] = 0.20
+    assert "200.0 (after backward)" in model_accuracy.report([waited])
 
 
 def test_a_bench_without_predictions_gives_no_report(tmp_path):

@@ -49,6 +49,21 @@ def test_an_overlapped_step_is_timed_barrier_to_barrier_not_as_the_slowest_compu
     assert rows["bucketed"]["step_s"] == pytest.approx(2.4)
     assert rows["bucketed"]["exposed_s"] == pytest.approx(0.4)
     assert rows["bucketed"]["compute_s"] == pytest.approx(2.4) and rows["bucketed"]["sync_s"] == pytest.approx(0.4)
+    # rank 1 finished backward last and waited for nothing: the step's 0.4 s is backward slowed, not the wire
+    assert rows["bucketed"]["after_backward_s"] == pytest.approx(0.0)
+    assert rows[bench.NO_SYNC]["after_backward_s"] is None
+
+
+def test_the_backward_profile_pools_every_rank_s_steps():
+    """Rank 0 saw the first gradient at 20% and 40% of backward, rank 1 at 80% twice: the median of all four."""
+    def rank(ready):
+        return {bench.NO_SYNC: {"compute": [3.0, 3.0], "backward": [2.0, 1.0], "ready": [[r, 1.0] for r in ready]}}
+
+    profile = bench.pooled_backward([rank([0.2, 0.4]), rank([0.8, 0.8])], (1, 0))
+    assert profile.ready == (pytest.approx(0.6), 1.0) and profile.order == (1, 0)
+    assert profile.share == pytest.approx(0.5)  # the median of 2/3, 1/3, 2/3 and 1/3
+    unmeasured = [{bench.NO_SYNC: {"compute": [], "backward": []}}]
+    assert bench.pooled_backward(unmeasured, None) is bench.netmodel.ASSUMED_BACKWARD
 
 
 def test_the_backward_clock_sees_the_last_layer_s_gradients_first():
@@ -152,8 +167,11 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
         compressed = compression != "none" or row["method"] == "flat_fp16"
         assert ((row["codec_s"] is not None and row["codec_s"] > 0) if compressed
                 else row["codec_s"] is None), row["method"]
-        # the prediction charges the wire (predicted_comm_s, or what outlasts backward) and the codec measured here
-        wire = row["predicted_s"] - (row["codec_s"] or 0.0)
+        # the prediction charges the wire (predicted_comm_s, or what outlasts backward) and the codec measured here,
+        # an overlapped method's placed between its sums, interval by interval, which can hide part of the wire
+        placed = row["codec_placed"]
+        assert (not placed or row["overlapped"] and compressed) and placed >= (row["method"] == "bucketed+powersgd")
+        wire = row["predicted_s"] - (sum(row["codec_intervals_s"]) if placed else row["codec_s"] or 0.0)
         assert (0 <= wire <= row["predicted_comm_s"] + 1e-12
                 and (wire == pytest.approx(row["predicted_comm_s"]) or row["overlapped"]))
     # a language model as training names it: the bench times its tensors (the tied embedding once)

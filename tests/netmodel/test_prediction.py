@@ -13,9 +13,11 @@ from mpi_train.netmodel import (
     Layout,
     Link,
     Network,
+    PlannedMessage,
     message_plan,
     predict,
     tensor_units,
+    with_codec,
 )
 from mpi_train.sync import SYNC_METHODS, SyncMethod
 from mpi_train.sync.fsdp import units
@@ -254,3 +256,17 @@ def test_a_model_s_layer_blocks_are_the_units_fsdp_shards():
     # VGG-11: 8 convolutions and 8 BatchNorms in `features`, the head in `classifier`, a weight and a bias each
     assert tensor_units(vgg) == [block for block in range(17) for _ in range(2)]
     assert len(units(vgg)) == 17
+
+
+def test_a_bucket_s_codec_after_backward_runs_while_another_bucket_s_sum_is_on_the_wire():
+    """Two buckets, PowerSGD's Qs sent after backward (1 s): each bucket's Q is computed (20 ms) once its Ps are in
+    and sent in turn (50 ms each); its last work (10 ms) waits for its Qs. The second bucket's Q is computed while
+    the first's travel: 210 ms after backward, where the wire and then the codec would take 200 + 60."""
+    first = [PlannedMessage((0,), 1.0, 0.5, 0.5, 0.6), PlannedMessage((1,), 1.0, 1.0, 1.0, 1.1)]
+    later = [PlannedMessage((0,), 0.1, 1.0, 1.1, 1.15), PlannedMessage((1,), 0.1, 1.0, 1.15, 1.2)]
+    codec = [0.02, 0.02, 0.01, 0.01]
+    assert with_codec(first + later, 2, 1.0, codec) == pytest.approx(0.21)
+    slow = [0.2, 0.02, 0.01, 0.01]  # the first Q's work binds, then the two Qs travel in turn, then the last work
+    assert with_codec(first + later, 2, 1.0, slow) == pytest.approx(0.2 + 0.05 + 0.05 + 0.01)
+    assert with_codec(first, 2, 1.0, [0.03, 0.03]) == pytest.approx(0.13)  # one round: decoded as it lands
+    assert with_codec(first + later, 2, 1.0, codec + [0.01]) is None  # a bucket launched after backward
