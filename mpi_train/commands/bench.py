@@ -368,18 +368,19 @@ def after_last_backward(per_rank: list[dict], name: str) -> list[float]:
     """Each timed step's sync seconds of method `name` on the rank that finished backward last: the communication
     its backward did not hide, with no wait for a later rank in it. For an overlapped method this is the exposed
     communication measured within one step, not as the difference of two steps' times, whose noise on shared
-    cores (±50 ms on a 2 s step) can exceed a compressed method's whole sync."""
+    cores (±50 to ±300 ms on a 2 s step) can exceed a compressed method's whole sync."""
     return [per_rank[rank][name]["sync"][step] for step, rank in enumerate(last_to_finish_backward(per_rank, name))]
 
 
 def codec_after_backward(per_rank: list[dict], name: str) -> list[float] | None:
-    """Each of method `name`'s codec intervals after backward, in the order its sync() ran them: the median over
-    steps on the rank that finished backward last; None where steps ran different numbers of them."""
-    steps = [per_rank[rank][name]["codec_intervals"][step]
-             for step, rank in enumerate(last_to_finish_backward(per_rank, name))]
-    if not steps or len({len(intervals) for intervals in steps}) != 1:
+    """Each of method `name`'s codec intervals after backward, in the order its sync() ran them: in each step the
+    slowest rank's (each sum that follows waits for every rank's work), then the median over steps; None where
+    ranks or steps ran different numbers of them."""
+    steps = [list(ranks) for ranks in zip(*(rank[name]["codec_intervals"] for rank in per_rank))]
+    if not steps or len({len(intervals) for ranks in steps for intervals in ranks}) != 1:
         return None
-    return [statistics.median(column) for column in zip(*steps)]
+    slowest_each = [[max(column) for column in zip(*ranks)] for ranks in steps]
+    return [statistics.median(column) for column in zip(*slowest_each)]
 
 
 def spread(values: list[float]) -> float:

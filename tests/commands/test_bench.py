@@ -54,6 +54,16 @@ def test_an_overlapped_step_is_timed_barrier_to_barrier_not_as_the_slowest_compu
     assert rows[bench.NO_SYNC]["after_backward_s"] is None
 
 
+def test_each_codec_interval_is_the_slowest_rank_s_then_the_median_over_steps():
+    def rank(*steps):
+        return {"bucketed+powersgd": {"codec_intervals": [list(step) for step in steps]}}
+
+    ranks = [rank((1.0, 5.0), (3.0, 1.0), (2.0, 2.0)), rank((2.0, 1.0), (1.0, 4.0), (2.0, 9.0))]
+    assert bench.codec_after_backward(ranks, "bucketed+powersgd") == [2.0, 5.0]  # medians of (2, 3, 2), (5, 4, 9)
+    uneven = [rank((1.0, 5.0)), rank((1.0, 5.0, 0.5))]  # a bucket launched after backward on one rank
+    assert bench.codec_after_backward(uneven, "bucketed+powersgd") is None
+
+
 def test_the_backward_profile_pools_every_rank_s_steps():
     """Rank 0 saw the first gradient at 20% and 40% of backward, rank 1 at 80% twice: the median of all four."""
     def rank(ready):
