@@ -9,7 +9,7 @@ Started like the training job it advises, on the same hosts and ranks, it:
    alpha + beta·m), or takes the calibration of the newest advice on the same hosts at the same
    --link, saying how old it is (--fresh measures again);
 2. times the model's forward and backward without sync, and when backward has each gradient
-   ready (the bench's BackwardClock);
+   ready (the bench's BackwardClock, the median over every rank's steps);
 3. predicts every lossless method's step, bucketed at every bucket size that cuts the gradients
    differently (mpi_train/advice/search.py);
 4. measures the --measure methods predicted fastest (each at its best bucket size), ddp as the
@@ -65,7 +65,7 @@ from ..sync.averaging import STREAMED, STREAMED_COMPRESSIONS
 from ..sync.base import AccuracyCost
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
-from .bench import NO_SYNC, Contender, NoSync, log_child, measure, slowest
+from .bench import NO_SYNC, Contender, NoSync, log_child, measure, pooled_backward, slowest
 
 CALIBRATION_BYTES = 16 * 2**20  # the largest ping-pong message: enough to fit beta; larger only take longer
 NOISE_FLOOR = 0.03  # the least share by which a measurement overturns the model's choice
@@ -300,6 +300,11 @@ def measured_settings(method_class, cost: AccuracyCost | None) -> dict:
     return dict(cost.settings) if cost and method_class.averages == PARAMETERS else {}
 
 
+def setting_flags(settings: dict) -> list[str]:
+    """TrainConfig settings as a job's flags (`--host-period 1`)."""
+    return [word for field, value in settings.items() for word in ("--" + field.replace("_", "-"), str(value))]
+
+
 def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tuple[list[dict], list[tuple]]:
     """Every lossy label with its predicted step (the wire only: a compressor's CPU work is left out) and its
     measured accuracy cost; and those the backend cannot run, with the reason."""
@@ -314,8 +319,8 @@ def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tu
             refused.append((text, why))
             continue
         cost = accuracy_cost(model_name, text)
-        method = method_class.from_config(TrainConfig(sync=name, compression=compression,
-                                                      **measured_settings(method_class, cost)))
+        measured = measured_settings(method_class, cost)
+        method = method_class.from_config(TrainConfig(sync=name, compression=compression, **measured))
         prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
                                       ratio=method.wire_ratio(params), later=method.later_share(params),
                                       backward_s=model.backward_s,
@@ -324,7 +329,7 @@ def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tu
             continue
         rows.append({"label": text, "option": option_of(text),
                      "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else [])
-                     + (cost.flags() if method_class.averages == PARAMETERS and cost else []),
+                     + setting_flags(measured),
                      "predicted_step_s": model.baseline_step_s + prediction.sync_s,
                      "accuracy_points": cost.points if cost else None,
                      "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None})
@@ -340,15 +345,16 @@ def overlapped_option(model_name: str, params, model: StepModel, text: str, stre
     name, compression = split_label(text)
     method_class = SYNC_METHODS[name]
     cost = method_class.accuracy_costs.get((model_name, compression + streamed))
+    measured = measured_settings(method_class, cost)
     method = method_class.from_config(TrainConfig(sync=name, compression=compression, **STREAMED[streamed],
-                                                  **measured_settings(method_class, cost)))
+                                                  **measured))
     prediction = netmodel.predict(method, model.tensor_bytes, model.layout, model.network, label=text,
                                   ratio=method.wire_ratio(params), later=method.later_share(params),
                                   backward_s=model.backward_s,
                                   backward=model.backward, compute_s=model.compute_s, units=model.units)
     return {"label": text + streamed, "option": option_of(text) + streamed,
             "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else []) +
-                     (cost.flags() if cost else []) + streamed.split(),
+                     setting_flags(measured) + streamed.split(),
             "predicted_step_s": model.baseline_step_s + prediction.sync_s,
             "accuracy_points": cost.points if cost else None,
             "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None}
@@ -625,16 +631,17 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     if info.is_main:
         print(f"advise: timing {workload.describe_model()}'s forward and backward without sync ({PROFILE_STEPS} "
               f"steps)", flush=True)
-    times, backward = measure([contender(NO_SYNC, NoSync(), template)], images, labels, PROFILE_STEPS, 1, device,
-                              progress("no-sync"))
+    times, order = measure([contender(NO_SYNC, NoSync(), template)], images, labels, PROFILE_STEPS, 1, device,
+                           progress("no-sync"))
     profile = cluster.gather(times)
     usable, refused = search.lossless(backend)
-    found = search.candidates(usable, tensor_bytes, backward.order)
+    found = search.candidates(usable, tensor_bytes, order)
     limit, settings = memory_limit.parse_size(args.memory_limit), workload.optimizer_settings
     found, over_limit, held = memory_limit.fitting(found, template, world, state_slots(settings), limit)
     chosen = None
     if info.is_main:
         network = netmodel.Network.from_dict(links["network"])
+        backward = pooled_backward(profile, order)  # every rank's, as the bench's
         first = search.ranked(found, step_model(profile, tensor_bytes, layout, network, backward, units))
         chosen = [candidate.as_dict() for candidate in search.shortlist(first, args.measure)]
         print(f"advise: predicted {len(found)} lossless configurations; measuring "

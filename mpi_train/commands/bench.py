@@ -289,10 +289,11 @@ def contenders(workload: TrainConfig, device: torch.device, bucket_mb: float, la
 
 
 def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int,
-            device: torch.device, progress) -> tuple[dict[str, dict[str, list[float]]], netmodel.Backward]:
+            device: torch.device, progress) -> tuple[dict[str, dict[str, list[float]]], tuple[int, ...] | None]:
     """Per method, this rank's compute (and its backward), sync and whole-step seconds for each timed step, methods
-    interleaved round-robin, and when the no-sync baseline's gradients became ready during its backward. A step
-    runs from one barrier to the next, so its time is the slowest rank's on every rank."""
+    interleaved round-robin, and when the no-sync baseline's gradients became ready during its backward (its
+    "ready": pooled_backward makes every rank's one profile), with the order they came in. A step runs from one
+    barrier to the next, so its time is the slowest rank's on every rank."""
     now = Clock(device)
     times = {entry.name: {"compute": [], "backward": [], "sync": [], "step": []} for entry in entries}
     codecs = {}
@@ -337,10 +338,7 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
                     times[entry.name]["codec_intervals"].append(intervals)
         progress(step + 1, total, step < warmup)
     times[NO_SYNC]["ready"] = clock.shares  # (every rank's, pooled by pooled_backward)
-    baseline = times[NO_SYNC]
-    share = (statistics.median(b / c for b, c in zip(baseline["backward"], baseline["compute"]))
-             if baseline["compute"] else None)
-    return times, clock.profile(share) if share else netmodel.ASSUMED_BACKWARD
+    return times, clock.order
 
 
 def pooled_backward(per_rank: list[dict], order: tuple[int, ...] | None) -> netmodel.Backward:
@@ -462,8 +460,7 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
                 predicted = prediction.sync_s + (row["codec_s"] or 0.0)
                 intervals = (codec_after_backward(per_rank, name)
                              if after_backward is not None and "codec_intervals" in per_rank[0][name] else None)
-                placed = codec_placed(method, prediction, model_of, ratio, backward, (later or {}).get(name, 0.0),
-                                      intervals)
+                placed = codec_placed(prediction, backward, intervals)
                 if placed is not None:
                     predicted = placed
                 row.update({"predicted_s": predicted, "predicted_comm_s": prediction.comm_s,
@@ -475,19 +472,13 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
     return rows
 
 
-def codec_placed(method: SyncMethod, prediction: netmodel.Prediction, model_of: ModelInputs, ratio: float | None,
-                 backward_s: float, later: float, codec: list[float] | None) -> float | None:
+def codec_placed(prediction: netmodel.Prediction, backward_s: float, codec: list[float] | None) -> float | None:
     """An overlapped method's predicted sync with its codec intervals after backward placed between its sums, as
     its sync() runs them (netmodel.with_codec), instead of added after the wire; None where they do not fit."""
-    if not codec:
-        return None
-    plan = netmodel.message_plan(method, model_of.tensor_bytes, model_of.layout, model_of.network, ratio, backward_s,
-                                 model_of.backward, model_of.units, later)
-    deferred = (method.compressor.rounds_per_step > 1 and method.later_rounds_after_backward)
-    exposed = netmodel.with_codec(plan, len(plan) // 2 if deferred else len(plan), backward_s, codec)
+    exposed = netmodel.with_codec(prediction.plan, backward_s, codec) if codec else None
     if exposed is None:
         return None
-    return prediction.sync_s - max(0.0, plan[-1].end_s - backward_s) + exposed
+    return prediction.sync_s - max(0.0, prediction.plan[-1].end_s - backward_s) + exposed
 
 
 @dataclass(frozen=True)
@@ -716,12 +707,12 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     if info.is_main:
         print(f"bench: {world} rank(s), {threads} thread(s) each, methods {', '.join(e.name for e in entries)}",
               flush=True)
-    times, backward = measure(entries, images, labels, args.steps, args.warmup, device, progress)
+    times, order = measure(entries, images, labels, args.steps, args.warmup, device, progress)
     per_rank = cluster.gather(times)
     dist.destroy_process_group()
     if not info.is_main:
         return
-    backward = pooled_backward(per_rank, backward.order)
+    backward = pooled_backward(per_rank, order)
     inputs = None
     if calibration:
         calibration["backward"] = backward.as_dict()  # a training job's or predict's --calibration reads it

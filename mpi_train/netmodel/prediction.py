@@ -100,6 +100,7 @@ class Prediction:
     parts: dict = field(default_factory=dict)  # seconds per step of each of its collectives (families.Part), by name
     background_s: float | None = None  # per step, the averages sent in the background (--overlap)
     in_forward_s: float = 0.0  # of exposed, the gathers forward waits for (fsdp's, zero's): a job's compute holds it
+    plan: tuple = ()  # its messages as message_plan laid them out (PlannedMessage)
 
     @property
     def sync_s(self) -> float:
@@ -111,7 +112,8 @@ class Prediction:
 class PlannedMessage:
     """One message of a step as the model sees it: which tensors, its bytes on the wire, when its last gradient is
     ready and when it starts and ends (seconds from the start of backward), and its tensors' own bytes, which a
-    part that carries the parameters uncompressed moves (zero's all-gather; 0 for a later round's message)."""
+    part that carries the parameters uncompressed moves (zero's all-gather; 0 for a later round's message), and
+    whether it is such a later round, sent after backward (`later`)."""
 
     tensors: tuple[int, ...]
     nbytes: float
@@ -119,6 +121,7 @@ class PlannedMessage:
     start_s: float
     end_s: float
     plain_bytes: float = 0.0
+    later: bool = False
 
     def carried_by(self, part: Part) -> float:
         """The bytes `part` moves for this message: the wire's, or the plain tensors' for an uncompressed part."""
@@ -173,7 +176,7 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
             size = sum(tensor_bytes[i] for i in group) * ratio * later
             start = max(finish, backward_s)
             finish = start + sent(size) + (rounds - 2) * latency
-            plan.append(PlannedMessage(tuple(group), size, backward_s, start, finish))
+            plan.append(PlannedMessage(tuple(group), size, backward_s, start, finish, later=True))
     return plan
 
 
@@ -222,22 +225,23 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
         overlapped, background = True, across_s
         exposed = None if compute_s is None else (comm_s - across_s) + overlapped_exposed(across_s, compute_s)
     return Prediction(label or type(method).__name__, family.name, len(plan), wire_bytes, comm_s, overlapped, exposed,
-                      parts, background, in_forward)
+                      parts, background, in_forward, tuple(plan))
 
 
-def with_codec(plan: list[PlannedMessage], buckets: int, backward_s: float, codec: Sequence[float]) -> float | None:
+def with_codec(plan: Sequence[PlannedMessage], backward_s: float, codec: Sequence[float]) -> float | None:
     """What of an overlapped method's messages outlasts backward, with its compressor's work after backward placed
     where sync() runs it instead of added after the wire: bucket by bucket it waits for a round's sum, runs the
     compressor (`codec`: each interval's seconds, as the bench timed them), then sends the bucket's next round, so
     one bucket's work runs while another's sum is on the wire (PowerSGD's Qs of the second bucket are computed
-    while the first bucket's travel). `plan` is message_plan's: the first rounds of its `buckets` buckets, then
-    (PowerSGD on `bucketed`) each bucket's later round, sent in turn on one wire; `codec` holds one interval per
-    message, in sync()'s order (every bucket's first, then every bucket's second). None when the intervals do not
-    fit that shape (a bucket launched after backward adds one): the caller then adds the codec after the wire."""
-    if buckets < 1 or len(codec) != len(plan) or len(plan) not in (buckets, 2 * buckets):
+    while the first bucket's travel). `plan` is message_plan's: each bucket's first round, then (PowerSGD on
+    `bucketed`) each bucket's later round, sent in turn on one wire; `codec` holds one interval per message, in
+    sync()'s order (every bucket's first, then every bucket's second). None when the intervals do not fit that
+    shape (a bucket launched after backward adds one): the caller then adds the codec after the wire."""
+    first = [message for message in plan if not message.later]
+    later = [message for message in plan if message.later]
+    if not first or len(codec) != len(plan) or len(later) not in (0, len(first)):
         return None
-    first, later = plan[:buckets], plan[buckets:]
-    ends = [message.end_s for message in first]
+    buckets, ends = len(first), [message.end_s for message in first]
     cpu, wire = backward_s, max([backward_s, *ends])
     for b in range(buckets):  # each bucket's first sum in: its compressor's work, then its next round leaves
         cpu = max(cpu, ends[b]) + codec[b]

@@ -55,10 +55,6 @@ class AccuracyCost:
     source: str  # where its figures are (docs/results.md#...)
     settings: tuple[tuple[str, object], ...] = ()  # TrainConfig fields it ran with beyond its label's defaults
 
-    def flags(self) -> list[str]:
-        """Its settings as a job's flags (`--host-period 1`)."""
-        return [part for field, value in self.settings for part in ("--" + field.replace("_", "-"), str(value))]
-
 
 class SyncMethod:
     """Makes every rank's gradients equal to their mean across ranks, once per step.

@@ -263,10 +263,16 @@ def test_a_bucket_s_codec_after_backward_runs_while_another_bucket_s_sum_is_on_t
     and sent in turn (50 ms each); its last work (10 ms) waits for its Qs. The second bucket's Q is computed while
     the first's travel: 210 ms after backward, where the wire and then the codec would take 200 + 60."""
     first = [PlannedMessage((0,), 1.0, 0.5, 0.5, 0.6), PlannedMessage((1,), 1.0, 1.0, 1.0, 1.1)]
-    later = [PlannedMessage((0,), 0.1, 1.0, 1.1, 1.15), PlannedMessage((1,), 0.1, 1.0, 1.15, 1.2)]
+    later = [PlannedMessage((0,), 0.1, 1.0, 1.1, 1.15, later=True), PlannedMessage((1,), 0.1, 1.0, 1.15, 1.2,
+                                                                                   later=True)]
     codec = [0.02, 0.02, 0.01, 0.01]
-    assert with_codec(first + later, 2, 1.0, codec) == pytest.approx(0.21)
+    assert with_codec(first + later, 1.0, codec) == pytest.approx(0.21)
     slow = [0.2, 0.02, 0.01, 0.01]  # the first Q's work binds, then the two Qs travel in turn, then the last work
-    assert with_codec(first + later, 2, 1.0, slow) == pytest.approx(0.2 + 0.05 + 0.05 + 0.01)
-    assert with_codec(first, 2, 1.0, [0.03, 0.03]) == pytest.approx(0.13)  # one round: decoded as it lands
-    assert with_codec(first + later, 2, 1.0, codec + [0.01]) is None  # a bucket launched after backward
+    assert with_codec(first + later, 1.0, slow) == pytest.approx(0.2 + 0.05 + 0.05 + 0.01)
+    assert with_codec(first, 1.0, [0.03, 0.03]) == pytest.approx(0.13)  # one round: decoded as it lands
+    assert with_codec(first + later, 1.0, codec + [0.01]) is None  # a bucket launched after backward
+    # the model's own plan marks PowerSGD's later rounds on `bucketed`, the bench places its codec by them
+    powersgd = method("bucketed", compression="powersgd", bucket_mb=1 * MB / 2**20)
+    plan = predict(powersgd, [1 * MB] * 2, Layout(2, 1), Network(NET.intra, Link(0.0, 1 / 4e6)), backward_s=1.0,
+                   later=0.5).plan
+    assert [message.later for message in plan] == [False, False, True, True]
