@@ -190,9 +190,12 @@ class Liveness:
         return bool(self.watch and self.watch.ranks_of) and len(self.watch.silent()) == len(self.watch.ranks_of)
 
     def close(self) -> None:
+        """The job is over: stop watching, and let go of its listeners (a reporter holds the job's model and sync
+        method, which a process that runs several jobs, the GPU check, would otherwise keep)."""
         for part in (self.watch, self.heartbeat):
             if part:
                 part.close()
+        self.listeners.clear()
 
 
 class NoLiveness(Liveness):

@@ -65,9 +65,20 @@ class StorageCount:
         return total
 
 
-def held_bytes(model: nn.Module, optimizer, method=None) -> dict[str, int]:
+def count_peak_from_here(device: torch.device) -> int:
+    """On CUDA, the peak allocated counts from here, a job's start; the bytes allocated already, which held_bytes
+    takes off it (`before`). So a process that runs several jobs one after another (the GPU check) reports each job's
+    own peak, not the largest since it began nor what an earlier job left allocated. 0 on a CPU."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def held_bytes(model: nn.Module, optimizer, method=None, before: int = 0) -> dict[str, int]:
     """Bytes this rank holds by kind (KINDS) and in all (`total_bytes`): keys `parameters_bytes`, ...; on CUDA also
-    `cuda_peak_bytes`, the most allocated at once since the job began."""
+    `cuda_peak_bytes`, the most allocated at once since the job began beyond the `before` bytes allocated then
+    (count_peak_from_here)."""
     extra = method.held_tensors() if method is not None else {}
     params = list(model.parameters())
     tensors = {"parameters": params,
@@ -78,7 +89,7 @@ def held_bytes(model: nn.Module, optimizer, method=None) -> dict[str, int]:
     figures["total_bytes"] = sum(figures.values())
     device = params[0].device if params else torch.device("cpu")
     if device.type == "cuda":
-        figures["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+        figures["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
     return figures
 
 

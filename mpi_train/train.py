@@ -25,7 +25,7 @@ from .devices import place, warm_autotuner
 from .errors import UserError
 from .failpoints import injected, slowed
 from .lr_schedule import LearningRate
-from .memory import held_bytes
+from .memory import count_peak_from_here, held_bytes
 from .netmodel import JobModel, bytes_sent_per_sync, job_model, layout_params
 from .netmodel.memory import predict_memory
 from .optimizers import OPTIMIZERS, state_slots
@@ -123,6 +123,7 @@ class Job:
     recorder: StepRecorder  # each step's arrival, sync region and messages; a timeline's everything
     alignments: list[Alignment] | None  # every rank's clock offset to rank 0's (on rank 0)
     sent_per_sync: dict  # bytes this rank sends per sync, by what the step synced (method.last_sync)
+    memory_before: int  # CUDA bytes allocated when the job began (memory.count_peak_from_here; 0 on a CPU)
 
 
 def score(job: Job, cluster: Cluster) -> tuple[float, float]:
@@ -172,6 +173,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     if unsupported:  # before any collective: torch's own failure would abort the process
         raise UserError(unsupported)
     device = placement.device
+    memory_before = count_peak_from_here(device)  # this job's own CUDA peak, in a process that runs several
 
     train_set, test_set = load_datasets(config, cluster)
     batch_per_rank = config.per_rank(info.world_size)
@@ -220,7 +222,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     preemption = Preemption(config.checkpoint_dir is not None, info.world_size, device)
     return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, loaders.train, loaders.sampler,
                loaders.test, checkpoints, resume, preemption, connection, fault, slow, recorder, alignments,
-               bytes_sent_per_sync(method, model, list(cluster.hosts), info.rank))
+               bytes_sent_per_sync(method, model, list(cluster.hosts), info.rank), memory_before)
 
 
 def train_step(job: Job, batches, clock: StepClock, step: int, rank: int,
@@ -405,7 +407,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             # a job too short to leave any out
             steady = after_step.after_warmup if after_step.after_warmup.steps else after_step.run_totals
             digest = parameter_digest(job.method.whole_parameters(job.model))  # collective for a sharding method
-            reporter.memory(cluster.gather(held_bytes(job.model, job.optimizer, job.method)),
+            reporter.memory(cluster.gather(held_bytes(job.model, job.optimizer, job.method, job.memory_before)),
                             predict_memory(job.method, job.model, cluster.info.world_size,
                                            state_slots(config.optimizer_settings)))
             reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,

@@ -69,3 +69,12 @@ def test_rank_0_is_alone_only_when_every_other_host_is_silent():
     live.watch = watch([])
     live.watch.update({2: 1, 3: 1, 4: 1}, now - 10 * SILENT_S)  # nobody since: this host's own link may be the cut one
     assert {s.host for s in live.watch.silent()} == {"b", "c"} and live.alone()
+
+
+def test_a_closed_liveness_lets_go_of_its_listeners_and_hands_them_no_more_stalls():
+    live, heard = NoLiveness(), []
+    live.on_stall(heard.append)  # a job's reporter, which holds its model: a process running several jobs keeps it
+    live._stalled(Stall("b", (2, 3), 3, 1.0))  # otherwise (the GPU check)
+    live.close()
+    live._stalled(Stall("b", (2, 3), 4, 2.0))
+    assert len(heard) == 1 and live.listeners == []

@@ -14,6 +14,7 @@ is 1 when a check fails. On CPUs (`--backend gloo`) it dry-runs its own code wit
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -122,6 +123,7 @@ class Checks:
         """Train `flags` on every rank; rank 0's summary (empty elsewhere)."""
         out = self.folder / f"{name}.json"
         config = parse_config([*self.common, *flags, "--summary-json", str(out)], quiet=True)
+        gc.collect()  # the job before's model, hooks and buffers (cycles): gone before this job's CUDA peak counts
         run(config, self.cluster)
         return json.loads(out.read_text()) if self.cluster.info.is_main else {}
 
