@@ -67,13 +67,17 @@ def steps_of(trace: Path) -> list[dict]:
 
 
 def main() -> int:
-    parser = build_parser()
-    parser.description = __doc__.split("\n")[0]
+    parser = build_parser()  # predict's own flags, which the plan is made with
+    parser.prog, parser.description, parser.epilog = "python scripts/tail_per_step.py", __doc__.split("\n")[0], None
     parser.add_argument("trace", type=Path, help="a training run's timeline (*.trace.json)")
     parser.add_argument("--method", default="zero", help="the run's sync method (default: zero)")
     args = parser.parse_args()
     if not args.calibration or args.compute_per_sample is None:
         parser.error("give --calibration BENCH.json and --compute-per-sample SECONDS, as predict takes them")
+    for path in (args.trace, Path(args.calibration)):
+        if not path.is_file():
+            parser.error(f"{path} is no file: give a training run's timeline (--timeline-steps writes *.trace.json) "
+                         f"and the bench JSON its links were calibrated with (bench --json)")
     durations, backward_s, tail_s, exposed_s = predicted_plan(args)
     messages = ", ".join(f"{seconds * 1e3:.0f}" for seconds in durations)
     print(f"{args.method}: predict gives {len(durations)} messages of {messages} ms; with the bench's profile, "
