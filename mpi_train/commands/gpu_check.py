@@ -123,7 +123,7 @@ class Checks:
         """Train `flags` on every rank; rank 0's summary (empty elsewhere)."""
         out = self.folder / f"{name}.json"
         config = parse_config([*self.common, *flags, "--summary-json", str(out)], quiet=True)
-        gc.collect()  # the job before's model, hooks and buffers (cycles): gone before this job's CUDA peak counts
+        gc.collect()  # what of the job before can go (cycles through hooks) goes before this job's peak counts
         run(config, self.cluster)
         return json.loads(out.read_text()) if self.cluster.info.is_main else {}
 
