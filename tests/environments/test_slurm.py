@@ -192,6 +192,7 @@ def test_a_signalled_job_checkpoints_is_requeued_and_finishes_in_one_run(cluster
         while "requeueing job" not in (out.read_text() if out.exists() else ""):
             assert time.monotonic() < deadline, "never requeued:\n" + (out.read_text() if out.exists() else "")
             time.sleep(0.5)
+        requeued = time.monotonic()
         while _job_state(cluster, job_id) != ("PENDING", 1):
             assert time.monotonic() < deadline, f"requeued job not pending: {_job_state(cluster, job_id)}"
             time.sleep(0.5)
@@ -200,6 +201,9 @@ def test_a_signalled_job_checkpoints_is_requeued_and_finishes_in_one_run(cluster
         while not _nodes_idle(cluster):
             assert time.monotonic() < deadline, "the nodes never came back idle after the requeue"
             time.sleep(0.5)
+        # slurmd revoked the first start's credential at the requeue, to the second: a start in that same second is
+        # refused ("Job credential revoked") and the job fails; Slurm's own hold (BeginTime) is far longer
+        time.sleep(max(0.0, requeued + 2.0 - time.monotonic()))
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster, check=True,
                        timeout=30)
         deadline = time.monotonic() + 240
