@@ -300,9 +300,11 @@ def measured_settings(method_class, cost: AccuracyCost | None) -> dict:
     return dict(cost.settings) if cost and method_class.averages == PARAMETERS else {}
 
 
-def setting_flags(settings: dict) -> list[str]:
-    """TrainConfig settings as a job's flags (`--host-period 1`)."""
-    return [word for field, value in settings.items() for word in ("--" + field.replace("_", "-"), str(value))]
+def option_flags(name: str, compression: str, settings: dict) -> list[str]:
+    """An option as a job's flags: its method, its compression unless none, and the TrainConfig settings its
+    accuracy was measured with (`--sync localsgd --compression fp16 --host-period 1`)."""
+    return (["--sync", name] + (["--compression", compression] if compression != "none" else [])
+            + [word for field, value in settings.items() for word in ("--" + field.replace("_", "-"), str(value))])
 
 
 def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tuple[list[dict], list[tuple]]:
@@ -328,8 +330,7 @@ def lossy_options(model_name: str, params, model: StepModel, backend: str) -> tu
         if prediction is None:
             continue
         rows.append({"label": text, "option": option_of(text),
-                     "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else [])
-                     + setting_flags(measured),
+                     "flags": option_flags(name, compression, measured),
                      "predicted_step_s": model.baseline_step_s + prediction.sync_s,
                      "accuracy_points": cost.points if cost else None,
                      "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None})
@@ -353,8 +354,7 @@ def overlapped_option(model_name: str, params, model: StepModel, text: str, stre
                                   backward_s=model.backward_s,
                                   backward=model.backward, compute_s=model.compute_s, units=model.units)
     return {"label": text + streamed, "option": option_of(text) + streamed,
-            "flags": ["--sync", name] + (["--compression", compression] if compression != "none" else []) +
-                     setting_flags(measured) + streamed.split(),
+            "flags": option_flags(name, compression, measured) + streamed.split(),
             "predicted_step_s": model.baseline_step_s + prediction.sync_s,
             "accuracy_points": cost.points if cost else None,
             "accuracy_measured": f"{cost.measured}; {cost.source}" if cost else None}
