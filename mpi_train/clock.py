@@ -21,39 +21,72 @@ class Clock:
 
 
 class StepClock:
-    """The boundaries of one training step's phases, read once at its end.
+    """The boundaries of each training step's phases, read after the step without stopping the host.
 
-    On CPUs a mark is perf_counter when it is made. On CUDA it is an event on the current stream, so the host
-    never waits mid-step (a synchronisation at every boundary drains the queue and leaves the GPU idle while the
-    next kernels are launched); `read` waits once, for the step's last mark, and gives each mark as the
-    perf_counter time at which the GPU reached it, from the step's first mark (made with the GPU idle: the
-    previous step's read waited for it).
+    On CPUs a mark is perf_counter when it is made, and a step is read as soon as it closes. On CUDA a mark is an
+    event on the current stream, and a closed step is read only once the next one has been queued: the host never
+    waits for the GPU to finish the step it has just launched, so it queues the next step's kernels while the GPU
+    runs this one's, as a bare PyTorch loop does (waiting every step cost VGG-11 on an H200 1.25 ms of a 5.3 ms
+    step). Each mark reads as the perf_counter time at which the GPU reached it, through an anchor: an event
+    recorded with the GPU idle, at the first step and again at every `drain`.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, lagged: bool | None = None):
         self.cuda = device.type == "cuda"
+        self.lagged = self.cuda if lagged is None else lagged  # a step read once the next has closed (CUDA's way)
         self.marks: list = []
-        self.started = 0.0
+        self.pending: list = []  # closed steps not read yet: (marks, finish); when lagged, the newest one at most
+        self.anchor: tuple | None = None  # (event, perf_counter when the GPU reached it)
+        self.spare: list = []  # CUDA events whose steps have been read, to record again (each new one costs the host)
 
     def start(self) -> int:
         """The step's first mark (0)."""
+        if self.cuda and self.anchor is None:
+            self._anchor()
         self.marks = []
-        self.started = time.perf_counter()
         return self.mark()
 
     def mark(self) -> int:
         if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
+            event = self.spare.pop() if self.spare else torch.cuda.Event(enable_timing=True)
             event.record()
             self.marks.append(event)
         else:
             self.marks.append(time.perf_counter())
         return len(self.marks) - 1
 
-    def read(self) -> list[float]:
-        """Every mark of the step, in perf_counter seconds."""
+    def close(self, finish) -> list:
+        """The step is over: `finish(at)` makes its figures from every mark in perf_counter seconds. Returns the
+        figures of the steps read now: this one on CPUs; on CUDA the one before it, if any."""
+        self.pending.append((self.marks, finish))
+        if not self.lagged:
+            return self.drain()
+        newest = self.pending.pop()
+        read, self.pending = self._read(self.pending), [newest]
+        return read
+
+    def drain(self) -> list:
+        """Every closed step's figures, waiting for the GPU where it has not reached them yet."""
+        read, self.pending = self._read(self.pending), []
+        if self.cuda and read:
+            self._anchor()
+        return read
+
+    def _read(self, steps: list) -> list:
         if not self.cuda:
-            return list(self.marks)
-        first, last = self.marks[0], self.marks[-1]
-        last.synchronize()
-        return [self.started + first.elapsed_time(event) / 1e3 for event in self.marks]
+            return [finish(marks) for marks, finish in steps]
+        event, host = self.anchor
+        figures = []
+        for marks, finish in steps:
+            marks[-1].synchronize()
+            figures.append(finish([host + event.elapsed_time(mark) / 1e3 for mark in marks]))
+            self.spare.extend(marks)
+        return figures
+
+    def _anchor(self) -> None:
+        torch.cuda.synchronize()
+        event = torch.cuda.Event(enable_timing=True)
+        host = time.perf_counter()  # the GPU is idle: it reaches the event as soon as it is queued
+        event.record()
+        event.synchronize()
+        self.anchor = (event, host)

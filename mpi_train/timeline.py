@@ -170,8 +170,13 @@ class StepRecorder(Recorder):
     """A rank's recorder: the figures every step owes (arrival, sync region, message time in and out of backward)
     and, for the steps of a timeline window, everything, kept for the trace."""
 
-    def __init__(self, alignment: Alignment, overlapped: bool, window: tuple[int, int] | None = None):
+    def __init__(self, alignment: Alignment, overlapped: bool, window: tuple[int, int] | None = None,
+                 gpu: bool = False):
         self.alignment, self.overlapped, self.window = alignment, overlapped, window
+        # On a GPU a hook's clock says when backward queued a gradient, not when the GPU made it, and 34 Python hooks
+        # cost the host about 1 ms of a 5 ms step (VGG-11, H200): there the step's arrival is its backward's end
+        # mark, and gradients are noted only for a timeline.
+        self.gpu = gpu
         self.current = Step(0)
         self.figures: list[dict] = []  # each step's since the last logged one
         self.kept: list[Step] = []  # the timeline window's steps
@@ -180,7 +185,7 @@ class StepRecorder(Recorder):
 
     def watch(self, model) -> None:
         """Note when each gradient is ready in backward (hooks on the parameters), where a figure needs it."""
-        if not (self.overlapped or self.window):
+        if not (self.window or (self.overlapped and not self.gpu)):
             return
         for index, param in enumerate(p for p in model.parameters() if p.requires_grad):
             param.register_post_accumulate_grad_hook(lambda _p, index=index: self.gradient(index))
@@ -192,7 +197,8 @@ class StepRecorder(Recorder):
 
     def gradient(self, index: int) -> None:
         at = now()
-        self.current.last_ready = at
+        if not self.gpu:
+            self.current.last_ready = at
         if self.detailed:
             self.current.gradients.append((index, at))
 
@@ -223,12 +229,14 @@ class StepRecorder(Recorder):
             with self.lock:
                 self.current.messages.append(Message(name, start, end, nbytes, kind="background"))
 
-    def end(self, bounds: tuple[float, ...], sync: tuple[float, float] | None = None) -> None:
+    def end(self, bounds: tuple[float, ...], sync: tuple[float, float] | None = None,
+            step: Step | None = None) -> None:
         """The step is over: `bounds` are its phase boundaries (data, forward, backward, sync, optimizer, end, and
         the end of a model average after the optimizer; the forward/backward boundary only in detailed steps, else
-        repeated); `sync` the sync region, when not bounds[3:5] (a model average's)."""
+        repeated); `sync` the sync region, when not bounds[3:5] (a model average's). `step`: the step they are of,
+        when the clock read them after the next began (on a GPU); else the current one."""
         started = now()
-        step = self.current
+        step = step or self.current
         step.bounds, step.sync = bounds, sync
         sync_start, sync_end = sync or bounds[3:5]
         arrival = step.last_ready if self.overlapped and step.last_ready else sync_start
@@ -242,7 +250,7 @@ class StepRecorder(Recorder):
         self.figures.append({"step": step.step, "arrival": arrival - self.alignment.offset_s,
                              "region": sync_end - arrival, "sync": sync_end - sync_start, "comm": comm,
                              "in_backward": in_backward if self.overlapped else 0.0})
-        if self.detailed:
+        if self.window and self.window[0] <= step.step <= self.window[1]:
             self.kept.append(step)
         self.busy_s += now() - started
 

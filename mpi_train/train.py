@@ -190,7 +190,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     method = SYNC_METHODS[config.sync].from_config(config)
     net = method.wrap(model)
     alignment, alignments = align_clocks(cluster, device) if info.world_size > 1 else (Alignment(), [Alignment()])
-    recorder = StepRecorder(alignment, method.overlapped(), config.timeline_window)
+    recorder = StepRecorder(alignment, method.overlapped(), config.timeline_window, gpu=device.type == "cuda")
     recorder.watch(model)
     method.record_into(recorder)
     sync_model = job_model(config, cluster, model, method, device)
@@ -226,17 +226,18 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
 
 
 def train_step(job: Job, batches, clock: StepClock, step: int, rank: int,
-               accumulate: int = 1) -> tuple[torch.Tensor, float, dict] | None:
+               accumulate: int = 1) -> tuple[torch.Tensor, float, list[tuple[int, dict]]] | None:
     """Data, forward and backward (of `accumulate` micro-batches, their gradients added up, nothing sent before the
-    last), sync, optimizer step; the loss, the step's learning rate and each phase's time (None: the epoch is over).
-    The clock marks the phases' boundaries and reads them once, at the end (forward apart from backward only in a
-    timeline); with micro-batches, data time is their loading and compute the rest up to the sync."""
+    last), sync, optimizer step; the loss, the step's learning rate and the phase times of the steps the clock has
+    read so far, (step, times) each: this one on CPUs, the one before on a GPU (None: the epoch is over). The clock
+    marks the phases' boundaries (forward apart from backward only in a timeline); with micro-batches, data time is
+    their loading and compute the rest up to the sync."""
     job.recorder.begin(step)
     begun = clock.start()
     job.optimizer.zero_grad(set_to_none=True)
     loads, loss = [], 0.0
     for micro in range(accumulate):
-        loading = clock.mark()
+        loading = clock.mark() if micro else begun  # zero_grad queued nothing: a mark fewer for the host to make
         batch = next(batches, None)
         if batch is None:
             return None
@@ -257,17 +258,22 @@ def train_step(job: Job, batches, clock: StepClock, step: int, rank: int,
     stepped = clock.mark()
     # a model-averaging method's average, when due: its sync region, after the optimizer's
     averaged = job.method.after_step(job.model)
-    ended = clock.mark()
-    at = clock.read()
-    t0 = at[begun]
-    t1 = t0 + sum(at[loaded] - at[loading] for loading, loaded in loads)  # the phases as one step's: loading first
-    t2, t3, t4 = at[computed], at[synced], at[stepped]
-    t5 = at[ended] if averaged else t4
-    job.recorder.end((t0, t1, at[forward_end], t2, t3, t4, t5), sync=(t4, t5) if averaged else (t2, t3))
+    ended = clock.mark() if averaged else stepped
+    record = job.recorder.current
+
+    def phases(at: list[float]) -> tuple[int, dict]:
+        t0 = at[begun]
+        t1 = t0 + sum(at[loaded] - at[loading] for loading, loaded in loads)  # the phases as one step's: loading first
+        t2, t3, t4, t5 = at[computed], at[synced], at[stepped], at[ended]
+        job.recorder.end((t0, t1, at[forward_end], t2, t3, t4, t5), sync=(t4, t5) if averaged else (t2, t3),
+                         step=record)
+        return step, {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": (t3 - t2) + (t5 - t4),
+                      "optimizer_time_s": t4 - t3, "step_time_s": t5 - t0}
+
+    read = clock.close(phases)
     lr = job.learning_rate.current
     job.learning_rate.step()
-    return loss, lr, {"data_time_s": t1 - t0, "compute_time_s": t2 - t1, "sync_time_s": (t3 - t2) + (t5 - t4),
-                      "optimizer_time_s": t4 - t3, "step_time_s": t5 - t0}
+    return loss, lr, read
 
 
 class AfterStep:
@@ -275,24 +281,24 @@ class AfterStep:
 
     `after_warmup` leaves out the job's first --timing-warmup-steps, as the course's timing convention asks."""
 
-    def __init__(self, config: TrainConfig, cluster: Cluster, job: Job, reporter: SilentReporter,
+    def __init__(self, config: TrainConfig, cluster: Cluster, job: Job, clock: StepClock, reporter: SilentReporter,
                  tracker: tracking.NullTracker):
         self.config, self.cluster, self.job, self.reporter, self.tracker = config, cluster, job, reporter, tracker
+        self.clock = clock
         self.run_totals, self.window, self.after_warmup = PhaseTotals(), PhaseTotals(), PhaseTotals()
         self.first_step = job.resume.position.step if job.resume else 0
         self.final_checkpoint: dict | None = None  # the last step's, taken at its boundary (rank 0)
         self.requeued: str | None = None  # why the job stopped early to be requeued
 
-    def __call__(self, position: Position, loss: torch.Tensor, lr: float, times: dict) -> bool:
-        """True when the job stops here for requeue (preemption.py)."""
+    def __call__(self, position: Position, loss: torch.Tensor, lr: float, read: list[tuple[int, dict]]) -> bool:
+        """True when the job stops here for requeue (preemption.py). `read`: the phase times of the steps the clock
+        has read (on a GPU, the step before this one); a logged step reads this one's too."""
         config, step, total_steps = self.config, position.step, self.job.info.total_steps
         if config.check_every and step % config.check_every == 0:
             check_replicas_agree(self.cluster, self.job.method.replicated(self.job.model), f"at step {step}")
-        self.run_totals.add(times)
-        if step - self.first_step > config.timing_warmup_steps:
-            self.after_warmup.add(times)
-        self.window.add(times)
-        if step % config.log_every == 0 or step == total_steps or step % self.job.info.steps_per_epoch == 0:
+        logged = step % config.log_every == 0 or step == total_steps or step % self.job.info.steps_per_epoch == 0
+        self.count(read + (self.clock.drain() if logged else []))
+        if logged:
             per_rank = self.cluster.gather({"loss": loss.item(), **self.window.means(), **self.tracker.host_sample(),
                                             **self.job.method.figures(), "steps": self.job.recorder.take()})
             self.reporter.log_step(position.epoch, step, total_steps, per_rank, lr=lr)
@@ -314,6 +320,18 @@ class AfterStep:
             self.requeued = (f"{preemption.SIGNAL.name} received: checkpointed at step {step} and stopped for "
                              f"requeue (exit status {REQUEUE_EXIT}); --resume auto continues from there")
         return bool(self.requeued)
+
+    def count(self, read: list[tuple[int, dict]]) -> None:
+        """Steps' phase times into the run's, the steady state's and the logging window's totals."""
+        for step, times in read:
+            self.run_totals.add(times)
+            if step - self.first_step > self.config.timing_warmup_steps:
+                self.after_warmup.add(times)
+            self.window.add(times)
+
+    def drain(self) -> None:
+        """The steps the clock has not read yet (the last one, on a GPU), before the run's figures are made."""
+        self.count(self.clock.drain())
 
 
 def run(config: TrainConfig, cluster: Cluster) -> int:
@@ -342,7 +360,8 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         if job.resume and config.resume == RESUME_AUTO:
             tracker.resend(job.resume.unsent_metrics)
         reporter.start(job.info)
-        clock, after_step = StepClock(job.device), AfterStep(config, cluster, job, reporter, tracker)
+        clock = StepClock(job.device)
+        after_step = AfterStep(config, cluster, job, clock, reporter, tracker)
         started = time.perf_counter()
         start = job.resume.position if job.resume else Position()
         step, sent, progress = start.step, start.sent_bytes, Progress(start.elapsed_s)
@@ -395,6 +414,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             if cluster.info.is_main:
                 print(f"mpi_train: {after_step.requeued}", flush=True)
         else:
+            after_step.drain()
             check_replicas_agree(cluster, job.method.replicated(job.model), f"after step {step}")
             if job.checkpoints.due(step, total_steps) and step > after_step.first_step:
                 job.checkpoints.write(after_step.final_checkpoint, step)

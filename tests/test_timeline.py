@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import client_for, job_runs, train_several
 
 from mpi_train.errors import UserError
@@ -92,6 +93,25 @@ def test_a_recorder_notes_the_region_and_keeps_only_the_window_s_steps():
     assert first["arrival"] == pytest.approx(2.5) and first["region"] == pytest.approx(1.0)  # on rank 0's clock
     assert first["comm"] == pytest.approx(1.0) and first["in_backward"] == pytest.approx(0.5)
     assert [step.step for step in recorder.kept] == [2] and recorder.take() == []
+
+
+def test_on_a_gpu_gradients_are_hooked_for_a_timeline_only_and_arrival_is_backward_s_end():
+    """A hook's host clock on a GPU says when backward queued a gradient: there the hooks cost the host and are left
+    out unless a timeline draws the gradients, and the step arrives at its backward's end mark, not its last hook."""
+    def backward_once(recorder: StepRecorder) -> Step:
+        model = torch.nn.Linear(3, 2)
+        recorder.watch(model)
+        recorder.begin(1)
+        model(torch.ones(4, 3)).sum().backward()
+        return recorder.current
+
+    assert backward_once(StepRecorder(Alignment(), overlapped=True)).last_ready is not None  # a CPU's hooks
+    assert backward_once(StepRecorder(Alignment(), overlapped=True, gpu=True)).gradients == []
+    timeline = StepRecorder(Alignment(), overlapped=True, window=(1, 1), gpu=True)
+    step = backward_once(timeline)
+    assert [index for index, _ in step.gradients] == [1, 0] and step.last_ready is None  # bias first, then weight
+    timeline.end((0.0, 1.0, 1.5, 3.2, 4.0, 4.5))
+    assert timeline.take()[0]["arrival"] == pytest.approx(3.2)
 
 
 def test_the_trace_has_a_named_process_per_rank_and_a_named_track_per_kind():
