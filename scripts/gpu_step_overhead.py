@@ -18,22 +18,19 @@ import functools
 import io
 import os
 import pstats
-import time
 from contextlib import contextmanager
 from unittest import mock
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from mpi_train import tracking
 from mpi_train.checkpoint import Position
 from mpi_train.clock import StepClock
+from mpi_train.commands.gpu_check import bare_step, seconds_per_step
 from mpi_train.commands.train import parse_config
 from mpi_train.config import TrainConfig
-from mpi_train.data import synthetic_batch
-from mpi_train.optimizers import OPTIMIZERS
 from mpi_train.rankguard import join_job
 from mpi_train.reporter import SilentReporter
 from mpi_train.sync.ddp import buffers_synced
@@ -44,36 +41,15 @@ WARM = 10
 
 
 def wall_per_step(step, steps: int, device: torch.device, wait_each: bool = False) -> float:
-    cuda = device.type == "cuda"
-    for _ in range(WARM):
-        step()
-    if cuda:
-        torch.cuda.synchronize(device)
-    began = time.perf_counter()
-    for _ in range(steps):
-        step()
-        if wait_each and cuda:
-            torch.cuda.synchronize(device)
-    if cuda:
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - began) / steps * 1e3
+    return seconds_per_step(step, device, WARM, steps, wait_each) * 1e3
 
 
 def bare(workload: TrainConfig, batch: int, device: torch.device, ddp: bool = False, broadcast_buffers: bool = True):
-    torch.manual_seed(0)
-    model = workload.make_model().to(device)
-    if ddp:  # as the job's ddp builds it
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                        gradient_as_bucket_view=True, **buffers_synced(broadcast_buffers))
-    settings = workload.optimizer_settings
-    optimizer = OPTIMIZERS[settings.optimizer].build(model.parameters(), settings)
-    images, labels = (part.to(device) for part in synthetic_batch(workload, batch))
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(images), labels).backward()
-        optimizer.step()
-    return step
+    """The GPU check's bare loop, or the same under DDP as the job's ddp builds it."""
+    def wrap(model: torch.nn.Module) -> torch.nn.Module:
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                       gradient_as_bucket_view=True, **buffers_synced(broadcast_buffers))
+    return bare_step(workload, batch, device, wrap if ddp else None)
 
 
 @contextmanager

@@ -79,28 +79,36 @@ def combinations(backend: str, names: list[str]) -> list[tuple[str, str]]:
             and (compression == "none" or not SYNC_METHODS[name].fixed_compression)]
 
 
-def bare_step_s(workload: TrainConfig, batch: int, device: torch.device, warm: int, timed: int) -> float:
-    """Seconds per step of the plainest loop: the batch on the device, forward, backward, the job's optimizer (the
-    model's default: SGD for the convnets, AdamW for gpt), no host wait."""
+def bare_step(workload: TrainConfig, batch: int, device: torch.device, wrap=None):
+    """The plainest loop's step: the batch on the device, forward, backward, the job's optimizer (the model's
+    default: SGD for the convnets, AdamW for gpt), no host wait; `wrap(model)`, if given, wraps the model first."""
     torch.manual_seed(0)
     model = workload.make_model().to(device)
+    net = wrap(model) if wrap else model
     settings = workload.optimizer_settings
     optimizer = OPTIMIZERS[settings.optimizer].build(model.parameters(), settings)
     images, labels = (part.to(device) for part in synthetic_batch(workload, batch))
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(images), labels).backward()
+        F.cross_entropy(net(images), labels).backward()
         optimizer.step()
+    return step
 
+
+def seconds_per_step(step, device: torch.device, warm: int, timed: int, wait_each: bool = False) -> float:
+    """`step()` timed over `timed` calls after `warm`, free-running (or waiting for the GPU after each)."""
+    cuda = device.type == "cuda"
     for _ in range(warm):
         step()
-    if device.type == "cuda":
+    if cuda:
         torch.cuda.synchronize(device)
     began = time.perf_counter()
     for _ in range(timed):
         step()
-    if device.type == "cuda":
+        if wait_each and cuda:
+            torch.cuda.synchronize(device)
+    if cuda:
         torch.cuda.synchronize(device)
     return (time.perf_counter() - began) / timed
 
@@ -171,7 +179,8 @@ class Checks:
 
     def step_against_bare(self, device: torch.device) -> float:
         warm, timed = 10, self.args.timed_steps
-        bare = bare_step_s(self.workload, self.args.batch_size // self.cluster.info.world_size, device, warm, timed)
+        bare = seconds_per_step(bare_step(self.workload, self.args.batch_size // self.cluster.info.world_size, device),
+                                device, warm, timed)
         # one epoch holds every step, as the bare loop's are: no test evaluation, nor the GPU idle after it, midway
         summary = self.job("ddp-timed", "--dataset", "synthetic",
                            "--synthetic-size", str((warm + timed) * self.args.batch_size),
