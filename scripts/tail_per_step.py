@@ -6,7 +6,8 @@ it: a bucket's collective leaves once the last rank to launch it has (on the tim
 before it has ended, and what runs past that backward's end is the step's predicted tail. Beside it, what the run
 measured (each rank's sync end after that backward's end, the job's transfer) and what `predict` gives from the
 bench alone (the bench's pooled backward profile and one compute figure). Where the two predictions part, the
-difference is the backward the bench saw, not the wire.
+difference is the backward the bench saw, not the wire. Last, each collective's time on the wire per step (a message
+from the last rank's launch of it, or the end of the rank's message before, to its end) against `predict`'s.
 
     python scripts/tail_per_step.py TRACE.json --calibration BENCH.json --method zero --link 1gbit \\
         --compute-per-sample 0.0222 [--model vgg11 --batch-size 256 --ranks 4 --ranks-per-host 2]
@@ -28,8 +29,9 @@ from mpi_train.config import model_config
 MESSAGE_NAMES = ("reduce-scatter", "allreduce")  # zero's and bucketed's per-bucket messages in a timeline
 
 
-def predicted_plan(args: argparse.Namespace) -> tuple[list[float], float, float, float]:
-    """Each planned message's seconds (launch order), and predict's own backward, tail and exposed time."""
+def predicted_plan(args: argparse.Namespace) -> tuple[list[float], float, float, float, dict]:
+    """Each planned message's seconds (launch order), predict's own backward, tail and exposed time, and its
+    seconds on the wire per step by collective."""
     network, _ = network_for(args, netmodel.load_calibration(args.calibration))
     model = meta_model(model_config(args))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -42,7 +44,30 @@ def predicted_plan(args: argparse.Namespace) -> tuple[list[float], float, float,
                                   network, ratio=method.wire_ratio(params), later=method.later_share(params),
                                   backward_s=backward_s, backward=backward, compute_s=compute_s)
     tail = max(0.0, prediction.plan[-1].end_s - backward_s)
-    return [m.end_s - m.start_s for m in prediction.plan], backward_s, tail, prediction.exposed_s
+    return [m.end_s - m.start_s for m in prediction.plan], backward_s, tail, prediction.exposed_s, prediction.parts
+
+
+def wire_per_step(trace: Path, names) -> dict[str, list[float]]:
+    """Per collective, each step's seconds on the wire, as the mean over ranks: a message is on the wire from the
+    last rank's launch of it (or the end of the rank's message before it, if later) to its end on the rank."""
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for step in sorted({e["args"]["step"] for e in events if e["name"] == "backward"}):
+        for name in names:
+            messages = [e for e in events if e["name"] == name and e["args"].get("step") == step]
+            launched: dict[int, float] = {}
+            for e in messages:
+                launched[e["args"]["bucket"]] = max(launched.get(e["args"]["bucket"], e["ts"]), e["ts"])
+            per_rank = []
+            for rank in sorted({e["pid"] for e in messages}):
+                before, total = 0.0, 0.0
+                for e in sorted((e for e in messages if e["pid"] == rank), key=lambda e: e["ts"]):
+                    total += max(0.0, e["ts"] + e["dur"] - max(launched[e["args"]["bucket"]], before))
+                    before = e["ts"] + e["dur"]
+                per_rank.append(total / 1e6)
+            if per_rank:
+                seconds[name].append(statistics.fmean(per_rank))
+    return seconds
 
 
 def steps_of(trace: Path) -> list[dict]:
@@ -78,7 +103,7 @@ def main() -> int:
         if not path.is_file():
             parser.error(f"{path} is no file: give a training run's timeline (--timeline-steps writes *.trace.json) "
                          f"and the bench JSON its links were calibrated with (bench --json)")
-    durations, backward_s, tail_s, exposed_s = predicted_plan(args)
+    durations, backward_s, tail_s, exposed_s, parts = predicted_plan(args)
     messages = ", ".join(f"{seconds * 1e3:.0f}" for seconds in durations)
     print(f"{args.method}: predict gives {len(durations)} messages of {messages} ms; with the bench's profile, "
           f"backward {backward_s * 1e3:.0f} ms and a tail of {tail_s * 1e3:.0f} ms after it (exposed "
@@ -105,6 +130,12 @@ def main() -> int:
         print(f"mean tail: model on each step's last rank {mean_model * 1e3:.0f} ms "
               f"({(mean_model / mean_measured - 1) * 100:+.0f}%), predict from the bench alone {tail_s * 1e3:.0f} ms "
               f"({(tail_s / mean_measured - 1) * 100:+.0f}%), measured {mean_measured * 1e3:.0f} ms")
+    for name, seconds in wire_per_step(args.trace, parts).items():
+        if seconds:
+            mean = statistics.fmean(seconds)
+            print(f"{name} on the wire per step: measured {mean * 1e3:.0f} ms (steps {min(seconds) * 1e3:.0f} to "
+                  f"{max(seconds) * 1e3:.0f}), predicted {parts[name] * 1e3:.0f} ms "
+                  f"({(parts[name] / mean - 1) * 100:+.0f}%)")
     return 0
 
 
