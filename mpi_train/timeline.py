@@ -190,9 +190,13 @@ class StepRecorder(Recorder):
         for index, param in enumerate(p for p in model.parameters() if p.requires_grad):
             param.register_post_accumulate_grad_hook(lambda _p, index=index: self.gradient(index))
 
+    def in_window(self, step: int) -> bool:
+        """A step of the timeline (--timeline-steps): noted in full and kept for the trace."""
+        return bool(self.window and self.window[0] <= step <= self.window[1])
+
     def begin(self, step: int) -> None:
         self.current = Step(step)
-        self.detailed = bool(self.window and self.window[0] <= step <= self.window[1])
+        self.detailed = self.in_window(step)
         self.wants_messages = self.detailed or self.overlapped
 
     def gradient(self, index: int) -> None:
@@ -250,7 +254,7 @@ class StepRecorder(Recorder):
         self.figures.append({"step": step.step, "arrival": arrival - self.alignment.offset_s,
                              "region": sync_end - arrival, "sync": sync_end - sync_start, "comm": comm,
                              "in_backward": in_backward if self.overlapped else 0.0})
-        if self.window and self.window[0] <= step.step <= self.window[1]:
+        if self.in_window(step.step):
             self.kept.append(step)
         self.busy_s += now() - started
 

@@ -70,7 +70,7 @@ def as_before(piece: str):
 
 
 def job_loop(cluster, flags: list[str], steps: int, piece: str, batch: int):
-    """(ms per step by the wall, ms per step by the job's clock) of the job's own loop."""
+    """The job's own loop: ms per step by the wall, ms per step by its clock, and a profile of 20 more steps."""
     config = parse_config(["--dataset", "synthetic", "--synthetic-size", str(64 * batch), "--no-tracking",
                            "--epochs", "1000", "--max-steps", str(WARM + steps), "--timing-warmup-steps", str(WARM),
                            *flags], quiet=True)

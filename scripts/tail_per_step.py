@@ -47,17 +47,27 @@ def predicted_plan(args: argparse.Namespace) -> tuple[list[float], float, float,
     return [m.end_s - m.start_s for m in prediction.plan], backward_s, tail, prediction.exposed_s, prediction.parts
 
 
-def wire_per_step(trace: Path, names) -> dict[str, list[float]]:
+def timed_events(trace: Path) -> list[dict]:
+    """A timeline's complete events ("X": phases and messages), each with its start and duration in microseconds."""
+    return [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+
+
+def last_launches(messages: list[dict]) -> dict[int, float]:
+    """Each bucket's message as the last rank launched it: when its collective could start."""
+    launched: dict[int, float] = {}
+    for e in messages:
+        launched[e["args"]["bucket"]] = max(launched.get(e["args"]["bucket"], e["ts"]), e["ts"])
+    return launched
+
+
+def wire_per_step(events: list[dict], names) -> dict[str, list[float]]:
     """Per collective, each step's seconds on the wire, as the mean over ranks: a message is on the wire from the
     last rank's launch of it (or the end of the rank's message before it, if later) to its end on the rank."""
-    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
     seconds: dict[str, list[float]] = {name: [] for name in names}
     for step in sorted({e["args"]["step"] for e in events if e["name"] == "backward"}):
         for name in names:
             messages = [e for e in events if e["name"] == name and e["args"].get("step") == step]
-            launched: dict[int, float] = {}
-            for e in messages:
-                launched[e["args"]["bucket"]] = max(launched.get(e["args"]["bucket"], e["ts"]), e["ts"])
+            launched = last_launches(messages)
             per_rank = []
             for rank in sorted({e["pid"] for e in messages}):
                 before, total = 0.0, 0.0
@@ -70,10 +80,9 @@ def wire_per_step(trace: Path, names) -> dict[str, list[float]]:
     return seconds
 
 
-def steps_of(trace: Path) -> list[dict]:
+def steps_of(events: list[dict]) -> list[dict]:
     """Per step: the last rank to finish backward, its backward, each bucket's last launch by any rank (seconds from
     that backward's start), each rank's sync end after that backward's end (the job's transfer)."""
-    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
     rows = []
     for step in sorted({e["args"]["step"] for e in events if e["name"] == "backward"}):
         of_step = [e for e in events if e.get("args", {}).get("step") == step]
@@ -81,10 +90,7 @@ def steps_of(trace: Path) -> list[dict]:
         syncs = {e["pid"]: e for e in of_step if e["name"] == "sync"}
         last = max(backward, key=lambda rank: backward[rank]["ts"] + backward[rank]["dur"])
         ends = backward[last]["ts"] + backward[last]["dur"]
-        launched: dict[int, float] = {}
-        for e in of_step:
-            if e["name"] in MESSAGE_NAMES:
-                launched[e["args"]["bucket"]] = max(launched.get(e["args"]["bucket"], e["ts"]), e["ts"])
+        launched = last_launches([e for e in of_step if e["name"] in MESSAGE_NAMES])
         rows.append({"step": step, "rank": last, "backward_s": backward[last]["dur"] / 1e6,
                      "launches_s": [(launched[b] - backward[last]["ts"]) / 1e6 for b in sorted(launched)],
                      "measured_s": statistics.fmean((s["ts"] + s["dur"] - ends) / 1e6 for s in syncs.values())})
@@ -104,6 +110,7 @@ def main() -> int:
             parser.error(f"{path} is no file: give a training run's timeline (--timeline-steps writes *.trace.json) "
                          f"and the bench JSON its links were calibrated with (bench --json)")
     durations, backward_s, tail_s, exposed_s, parts = predicted_plan(args)
+    events = timed_events(args.trace)
     messages = ", ".join(f"{seconds * 1e3:.0f}" for seconds in durations)
     print(f"{args.method}: predict gives {len(durations)} messages of {messages} ms; with the bench's profile, "
           f"backward {backward_s * 1e3:.0f} ms and a tail of {tail_s * 1e3:.0f} ms after it (exposed "
@@ -111,7 +118,7 @@ def main() -> int:
     print(f"{'step':>4} {'last rank':>9} {'backward ms':>11} {'big bucket before end ms':>24} {'tail ms: model':>14} "
           f"{'measured':>8}")
     modelled, measured = [], []
-    for row in steps_of(args.trace):
+    for row in steps_of(events):
         if len(row["launches_s"]) != len(durations):
             print(f"{row['step']:>4} skipped: {len(row['launches_s'])} messages in the trace, {len(durations)} planned")
             continue
@@ -130,7 +137,7 @@ def main() -> int:
         print(f"mean tail: model on each step's last rank {mean_model * 1e3:.0f} ms "
               f"({(mean_model / mean_measured - 1) * 100:+.0f}%), predict from the bench alone {tail_s * 1e3:.0f} ms "
               f"({(tail_s / mean_measured - 1) * 100:+.0f}%), measured {mean_measured * 1e3:.0f} ms")
-    for name, seconds in wire_per_step(args.trace, parts).items():
+    for name, seconds in wire_per_step(events, parts).items():
         if seconds:
             mean = statistics.fmean(seconds)
             print(f"{name} on the wire per step: measured {mean * 1e3:.0f} ms (steps {min(seconds) * 1e3:.0f} to "
