@@ -44,6 +44,22 @@ class SilentReporter:
     def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None: ...
 
 
+def against_model(wire: dict[str, float], predicted: dict[str, float]) -> str:
+    """Each collective's measured seconds on the wire beside the model's (Prediction.parts), for the console; a
+    message named for where it runs ("allreduce (DDP bucket)") is its collective's."""
+    def collective(message: str) -> str:
+        return message if message in predicted else message.split(" (")[0]
+
+    def beside(name: str, seconds: float) -> str:
+        model = predicted.get(collective(name))
+        return f"{name} {seconds * 1e3:.1f} ms" + (
+            f" (model {model * 1e3:.1f} ms, {(model / seconds - 1) * 100:+.0f}%)" if model and seconds else "")
+    unmatched = [f"{name} {seconds * 1e3:.1f} ms" for name, seconds in predicted.items()
+                 if name not in {collective(message) for message in wire}]
+    return ", ".join(beside(name, seconds) for name, seconds in wire.items()) + (
+        f"; the model: {', '.join(unmatched)}" if unmatched else "")
+
+
 class Reporter(SilentReporter):
     """Rank 0: prints progress, collects the summary written at the end, and forwards both to the tracker."""
 
@@ -274,11 +290,18 @@ class Reporter(SilentReporter):
         write_json_atomically(str(path), document)
         plan = self.predicted_plan(recorder, method)
         picture = swimlanes.draw(document, folder / f"{self.name}.swimlanes.png", plan)
+        wire = {name: statistics.fmean(steps) for name, steps in
+                timeline.wire_per_step(document["traceEvents"]).items()}
+        predicted = self.sync_model.prediction.parts if self.sync_model else {}
         self.timeline = {"steps": [recorder.kept[0].step, recorder.kept[-1].step] if recorder.kept else [],
-                         "trace": str(path), "messages": swimlanes.bucket_rows(recorder.kept, plan)}
+                         "trace": str(path), "messages": swimlanes.bucket_rows(recorder.kept, plan),
+                         "wire_s_per_step": wire, **({"predicted_wire_s_per_step": predicted} if predicted else {})}
         self.print(f"mpi_train: timeline of steps {recorder.window[0]}.."
                    f"{min(recorder.window[1], self.job['total_steps'])}: {path} (open it in https://ui.perfetto.dev or "
                    f"chrome://tracing), {picture}")
+        if wire:
+            self.print("mpi_train: on the wire per step (the timeline's steps, each message from the last rank's "
+                       f"launch): {against_model(wire, predicted)}")
         for written in (path, picture):
             self.tracker.log_artifact(written, "timeline")
 

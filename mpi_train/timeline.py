@@ -248,7 +248,9 @@ class StepRecorder(Recorder):
             done = [m for m in step.messages if m.kind == "message"]
         comm = in_backward = 0.0
         for message in done:
-            end = message.end if message.end is not None else sync_end  # not yet noted: it ended by then at the latest
+            # counted up to the sync's end: one still in flight (zero's all-gathers, for the next forward) is the
+            # next step's compute, done or not by the time this is read
+            end = sync_end if message.end is None else min(message.end, sync_end)
             comm += end - message.start
             in_backward += max(0.0, min(end, arrival) - max(message.start, bounds[1]))
         self.figures.append({"step": step.step, "arrival": arrival - self.alignment.offset_s,
@@ -341,6 +343,30 @@ def trace(per_rank_events: list[list[dict]], hosts: list[str], alignment: list[A
     return {"traceEvents": metadata + sorted(events, key=lambda e: e["ts"]), "displayTimeUnit": "ms",
             "otherData": {**about, "clock_alignment": [{"rank": r, "offset_s": a.offset_s, "error_s": a.error_s}
                                                        for r, a in enumerate(alignment)]}}
+
+
+def wire_per_step(events: list[dict]) -> dict[str, list[float]]:
+    """Per collective (a message's name), each step's seconds on the wire in a trace's events (trace()), the mean
+    over ranks: what `predict` prices per collective. The k-th message of a name in a step is the same collective
+    on every rank (each issues them in the same order). It is on the wire from the last rank's launch of it, since
+    it cannot start before, or from the end of the rank's message of that name before it, if later (they queue),
+    to its end on the rank. A message's own length also holds the wait for a late rank; this leaves it out."""
+    queues: dict[tuple[int, str], dict[int, list[dict]]] = {}
+    for event in sorted((e for e in events if e.get("cat") == "message"), key=lambda e: e["ts"]):
+        queues.setdefault((event["args"]["step"], event["name"]), {}).setdefault(event["pid"], []).append(event)
+    seconds: dict[str, list[float]] = {}
+    for (_, name), ranks in sorted(queues.items()):
+        launched = [max(column) for column in zip(*([e["ts"] for e in queue] for queue in ranks.values()))]
+        per_rank = []
+        for queue in ranks.values():
+            before = total = 0.0
+            for event, launch in zip(queue, launched):
+                end = event["ts"] + event["dur"]
+                total += max(0.0, end - max(launch, before))
+                before = end
+            per_rank.append(total / 1e6)
+        seconds.setdefault(name, []).append(statistics.fmean(per_rank))
+    return seconds
 
 
 def parse_window(text: str | None) -> tuple[int, int] | None:

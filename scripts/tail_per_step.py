@@ -25,6 +25,7 @@ from pathlib import Path
 from mpi_train import netmodel
 from mpi_train.analysis.predict import build_parser, meta_model, network_for, registered_methods
 from mpi_train.config import model_config
+from mpi_train.timeline import wire_per_step
 
 MESSAGE_NAMES = ("reduce-scatter", "allreduce")  # zero's and bucketed's per-bucket messages in a timeline
 
@@ -58,26 +59,6 @@ def last_launches(messages: list[dict]) -> dict[int, float]:
     for e in messages:
         launched[e["args"]["bucket"]] = max(launched.get(e["args"]["bucket"], e["ts"]), e["ts"])
     return launched
-
-
-def wire_per_step(events: list[dict], names) -> dict[str, list[float]]:
-    """Per collective, each step's seconds on the wire, as the mean over ranks: a message is on the wire from the
-    last rank's launch of it (or the end of the rank's message before it, if later) to its end on the rank."""
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    for step in sorted({e["args"]["step"] for e in events if e["name"] == "backward"}):
-        for name in names:
-            messages = [e for e in events if e["name"] == name and e["args"].get("step") == step]
-            launched = last_launches(messages)
-            per_rank = []
-            for rank in sorted({e["pid"] for e in messages}):
-                before, total = 0.0, 0.0
-                for e in sorted((e for e in messages if e["pid"] == rank), key=lambda e: e["ts"]):
-                    total += max(0.0, e["ts"] + e["dur"] - max(launched[e["args"]["bucket"]], before))
-                    before = e["ts"] + e["dur"]
-                per_rank.append(total / 1e6)
-            if per_rank:
-                seconds[name].append(statistics.fmean(per_rank))
-    return seconds
 
 
 def steps_of(events: list[dict]) -> list[dict]:
@@ -137,8 +118,8 @@ def main() -> int:
         print(f"mean tail: model on each step's last rank {mean_model * 1e3:.0f} ms "
               f"({(mean_model / mean_measured - 1) * 100:+.0f}%), predict from the bench alone {tail_s * 1e3:.0f} ms "
               f"({(tail_s / mean_measured - 1) * 100:+.0f}%), measured {mean_measured * 1e3:.0f} ms")
-    for name, seconds in wire_per_step(events, parts).items():
-        if seconds:
+    for name, seconds in wire_per_step(events).items():
+        if name in parts:
             mean = statistics.fmean(seconds)
             print(f"{name} on the wire per step: measured {mean * 1e3:.0f} ms (steps {min(seconds) * 1e3:.0f} to "
                   f"{max(seconds) * 1e3:.0f}), predicted {parts[name] * 1e3:.0f} ms "

@@ -11,6 +11,7 @@ from conftest import client_for, job_runs, train_several
 
 from mpi_train.errors import UserError
 from mpi_train.failpoints import Slowdown
+from mpi_train.reporter import against_model
 from mpi_train.timeline import (
     Alignment,
     Message,
@@ -23,6 +24,7 @@ from mpi_train.timeline import (
     split,
     step_events,
     trace,
+    wire_per_step,
 )
 
 
@@ -131,6 +133,28 @@ def test_the_trace_has_a_named_process_per_rank_and_a_named_track_per_kind():
     assert document["otherData"]["clock_alignment"][1] == {"rank": 1, "offset_s": 1e-4, "error_s": 2e-5}
 
 
+def test_a_message_is_on_the_wire_from_the_last_rank_s_launch_or_the_end_of_the_one_queued_before_it():
+    # two reduce-scatters queued on each of two ranks in step 3; rank 1 launches them late (at 50 and 60 ms)
+    queued = {0: [(0.00, 0.10), (0.00, 0.20)], 1: [(0.05, 0.10), (0.06, 0.20)]}
+    steps = {rank: Step(3, bounds=(0.0, 0.0, 0.0, 0.0, 0.3, 0.3),
+                        messages=[Message("reduce-scatter", start, end, bucket=b) for b, (start, end) in
+                                  enumerate(spans)] + [Message("codec", 0.0, 0.3, kind="codec"),
+                                                       Message("average", 0.0, 0.3, kind="background")])
+             for rank, spans in queued.items()}
+    steps[0].messages.append(Message("all-gather", 0.25, 0.28, bucket=0))
+    events = [event for rank, step in steps.items() for event in step_events(rank, [step], 0.0, [])]
+    wire = wire_per_step(events)
+    # the first: from rank 1's launch (50 ms) to 100 ms; the second from the first's end (100 ms) to 200 ms, on both
+    # ranks; the codec interval and a background average are no collective; a message on one rank is its own
+    assert wire.keys() == {"reduce-scatter", "all-gather"}
+    assert wire["reduce-scatter"] == [pytest.approx(0.15)] and wire["all-gather"] == [pytest.approx(0.03)]
+    # the console's line sets each beside the model's seconds of its collective, a DDP bucket's beside allreduce's
+    assert against_model({"reduce-scatter": 0.25, "allreduce (DDP bucket)": 0.5}, {"reduce-scatter": 0.2,
+                                                                                  "allreduce": 0.4, "all-gather": 0.1}
+                         ) == ("reduce-scatter 250.0 ms (model 200.0 ms, -20%), allreduce (DDP bucket) 500.0 ms (model "
+                               "400.0 ms, -20%); the model: all-gather 100.0 ms")
+
+
 @pytest.mark.e2e
 def test_a_straggler_is_waited_for_and_the_trace_shows_it(mlflow_server, tmp_path):
     """Four ranks, rank 3 computing 0.3 s longer each step: flat (after backward) and ddp (inside it), tracked."""
@@ -160,6 +184,11 @@ def test_a_straggler_is_waited_for_and_the_trace_shows_it(mlflow_server, tmp_pat
         assert {m.step for m in client.get_metric_history(children[0].info.run_id, "rank/sync_wait_s")} == {4, 8}
         artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "timeline")}
         assert artifacts == {f"timeline/{sync}-np4-seed42.trace.json", f"timeline/{sync}-np4-seed42.swimlanes.png"}
+        # on the wire: each message from rank 3's launch, so the wait for it is left out (with it the mean over
+        # ranks would be 3/4 of 0.3 s at least; ddp's buckets, under rank 3's backward, took 40 ms without it)
+        wire = summary["timeline"]["wire_s_per_step"]
+        assert wire and all(0 < seconds < slow / 2 for seconds in wire.values()), (sync, wire)
+        assert parent.data.metrics["summary/wire_s"] == pytest.approx(sum(wire.values()))
         document = json.loads((tmp_path / "timelines" / f"{sync}-np4-seed42.trace.json").read_text())
         events = document["traceEvents"]
         assert {e["pid"] for e in events} == {0, 1, 2, 3}

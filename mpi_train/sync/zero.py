@@ -135,7 +135,7 @@ class Zero(Bucketed):
         self.rings: RingReduceScatters | None = None  # Gloo: the reduce-scatters, a ring of our own on a thread
         self.shard_params: list[torch.Tensor] = []  # per bucket, this rank's slice of its parameters
         self.received: dict[int, tuple] = {}  # bucket index -> its reduce-scatter's output and message, in flight
-        self.gathering: dict[int, tuple] = {}  # bucket index -> its all-gather's output, work and message, in flight
+        self.gathering: dict[int, tuple] = {}  # bucket index -> its all-gather's output and future, in flight
 
     @classmethod
     def from_config(cls, config) -> Zero:
@@ -189,7 +189,7 @@ class Zero(Bucketed):
         if self.rings is not None:  # Gloo: a ring of our own, half the bytes of Gloo's (RingReduceScatters); it sums
             # into the bucket's buffer, dropped once it is done, and its thread notes the message's end
             bucket.work = self.rings.start(received, message, lambda: self.recorder.ended(noted))
-        else:  # Gloo's collectives give no future to end the message: it ends where it is waited for
+        else:  # another backend's own: its message ends where the sync waits for it
             bucket.work = reduce_scatter_single(received, message, op=dist.ReduceOp.SUM, async_op=True)
         self.received[bucket.index] = (received, noted)
         self.next_to_launch = bucket.index + 1
@@ -223,7 +223,8 @@ class Zero(Bucketed):
             start = now()
             work = all_gather_single(whole, shard, async_op=True)
             noted = self.recorder.message(ALL_GATHER, start, None, whole.numel() * whole.element_size(), bucket.index)
-            self.gathering[bucket.index] = (whole, work, noted)
+            # its end noted as the backend finishes it, not when the next forward comes to wait for it (mostly later)
+            self.gathering[bucket.index] = (whole, self.recorder.after(noted, work.get_future()))
         return True
 
     def arrive(self, indices: Iterable[int]) -> None:
@@ -232,9 +233,8 @@ class Zero(Bucketed):
             pending = self.gathering.pop(index, None)
             if pending is None:
                 continue
-            whole, work, noted = pending
-            work.wait()
-            self.recorder.ended(noted)
+            whole, done = pending
+            done.wait()
             params = self.buckets[index].params
             with torch.no_grad():
                 for param, piece in zip(params, pieces(whole, params)):

@@ -13,7 +13,8 @@ prefixes are the questions a user asks of a comparison:
                                         rank), mfu (on a known GPU); world_size (jobs that
                                         may restart on fewer ranks); elapsed_s at each test evaluation
     summary/    how did the run end?    one steady-state mean per phase (SUMMARY_RULE), final loss and accuracy,
-                                        wall time, the tracking overhead, a slow host's cost
+                                        wall time, the tracking overhead, a slow host's cost; with a timeline,
+                                        wire_s (its collectives' time on the wire per step) and predicted_wire_s
     rank/       how do the ranks differ? each rank's child run: its own loss and phase times
     memory/     what does a rank hold?  parameters_bytes, gradients_bytes, optimizer_bytes, total_bytes (and on
                                         CUDA cuda_peak_bytes), logged once: on each rank's child run its own, on

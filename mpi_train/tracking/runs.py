@@ -115,6 +115,11 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
         loop_s = summary["mean_times"]["step_time_s"] * summary["total_steps"]
         busy_s = statistics.fmean(summary["recorder_busy_s"])
         figures[names.summary_key("recorder_share")] = busy_s / loop_s if loop_s else 0.0
+    shown = summary.get("timeline") or {}
+    if shown.get("wire_s_per_step"):  # every collective's time on the wire, the timeline's steps: beside the model's
+        figures[names.summary_key("wire_s")] = sum(shown["wire_s_per_step"].values())
+        if shown.get("predicted_wire_s_per_step"):
+            figures[names.summary_key("predicted_wire_s")] = sum(shown["predicted_wire_s_per_step"].values())
     if summary.get("clock_alignment"):
         figures[names.summary_key("clock_error_s")] = max(rank["error_s"] for rank in summary["clock_alignment"])
     held = summary.get("memory") or {}

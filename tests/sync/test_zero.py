@@ -74,6 +74,8 @@ def test_zero_steps_as_the_optimizer_does_and_gives_its_state_in_its_layout(one_
     assert len(method.buckets) > 2 and len(optimizer.param_groups[0]["params"]) == len(method.buckets)
     # the last step's all-gathers are still in flight, for the next forward to take in
     assert sorted(method.gathering) == list(range(len(method.buckets)))
+    time.sleep(0.2)  # (one rank's all-gathers finish at once)
+    waited_from = now()
     whole = method.whole_parameters(model)  # waits for them
     assert not method.gathering
     # the timeline's messages: each bucket's reduce-scatter, then the all-gathers in forward order (the first
@@ -83,6 +85,8 @@ def test_zero_steps_as_the_optimizer_does_and_gives_its_state_in_its_layout(one_
     assert noted == ([("reduce-scatter", b, size) for b, size in enumerate(sizes)]
                      + [("all-gather", b, size) for b, size in reversed(list(enumerate(sizes)))])
     assert all(m.end is not None and m.end >= m.start for m in recorder.current.messages)
+    # an all-gather ends when the backend has it done, not when a forward (here the wait above) comes to want it
+    assert all(m.end < waited_from for m in recorder.current.messages if m.name == "all-gather")
     for ours, theirs in zip(whole, reference.parameters()):
         assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
         assert ours.grad is None  # the full gradient is not kept between steps
