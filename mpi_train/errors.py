@@ -46,3 +46,16 @@ def folder_write_error(folder: Path) -> str | None:
     except OSError as error:
         return error.strerror or str(error)
     return None
+
+
+def system_error(error: BaseException) -> OSError | None:
+    """The OSError behind `error`, however a library wrapped it, or None. torch.save on a full disk raises a
+    RuntimeError (`[enforce fail at inline_container.cc]`) chained from the OSError `[Errno 28]`: a write that
+    failed for the system's reason is told by that reason, not by the wrapper's type."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None

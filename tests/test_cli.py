@@ -1,5 +1,6 @@
-"""The one command (mpi_train/cli.py): `--help` lists every subcommand, a flag first means train, an unknown name is
-refused with the list, and each subcommand's module has the main it runs."""
+"""The one command (mpi_train/cli.py): `--help` (or nothing at all) lists every subcommand, the user's before the
+lab's, a flag first means train, an unknown name is refused with the list, and each subcommand's module has the main
+it runs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from conftest import REPO
 
+import mpi_train
 from mpi_train.cli import DEFAULT, SUBCOMMANDS, is_rank_program, main, split
 
 
@@ -40,19 +42,30 @@ def test_an_unknown_subcommand_is_one_paragraph_naming_the_valid_ones():
     assert all(name in " ".join(message.split()) for name in SUBCOMMANDS)
 
 
-def test_a_flag_first_or_nothing_means_train(capsys):
+def test_a_flag_first_means_train_and_nothing_at_all_means_help(capsys):
     assert split(["--sync", "gather_scatter"]) == (DEFAULT, ["--sync", "gather_scatter"]) and DEFAULT == "train"
-    assert split([]) == ("train", [])
     assert split(["bench", "--steps", "3"]) == ("bench", ["--steps", "3"])
     assert main(["--help"]) == 0 and "subcommands:" in capsys.readouterr().out
+    bare = run()  # the real command with no argument: the help, and no job (a job would need mpirun's ranks)
+    assert bare.returncode == 0 and bare.stdout.startswith("usage: mpi-train") and bare.stderr == "", bare.stderr
+
+
+def test_version_and_the_help_s_two_groups(capsys):
+    assert main(["--version"]) == 0 and capsys.readouterr().out == f"mpi-train {mpi_train.__version__}\n"
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    user, lab = text.split("subcommands:")[1].split("the lab's self-checks")
+    assert all((f"  {name} " in lab) == sub.lab and (f"  {name} " in user) != sub.lab
+               for name, sub in SUBCOMMANDS.items())
+    assert [line.split()[0] for line in user.strip().splitlines()][:2] == ["train", "compare"]
 
 
 def test_rank_programs_are_the_commands_package():
     """What mpirun starts on every rank ends through cluster.exit_process; the rest exit as usual."""
     for name, sub in SUBCOMMANDS.items():
         assert sub.rank == sub.module.startswith("mpi_train.commands."), name
-    assert is_rank_program(["bench"]) and is_rank_program(["--sync", "ddp"]) and is_rank_program([])
-    assert not is_rank_program(["--help"]) and not is_rank_program(["server"]) and not is_rank_program(["nope"])
+    assert is_rank_program(["bench"]) and is_rank_program(["--sync", "ddp"])
+    assert not any(map(is_rank_program, ([], ["--help"], ["--version"], ["server"], ["nope"])))
 
 
 def test_each_subcommand_module_has_a_main():
