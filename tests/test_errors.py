@@ -112,3 +112,25 @@ def test_a_hostfile_with_too_few_slots_is_refused_by_mpirun_as_the_readme_says(t
     assert result.returncode != 0
     assert "There are not enough slots available" in " ".join((result.stdout + result.stderr).split())
     assert "mpi_train:" not in result.stdout + result.stderr  # no rank ever ran
+
+
+def test_system_error_finds_the_os_error_behind_a_wrapper():
+    """torch.save on a full disk raises a RuntimeError chained from OSError ENOSPC: the reason is the OSError's."""
+    import errno
+
+    from mpi_train.errors import system_error
+
+    def wrapped(cause: BaseException, explicit: bool) -> BaseException:
+        try:
+            try:
+                raise cause
+            except OSError as error:
+                if explicit:
+                    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos") from error
+                raise RuntimeError("while writing")  # an implicit chain, as C++ bindings leave it
+        except RuntimeError as outer:
+            return outer
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert system_error(wrapped(full, explicit=True)) is full and system_error(wrapped(full, explicit=False)) is full
+    assert system_error(full) is full and system_error(RuntimeError("no cause")) is None
