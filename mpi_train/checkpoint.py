@@ -6,7 +6,8 @@ renamed over (os.replace is atomic on POSIX), so a crash mid-write leaves at mos
 stray `.step-*.partial` file and never touches the last good checkpoint.
 
 What a checkpoint holds, and why that is enough for an exact continuation:
-- the weights and the optimizer state (SGD's momentum, AdamW's moments and step), from rank 0: every sync method
+- the weights and the optimizer state (SGD's momentum, AdamW's moments and step) and the optimizer's name (a state
+  loads only into the optimizer that kept it), from rank 0: every sync method
   leaves them identical on all ranks (the replica check at the end verifies it); a
   method that shards them (zero, fsdp, zero_torch) gathers them first, into the layout
   of one optimizer over the whole model, so any method resumes from any checkpoint, on
@@ -25,13 +26,22 @@ What a checkpoint holds, and why that is enough for an exact continuation:
 --resume takes a checkpoint file, or a folder whose latest checkpoint is used. Rank 0
 reads and checks it and sends each rank its part over MPI, so only rank 0's host needs
 the file (it is the one that wrote it).
+
+A damaged checkpoint (cut short, bytes overwritten: every part's checksum is checked, since
+torch.load reads overwritten tensor bytes as values) stops a job that named it, and the
+message names the newest intact one beside it. Under --resume auto the job goes on from the
+newest intact checkpoint by itself, says so in one line, and renames the damaged file to
+`step-N.pt.damaged` (kept, never picked again): auto is what unattended relaunches use (the
+supervisor, Slurm's requeue), where a stop waits for a person only to give the same answer.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import random
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,18 +50,28 @@ import torch
 from torch import nn
 
 from .cluster import Cluster
-from .config import RESUME_AUTO, TrainConfig
-from .errors import UserError, folder_write_error
+from .config import RESUME_AUTO, TrainConfig, ranks_advice
+from .errors import UserError, folder_write_error, system_error
 from .files import write_atomically
+from .optimizers import AdamW, Sgd
 from .sync import SyncMethod, label
 
 FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"^step-(\d{8})\.pt$")
 KEEP_LAST = 3  # older checkpoints are deleted once a newer one is safely on disk
+DAMAGED_SUFFIX = ".damaged"  # a damaged checkpoint set aside by --resume auto: NAME_PATTERN no longer matches it
+# What tells the optimizers' states apart in a checkpoint that does not name its optimizer: the state each keeps
+# per parameter, or a setting of its parameter groups only it has (SGD without momentum keeps no state at all).
+TELLTALES = {Sgd.name: {*Sgd.moments, "nesterov"}, AdamW.name: {*AdamW.moments, "betas"}}
 
 
 def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}.pt"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step in a checkpoint's name (readable when the file is not)."""
+    return int(NAME_PATTERN.match(path.name).group(1))
 
 
 def list_checkpoints(folder: Path) -> list[Path]:
@@ -157,31 +177,53 @@ class Checkpointer:
         model_state, optimizer_state = method.model_state(model), method.optimizer_state(optimizer, model)
         if not self.cluster.info.is_main:
             return None
-        config, info = self.config, self.cluster.info
-        return {
-            "format": FORMAT_VERSION, "model": config.model_name, "dataset": config.dataset,
-            "train_size": config.synthetic_size if config.dataset == "synthetic" else None,
-            "world_size": info.world_size, "batch_size": config.batch_size, "sync": config.sync,
-            "compression": config.compression, "seed": config.seed,
-            "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
-            "elapsed_s": position.elapsed_s, "sent_bytes": position.sent_bytes,
-            "model_state": model_state, "optimizer_state": copy.deepcopy(optimizer_state), "ranks": rank_states,
-            "mlflow_parent_run_id": run_id, "unsent_metrics": list(unsent_metrics),
-        }
+        return checkpoint_payload(self.config, self.cluster.info.world_size, position, model_state, optimizer_state,
+                                  rank_states, run_id, unsent_metrics)
 
     def write(self, payload: dict | None, step: int) -> None:
         """Collective: rank 0 writes what `capture` took and prunes the oldest; every rank learns the outcome."""
-        outcome = None
-        if self.cluster.info.is_main:
-            target = self.folder / checkpoint_name(step)
-            try:
-                save_atomically(payload, target)
-                for old in list_checkpoints(self.folder)[:-KEEP_LAST]:
-                    old.unlink(missing_ok=True)
-            except OSError as error:
-                outcome = (f"writing {target} failed ({error.strerror or error}); the previous checkpoints in "
-                           f"{self.folder} are intact. Free space or choose another --checkpoint-dir.")
+        outcome = write_checkpoint(payload, self.folder, step) if self.cluster.info.is_main else None
         self.cluster.agree(outcome, f"checkpoint at step {step}")
+
+
+def checkpoint_payload(config: TrainConfig, world_size: int, position: Position, model_state: dict,
+                       optimizer_state: dict, rank_states: list[dict], run_id: str | None,
+                       unsent_metrics: list[tuple] = ()) -> dict:
+    """What a checkpoint file holds: the job's identity (what check_compatible compares), its position and states."""
+    return {
+        "format": FORMAT_VERSION, "model": config.model_name, "dataset": config.dataset,
+        "train_size": config.synthetic_size if config.dataset == "synthetic" else None,
+        "world_size": world_size, "batch_size": config.batch_size, "sync": config.sync,
+        "compression": config.compression, "seed": config.seed, "optimizer": config.optimizer_settings.optimizer,
+        "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
+        "elapsed_s": position.elapsed_s, "sent_bytes": position.sent_bytes,
+        "model_state": model_state, "optimizer_state": copy.deepcopy(optimizer_state), "ranks": rank_states,
+        "mlflow_parent_run_id": run_id, "unsent_metrics": list(unsent_metrics),
+    }
+
+
+def write_checkpoint(payload: dict, folder: Path, step: int) -> str | None:
+    """Write step `step`'s checkpoint into `folder` and delete the oldest: None, or why the system refused.
+
+    torch.save reports a full disk as its own RuntimeError chained from the system's OSError, so a failure is told
+    by the system error behind it whatever its type; a failure with none behind it is a bug, and raised."""
+    target = folder / checkpoint_name(step)
+    try:
+        save_atomically(payload, target)
+    except Exception as error:
+        cause = system_error(error)
+        if cause is None:
+            raise
+        return (f"writing {target} failed ({cause.strerror or cause}); nothing of it is left and the previous "
+                f"checkpoints in {folder} are intact. Free space or choose another --checkpoint-dir, then relaunch "
+                f"with --resume {folder} to continue from the latest.")
+    for old in list_checkpoints(folder)[:-KEEP_LAST]:
+        try:
+            old.unlink(missing_ok=True)
+        except OSError as error:
+            return (f"deleting the old checkpoint {old} failed ({error.strerror or error}) after {target} was "
+                    f"written. Make {folder} writable, then relaunch with --resume {folder} to continue.")
+    return None
 
 
 def check_folder(folder: Path) -> str | None:
@@ -238,13 +280,38 @@ def find_checkpoint(spec: str, checkpoint_dir: str | None = None) -> Path | None
     return path
 
 
-def read_checkpoint(path: Path) -> dict:
+class Damaged(Exception):
+    """A checkpoint file that does not read back whole; the message says how it is broken."""
+
+
+def archive_damage(path: Path) -> str | None:
+    """How `path` falls short of a whole torch.save archive, or None: every part is checked against the checksum
+    torch.save wrote for it, since torch.load checks none and reads overwritten bytes of a tensor as its values."""
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - truncated, not a torch file, another format: one message
-        raise UserError(f"--resume {path} could not be read as a checkpoint ({type(error).__name__}: "
-                        f"{str(error).splitlines()[0] if str(error) else ''}). It is damaged or not a checkpoint "
-                        f"of this program; name another one, or drop --resume.") from None
+        with zipfile.ZipFile(path) as archive:
+            broken = archive.testzip()
+    except zipfile.BadZipFile:
+        return "cut short, or not a file torch.save wrote"
+    except OSError as error:
+        return f"reading it failed: {error.strerror or error}"
+    except Exception as error:  # noqa: BLE001 - a garbled index of parts fails in many ways: one message
+        return f"its index of parts is garbled ({type(error).__name__})"
+    return f"its part {broken} does not match its checksum: bytes were overwritten" if broken else None
+
+
+def load_whole(path: Path) -> object:
+    """torch.load of `path` once its archive is whole; raises Damaged."""
+    damage = archive_damage(path)
+    if damage:
+        raise Damaged(damage)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - whole, but not what a checkpoint holds: one message
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise Damaged(f"{type(error).__name__}: {first_line}") from None
+
+
+def check_format(payload: object, path: Path) -> dict:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
         raise UserError(f"--resume {path} is not a checkpoint this version can read (format "
                         f"{payload.get('format') if isinstance(payload, dict) else 'unknown'}, expected "
@@ -252,27 +319,106 @@ def read_checkpoint(path: Path) -> dict:
     return payload
 
 
+def read_checkpoint(path: Path) -> dict:
+    """The checkpoint in `path`; a damaged one is refused naming the newest intact checkpoint beside it."""
+    try:
+        payload = load_whole(path)
+    except Damaged as damage:
+        raise UserError(f"--resume {path} could not be read as a checkpoint ({damage}). It is damaged or not a "
+                        f"checkpoint of this program. {newest_intact_advice(path)}") from None
+    return check_format(payload, path)
+
+
+def newest_intact_advice(damaged: Path) -> str:
+    """Where to go on from instead of `damaged`: the newest checkpoint beside it whose parts all check out."""
+    folder = damaged.parent
+    for path in reversed(list_checkpoints(folder)):
+        if path == damaged or archive_damage(path):
+            continue
+        return (f"The newest intact checkpoint in {folder} is {path} (step {checkpoint_step(path)}): relaunch with "
+                f"--resume {path} to continue from it, or drop --resume to start afresh.")
+    return f"No other checkpoint in {folder} is intact: drop --resume to start afresh."
+
+
+def read_newest_intact(folder: Path) -> tuple[Path, dict, list[tuple[Path, str]]]:
+    """Under --resume auto: the newest checkpoint in `folder` that reads back whole, and the damaged ones newer than
+    it, each with how it is broken. Every one damaged: refused."""
+    damaged = []
+    for path in reversed(list_checkpoints(folder)):
+        try:
+            payload = load_whole(path)
+        except Damaged as damage:
+            damaged.append((path, str(damage)))
+            continue
+        return path, check_format(payload, path), damaged
+    raise UserError(f"--resume auto: every checkpoint in {folder} is damaged ("
+                    + "; ".join(f"{path.name}: {why}" for path, why in damaged)
+                    + f"), so there is nothing to continue from. To start afresh, move them out of {folder} (or "
+                      f"choose another --checkpoint-dir) and relaunch; --resume auto then starts from step 0.")
+
+
+def set_aside(damaged: list[tuple[Path, str]], used: Path) -> str:
+    """Rename the damaged checkpoints out of NAME_PATTERN (kept for a look, never picked again); the line that
+    says so."""
+    for path, _ in damaged:
+        try:
+            os.replace(path, path.with_name(path.name + DAMAGED_SUFFIX))
+        except OSError as error:
+            raise UserError(f"--resume auto: {path} is damaged, and renaming it aside failed "
+                            f"({error.strerror or error}). Move it out of {path.parent}, then relaunch.") from None
+    named = " and ".join(f"{path} ({why})" for path, why in damaged)
+    kept = ", ".join(path.name + DAMAGED_SUFFIX for path, _ in damaged)
+    first, last = checkpoint_step(used) + 1, checkpoint_step(damaged[0][0])
+    return (f"mpi_train: --resume auto: {named} {'is' if len(damaged) == 1 else 'are'} damaged (set aside as "
+            f"{kept}); resuming from {used} (step {checkpoint_step(used)}), so step"
+            + (f" {first} is" if first == last else f"s {first} to {last} are") + " trained again.")
+
+
+def optimizer_of(payload: dict) -> str | None:
+    """The optimizer whose state the checkpoint holds: the name it records, else told by that state (None when it
+    cannot be told)."""
+    if payload.get("optimizer"):
+        return payload["optimizer"]
+    state = payload.get("optimizer_state") or {}
+    keys = {key for entry in (state.get("state") or {}).values() if isinstance(entry, dict) for key in entry}
+    keys |= {key for group in state.get("param_groups") or () if isinstance(group, dict) for key in group}
+    told = [name for name, telltale in TELLTALES.items() if keys & telltale]
+    return told[0] if len(told) == 1 else None
+
+
 def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size: int, total_steps: int) -> None:
-    """The checkpoint must come from the same model, ranks, global batch and data, and leave steps to do (under
-    --resume auto, a checkpoint of the last step is a job that finished: see Resume.finished)."""
+    """The checkpoint must come from the same model, optimizer, ranks, global batch and data, and leave steps to do
+    (under --resume auto, a checkpoint of the last step is a job that finished: see Resume.finished). The optimizer
+    is compared as the job resolved it: its default depends on the model, so leaving out a flag can change it."""
     train_size = config.synthetic_size if config.dataset == "synthetic" else None
-    held = {"model": payload["model"], "ranks": payload["world_size"], "global batch": payload["batch_size"],
-            "data set": payload["dataset"], "training samples": payload.get("train_size")}
-    asked = {"model": config.model_name, "ranks": world_size, "global batch": config.batch_size,
-             "data set": config.dataset, "training samples": train_size}
-    differing = [key for key in held if held[key] != asked[key] and not (key == "ranks" and config.reshard)]
+    optimizer = config.optimizer_settings.optimizer
+    held = {"model": payload["model"], "optimizer": optimizer_of(payload), "ranks": payload["world_size"],
+            "global batch": payload["batch_size"], "data set": payload["dataset"],
+            "training samples": payload.get("train_size")}
+    asked = {"model": config.model_name, "optimizer": optimizer, "ranks": world_size,
+             "global batch": config.batch_size, "data set": config.dataset, "training samples": train_size}
+    skipped = {"ranks": config.reshard, "optimizer": held["optimizer"] is None}  # allowed, or cannot be told
+    differing = [key for key in held if held[key] != asked[key] and not skipped.get(key)]
+    # under --reshard the global batch stays the checkpoint's, so where it does not split across these ranks, the fix
+    # names rank counts it splits across
+    ranks = ranks_advice(held["global batch"], world_size, config.accumulate) if config.reshard else None
     if differing:
-        fixes = {"model": f"--model {held['model']}", "ranks": f"mpirun -np {held['ranks']}",
-                 "global batch": f"--batch-size {held['global batch']}",
+        fixes = {"model": f"--model {held['model']}", "optimizer": f"--optimizer {held['optimizer']}",
+                 "ranks": f"mpirun -np {held['ranks']}",
+                 "global batch": f"--batch-size {held['global batch']}" + (f" on {ranks}" if ranks else ""),
                  "data set": f"--dataset {held['data set']}",
                  "training samples": f"--synthetic-size {held['training samples']}"}
+        default = "" if config.optimizer else f" (the default for {config.model_name})"
+        shown = {**asked, "optimizer": f"{optimizer}{default}"}
         raise UserError(
             f"--resume {path} holds step {payload['step']} of a job with "
             + ", ".join(f"{key} {held[key]}" for key in differing)
-            + ", but this job has " + ", ".join(f"{key} {asked[key]}" for key in differing)
-            + ". A checkpoint stores each rank's random state and its place in the data, so it continues only "
-              "the same model on the same number of ranks with the same global batch and data. Relaunch with "
-            + " and ".join(fixes[key] for key in differing) + ", or drop --resume to start afresh."
+            + ", but this job has " + ", ".join(f"{key} {shown[key]}" for key in differing)
+            + ". A checkpoint stores each rank's random state, its place in the data and the optimizer's state, so "
+              "it continues only the same model and optimizer on the same number of ranks with the same global "
+              "batch and data. Relaunch with "
+            + " and ".join(fixes[key] for key in differing)
+            + f", or drop --resume{' and --reshard' if config.reshard else ''} to start afresh."
             + (" (--reshard continues it on another number of ranks.)" if differing == ["ranks"] else "")
         )
     if payload["step"] >= total_steps and config.resume != RESUME_AUTO:
@@ -288,7 +434,12 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
     if cluster.info.is_main:
         try:
             path = find_checkpoint(config.resume, config.checkpoint_dir)
-            if path is not None:
+            if path is not None and config.resume == RESUME_AUTO:  # damaged ones give way to the newest intact
+                path, payload, damaged = read_newest_intact(path.parent)
+                check_compatible(payload, path, config, cluster.info.world_size, total_steps)
+                if damaged:
+                    print(set_aside(damaged, path), flush=True)
+            elif path is not None:
                 payload = read_checkpoint(path)
                 check_compatible(payload, path, config, cluster.info.world_size, total_steps)
         except UserError as error:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -11,7 +12,11 @@ from typing import BinaryIO
 
 def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
     """`write` into a temporary file beside `target`, fsync, rename over it, fsync the folder: a reader never
-    sees half a file, and a crash mid-write leaves the previous version intact (and no temporary file)."""
+    sees half a file, and a crash mid-write leaves the previous version intact (and no temporary file).
+
+    A failure up to the rename (a full disk, in `write` or in the fsync; a rename refused) removes the temporary
+    file, leaves `target` as it was and raises the failure itself, even if removing the file fails as well. A
+    failure of the folder's fsync is raised too: `target` is then whole, but may not survive a power cut."""
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
         with open(partial, "wb") as handle:
@@ -20,7 +25,8 @@ def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
             os.fsync(handle.fileno())
         os.replace(partial, target)
     except BaseException:
-        partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the write's own failure is the one to report
+            partial.unlink(missing_ok=True)
         raise
     folder = os.open(target.parent, os.O_RDONLY)
     try:

@@ -1,21 +1,32 @@
 """Checkpoint and resume: atomic writes, clear refusals, and exact continuation for every sync method."""
 
 import json
+import subprocess
 
 import pytest
 import torch
 from conftest import losses, mpirun, train
 from resume_check import CHECKED
+from torch import nn
 
 from mpi_train.checkpoint import (
+    Checkpointer,
+    Position,
     check_compatible,
     checkpoint_name,
+    checkpoint_payload,
     list_checkpoints,
+    load_for_resume,
+    optimizer_of,
     read_checkpoint,
     save_atomically,
+    write_checkpoint,
 )
+from mpi_train.cluster import Cluster
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
+from mpi_train.files import write_atomically
+from mpi_train.optimizers import OPTIMIZERS
 
 # 256 samples at a global batch of 64: 4 steps an epoch. The MNIST CNN has dropout, so each
 # rank's random state matters; the resume point (step 6) is in the middle of epoch 2.
@@ -81,6 +92,7 @@ def test_checkpoints_are_written_by_one_rank_atomically_and_pruned(three_runs):
     payload = read_checkpoint(folder / "step-00000006.pt")
     assert (payload["step"], payload["epoch"], payload["step_in_epoch"], payload["world_size"]) == (6, 2, 2, 2)
     assert len(payload["ranks"]) == 2 and payload["mlflow_parent_run_id"] is None
+    assert payload["optimizer"] == "sgd"  # the model's default, as the job resolved it
     assert three_runs["resumed"]["resumed_from"]["step"] == RESUME_AT
 
 
@@ -163,3 +175,182 @@ def test_resume_auto_needs_a_folder_and_reads_its_latest_checkpoint(tmp_path):
         save_atomically({"step": step}, tmp_path / f"step-{step:08d}.pt")
     (tmp_path / ".step-00000015.pt.partial").write_bytes(b"half")  # a write cut short is never taken
     assert find_checkpoint("auto", str(tmp_path)) == tmp_path / "step-00000012.pt"
+
+
+# ---------------------------------------------------------------------------------------------
+# Unit tests on real checkpoint files: a one-rank cluster (MPI as a singleton), real torch.save'd payloads.
+
+SMALL = {"dataset": "synthetic", "synthetic_size": 256, "batch_size": 64}  # the mnist_cnn, which steps with SGD
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    return Cluster.from_mpi()
+
+
+def stepped_payload(step: int, **flags) -> dict:
+    """A checkpoint's payload as a job with `flags` writes it, with the state of its optimizer after one real step."""
+    config = TrainConfig(**SMALL, **flags)
+    settings = config.optimizer_settings
+    model = nn.Linear(4, 2)
+    optimizer = OPTIMIZERS[settings.optimizer].build(model.parameters(), settings)
+    model(torch.ones(3, 4)).square().sum().backward()
+    optimizer.step()
+    return checkpoint_payload(config, 1, Position(1, step, step), model.state_dict(), optimizer.state_dict(), [{}],
+                              None)
+
+
+def written(folder, step: int, **flags):
+    path = folder / checkpoint_name(step)
+    save_atomically(stepped_payload(step, **flags), path)
+    return path
+
+
+def refusal(payload: dict, path, **flags) -> str:
+    with pytest.raises(UserError) as caught:
+        check_compatible(payload, path, TrainConfig(**SMALL, **flags), world_size=1, total_steps=20)
+    return " ".join(str(caught.value).split())
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused_naming_both_and_the_fix(tmp_path):
+    path = written(tmp_path, 3, optimizer="adamw")
+    payload = read_checkpoint(path)
+    assert payload["optimizer"] == "adamw"
+    check_compatible(payload, path, TrainConfig(**SMALL, optimizer="adamw"), world_size=1, total_steps=20)
+    message = refusal(payload, path)  # no --optimizer: the model's default, SGD
+    assert "optimizer adamw, but this job has optimizer sgd (the default for mnist_cnn)" in message
+    assert "Relaunch with --optimizer adamw, or drop --resume" in message
+    assert "model" not in message.split("A checkpoint")[0]  # only what differs is named
+
+
+@pytest.mark.parametrize("flags, optimizer", [({}, "sgd"), ({"momentum": 0.0}, "sgd"), ({"optimizer": "adamw"},
+                                                                                          "adamw")])
+def test_a_checkpoint_that_does_not_name_its_optimizer_is_told_by_its_state(tmp_path, flags, optimizer):
+    """Checkpoints written before they named their optimizer: SGD's momentum buffers or AdamW's moments tell, and
+    SGD without momentum, which keeps no state, by its parameter groups' settings."""
+    payload = stepped_payload(3, **flags)
+    del payload["optimizer"]
+    path = tmp_path / checkpoint_name(3)
+    save_atomically(payload, path)
+    payload = read_checkpoint(path)
+    assert optimizer_of(payload) == optimizer
+    other = "sgd" if optimizer == "adamw" else "adamw"
+    message = refusal(payload, path, optimizer=other, momentum=None)
+    assert f"optimizer {optimizer}, but this job has optimizer {other}" in message
+    assert f"--optimizer {optimizer}" in message
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 64 KiB tmpfs: a disk that fills up (mounting one needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
+                             check=False)
+    if mounted.returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_is_one_message_naming_the_file_and_keeps_the_previous_checkpoint(small_disk, one_rank):
+    checkpointer = Checkpointer(TrainConfig(**SMALL, checkpoint_dir=str(small_disk)), one_rank)
+    checkpointer.write(stepped_payload(1), 1)
+    before = (small_disk / checkpoint_name(1)).read_bytes()
+    # torch.save raises its own RuntimeError for the full disk, chained from the system's OSError
+    with pytest.raises(UserError) as caught:
+        checkpointer.write({**stepped_payload(2), "filler": torch.zeros(100_000)}, 2)
+    message = " ".join(str(caught.value).split())
+    assert f"writing {small_disk / checkpoint_name(2)} failed (No space left on device)" in message
+    assert f"the previous checkpoints in {small_disk} are intact" in message
+    assert sorted(p.name for p in small_disk.iterdir()) == [checkpoint_name(1)]  # no .partial left behind
+    assert (small_disk / checkpoint_name(1)).read_bytes() == before and read_checkpoint(small_disk / checkpoint_name(1))
+    with pytest.raises(Exception) as bug:  # a failure with no system error behind it is a bug: raised as it is
+        write_checkpoint({"broken": lambda: 0}, small_disk, 3)
+    assert not isinstance(bug.value, UserError)
+
+
+def test_a_refused_rename_leaves_the_target_and_no_temporary_file(tmp_path):
+    """write_atomically's last steps: a rename that fails (here: over a folder) removes the temporary file and raises
+    the system's error."""
+    target = tmp_path / "step-00000001.pt"
+    target.mkdir()
+    (target / "kept").write_text("kept")
+    with pytest.raises(OSError):
+        write_atomically(target, lambda handle: handle.write(b"checkpoint"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name] and (target / "kept").read_text() == "kept"
+
+
+def damage(path, how: str) -> None:
+    """Cut a real checkpoint short, or overwrite bytes in the middle of its tensors (which torch.load alone reads
+    as values)."""
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        data = data[:len(data) // 2]
+    else:
+        middle = len(data) // 2
+        data[middle:middle + 16] = bytes(16)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncated", "overwritten"])
+def test_a_damaged_checkpoint_named_by_resume_is_refused_naming_the_newest_intact_one(tmp_path, how):
+    intact = written(tmp_path, 3)
+    written(tmp_path, 1)
+    broken = tmp_path / checkpoint_name(6)
+    save_atomically({**stepped_payload(6), "filler": torch.arange(10_000.0)}, broken)  # tensors fill its middle
+    damage(broken, how)
+    with pytest.raises(UserError) as caught:
+        read_checkpoint(broken)
+    message = " ".join(str(caught.value).split())
+    assert f"--resume {broken} could not be read as a checkpoint" in message
+    assert ("does not match its checksum" if how == "overwritten" else "cut short") in message
+    assert f"The newest intact checkpoint in {tmp_path} is {intact} (step 3)" in message
+    assert f"relaunch with --resume {intact} to continue from it" in message
+    assert broken.exists()  # a checkpoint a person named is left as it is
+
+
+def test_resume_auto_goes_on_from_the_newest_intact_checkpoint_and_sets_the_damaged_aside(tmp_path, one_rank, capsys):
+    for step in (3, 6):
+        written(tmp_path, step)
+    newest = written(tmp_path, 9)
+    damage(newest, "truncated")
+    config = TrainConfig(**SMALL, checkpoint_dir=str(tmp_path), resume="auto")
+    resume = load_for_resume(config, one_rank, total_steps=20)
+    assert resume.path == tmp_path / checkpoint_name(6) and resume.position.step == 6
+    line = " ".join(capsys.readouterr().out.split())
+    assert f"{newest} (cut short, or not a file torch.save wrote) is damaged (set aside as step-00000009.pt.damaged)" \
+        in line
+    assert f"resuming from {resume.path} (step 6), so steps 7 to 9 are trained again" in line
+    assert [p.name for p in list_checkpoints(tmp_path)] == [checkpoint_name(3), checkpoint_name(6)]
+    assert (tmp_path / "step-00000009.pt.damaged").is_file()  # kept for a look, never picked again
+
+
+def test_resume_auto_with_every_checkpoint_damaged_says_how_to_start_afresh(tmp_path, one_rank):
+    for step in (3, 6):
+        damage(written(tmp_path, step), "truncated")
+    config = TrainConfig(**SMALL, checkpoint_dir=str(tmp_path), resume="auto")
+    with pytest.raises(UserError) as caught:
+        load_for_resume(config, one_rank, total_steps=20)
+    message = " ".join(str(caught.value).split())
+    assert f"every checkpoint in {tmp_path} is damaged" in message and "step-00000003.pt: cut short" in message
+    assert f"move them out of {tmp_path}" in message and "starts from step 0" in message
+    assert [p.name for p in list_checkpoints(tmp_path)] == [checkpoint_name(3), checkpoint_name(6)]  # left as they are
+
+
+def test_reshard_onto_ranks_the_checkpoints_batch_does_not_split_names_rank_counts_that_do():
+    """Under --reshard the global batch stays the checkpoint's: asking for another batch at 3 ranks is answered
+    with the checkpoint's batch on rank counts that split it, which the resumed job's checks then accept."""
+    payload = {"model": "mnist_cnn", "world_size": 2, "batch_size": 256, "dataset": "synthetic", "train_size": 1024,
+               "step": 3}
+    job = {"dataset": "synthetic", "synthetic_size": 1024, "resume": "ck/step-00000003.pt", "reshard": True}
+    with pytest.raises(UserError) as caught:
+        check_compatible(payload, "ck/step-00000003.pt", TrainConfig(**job, batch_size=255), 3, total_steps=5)
+    message = " ".join(str(caught.value).split())
+    assert "--batch-size 256 on 2 or 4 ranks (mpirun -np 2 or -np 4)" in message
+    assert "drop --resume and --reshard" in message
+    for world_size in (2, 4):
+        TrainConfig(**job, batch_size=256).validate(world_size)
+        check_compatible(payload, "ck/step-00000003.pt", TrainConfig(**job, batch_size=256), world_size, 5)
