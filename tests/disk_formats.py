@@ -54,3 +54,16 @@ def write_cifar10_batches(root: Path, per_batch: int = 20) -> Path:
         (folder / name).write_bytes(pickle.dumps(batch))
     (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": CIFAR10_CLASSES}))
     return root
+
+
+def damage_an_image(root: Path, split: str = "train", jpegs: int = 3) -> Path:
+    """In an image folder of PNGs: `jpegs` of them saved again as JPEGs, and one more replaced by a JPEG of random
+    bytes, as an interrupted copy or a failing disk leaves one; that file's path."""
+    pngs = sorted((root / split).rglob("*.png"))[:jpegs + 1]
+    for png in pngs[:jpegs]:
+        Image.open(png).save(png.with_suffix(".jpg"), quality=95)
+        png.unlink()
+    damaged = pngs[jpegs].with_suffix(".jpg")
+    damaged.write_bytes(np.random.default_rng(7).integers(0, 256, 1500, dtype=np.uint8).tobytes())
+    pngs[jpegs].unlink()
+    return damaged

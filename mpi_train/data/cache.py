@@ -4,27 +4,34 @@ Decoding 60,000 JPEGs takes seconds; reading them back as one tensor takes milli
 is mapped into memory (torch.load's mmap) is shared by all the ranks of a host through the page cache. The
 file records a fingerprint of its sources (every file's path, size and modification time): when they change,
 or the file cannot be read, it is rebuilt with a one-line note and never used as it is. One rank per host builds
-it (written atomically, so a reader never sees half a file); the others wait, then map it.
+it (written atomically, so a reader never sees half a file); the others wait, then map it. Beside it, a record of
+the same fingerprint says that every image of an image folder decoded, so that the DataLoader path, which decodes
+them one by one as training asks, checks them once per version of the files, not once per job (loaders.py).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import UserError
+from ..errors import UserError, system_error
 from ..files import write_atomically
+from . import images as image_files
 
 CACHE_FORMAT = 1  # raised whenever what a cache file holds changes: older ones are then rebuilt
 CACHE_FOLDER = ".mpi_train-cache"  # inside --data-dir, when it is writable
+CHECKED_SUFFIX = ".checked"  # beside a cache file: the fingerprint of image files that all decoded
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -60,10 +67,14 @@ def fingerprint(files: list[Path]) -> str:
 
 
 def decode(split: Dataset) -> Decoded:
-    """The split's images as uint8 (N, C, H, W) exactly as torchvision decodes them (PIL for image folders)."""
+    """The split's images as uint8 (N, C, H, W) exactly as torchvision decodes them (PIL for image folders); a file
+    that cannot be read or decoded is named (UserError)."""
     if hasattr(split, "samples"):  # ImageFolder: PIL decodes with the GIL released, so threads share the work
         with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
-            arrays = list(pool.map(lambda sample: np.asarray(split.loader(sample[0])), split.samples))
+            arrays = list(pool.map(image_files.pixels, [path for path, _ in split.samples]))
+        bad = [array for array in arrays if isinstance(array, image_files.BadImage)]
+        if bad:
+            raise UserError(image_files.describe(bad))
         shapes = {array.shape for array in arrays}
         if len(shapes) != 1:
             odd = next(path for (path, _), array in zip(split.samples, arrays) if array.shape != arrays[0].shape)
@@ -110,8 +121,50 @@ def load(path: Path, expected: str | None = None) -> Decoded:
     return Decoded(images, labels)
 
 
+def write_in_new_folder(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """write_atomically, making the folders `path` needs; if it fails, the folders it made are removed again (one
+    that holds anything else by then stays): a failed write leaves no empty folder behind."""
+    made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]  # deepest first
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, write)
+    except BaseException:
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def checked(path: Path, stamp: str) -> bool:
+    """True if every image of the sources of fingerprint `stamp` decoded, as recorded beside the cache file `path`."""
+    try:
+        return path.with_suffix(CHECKED_SUFFIX).read_text() == stamp
+    except (OSError, UnicodeDecodeError):  # not checked yet, or a record that cannot be trusted: checked again
+        return False
+
+
+def remember_checked(path: Path, stamp: str) -> bool:
+    """Record beside the cache file `path` that every image of the sources of fingerprint `stamp` decoded; False if
+    it cannot be written, which only costs the next job the same check."""
+    try:
+        write_in_new_folder(path.with_suffix(CHECKED_SUFFIX), lambda handle: handle.write(stamp.encode()))
+    except OSError:
+        return False
+    return True
+
+
+def unwritable(path: Path, cause: OSError) -> UserError:
+    """The cache file could not be written: where, the system's reason, and the two ways on."""
+    fix = "Free space on that disk" if cause.errno in FULL_DISK else f"Make {path.parent} writable"
+    return UserError(f"the decoded copy {path} could not be written ({cause.strerror or cause}); nothing was kept. "
+                     f"{fix}, or pass --loader dataloader to read the images as they are, without a decoded copy.")
+
+
 def ensure(split: Dataset, path: Path, say: Callable[[str], None] = print) -> None:
-    """Build `path` from `split` unless it holds the split's current decoding; a rebuild is said in one line."""
+    """Build `path` from `split` unless it holds the split's current decoding; a rebuild is said in one line. A file
+    that cannot be decoded, and a copy that cannot be written, are told apart (UserError each)."""
     files = source_files(split)
     stamp = fingerprint(files)
     try:
@@ -120,9 +173,16 @@ def ensure(split: Dataset, path: Path, say: Callable[[str], None] = print) -> No
     except Unusable as why:
         reason = str(why)
     decoded = decode(split)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": CACHE_FORMAT, "fingerprint": stamp, "images": decoded.images, "labels": decoded.labels}
-    write_atomically(path, lambda handle: torch.save(payload, handle))
+    try:
+        write_in_new_folder(path, lambda handle: torch.save(payload, handle))
+    except Exception as error:  # torch wraps a full disk's OSError in its own RuntimeError
+        cause = system_error(error)
+        if cause is None:
+            raise
+        raise unwritable(path, cause) from None
+    if hasattr(split, "samples"):  # every image decoded: the DataLoader path need not check them again
+        remember_checked(path, stamp)
     verb = "decoded" if reason == "not built yet" else f"rebuilt (the cache was {reason}):"
     say(f"mpi_train: {verb} {len(decoded.labels):,} images of {len(files):,} file(s) once into {path} "
         f"({decoded.nbytes / 2**20:,.1f} MiB)")

@@ -4,22 +4,27 @@
 (resident.py); `--loader dataloader` reads samples one by one through torchvision's transforms, with worker
 processes and pinned memory on CUDA, for data that does not fit; `auto` (the default) takes the resident path
 whenever the data set can be held (every data set this tool reads fits: CIFAR-10 takes 176 MiB per rank, MNIST 52).
-Both follow the same seeded sampler, so every step trains on the same samples whichever path runs.
+Both follow the same seeded sampler, so every step trains on the same samples whichever path runs. Either path
+names an image that cannot be decoded before the first step: the resident path decodes every image to build its
+cache, the DataLoader path decodes each once per version of the files (`check_images`), and a file that goes bad
+during the job is named by the batch that meets it, not by a worker's traceback.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from ..cluster import Cluster
 from ..config import DATASET_SHAPES, TrainConfig
 from ..errors import UserError
-from . import cache, text
+from . import cache, images, text
 from .resident import ResidentSplit, ResidentTestLoader, ResidentTrainLoader
 from .sampler import ResumableSampler
 from .sets import CIFAR10_MEAN, CIFAR10_STD, MNIST_MEAN, MNIST_STD, SyntheticImages
@@ -57,15 +62,8 @@ def cache_name(config: TrainConfig, split: Dataset) -> str:
 def decoded_split(config: TrainConfig, split: Dataset, cluster: Cluster) -> cache.Decoded:
     """The split as uint8 tensors from its cache file, built (or rebuilt) once per host first. Collective."""
     path = cache.cache_folder(Path(config.data_dir)) / cache_name(config, split)
-
-    def build() -> None:
-        try:
-            cache.ensure(split, path)
-        except OSError as error:
-            raise UserError(f"the decoded copy of {config.dataset} could not be written to {path} ({error}). Free "
-                            f"space there, make {path.parent} writable, or pass --loader dataloader.") from None
-
-    cluster.run_per_host(build, f"cannot prepare {config.dataset} for the resident data path")
+    cluster.run_per_host(lambda: cache.ensure(split, path),
+                         f"cannot prepare {config.dataset} for the resident data path")
     try:
         return cache.load(path)
     except cache.Unusable as why:
@@ -80,6 +78,73 @@ def resident_split(config: TrainConfig, split: Dataset, cluster: Cluster, device
     decoded = decoded_split(config, split, cluster)
     return ResidentSplit(decoded.images, decoded.labels, device, NORMALISATION[config.dataset],
                          train and config.dataset in AUGMENTED)
+
+
+def check_images(config: TrainConfig, split: Dataset, cluster: Cluster) -> None:
+    """Decode every image of an image-folder split before the DataLoader path's first step, so that a damaged file is
+    named before training rather than by a worker mid-epoch. The verdict is kept beside the decoded cache under the
+    files' fingerprint: a later job pays one stat per file, not a decoding of all (and a resident build that decoded
+    them leaves the same verdict). The host's ranks share the decoding. Collective."""
+    if not hasattr(split, "samples"):  # CIFAR-10's pickles and MNIST's IDX files are read whole when opened
+        return
+    info = cluster.info
+    path = cache.cache_folder(Path(config.data_dir)) / cache_name(config, split)
+    files = [str(file) for file in cache.source_files(split)]
+    stamp = cache.fingerprint([Path(file) for file in files])
+    fresh, outcome, started = cache.checked(path, stamp), None, time.perf_counter()
+    if not fresh:
+        threads = max(1, (os.cpu_count() or 1) // info.local_world_size)
+        bad = images.find_bad(files[info.local_rank::info.local_world_size], threads)
+        outcome = images.describe(bad) if bad else None
+    cluster.agree(outcome, f"cannot read {config.dataset}")
+    if not fresh and info.local_rank == 0:
+        kept = cache.remember_checked(path, stamp)
+        print(f"mpi_train: checked that the {len(files):,} images under {split.root} decode "
+              f"({time.perf_counter() - started:.1f} s, " +
+              ("once per version of the files)" if kept else f"again next time: {path.parent} is not writable)"))
+
+
+class NamedFaults(Dataset):
+    """An image folder whose unreadable or undecodable file comes out as its BadImage in place of the sample: raised
+    in a DataLoader worker, it would come back as torch's own error with the worker's traceback in its text."""
+
+    def __init__(self, split: Dataset):
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int):
+        try:
+            return self.split[index]
+        except images.BadImage as bad:
+            return bad
+
+
+def collate(samples: list):
+    """A batch, or the BadImage of its first damaged sample."""
+    bad = next((sample for sample in samples if isinstance(sample, images.BadImage)), None)
+    return bad if bad is not None else default_collate(samples)
+
+
+class Batches(DataLoader):
+    """torch's DataLoader whose batches stop at a damaged image with its paragraph (on this rank alone: the job is
+    ended, as for any fault one rank meets)."""
+
+    def __init__(self, dataset: Dataset, **options):
+        super().__init__(dataset, collate_fn=collate, **options)
+
+    def __iter__(self):
+        # torch's iterator is made here, not at the first batch: making it draws a seed from torch's random stream,
+        # and a resumed job restores that stream right after iter()
+        return self._named(super().__iter__())
+
+    @staticmethod
+    def _named(batches):
+        for batch in batches:
+            if isinstance(batch, images.BadImage):
+                raise UserError(str(batch), collective=False)
+            yield batch
 
 
 def held_bytes(config: TrainConfig, splits: tuple[Dataset, Dataset]) -> int:
@@ -148,7 +213,10 @@ def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cl
         return Loaders(ResidentTrainLoader(train_split, sampler, micro_batch, config.seed, info.rank), sampler,
                        ResidentTestLoader(test_split, info.rank, info.world_size, test_batch), path, sizes,
                        train_split.nbytes + test_split.nbytes)
+    for split in (train, test):
+        check_images(config, split, cluster)
     count = workers(config, device, threads)
     options = {"num_workers": count, "pin_memory": device.type == "cuda", "persistent_workers": count > 0}
-    return Loaders(DataLoader(train, batch_size=micro_batch, sampler=sampler, **options), sampler,
-                   DataLoader(Subset(test, shard), batch_size=test_batch, **options), path, sizes)
+    named = lambda split: NamedFaults(split) if hasattr(split, "samples") else split
+    return Loaders(Batches(named(train), batch_size=micro_batch, sampler=sampler, **options), sampler,
+                   Batches(Subset(named(test), shard), batch_size=test_batch, **options), path, sizes)

@@ -7,6 +7,7 @@ import contextlib
 import io
 import shutil
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,10 +19,13 @@ from ..config import TrainConfig
 from ..errors import UserError
 from ..models import NUM_CLASSES
 from . import text
+from .images import read_rgb
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 DOWNLOAD_TIMEOUT_S = 30
+# what each data set's download writes in --data-dir (torchvision's layout)
+DOWNLOADED = {"cifar10": ("cifar-10-python.tar.gz", "cifar-10-batches-py"), "mnist": ("MNIST",)}
 SYNTHETIC_DATA_SEED = 1234  # fixed, so the synthetic data set is the same whatever --seed says
 
 
@@ -71,7 +75,8 @@ def _open_cifar10(root: Path, train: bool, download: bool = False) -> Dataset:
     from torchvision import datasets
 
     if _image_folder_root(root):
-        split = datasets.ImageFolder(str(root / ("train" if train else "test")), transform=_cifar10_transforms(train))
+        split = datasets.ImageFolder(str(root / ("train" if train else "test")), transform=_cifar10_transforms(train),
+                                     loader=read_rgb)  # torchvision's decoding, a damaged file named
         if len(split.classes) != NUM_CLASSES:
             raise UserError(
                 f"the image folder {root / ('train' if train else 'test')} has {len(split.classes)} class "
@@ -102,11 +107,39 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+def _written(name: str, root: Path) -> set[Path]:
+    """What the download of `name` has written in root so far: its files and folders, and all they hold."""
+    found = set()
+    for top in DOWNLOADED[name]:
+        path = root / top
+        if path.exists() or path.is_symlink():
+            found.add(path)
+            if path.is_dir() and not path.is_symlink():
+                found.update(path.rglob("*"))
+    return found
+
+
+def _undo_download(name: str, root: Path, before: set[Path], made: list[Path]) -> None:
+    """Remove what a failed download wrote (half a file, an empty MNIST/raw/) and the folders it made for it: the next
+    job then finds what this one found, and says the same."""
+    for path in sorted(_written(name, root) - before, key=lambda path: len(path.parts)):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)  # new, so all it holds is new too
+        elif path.exists() or path.is_symlink():
+            path.unlink(missing_ok=True)
+    for folder in made:  # deepest first; one another process has written in since stays
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
 def _download(name: str, root: Path) -> None:
     """Fetch the data set into root unless it is there (runs on one rank per host)."""
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
-    created = not root.exists()
+    made = [folder for folder in (root, *root.parents) if not folder.exists()]  # the folders mkdir will make
+    before = _written(name, root)
     try:
         root.mkdir(parents=True, exist_ok=True)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -115,8 +148,7 @@ def _download(name: str, root: Path) -> None:
     except UserError:
         raise
     except Exception as error:  # noqa: BLE001 - network, permissions, a corrupt archive: all reported the same way
-        if created:  # leave no empty or half-downloaded folder behind
-            shutil.rmtree(root, ignore_errors=True)
+        _undo_download(name, root, before, made)
         raise UserError(
             f"the {name} data set is not in {root.resolve()} (expected {EXPECTED_LAYOUT[name]}) and could "
             f"not be downloaded ({_describe(error)}). Download it on a machine with internet access and "
@@ -141,9 +173,22 @@ def _check_readable(split: Dataset) -> None:
 
 
 def _present(name: str, root: Path) -> bool:
+    """Whether the data set's folder is there (a folder with nothing in it is not: it is downloaded into)."""
     if name == "cifar10":
         return _image_folder_root(root) or (root / "cifar-10-batches-py").is_dir()
-    return (root / "MNIST" / "raw").is_dir()
+    raw = root / "MNIST" / "raw"
+    return raw.is_dir() and any(raw.iterdir())
+
+
+def _not_a_folder(name: str, root: Path) -> str | None:
+    """Why --data-dir cannot be a folder (it, or a folder above it, is a file), or None: reading or downloading
+    into it would fail with the system's word for a symptom (FileExistsError, NotADirectoryError)."""
+    file = next((path for path in (root, *root.parents) if path.exists()), None)
+    if file is None or file.is_dir():
+        return None
+    where = f"--data-dir {root} is a file" if file == root else f"--data-dir {root} lies under {file}, which is a file"
+    return (f"{where}, not a folder: {name} is read from a folder that holds {EXPECTED_LAYOUT[name]}, or downloaded "
+            f"into one. Point --data-dir at such a folder, or at a new one to download {name} there.")
 
 
 def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, text.TextSplit]:
@@ -151,14 +196,18 @@ def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, te
     context = config.gpt_shape.context
     if config.dataset == "synthetic":
         return text.splits(text.synthetic_text(config.synthetic_size * context), context, "synthetic text")
-    root, outcome, splits = Path(config.data_dir), None, None
+    root, outcome, splits, files = Path(config.data_dir), None, None, []
     try:
-        splits = text.splits(text.read_bytes(root), context, str(root))
+        files = text.read_files(root)
+        splits = text.splits(b"".join(data for _, data in files), context, str(root))
     except UserError as error:
         outcome = str(error)
     except OSError as error:
         outcome = _unreadable(root, error)
     cluster.agree(outcome, "cannot load text")
+    warning = text.not_text_warning(files) if cluster.info.is_main else None
+    if warning:
+        print(f"mpi_train: warning: {warning}", file=sys.stderr, flush=True)
     return splits
 
 
@@ -174,7 +223,8 @@ def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Datas
     root = Path(config.data_dir)
     what = f"cannot load {config.dataset}"
     try:
-        present, outcome = _present(config.dataset, root), None
+        outcome = _not_a_folder(config.dataset, root)
+        present = outcome is not None or _present(config.dataset, root)
     except OSError as error:  # a folder this user may not enter: downloading into it would fail too
         present, outcome = True, _unreadable(root, error)
     cluster.agree(outcome, what)

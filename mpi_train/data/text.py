@@ -22,6 +22,12 @@ TRAIN_SHARE = 0.9
 VALIDATION_BYTES = 2**18  # at most this much of the held-out split is scored at each evaluation (the first bytes)
 SYNTHETIC_TEXT_SEED = 4321  # fixed, so synthetic text is the same whatever --seed says
 SYNTHETIC_WORDS, SYNTHETIC_LETTERS = 512, "etaoinshrdlucmfwypvbgkjqxz"
+# A file is said not to look like text when more than this share of its bytes is not text: text in another 8-bit
+# encoding stays below (Latin-1 with an accent in every seventh letter: 15%), compressed or binary data well above
+# (random bytes: about 52%, programs and archives 54-64%, MNIST's IDX files 95%)
+NOT_TEXT_SHARE = 0.3
+TEXT_SAMPLE_BYTES = 2**20  # the share is measured on each file's first MiB: a warning needs no more
+TEXT_CONTROLS = (9, 10, 12, 13)  # tab, line feed, form feed, carriage return: the control bytes text holds
 
 
 class TextSplit:
@@ -34,16 +40,48 @@ class TextSplit:
         return len(self.data)
 
 
-def read_bytes(root: Path) -> bytes:
-    """The bytes of `root`, a file, or every file under a folder (in sorted order, hidden ones left out)."""
+def read_files(root: Path) -> list[tuple[Path, bytes]]:
+    """Each file of `root` and its bytes: root itself, or every file under a folder (in sorted order, hidden ones
+    left out)."""
     if root.is_file():
-        return root.read_bytes()
+        return [(root, root.read_bytes())]
     if not root.is_dir():
         raise UserError(f"--dataset text reads the text file or folder at --data-dir, and {root} does not exist. "
                         f"Point --data-dir at a UTF-8 text file or a folder of them, or use --dataset synthetic.")
     files = sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
                                                                            p.relative_to(root).parts))
-    return b"".join(path.read_bytes() for path in files)
+    return [(path, path.read_bytes()) for path in files]
+
+
+def read_bytes(root: Path) -> bytes:
+    """The bytes of `root`, a file, or every file under a folder, one after the other (`read_files`)."""
+    return b"".join(data for _, data in read_files(root))
+
+
+def not_text_share(data: bytes) -> float:
+    """The share of `data`'s bytes (of its first MiB) that are not text: outside any valid UTF-8 sequence, or control
+    bytes other than the few text holds."""
+    sample = data[:TEXT_SAMPLE_BYTES]
+    if not sample:
+        return 0.0
+    replaced = "\ufffd"
+    invalid = sample.decode("utf-8", errors="replace").count(replaced) - sample.count(replaced.encode())
+    values = np.frombuffer(sample, dtype=np.uint8)
+    controls = np.count_nonzero(((values < 32) & ~np.isin(values, TEXT_CONTROLS)) | (values == 127))
+    return min(1.0, (invalid + int(controls)) / len(sample))
+
+
+def not_text_warning(files: list[tuple[Path, bytes]]) -> str | None:
+    """One line naming the file that least looks like text, if any does not (training goes on: any bytes train a
+    byte-level model, but binary data is seldom what was meant)."""
+    shares = sorted(((share, str(path)) for path, data in files if (share := not_text_share(data)) > NOT_TEXT_SHARE),
+                    reverse=True)
+    if not shares:
+        return None
+    share, path = shares[0]
+    others = f" (and {len(shares) - 1:,} more file(s) like it)" if len(shares) > 1 else ""
+    return (f"{path} does not look like text: {share:.0%} of its bytes are not UTF-8 text (invalid UTF-8 or control "
+            f"bytes){others}. --dataset text trains on its bytes all the same.")
 
 
 def synthetic_text(size: int) -> bytes:

@@ -1,5 +1,6 @@
 """The data sets as torchvision reads them, and their shards, in one process (MPI as a singleton: world size 1)."""
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,35 @@ def test_missing_data_that_cannot_be_downloaded_says_what_to_do(tmp_path, cluste
         load_datasets(TrainConfig(dataset="mnist", data_dir=str(tmp_path / "nothing")), cluster)
     message = str(error.value)
     assert "nothing" in message and "network unreachable" in message and "--dataset synthetic" in message
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "mnist"])
+def test_a_data_dir_that_is_a_file_is_named_as_one(tmp_path, cluster, dataset):
+    file = tmp_path / "data.bin"
+    file.write_bytes(b"not a folder")
+    with pytest.raises(UserError, match=rf"--data-dir {file} is a file, not a folder: {dataset} is read from a fol"):
+        load_datasets(TrainConfig(dataset=dataset, data_dir=str(file)), cluster)
+    below = file / "deeper"
+    with pytest.raises(UserError, match=rf"--data-dir {below} lies under {file}, which is a file, not a folder"):
+        load_datasets(TrainConfig(dataset=dataset, data_dir=str(below)), cluster)
+    assert sorted(tmp_path.iterdir()) == [file] and file.read_bytes() == b"not a folder"
+
+
+def test_a_failed_download_leaves_nothing_behind_and_says_the_same_again(tmp_path, cluster, monkeypatch):
+    with socket.socket() as closed:  # a port nothing listens on: the download is refused, as by a dead mirror
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setattr(datasets.MNIST, "mirrors", [f"http://127.0.0.1:{port}/"])
+    existing, made = tmp_path / "data", tmp_path / "new" / "deeper"
+    existing.mkdir()
+    for root in (existing, made):
+        messages = []
+        for _ in range(2):
+            with pytest.raises(UserError) as error:
+                load_datasets(TrainConfig(dataset="mnist", data_dir=str(root)), cluster)
+            messages.append(str(error.value))
+        assert messages[0] == messages[1] and "could not be downloaded (RuntimeError: Error downloading" in messages[0]
+    assert list(existing.iterdir()) == [] and not (tmp_path / "new").exists()  # no MNIST/raw/, no folder made
 
 
 def test_shards_do_not_overlap_and_cover_the_data():

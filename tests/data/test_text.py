@@ -1,9 +1,12 @@
 """Text for the GPT (mpi_train/data/text.py): the 90/10 split, each rank's seeded windows, a resumed epoch's."""
 
+import numpy as np
 import pytest
 import torch
 
-from mpi_train.data import text
+from mpi_train.cluster import Cluster
+from mpi_train.config import TrainConfig
+from mpi_train.data import load_datasets, text
 from mpi_train.errors import UserError
 
 DEVICE = torch.device("cpu")
@@ -74,3 +77,17 @@ def test_the_validation_windows_are_shared_out_once_each():
 def test_synthetic_text_is_fixed_and_of_the_size_asked():
     assert text.synthetic_text(1000) == text.synthetic_text(1000)
     assert len(text.synthetic_text(1000)) == 1000 and b" " in text.synthetic_text(1000)
+
+
+def test_a_binary_file_trains_with_a_one_line_warning_and_text_without(tmp_path, capsys):
+    cluster = Cluster.from_mpi()
+    binary, prose = tmp_path / "weights.bin", tmp_path / "prose.txt"
+    binary.write_bytes(np.random.default_rng(0).integers(0, 256, 20_000, dtype=np.uint8).tobytes())
+    prose.write_text("Ça va? Très bien, merci.\n\tUne ligne de plus.\n" * 500)
+    train, _ = load_datasets(TrainConfig(dataset="text", data_dir=str(binary), context=32), cluster)
+    assert len(train) == 18_000  # trained on all the same
+    warning = capsys.readouterr().err
+    assert warning.count("\n") == 1 and warning.startswith(f"mpi_train: warning: {binary} does not look like text: ")
+    assert "54% of its bytes are not UTF-8 text" in warning
+    load_datasets(TrainConfig(dataset="text", data_dir=str(prose), context=32), cluster)
+    assert capsys.readouterr().err == ""
