@@ -3,6 +3,10 @@
 Collectives happen on every rank in the training loop; the gathered values are then
 handed to the reporter. On rank 0 it is a real `Reporter`; on the other ranks it is a
 `SilentReporter` whose methods do nothing, so the loop never asks "am I rank 0?".
+
+The paths it writes only at the end (the summary, the timeline) are checked before the
+first step, with the checkpoint and spool folders, by `check_outputs`: a job that could
+not keep what it trained for stops before it trains.
 """
 
 from __future__ import annotations
@@ -14,11 +18,63 @@ from pathlib import Path
 
 from . import memory, swimlanes, timeline
 from .advice.cache import described
-from .config import JobInfo
+from .config import JobInfo, TrainConfig
+from .errors import folder_write_error
 from .files import write_json_atomically
 from .throughput import Throughput
 from .tracking import NullTracker
 from .tracking.names import PHASES, SPLIT
+from .tracking.spool import SPOOL_DIR
+from .tracking.store import SERVER_SCHEMES
+
+
+def write_error(path: Path, folder: bool) -> str | None:
+    """Why `path` (a file, or a folder when `folder`) could not be written, as what follows its name, or None.
+    Creates nothing, so that a job refused here leaves no empty folder behind: the nearest folder that exists must
+    take a file."""
+    try:
+        if path.exists() and path.is_dir() != folder:
+            return "is a folder, not a file" if path.is_dir() else "is a file, not a folder"
+        nearest = path.absolute() if folder else path.absolute().parent
+        while not nearest.exists() and nearest != nearest.parent:
+            nearest = nearest.parent
+        if not nearest.is_dir():
+            return f"lies under {nearest}, which is a file"
+    except OSError as error:
+        return f"cannot be reached ({error.strerror or error})"
+    reason = folder_write_error(nearest)
+    return f"cannot be written: {nearest} takes no file ({reason})" if reason else None
+
+
+def job_outputs(config: TrainConfig) -> list[tuple[str, Path, bool, str]]:
+    """What rank 0 writes for this job, by the flag that names it: (flag, path, a folder?, the fix)."""
+    outputs = []
+    if config.summary_json:
+        summary = Path(config.summary_json)
+        outputs.append(("--summary-json", summary, False, f"name a file, e.g. --summary-json {summary / 'summary.json'}"
+                        if summary.is_dir() else "name a file in a writable folder"))
+    if config.timeline_window:
+        outputs.append(("--timeline-dir", Path(config.timeline_dir), True,
+                        "name a writable folder (created if missing)"))
+    if config.checkpoint_dir:
+        outputs.append(("--checkpoint-dir", Path(config.checkpoint_dir), True,
+                        "name a writable folder (created if missing)"))
+    if not config.no_tracking and (config.tracking_uri or "").split(":", 1)[0].lower() in SERVER_SCHEMES:
+        fix = (f"start the job from a folder where {SPOOL_DIR} can be written (it keeps what the MLflow server "
+               f"misses), or pass --no-tracking")
+        outputs.append(("the tracking spool folder", SPOOL_DIR, True, fix))
+    return outputs
+
+
+def check_outputs(config: TrainConfig, cluster) -> None:
+    """Collective: every file and folder the job writes (on rank 0) checked before the first step, so that a job
+    which could not keep its summary, timeline, checkpoints or spool stops before it trains, on every rank."""
+    outcome = None
+    if cluster.info.is_main:
+        problems = [f"{flag} {path} {reason}; {fix}." for flag, path, folder, fix in job_outputs(config)
+                    if (reason := write_error(path, folder))]
+        outcome = " ".join(problems) + " Nothing was trained." if problems else None
+    cluster.agree(outcome, "The job cannot write its outputs")
 
 
 def mean_over_ranks(per_rank: list[dict], key: str) -> float:

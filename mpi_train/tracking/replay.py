@@ -5,6 +5,11 @@
 Each spool (default: every one under mlruns/spool/) is sent in order and deleted only
 once the server has taken all of it. Running it again, or after an interruption, sends
 nothing twice (see spool.py). A spool whose job is still running is left to that job.
+
+A line cut short (a crash or a full disk while a job appended it) or overwritten holds
+no whole write: every intact line is still sent, the damaged ones are named by line
+number and byte offset, the spool is set aside as `<name>.jsonl.damaged`, and the
+command exits 2, since the runs lack what those lines held.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from ..config import redact_uri
 from ..errors import UserError, format_error
 from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, first_line
-from .store import check_uri, mlflow_client
+from .store import SERVER_SCHEMES, check_uri, mlflow_client
 
 WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
 
@@ -29,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mpi_train replay", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", default=[str(SPOOL_DIR)], metavar="SPOOL",
                         help=f"spool files (*.jsonl) or folders holding them (default: {SPOOL_DIR})")
-    parser.add_argument("--tracking-uri", help="MLflow server to send to (default: $MLFLOW_TRACKING_URI, else the one "
-                                               "each spool was written for)")
+    parser.add_argument("--tracking-uri", help="MLflow server (or database) to send to (default: "
+                                               "$MLFLOW_TRACKING_URI, else the one each spool was written for)")
     return parser
 
 
@@ -72,35 +77,59 @@ def target_uri(spool: Spool, override: str | None) -> str:
     return stored
 
 
-def replay_one(path: Path, override: str | None) -> None:
+def replay_one(path: Path, override: str | None) -> str | None:
+    """Send one spool's intact writes; what its damaged lines were, as one paragraph, or None if it had none."""
     spool = Spool(path)
     pending = len(spool)
     if not pending:
+        if spool.damaged():
+            return set_aside(spool, 0)
         spool.remove()
         print(f"{path}: nothing left to send; removed.")
-        return
+        return None
     uri = target_uri(spool, override)
-    check_uri(uri)
+    if check_uri(uri) in SERVER_SCHEMES:
+        try:
+            probe_server(uri)
+        except ServerUnreachable as error:
+            raise UserError(f"{error.what} {path} is kept ({pending} write(s) to send). Start the "
+                            f"server (`python -m mpi_train server`) or pass --tracking-uri http://HOST:PORT, and run "
+                            f"this command again.") from None
+    client = mlflow_client(uri)  # a damaged store is named here, before anything is sent
     try:
-        probe_server(uri)
-    except ServerUnreachable as error:
-        raise UserError(f"{error.what} {path} is kept ({pending} write(s) to send). Start the "
-                        f"server (`python -m mpi_train server`) or pass --tracking-uri http://HOST:PORT, and run this "
-                        f"command again.") from None
-    try:
-        sent, ids = spool.replay(mlflow_client(uri), uri)
+        sent, ids = spool.replay(client, uri)
     except Exception as error:  # noqa: BLE001 - what was sent is acknowledged; the rest waits for the next replay
         left = len(spool)
         raise UserError(f"sending {path} to {redact_uri(uri)} stopped after {pending - left} of {pending} write(s) "
                         f"({first_line(error)}). The "
                         f"spool is kept; run this command again to send the rest (nothing is sent twice).") from None
     created = f"; runs created: {', '.join(sorted(ids.values()))}" if ids else ""
-    print(f"{path}: sent {sent} write(s) to {redact_uri(uri)}{created}; removed.")
+    damaged = spool.damaged()
+    print(f"{path}: sent {sent} write(s) to {redact_uri(uri)}{created}" + ("." if damaged else "; removed."))
+    return set_aside(spool, sent) if damaged else None
+
+
+SHOWN_LINES = 5  # damaged lines named one by one; the rest are counted
+
+
+def set_aside(spool: Spool, sent: int) -> str:
+    """Once all of it that is intact was sent: the spool set aside, and its damaged lines as one paragraph."""
+    damaged = spool.damaged()
+    named = ", ".join(f"line {number} (byte {offset})" for number, offset in damaged[:SHOWN_LINES])
+    more = f" and {len(damaged) - SHOWN_LINES} more" if len(damaged) > SHOWN_LINES else ""
+    aside = spool.set_aside()
+    one = len(damaged) == 1
+    return (f"{spool.path}: {named}{more} {'is' if one else 'are'} damaged (cut short or overwritten: a crash or a "
+            f"full disk while the job wrote {'it' if one else 'them'}) and could not be sent; every intact write has "
+            f"been sent ({sent} by this replay). The job's runs lack what {'that line' if one else 'those lines'} "
+            f"held (metrics, or a run's end). The spool is kept as {aside}, which no replay picks again: delete it "
+            f"once you have looked.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     override = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    errors = []  # a paragraph per spool with damaged lines (the replay goes on with the others), then what stopped it
     try:
         files = spool_files(args.paths)
         if not files:
@@ -109,8 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if writer_is_running(path):
                 print(f"{path}: its job is still running and sends it itself; skipped.")
                 continue
-            replay_one(path, override)
+            errors += filter(None, [replay_one(path, override)])
     except UserError as error:
-        print(format_error(str(error)), file=sys.stderr)
-        return error.exit_code
-    return 0
+        errors.append(str(error))
+    for message in errors:
+        print(format_error(message), file=sys.stderr)
+    # non-zero when a line was damaged too: writes a job made are lost, which a script chaining the replay must learn
+    return UserError.exit_code if errors else 0

@@ -31,9 +31,12 @@ from pathlib import Path
 from ..errors import UserError, format_error
 from ..files import write_private
 from .probe import wait_for_server
-from .store import DEFAULT_STORE_DIR, check_store_dir
+from .store import DEFAULT_STORE_DIR, check_database, check_store_dir
 
 START_TIMEOUT_S = 120.0  # a cold start (database migrations) takes ~15 s on two cores
+# the fix for a damaged database under --root, {where} being its path
+MOVE_OR_START_ELSEWHERE = ("Move it aside (`mv {where} {where}.damaged`) and the server starts an empty one in its "
+                           "place, or pass --root with another folder.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_exposure(args.host, args.auth, args.insecure)
         check_store_dir(root, "pass --root with another folder")
+        for database in (root / "mlflow.db", *([root / "basic_auth.db"] if args.auth else [])):
+            check_database(database, MOVE_OR_START_ELSEWHERE)  # before the server starts: nothing is left running
         env, who = dict(os.environ), "none: anyone who reaches it may read and write every run"
         if args.auth:
             user, password, source = admin_credentials(root)

@@ -21,6 +21,10 @@ server for those keys are fetched and any identical row is left out.
 server came back, or it was started with --tracking-spool while the server was down) and
 deletes the spool only when all of it was taken.
 
+Damage. A crash or a full disk mid-append cuts a line short: such a line holds no whole
+record and is passed over, by number and byte offset (`read_lines`), so that every intact
+record is still sent; an append first ends a cut last line, so the new record stays whole.
+
 With --tracking-spool a job may also start while the server is unreachable: its runs
 are created with local ids (`offline-...`), which the replay maps to the ids the server
 assigns (the mapping is kept in the .acked file, so an interrupted replay resumes).
@@ -50,6 +54,7 @@ PROBE_EVERY_S = 3.0  # how often the logging path checks whether the server is b
 OFFLINE_PREFIX = "offline-"
 # a replayed run keeps its local id here, so a checkpoint naming it can be traced
 OFFLINE_ID_TAG = "mpi_train.offline_id"
+DAMAGED_SUFFIX = ".damaged"  # a spool with damaged lines, set aside once everything intact in it was sent
 
 
 def server_run_id(client, experiment_id: str, run_id: str | None) -> str | None:
@@ -157,6 +162,45 @@ def deliver(client, record: dict, history: MetricHistory | None = None) -> str |
 
 
 # ---------------------------------------------------------------------------------------------
+# Lines: a crash or a full disk mid-append leaves the last one cut short; every intact one still counts.
+
+def read_lines(path: Path, required: tuple[str, ...]) -> tuple[list[dict], list[tuple[int, int]]]:
+    """(every intact record of the JSON-lines file `path`, (line number, byte offset) of every damaged line): a line
+    that is no JSON object holding the `required` keys is damaged (cut short by a crash, or overwritten)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], []
+    records, damaged, offset = [], [], 0
+    for number, line in enumerate(data.split(b"\n"), 1):
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except ValueError:  # cut JSON, or bytes that are not UTF-8
+                record = None
+            if isinstance(record, dict) and all(key in record for key in required):
+                records.append(record)
+            else:
+                damaged.append((number, offset))
+        offset += len(line) + 1
+    return records, damaged
+
+
+def append_line(path: Path, line: str) -> None:
+    """`line` appended to `path` and on disk before returning. A cut last line (a crash mid-append) is ended first,
+    so that it stays one damaged line and the new record is whole on a line of its own."""
+    with append_private(path) as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        size = os.fstat(handle.fileno()).st_size
+        cut = False
+        if size:
+            with open(path, "rb") as reading:
+                reading.seek(size - 1)
+                cut = reading.read(1) != b"\n"
+        handle.write(("\n" if cut else "") + line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
 
 class Spool:
     """`<name>.jsonl` (records in order) and `<name>.jsonl.acked` (ids the server took, and run ids it assigned)."""
@@ -174,28 +218,24 @@ class Spool:
         self.append({"id": uuid.uuid4().hex, "uri": redact_uri(uri), **record})
 
     def append(self, record: dict) -> None:
-        with append_private(self.path) as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            handle.write(json.dumps(record) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_line(self.path, json.dumps(record))
 
     def records(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        with open(self.path) as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+        """The intact records, in order (`damaged` names the lines left out)."""
+        return read_lines(self.path, ("id", "kind"))[0]
+
+    def damaged(self) -> list[tuple[int, int]]:
+        """(line number, byte offset) of each line that holds no whole record: it cannot be sent."""
+        return read_lines(self.path, ("id", "kind"))[1]
 
     def acknowledged(self) -> tuple[set, dict]:
-        """(ids of records the server took, local run id -> server run id)."""
+        """(ids of records the server took, local run id -> server run id). A damaged line is passed over: the record
+        it acknowledged is sent again, which the server takes as once (MetricHistory, server_run_id)."""
         done, ids = set(), {}
-        if self.acked_path.exists():
-            for line in self.acked_path.read_text().splitlines():
-                if line.strip():
-                    entry = json.loads(line)
-                    done.add(entry["id"])
-                    if entry.get("run_id"):
-                        ids[entry["local_id"]] = entry["run_id"]
+        for entry in read_lines(self.acked_path, ("id",))[0]:
+            done.add(entry["id"])
+            if entry.get("run_id") and entry.get("local_id"):
+                ids[entry["local_id"]] = entry["run_id"]
         return done, ids
 
     def acknowledge(self, record: dict, created_run_id: str | None, refusal: str | None = None) -> None:
@@ -204,10 +244,7 @@ class Spool:
             entry.update(local_id=record["local_id"], run_id=created_run_id)
         if refusal:
             entry["refused"] = refusal
-        with append_private(self.acked_path) as handle:
-            handle.write(json.dumps(entry) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_line(self.acked_path, json.dumps(entry))
 
     def replay(self, client, uri: str, warn=None) -> tuple[int, dict]:
         """Send every record not yet acknowledged, in order; raises at the first outage (what was sent stays
@@ -215,7 +252,8 @@ class Spool:
 
         A record the server refuses (see `refused`) is reported through `warn` and passed
         over, so that one bad write cannot hold back the rest. Returns (records the server
-        took now, local -> server run ids). Deletes the spool once everything is acknowledged.
+        took now, local -> server run ids). Deletes the spool once everything is acknowledged,
+        unless a line of it is damaged: the replay command sets such a spool aside and says so.
         """
         done, ids = self.acknowledged()
         history, sent = MetricHistory(client), 0
@@ -234,13 +272,23 @@ class Spool:
                 ids[record["local_id"]] = created
             self.acknowledge(record, created)
             sent += 1
-        self.remove()
+        if not self.damaged():
+            self.remove()
         return sent, ids
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
         self.acked_path.unlink(missing_ok=True)
         shutil.rmtree(self.files, ignore_errors=True)
+
+    def set_aside(self) -> Path:
+        """Once every intact record is acknowledged: the spool renamed to `<name>.jsonl.damaged`, which no replay
+        picks again but a reader can look into, its acknowledgements and file copies deleted."""
+        aside = self.path.with_name(self.path.name + DAMAGED_SUFFIX)
+        os.replace(self.path, aside)
+        self.acked_path.unlink(missing_ok=True)
+        shutil.rmtree(self.files, ignore_errors=True)
+        return aside
 
     def __len__(self) -> int:
         done, _ = self.acknowledged()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import sys
 import time
 from dataclasses import dataclass
@@ -25,6 +27,11 @@ HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
 # MLflow's own "View experiment at .../#/experiments/<id>" opens its GenAI overview: we print the runs page instead
 # (links.py).
 QUIET_LINKS = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+SQLITE_DAMAGE = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB: SQLite's codes for a damaged file, or not a database's
+# the fix for a damaged store file, {where} being its path
+MOVE_OR_POINT_ELSEWHERE = ("Move it aside (`mv {where} {where}.damaged`) and MLflow starts an empty store in its "
+                           "place, or point --tracking-uri (or $MLFLOW_TRACKING_URI) at another store.")
 
 
 @dataclass(frozen=True)
@@ -42,16 +49,86 @@ class Connection:
 
 def mlflow_client(uri: str):
     """An MlflowClient for `uri` that leaves MLflow's own "View run / View experiment" lines out: its experiment link
-    opens the GenAI overview, ours the runs (links.py)."""
+    opens the GenAI overview, ours the runs (links.py). Every command opens the store here: a damaged SQLite file is
+    named as such, not left to a traceback from deep inside MLflow's start."""
+    database = sqlite_file(uri)
+    if database is not None:
+        check_database(database, MOVE_OR_POINT_ELSEWHERE)
     from mlflow import MlflowClient
 
     for variable, value in QUIET_LINKS.items():
         os.environ.setdefault(variable, value)
-    return MlflowClient(tracking_uri=uri)
+    try:
+        return MlflowClient(tracking_uri=uri)  # opens the database (and migrates its tables) now
+    except Exception as error:
+        damaged = store_damage(uri, error)
+        if damaged:
+            raise damaged from None
+        raise
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a sqlite:/// URI (sqlite:///relative/path or sqlite:////absolute/path), else None."""
+    parts = urlsplit(uri)
+    database = parts.path[1:]
+    if parts.scheme.lower() != "sqlite" or not database or database == ":memory:":
+        return None
+    return Path(database)
+
+
+def check_database(database: Path, fix: str) -> None:
+    """Raise unless `database` is missing, empty (SQLite makes a store of it) or an SQLite file whose table list
+    reads: a file overwritten by anything else would otherwise fail deep inside MLflow's start (or a server's) with a
+    long traceback. Opened read-only, so that nothing is created or changed."""
+    try:
+        with open(database, "rb") as handle:
+            head = handle.read(len(SQLITE_HEADER))
+    except OSError:  # missing, a folder or unreadable: the folder checks and MLflow say which
+        return
+    if not head:
+        return
+    if head != SQLITE_HEADER:
+        raise damaged_store(database, "it does not begin with SQLite's header, so it was overwritten or is not a "
+                                      "database at all", fix)
+    try:
+        with contextlib.closing(sqlite3.connect(database.absolute().as_uri() + "?mode=ro", uri=True)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as error:
+        code = sqlite_damage(error)
+        if code is not None:
+            raise damaged_store(database, f"SQLite cannot read its pages (error code {code})", fix) from None
+
+
+def sqlite_damage(error: BaseException) -> int | None:
+    """SQLite's error code if `error` (or what it wraps: SQLAlchemy and MLflow keep the original as the cause) says
+    the file's pages are corrupt or not a database's, else None."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, sqlite3.DatabaseError) and getattr(error, "sqlite_errorcode", None) in SQLITE_DAMAGE:
+            return error.sqlite_errorcode
+        seen.add(id(error))
+        error = getattr(error, "orig", None) or error.__cause__ or error.__context__
+    return None
+
+
+def store_damage(uri: str, error: BaseException) -> UserError | None:
+    """The one paragraph for `error`, if it is SQLite finding the store at `uri` damaged, else None."""
+    database, code = sqlite_file(uri), sqlite_damage(error)
+    if database is None or code is None:
+        return None
+    return damaged_store(database, f"SQLite cannot read its pages (error code {code})", MOVE_OR_POINT_ELSEWHERE)
+
+
+def damaged_store(database: Path, why: str, fix: str) -> UserError:
+    """The one paragraph for an MLflow store whose SQLite file is damaged."""
+    where = database.absolute()
+    return UserError(f"The MLflow store {where} is damaged: {why}. No run can be read from it or written to it. "
+                     f"{fix.format(where=where)}")
+
 
 
 def default_store_uri() -> str:
-    """The embedded store: SQLite under ./mlruns (MLflow 3 no longer accepts a folder of files)."""
+    """The embedded store: SQLite under ./mlruns (MLflow 3 takes no folder of files)."""
     return f"sqlite:///{DEFAULT_STORE_DIR}/mlflow.db"
 
 
@@ -95,9 +172,9 @@ def open_store(config: TrainConfig) -> Connection:
     uri = config.tracking_uri or default_store_uri()
     scheme = check_uri(uri)
     if scheme == "sqlite":
-        database = urlsplit(uri).path[1:]  # sqlite:///relative/path or sqlite:////absolute/path
-        if database and database != ":memory:":
-            check_store_dir(Path(database).parent, "point --tracking-uri at another sqlite:/// file")
+        database = sqlite_file(uri)
+        if database is not None:
+            check_store_dir(database.parent, "point --tracking-uri at another sqlite:/// file")
         check_store_dir(Path(DEFAULT_STORE_DIR), "point --tracking-uri at a server")  # where artifacts land
     if scheme in SERVER_SCHEMES:
         # a server that dies mid-job must not hold the job's end for minutes
@@ -123,6 +200,9 @@ def open_store(config: TrainConfig) -> Connection:
         except MlflowException:  # another job created it a moment ago
             return Connection(client, uri, client.get_experiment_by_name(config.experiment).experiment_id)
     except Exception as error:  # noqa: BLE001 - any store failure here is the user's setup
+        damaged = store_damage(uri, error)
+        if damaged:
+            raise damaged from None
         refusal = credentials_refused(str(error), uri)
         if refusal:
             raise UserError(refusal) from None

@@ -1,22 +1,26 @@
 """Experiment tracking against a real MLflow server: run structure, params, metrics, statuses, artifacts."""
 
+import contextlib
 import json
 import os
+import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import MPI_ENV, REPO, client_for, job_runs, mpirun, train, wait_for
+from conftest import MPI_ENV, REPO, client_for, free_port, job_runs, mpirun, train, wait_for
 
 from mpi_train.config import TrainConfig, redact_uri
 from mpi_train.errors import UserError
 from mpi_train.lab import mpirun as launch
 from mpi_train.tracking.sampler import HostSampler
 from mpi_train.tracking.sender import BatchSender
-from mpi_train.tracking.store import open_store
+from mpi_train.tracking.server import main as server_main
+from mpi_train.tracking.store import mlflow_client, open_store
 
 # Tests that run jobs or use the session's server are e2e; the URI, store-folder, sampler and sender checks run
 # in-process.
@@ -240,6 +244,59 @@ def test_an_unwritable_mlruns_is_refused(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="not a writable folder") as caught:
         open_store(TrainConfig())
     assert str(tmp_path / "mlruns") in str(caught.value) and "--no-tracking" in str(caught.value)
+
+
+def a_real_sqlite_file(path: Path, table: str = "notes") -> Path:
+    """An SQLite database of a few pages, written by SQLite itself."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute(f"CREATE TABLE {table} (version_num TEXT)")
+        db.executemany(f"INSERT INTO {table} VALUES (?)", [("x" * 500,) for _ in range(100)])
+        db.commit()
+    return path
+
+
+def test_a_store_overwritten_with_random_bytes_is_named_damaged_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    database = a_real_sqlite_file(tmp_path / "mlruns" / "mlflow.db")
+    database.write_bytes(os.urandom(database.stat().st_size))
+    with pytest.raises(UserError) as caught:
+        open_store(TrainConfig())  # the default store, sqlite:///mlruns/mlflow.db
+    message = str(caught.value)
+    assert f"The MLflow store {database} is damaged: it does not begin with SQLite's header" in message
+    assert f"mv {database} {database}.damaged" in message and "--tracking-uri" in message
+    assert "MLFLOW_TRACKING_URI" in message
+
+
+def test_a_store_whose_pages_are_overwritten_behind_an_intact_header_is_named_damaged(tmp_path):
+    database = a_real_sqlite_file(tmp_path / "runs.db")
+    with open(database, "r+b") as handle:
+        handle.seek(100)  # past the 100-byte file header: the table list's page
+        handle.write(random.Random(0).randbytes(4000))  # random, the same each run
+    with pytest.raises(UserError, match="SQLite cannot read its pages") as caught:
+        mlflow_client(f"sqlite:///{database}")
+    assert f"The MLflow store {database} is damaged" in str(caught.value)
+
+
+def test_a_store_damaged_past_the_pages_the_check_reads_is_named_damaged_where_mlflow_opens_it(tmp_path):
+    database = a_real_sqlite_file(tmp_path / "runs.db", "alembic_version")  # the first table MLflow reads
+    size = database.stat().st_size
+    with open(database, "r+b") as handle:
+        handle.seek(4096)  # every page but the first, which holds the header and the table list
+        handle.write(random.Random(0).randbytes(size - 4096))
+    with pytest.raises(UserError, match="SQLite cannot read its pages") as caught:
+        mlflow_client(f"sqlite:///{database}")  # SQLite's own error, raised from inside MLflow's start
+    assert f"The MLflow store {database} is damaged" in str(caught.value)
+
+
+def test_the_server_command_names_a_damaged_store_and_starts_no_server(tmp_path, capsys):
+    root = tmp_path / "mlruns"
+    root.mkdir()
+    (root / "mlflow.db").write_bytes(os.urandom(8192))
+    assert server_main(["--root", str(root), "--port", str(free_port())]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"The MLflow store {root / 'mlflow.db'} is damaged" in error and "--root" in error
+    assert "Traceback" not in error
 
 
 def test_host_sampler_names_metrics_like_mlflow_and_respects_its_interval():

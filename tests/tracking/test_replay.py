@@ -1,0 +1,88 @@
+"""`python -m mpi_train replay` on real spool files with damaged lines, sent to a real SQLite MLflow store, in one
+process: every intact write arrives once, each damaged line is named, the exit status says something was lost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpi_train.tracking.replay import main as replay_main
+from mpi_train.tracking.spool import Spool, batch_record, deliver
+from mpi_train.tracking.store import mlflow_client
+
+EXPERIMENT = "replayed"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A real SQLite store (MLflow creates its tables once per module: seconds), its URI and client."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    client = mlflow_client(uri)
+    client.create_experiment(EXPERIMENT)
+    return uri, client
+
+
+def new_run(client) -> str:
+    return client.create_run(client.get_experiment_by_name(EXPERIMENT).experiment_id).info.run_id
+
+
+def loss_at(run_id: str, step: int) -> dict:
+    from mlflow.entities import Metric
+
+    return batch_record(run_id, [Metric("loss", 1.0 / step, 1000 * step, step)])
+
+
+def losses(client, run_id: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, "loss"))
+
+
+def test_a_cut_last_line_is_named_and_every_intact_write_before_it_is_sent(store, tmp_path, capsys):
+    uri, client = store
+    run_id = new_run(client)
+    spool = Spool(tmp_path / "job.jsonl")
+    for step in (1, 2, 3):
+        spool.add(loss_at(run_id, step), uri)
+    intact_bytes = spool.path.stat().st_size
+    with open(spool.path, "a") as handle:  # a crash (or a full disk) halfway through appending the fourth
+        handle.write(json.dumps({"id": "cut", "uri": uri, **loss_at(run_id, 4)})[:60])
+    assert replay_main([str(spool.path), "--tracking-uri", uri]) == 2
+    assert losses(client, run_id) == [1, 2, 3]
+    out, err = capsys.readouterr()
+    error = " ".join(err.split())
+    assert f"{spool.path}: sent 3 write(s)" in out and "Traceback" not in err and err.count("error:") == 1
+    assert f"{spool.path}: line 4 (byte {intact_bytes}) is damaged" in error and "every intact write" in error
+    assert f"kept as {spool.path}.damaged" in error
+    assert not spool.path.exists() and not spool.acked_path.exists()
+    assert (tmp_path / "job.jsonl.damaged").read_bytes()[intact_bytes:].startswith(b'{"id": "cut"')
+    assert replay_main([str(tmp_path), "--tracking-uri", uri]) == 0  # set aside: not picked, nor sent, again
+    assert losses(client, run_id) == [1, 2, 3]
+
+
+def test_a_cut_last_acknowledgement_sends_its_write_again_and_the_store_keeps_it_once(store, tmp_path):
+    uri, client = store
+    run_id = new_run(client)
+    spool = Spool(tmp_path / "job.jsonl")
+    for step in (1, 2):
+        spool.add(loss_at(run_id, step), uri)
+    first, second = spool.records()
+    deliver(client, first)
+    spool.acknowledge(first, None)
+    deliver(client, second)  # taken by the store, and the job died writing its acknowledgement
+    with open(spool.acked_path, "a") as handle:
+        handle.write(json.dumps({"id": second["id"]})[:10])
+    assert spool.acknowledged()[0] == {first["id"]}
+    assert replay_main([str(spool.path), "--tracking-uri", uri]) == 0
+    assert losses(client, run_id) == [1, 2]  # each once
+    assert not spool.path.exists() and not spool.acked_path.exists()
+
+
+def test_a_write_appended_after_a_cut_line_stays_whole_on_a_line_of_its_own(tmp_path):
+    spool = Spool(tmp_path / "job.jsonl")
+    spool.add(loss_at("run", 1), "http://127.0.0.1:5000")
+    cut_at = spool.path.stat().st_size
+    with open(spool.path, "a") as handle:
+        handle.write('{"id": "half", "kind": "log_ba')
+    spool.add(loss_at("run", 3), "http://127.0.0.1:5000")  # the guard appends the job's end after rank 0 died
+    assert [record["metrics"][0]["step"] for record in spool.records()] == [1, 3]
+    assert spool.damaged() == [(2, cut_at)]
