@@ -1,51 +1,58 @@
-"""Preemption and time limits: SIGUSR1 asks the job to checkpoint at the next step boundary and exit for requeue.
+"""What the ranks decide together at every step boundary, in one small all-reduce: whether to stop for requeue
+(SIGUSR1), and whether training has diverged (a loss or weights gone inf or NaN).
 
+Preemption and time limits: SIGUSR1 asks the job to checkpoint at the next step boundary and exit for requeue.
 Slurm sends it ahead of a job's time limit or preemption (slurm/train.sbatch asks for it with
 --signal=USR1@SECONDS); srun passes it to every task and mpirun to every rank. A rank may get it
 in the middle of a step, and ranks at different moments, so each rank only notes it and at every
-step boundary the ranks agree (a one-number all-reduce: any rank's note counts for all). Then
-every rank has trained the same steps: the job writes a checkpoint there, records its MLflow
-run as KILLED with the reason in a tag, and exits with REQUEUE_EXIT. The batch script requeues
-the job on that status, and the requeued job continues the same run with --resume auto.
+step boundary the ranks agree (any rank's note counts for all). Then every rank has trained the
+same steps: the job writes a checkpoint there, records its MLflow run as KILLED with the reason in
+a tag, and exits with REQUEUE_EXIT. The batch script requeues the job on that status, and the
+requeued job continues the same run with --resume auto. Only a job with --checkpoint-dir listens
+(it has somewhere to go on from); elsewhere SIGUSR1 keeps its default action.
 
-Only a job with --checkpoint-dir listens (it has somewhere to go on from); elsewhere SIGUSR1
-keeps its default action.
+Divergence: a rate too high for the model makes the loss, then the weights, overflow to inf or NaN, and training
+would go on computing NaNs. The ranks hold different losses (their own batches) and, under the model-averaging
+methods, different weights, so each rank puts its loss and the norm of the weights it holds into the same
+all-reduce, and a value that is not finite on any rank stops every rank at the same step, before that step is
+logged or checkpointed: the last checkpoint holds finite weights.
+
+The host does not wait for the GPU to learn the outcome (as clock.StepClock does not): on a GPU a step's outcome is
+copied back behind its work and read at the next step boundary, unless the host waits for that step anyway (it
+logs, checks, scores or checkpoints it). On CPUs the all-reduce answers at once.
 """
 
 from __future__ import annotations
 
+import math
 import signal
+import statistics
 import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.nn.utils import get_total_norm
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL: stopped to be run again, from its checkpoint
 SIGNAL = signal.SIGUSR1
 
 
 class Preemption:
-    """Whether SIGUSR1 has reached any rank, asked once a step (collective)."""
+    """Whether SIGUSR1 has reached this rank (StepAgreement shares it with the others)."""
 
-    def __init__(self, listening: bool, world_size: int, device: torch.device):
+    def __init__(self, listening: bool, world_size: int):
         self.listening = listening and threading.current_thread() is threading.main_thread()
-        self.world_size, self.device = world_size, device
+        self.world_size = world_size
         self.received = False
         if self.listening:
             self.previous = signal.signal(SIGNAL, self._note)
 
     def _note(self, number, frame) -> None:
         self.received = True
-
-    def agreed(self) -> bool:
-        """True on every rank once any rank has received the signal; collective when listening."""
-        if not self.listening:
-            return False
-        if self.world_size == 1:
-            return self.received
-        flag = torch.tensor([1.0 if self.received else 0.0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
 
     def leave_together(self) -> None:
         """Collective, once the run's end is recorded: from here a launcher's SIGTERM is ignored, so that srun
@@ -59,3 +66,112 @@ class Preemption:
         if self.listening:
             signal.signal(SIGNAL, self.previous)
             self.listening = False
+
+
+def held_norm(weights: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of the weights this rank holds (a DTensor's own shard): inf or NaN when any weight is, as
+    torch's clip_grad_norm_ tells a non-finite gradient, in a few fused kernels and without a wait. Finite weights
+    whose squares' sum overflows float32 (one weight of about 1e19) read as not finite too: no model trains there."""
+    return get_total_norm([weight.to_local() if isinstance(weight, DTensor) else weight for weight in weights])
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first step whose loss or weights were not finite on some rank, as every rank agreed."""
+
+    step: int
+    loss_ranks: tuple[int, ...]  # ranks whose loss at `step` was inf or NaN
+    weight_ranks: tuple[int, ...]  # ranks whose weights the step's update left inf or NaN
+    losses: tuple[float, ...]  # every rank's loss at `step`
+    last_finite: tuple[int, float] | None  # the last step read whose losses were all finite, and their mean
+
+    @property
+    def first_rank(self) -> int:
+        return min(self.loss_ranks + self.weight_ranks)
+
+    def message(self, lr: float, warmup_steps: int, checkpointing: bool = False, latest: Path | None = None) -> str:
+        """The paragraph every rank raises: what went inf or NaN where, the last finite loss, what is kept, what to
+        try. `checkpointing`: the job has a --checkpoint-dir; `latest`: the newest checkpoint there, if any."""
+        seen = []
+        if self.loss_ranks:
+            values = ", ".join(sorted({str(self.losses[rank]) for rank in self.loss_ranks}))
+            seen.append(f"the loss was {values} on rank(s) {', '.join(map(str, self.loss_ranks))}")
+        if self.weight_ranks:
+            seen.append(f"the step's update left weights that are inf or NaN on rank(s) "
+                        f"{', '.join(map(str, self.weight_ranks))}")
+        if not self.loss_ranks:
+            last = f" (its loss, averaged over the ranks, was still finite: {statistics.fmean(self.losses):.6g})"
+        elif self.last_finite:
+            last = (f" (the last finite loss, averaged over the ranks, was {self.last_finite[1]:.6g} at step "
+                    f"{self.last_finite[0]})")
+        else:
+            last = " (this job's first step, with no finite loss before it)"
+        kept = ""
+        if checkpointing and latest:
+            kept = (f"; no checkpoint holds its weights, and those before it are kept (the latest: {latest}; "
+                    f"resume only from one taken before the loss began to climb)")
+        elif checkpointing:
+            kept = ", before its first checkpoint"
+        return (f"training diverged at step {self.step}: {' and '.join(seen)}{last}. Every rank stopped{kept}. "
+                f"Most often the rate is too high for this model and batch: try a lower --lr (this job's peak rate "
+                f"is {lr:g}), a longer --warmup-steps (this job's: {warmup_steps}), or --optimizer adamw, whose "
+                f"steps do not grow with the gradient (this training loop does not clip gradients).")
+
+
+class StepAgreement:
+    """SIGUSR1 and the finiteness of every rank's step, agreed in one all-reduce a step (collective).
+
+    `signalled` and `diverged` hold what has been read so far; every rank reads the same steps at the same
+    boundary, so they agree."""
+
+    def __init__(self, preemption: Preemption, rank: int, world_size: int, device: torch.device,
+                 lagged: bool | None = None):
+        self.preemption, self.rank, self.world_size, self.device = preemption, rank, world_size, device
+        self.lagged = device.type == "cuda" if lagged is None else lagged  # a step read once the next is posted
+        self.pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None]] = []  # (step, values, copied back)
+        self.signalled = False  # SIGUSR1 reached some rank
+        self.diverged: Divergence | None = None
+        self.last_finite: tuple[int, float] | None = None  # step and mean loss of the last step read all finite
+
+    def post(self, step: int, loss: torch.Tensor, weights: Iterable[torch.Tensor]) -> None:
+        """Share this step's signal, loss and weights' norm (collective; no weights: a norm of 0, not checked).
+        Values: [signal, loss of rank 0, norm of rank 0, loss of rank 1, ...], each rank filling its own and zeros
+        elsewhere, summed: adding zeros is exact, so an inf or NaN stays in the slot of the rank that had it."""
+        values = torch.zeros(1 + 2 * self.world_size, dtype=torch.float32, device=self.device)
+        if self.preemption.received:
+            values[0] = 1.0
+        values[1 + 2 * self.rank:3 + 2 * self.rank] = torch.stack([loss.detach().float(),
+                                                                  held_norm(weights).float().to(self.device)])
+        if self.world_size > 1:
+            dist.all_reduce(values)
+        copied = None
+        if self.device.type == "cuda":  # behind the step's work on its stream: read without waiting for later steps
+            values = torch.empty(values.shape, dtype=values.dtype, pin_memory=True).copy_(values, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        self.pending.append((step, values, copied))
+
+    def read(self, wait: bool) -> None:
+        """Take in the outcomes of the steps posted: all of them when `wait`, else (lagged) all but the newest. A
+        signal read a step late takes in the newest too: the job checkpoints that step, so its outcome must be
+        known first."""
+        ready = self.pending if wait or not self.lagged else self.pending[:-1]
+        self.pending = self.pending[len(ready):]
+        for step, values, copied in ready:
+            if copied is not None:
+                copied.synchronize()
+            self._take(step, values.tolist())
+        if self.signalled and self.pending:
+            self.read(wait=True)
+
+    def _take(self, step: int, values: list[float]) -> None:
+        self.signalled = self.signalled or values[0] > 0
+        if self.diverged:  # the first divergence is the one to report
+            return
+        losses, norms = values[1::2], values[2::2]
+        loss_ranks = tuple(rank for rank, loss in enumerate(losses) if not math.isfinite(loss))
+        weight_ranks = tuple(rank for rank, norm in enumerate(norms) if not math.isfinite(norm))
+        if not loss_ranks:
+            self.last_finite = (step, statistics.fmean(losses))
+        if loss_ranks or weight_ranks:
+            self.diverged = Divergence(step, loss_ranks, weight_ranks, tuple(losses), self.last_finite)

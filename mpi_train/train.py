@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import advice, preemption, tracking
-from .checkpoint import Checkpointer, Position, Resume, load_for_resume, restore_rank_state
+from .checkpoint import Checkpointer, Position, Resume, list_checkpoints, load_for_resume, restore_rank_state
 from .clock import StepClock
 from .cluster import Cluster
 from .config import RESUME_AUTO, JobInfo, TrainConfig
@@ -29,9 +29,9 @@ from .memory import count_peak_from_here, held_bytes
 from .netmodel import JobModel, bytes_sent_per_sync, job_model, layout_params
 from .netmodel.memory import predict_memory
 from .optimizers import OPTIMIZERS, state_slots
-from .preemption import REQUEUE_EXIT, Preemption
+from .preemption import REQUEUE_EXIT, Divergence, Preemption, StepAgreement
 from .randomness import seed_rank_streams
-from .reporter import PHASES, Reporter, SilentReporter
+from .reporter import PHASES, Reporter, SilentReporter, check_outputs
 from .sync import SYNC_METHODS, SyncMethod, backend_error, label
 from .throughput import Throughput
 from .timeline import Alignment, StepRecorder, align_clocks, step_events
@@ -117,6 +117,7 @@ class Job:
     checkpoints: Checkpointer
     resume: Resume | None
     preemption: Preemption  # SIGUSR1: checkpoint at the next step boundary and stop for requeue
+    agreement: StepAgreement  # what every rank decides alike after each step: SIGUSR1, a loss or weights gone inf/NaN
     connection: tracking.Connection | None
     fault: Any
     slow: Any  # a simulated straggler ($MPI_TRAIN_SLOW), or nothing
@@ -164,6 +165,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     `advised`: the advice --sync auto followed (advice.resolve), reported with the job."""
     info = cluster.info
     config.validate(info.world_size)
+    check_outputs(config, cluster)  # rank 0 checks every path the job writes, before any work
     connection = tracking.connect(config, cluster)  # rank 0 checks the tracking store now, before any work
     fault = injected()  # a no-op unless a test names a failure to inject
     slow = slowed()  # and a no-op unless a test or demo names a rank to slow down
@@ -219,9 +221,10 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
                        "world_size": resume.world_size} if resume else None),
         advice=advised, data_path=loaders.describe(),
     )
-    preemption = Preemption(config.checkpoint_dir is not None, info.world_size, device)
+    preemption = Preemption(config.checkpoint_dir is not None, info.world_size)
+    agreement = StepAgreement(preemption, info.rank, info.world_size, device)
     return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, loaders.train, loaders.sampler,
-               loaders.test, checkpoints, resume, preemption, connection, fault, slow, recorder, alignments,
+               loaders.test, checkpoints, resume, preemption, agreement, connection, fault, slow, recorder, alignments,
                bytes_sent_per_sync(method, model, list(cluster.hosts), info.rank), memory_before)
 
 
@@ -277,7 +280,8 @@ def train_step(job: Job, batches, clock: StepClock, step: int, rank: int,
 
 
 class AfterStep:
-    """Everything a finished step may owe: the replica check, the phase totals, the logged step, the checkpoint.
+    """Everything a finished step may owe: the ranks' agreement (a stop for requeue, or for divergence), the replica
+    check, the phase totals, the logged step, the checkpoint.
 
     `after_warmup` leaves out the job's first --timing-warmup-steps, as the course's timing convention asks."""
 
@@ -289,21 +293,39 @@ class AfterStep:
         self.first_step = job.resume.position.step if job.resume else 0
         self.final_checkpoint: dict | None = None  # the last step's, taken at its boundary (rank 0)
         self.requeued: str | None = None  # why the job stopped early to be requeued
+        self.diverged: Divergence | None = None  # the step whose loss or weights went inf or NaN, if one did
 
     def __call__(self, position: Position, loss: torch.Tensor, lr: float, read: list[tuple[int, dict]]) -> bool:
-        """True when the job stops here for requeue (preemption.py). `read`: the phase times of the steps the clock
-        has read (on a GPU, the step before this one); a logged step reads this one's too."""
+        """True when the job stops here: for requeue (preemption.py), or because training diverged. `read`: the
+        phase times of the steps the clock has read (on a GPU, the step before this one); a logged step reads this
+        one's too."""
         config, step, total_steps = self.config, position.step, self.job.info.total_steps
-        if config.check_every and step % config.check_every == 0:
-            check_replicas_agree(self.cluster, self.job.method.replicated(self.job.model), f"at step {step}")
+        checked = bool(config.check_every and step % config.check_every == 0)
         logged = step % config.log_every == 0 or step == total_steps or step % self.job.info.steps_per_epoch == 0
+        scored = bool(config.eval_every and step % config.eval_every == 0)
+        due = self.job.checkpoints.due(step, total_steps)
+        # Every rank's loss, and SIGUSR1, in one all-reduce a step. On a GPU its answer is read a step late, unless
+        # the host waits for this step anyway: no step gone inf or NaN is logged, checked, scored or checkpointed,
+        # and every rank stops at the same step. A step that is checkpointed shares its weights' norm too, so that
+        # no checkpoint holds weights an update left inf or NaN with the loss still finite; elsewhere the next
+        # step's loss tells, and a norm over every weight each step would cost a large model more than it saves.
+        # The weights are those the optimizer steps: zero's model takes in its updated shard in the next forward.
+        agreement = self.job.agreement
+        weights = [param for group in self.job.optimizer.param_groups for param in group["params"]] if due else []
+        agreement.post(step, loss, weights)
+        agreement.read(wait=logged or checked or scored or due)
+        if agreement.diverged:
+            self.diverged = agreement.diverged
+            return True
+        if checked:
+            check_replicas_agree(self.cluster, self.job.method.replicated(self.job.model), f"at step {step}")
         self.count(read + (self.clock.drain() if logged else []))
         if logged:
             per_rank = self.cluster.gather({"loss": loss.item(), **self.window.means(), **self.tracker.host_sample(),
                                             **self.job.method.figures(), "steps": self.job.recorder.take()})
             self.reporter.log_step(position.epoch, step, total_steps, per_rank, lr=lr)
             self.window = PhaseTotals()
-        if self.job.checkpoints.due(step, total_steps):
+        if due:
             taken = self.job.checkpoints.capture(self.job.model, self.job.optimizer, self.job.method, position,
                                                  self.tracker.parent_id, self.tracker.unsent())
             if step < total_steps:
@@ -312,8 +334,8 @@ class AfterStep:
                 self.tracker.commit()
             else:  # the end's: written once evaluated, so a relaunch with --resume auto has nothing to do
                 self.final_checkpoint = taken
-        if step < total_steps and self.job.preemption.agreed():  # SIGUSR1 on some rank: stop here, checkpointed
-            if not self.job.checkpoints.due(step, total_steps):
+        if step < total_steps and agreement.signalled:  # SIGUSR1 on some rank: stop here, checkpointed
+            if not due:
                 self.job.checkpoints.save(self.job.model, self.job.optimizer, self.job.method, position,
                                           self.tracker.parent_id, self.tracker.unsent())
                 self.tracker.commit()
@@ -332,6 +354,13 @@ class AfterStep:
     def drain(self) -> None:
         """The steps the clock has not read yet (the last one, on a GPU), before the run's figures are made."""
         self.count(self.clock.drain())
+
+    def divergence_message(self) -> str:
+        """The paragraph that ends a diverged job: the step, the ranks, the last finite loss, the checkpoint kept."""
+        settings, folder = self.config.optimizer_settings, self.job.checkpoints.folder
+        latest = list_checkpoints(folder)[-1:] if folder else []
+        return self.diverged.message(settings.lr, settings.warmup_steps, folder is not None,
+                                     latest[0] if latest else None)
 
 
 def run(config: TrainConfig, cluster: Cluster) -> int:
@@ -395,7 +424,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
                         and step_in_epoch < job.info.steps_per_epoch):  # (an epoch's end is scored below)
                     with progress.evaluating():
                         reporter.log_eval(step, *score(job, cluster), position.elapsed_s, sent)
-            if after_step.requeued:
+            if after_step.requeued or after_step.diverged:
                 break
 
             if step >= total_steps and job.method.finish(job.model):  # the ranks' models made one, if they were not
@@ -408,7 +437,11 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             reporter.log_epoch(epoch, step, test_loss, test_accuracy, time.perf_counter() - epoch_started)
             reporter.log_eval(step, test_loss, test_accuracy, elapsed, sent, epoch_end=True)
 
-        if after_step.requeued:
+        if after_step.diverged:
+            cluster.liveness.close()
+            message = after_step.divergence_message()
+            tracker.diverged(after_step.diverged.step, after_step.diverged.first_rank, message)
+        elif after_step.requeued:
             cluster.liveness.close()
             tracker.requeue(after_step.requeued)
             if cluster.info.is_main:
@@ -441,4 +474,6 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         job.preemption.leave_together()
     job.preemption.close()
     dist.destroy_process_group()
+    if after_step.diverged:  # every rank raises it alike, its runs already FAILED: rank 0 prints it, exit status 2
+        raise UserError(message)
     return REQUEUE_EXIT if after_step.requeued else 0

@@ -1,9 +1,14 @@
 """End-to-end: real `mpirun` jobs training on small data; results checked against each other."""
 
+import re
+from pathlib import Path
+
 import pytest
+import torch
 from conftest import losses, mpirun, train, train_several
 from disk_formats import write_cifar10_folders, write_mnist
 
+from mpi_train.checkpoint import KEEP_LAST, list_checkpoints
 from mpi_train.sync import GRADIENTS, SYNC_METHODS
 from mpi_train.sync.base import REPLICATED
 
@@ -167,7 +172,8 @@ QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "
 
 @pytest.fixture(scope="module")
 def np2(tmp_path_factory):
-    """Short jobs at np 2, all in one mpirun: two identical ones, two seeds, MNIST's IDX files, several epochs."""
+    """Short jobs at np 2, all in one mpirun: two identical ones, two seeds, MNIST's IDX files, several epochs, and
+    one whose rate makes it diverge (last: it ends with its message in place of a summary)."""
     tmp = tmp_path_factory.mktemp("np2")
     write_mnist(tmp / "data", train=256, test=64)
     return train_several(2, tmp, {
@@ -176,6 +182,8 @@ def np2(tmp_path_factory):
         "mnist": ["--dataset", "mnist", "--data-dir", str(tmp / "data"), "--batch-size", "64", "--log-every", "1",
                   "--no-tracking"],
         "epochs": [*QUICK, "--synthetic-size", "256", "--epochs", "3", "--log-every", "100"],
+        "diverged": [*QUICK, "--max-steps", "8", "--lr", "1e6", "--checkpoint-dir", str(tmp / "diverged"),
+                     "--checkpoint-every", "1"],
     })
 
 
@@ -197,6 +205,18 @@ def test_max_steps_and_epochs_bound_the_run(np2):
     summary = np2["epochs"]
     assert summary["total_steps"] == 12 and [s["step"] for s in summary["steps"]] == [4, 8, 12]
     assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]
+
+
+def test_a_diverging_job_stops_at_that_step_keeping_only_finite_checkpoints(np2):
+    message = np2["diverged"]["error"]
+    step = int(re.match(r"training diverged at step (\d+): ", message).group(1))
+    assert 1 < step < 8 and "on rank(s) 0, 1" in message and "--lr (this job's peak rate is 1e+06)" in message
+    latest = Path(re.search(r"\(the latest: (\S+);", message).group(1))
+    kept = list_checkpoints(latest.parent)  # the last three written, each before the step that diverged
+    assert latest.parent.name == "diverged" and kept[-1] == latest
+    assert [int(path.stem.removeprefix("step-")) for path in kept] == list(range(max(1, step - KEEP_LAST), step))
+    for path in kept:  # nothing with weights gone inf or NaN was written
+        assert all(torch.isfinite(value).all() for value in torch.load(path)["model_state"].values()), path
 
 
 def test_cifar10_image_folders_train_vgg11_on_four_ranks(tmp_path):

@@ -38,8 +38,9 @@ WORLD_SIZE_TAG, LEFT_TAG = "mpi_train.world_size", "mpi_train.left"
 # under --resume auto, beside the checkpoints: the run the job opened, which an attempt relaunched before the first
 # checkpoint (so with nothing to resume) continues
 RUN_FILE = "mlflow-run.json"
+DIVERGED_TAG = "mpi_train.diverged"  # the step whose loss or weights went inf or NaN (preemption.py)
 FAILURE_TAGS = ("mpi_train.failed_rank", "mpi_train.failed_host", "mpi_train.error", "mpi_train.killed_by",
-                "mpi_train.unreachable_hosts", "mpi_train.unreachable_ranks", "mpi_train.requeued")
+                "mpi_train.unreachable_hosts", "mpi_train.unreachable_ranks", "mpi_train.requeued", DIVERGED_TAG)
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
 PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size",
           "batch_size_per_rank", "model", "dataset", "optimizer", "lr", "momentum", "weight_decay", "lr_schedule",
@@ -423,6 +424,11 @@ class MlflowTracker(NullTracker):
     def requeue(self, reason: str) -> None:
         self.commit()
         self.end("KILLED", tags={"mpi_train.requeued": reason})
+
+    def diverged(self, step: int, rank: int, message: str) -> None:
+        """Ended as a failure of `rank`, with `message` in place of a traceback (no bug to trace)."""
+        self.end("FAILED", tags={DIVERGED_TAG: str(step)},
+                 failure={"rank": rank, "host": self.hosts[rank], "traceback": message})
 
     def log_artifact(self, path, folder: str) -> None:
         self.client.log_artifact(self.parent_id, str(path), folder)

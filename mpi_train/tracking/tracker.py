@@ -61,6 +61,9 @@ class NullTracker:
         """Send what `unsent` stored in the checkpoint this job resumes."""
     def requeue(self, reason: str) -> None:
         """The job stops early to be requeued (preemption.py): its runs end KILLED, `reason` in a tag."""
+    def diverged(self, step: int, rank: int, message: str) -> None:
+        """Training diverged at `step`, first seen on `rank` (preemption.py): its runs end FAILED, the step in a tag,
+        `message` as the error."""
     def save_weights(self, state: dict) -> None: ...
     def log_artifact(self, path, folder: str) -> None: ...
 
