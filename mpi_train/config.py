@@ -54,11 +54,12 @@ class TrainConfig:
     advice: str | None = _opt(None, f"with --sync auto: the advice to follow, a JSON of python -m mpi_train advise or "
                               f"a folder of them (default: the newest for this job's setting under {ADVICE_DIR}/)",
                               metavar="PATH")
-    bucket_mb: float = _opt(25.0, "bucket size in megabytes for --sync bucketed: smaller buckets start communicating "
-                            "earlier in backward, larger ones make fewer calls")
+    bucket_mb: float = _opt(25.0, "bucket size in megabytes for --sync bucketed and zero: smaller buckets start "
+                            "communicating earlier in backward, larger ones make fewer calls")
     compression: str = _opt("none", "what the sync method's messages carry: none (float32), fp16 or bf16 (half the "
-                            "bytes), powersgd (rank-r factors of each gradient matrix); for allreduce, flat, bucketed, "
-                            "ring, hierarchical", choices="compression")
+                            "bytes), powersgd (rank-r factors of each gradient matrix); taken by allreduce, flat, "
+                            "bucketed, ring, hierarchical, localsgd and diloco, and by zero (fp16, bf16)",
+                            choices="compression")
     powersgd_rank: int = _opt(2, "rank r of PowerSGD's factors (--compression powersgd, ddp_powersgd): an n x m "
                               "gradient travels as (n + m)·r numbers")
     powersgd_start_step: int = _opt(100, "steps of plain (uncompressed) averaging before PowerSGD starts "
@@ -70,8 +71,9 @@ class TrainConfig:
                                         "step alone (post-local SGD; default 0)")
     host_period: int | None = _opt(None, "localsgd, diloco across hosts: also average the models of each host's ranks "
                                    "every this many steps, over their local link (two levels; default 0: off)")
-    local_momentum: str | None = _opt(None, "localsgd, diloco: what an average does to each rank's SGD momentum: "
-                                      "keep it (default), average it too (as many bytes again) or reset it",
+    local_momentum: str | None = _opt(None, "localsgd, diloco: what an average does to each rank's optimizer "
+                                      "state (SGD's momentum, AdamW's moments): keep it (default), average it too (as "
+                                      "many bytes again) or reset it",
                                       choices=MOMENTUM)
     overlap: bool = _opt(False, "localsgd, diloco: send each average in the background while the next period computes, "
                          "and merge it one period late as a correction (the rank keeps its own progress since); the "
@@ -126,13 +128,14 @@ class TrainConfig:
     weight_decay: float | None = _opt(None, "weight decay (default: the model's: 5e-4 for the image models with sgd, 0 "
                                       "for gpt; adamw elsewhere 0.01)")
     seed: int = _opt(42, "seed of the model's initial weights (the same on every rank) and of the data order; "
-                     "augmentation and dropout draw from (seed, rank)")
+                     "dropout draws from (seed, rank), augmentation from (seed, rank, epoch)")
 
     # Learning-rate schedule and timing warm-up (the course's plain SGD: --lr-schedule constant --warmup-steps 0).
     lr_schedule: str = _opt("cosine", "learning rate after warm-up: constant, cosine decay to 0 over the run, or step "
                             "(divided by 10 at 50%% and 75%% of it)", choices=LR_SCHEDULES)
     warmup_steps: int | None = _opt(None, "steps over which the learning rate ramps linearly up to --lr (default: the "
-                                    "model's, 20)")
+                                    "model's: 20 for vgg11 and any model without its own, 40 for mnist_cnn, 50 for "
+                                    "gpt)")
     timing_warmup_steps: int = _opt(1, "first steps of the job left out of the reported mean step times (the whole-run "
                                     "means are reported too)")
 
@@ -159,9 +162,9 @@ class TrainConfig:
 
     # Output.
     log_every: int = _opt(20, "print the loss averaged over all ranks every N steps")
-    eval_every: int | None = _opt(None, "also score the test set every N steps (with the job's wall time and the "
-                                  "megabytes each rank has sent so far: time and bytes to accuracy); default: at "
-                                  "each epoch's end only", metavar="N")
+    eval_every: int | None = _opt(None, "also score the test set every N steps (with the wall time spent training so "
+                                  "far, evaluations left out, and the megabytes rank 0 has sent: time and bytes to "
+                                  "accuracy); default: at each epoch's end only", metavar="N")
     summary_json: str | None = _opt(None, "rank 0 writes the config, losses, timings and test results here")
     timeline: bool = _opt(False, "record where every step's time goes on every rank (phases, gradients, messages) as a "
                           "Chrome-trace JSON and a swimlane PNG under --timeline-dir, also logged to MLflow")
@@ -306,12 +309,14 @@ class TrainConfig:
                             f"text, which is always held resident (a uint8 tensor of its bytes). Drop --loader.")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}.")
+        if self.reshard and self.batch_size % (world_size * self.accumulate):
+            raise UserError(self.reshard_split_error(world_size))
         if self.batch_size % world_size:
-            lower = self.batch_size - self.batch_size % world_size
+            lower = max(world_size, self.batch_size - self.batch_size % world_size)
             raise UserError(
                 f"--batch-size {self.batch_size} is the global batch and must split evenly across "
                 f"the {world_size} ranks of this job. Use a multiple of {world_size} "
-                f"(e.g. {lower or world_size} or {lower + world_size}), or change the number of ranks."
+                f"(e.g. {lower} or {lower + world_size}), or change the number of ranks."
             )
         if self.batch_size % (world_size * self.accumulate):
             share = world_size * self.accumulate
@@ -321,6 +326,26 @@ class TrainConfig:
                 f"which they do not make. Use a --batch-size that is a multiple of {share} (ranks x K), e.g. "
                 f"{max(share, self.batch_size - self.batch_size % share)}, or another --accumulate."
             )
+
+    def reshard_split_error(self, world_size: int) -> str:
+        """Why the global batch does not split across this job's ranks under --reshard, and fixes that work: the
+        checkpoint continues only with the global batch it was written with, so a multiple of the ranks is a fix
+        only for a job started afresh."""
+        share = world_size * self.accumulate
+        lower = max(share, self.batch_size - self.batch_size % share)
+        ranks = ranks_advice(self.batch_size, world_size, self.accumulate)
+        into = f" in {self.accumulate} micro-batches each (--accumulate)" if self.accumulate > 1 else ""
+        fixes = [f"relaunch on {ranks}, which split it"] if ranks else []
+        if self.accumulate > 1 and not self.batch_size % world_size:
+            fixes.append(f"keep the ranks with an --accumulate that divides each rank's "
+                         f"{self.batch_size // world_size} samples")
+        elsewhere = " in another --checkpoint-dir" if self.checkpoint_dir else ""
+        fixes.append(f"start afresh: drop --resume and --reshard and use a --batch-size that is a multiple of {share} "
+                     f"(e.g. {lower} or {lower + share}){elsewhere}")
+        advice = "; or ".join(fixes)
+        return (f"--reshard continues a checkpoint with the global batch it was written with, and --batch-size "
+                f"{self.batch_size} does not split evenly across the {world_size} ranks of this job{into}. "
+                f"{advice[0].upper()}{advice[1:]}.")
 
     def validate_model(self) -> tuple[int, ...]:
         """The model's flags: gpt's sizes in range, and a model that resolves and takes the data set's samples. Returns
@@ -412,6 +437,22 @@ class TrainConfig:
     def micro_batch(self, world_size: int) -> int:
         """What each rank's forward and backward take at once: its share over --accumulate."""
         return self.per_rank(world_size) // self.accumulate
+
+
+def ranks_that_split(batch_size: int, world_size: int, accumulate: int = 1) -> list[int]:
+    """The rank counts nearest `world_size`, the next fewer and the next more, across which `batch_size` splits into
+    equal shares of `accumulate` equal micro-batches: where a job that keeps its global batch (--reshard) can run."""
+    fits = [ranks for ranks in range(1, batch_size // accumulate + 1) if not batch_size % (ranks * accumulate)]
+    return [ranks for ranks in fits if ranks < world_size][-1:] + [ranks for ranks in fits if ranks > world_size][:1]
+
+
+def ranks_advice(batch_size: int, world_size: int, accumulate: int = 1) -> str | None:
+    """Where a global batch that must stay (--reshard) and does not split across `world_size` ranks does split, as
+    "2 or 4 ranks (mpirun -np 2 or -np 4)"; None where it splits already, or across no rank count."""
+    counts = ranks_that_split(batch_size, world_size, accumulate)
+    if not batch_size % (world_size * accumulate) or not counts:
+        return None
+    return f"{' or '.join(map(str, counts))} ranks (mpirun -np {' or -np '.join(map(str, counts))})"
 
 
 def add_config_arguments(parser, names: Sequence[str] | None = None, defaults: dict | None = None,

@@ -1,6 +1,7 @@
 """The config dataclass and the CLI built from it (one process, no MPI launch)."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -57,6 +58,30 @@ def test_indivisible_batch_names_values_and_fix():
         TrainConfig(batch_size=250).validate(world_size=4)
     message = str(error.value)
     assert "--batch-size 250" in message and "4 ranks" in message and "248" in message and "252" in message
+
+
+@pytest.mark.parametrize("world_size,accumulate", [(3, 1), (2, 3), (3, 3), (300, 1)])
+def test_reshard_advice_for_a_batch_that_does_not_split_is_advice_the_checks_accept(world_size, accumulate):
+    """--reshard keeps the checkpoint's global batch: each rank count, --accumulate and fresh --batch-size the
+    message suggests passes the same check (a multiple of the ranks alone would be refused at resume)."""
+    job = {"dataset": "synthetic", "batch_size": 256, "accumulate": accumulate, "checkpoint_dir": "ck"}
+    with pytest.raises(UserError) as error:
+        TrainConfig(**job, resume="auto", reshard=True).validate(world_size)
+    message = " ".join(str(error.value).split())
+    assert "--batch-size 256" in message and "drop --resume and --reshard" in message
+    ranks = [int(n) for n in re.findall(r"-np (\d+)", message)]
+    assert ranks == {(3, 1): [2, 4], (2, 3): [], (3, 3): [], (300, 1): [256]}[world_size, accumulate]
+    for count in ranks:
+        TrainConfig(**job, resume="auto", reshard=True).validate(count)
+    share = f"an --accumulate that divides each rank's {256 // world_size} samples"
+    assert (share in message) == (not 256 % world_size)  # offered where the ranks split it and K does not
+    if share in message:
+        for k in (k for k in range(1, 257) if not 256 // world_size % k):
+            TrainConfig(**{**job, "accumulate": k}, resume="auto", reshard=True).validate(world_size)
+    fresh = re.search(r"multiple of \d+ \(e\.g\. (\d+) or (\d+)\) in another --checkpoint-dir", message)
+    assert len(set(fresh.groups())) == 2
+    for batch_size in map(int, fresh.groups()):
+        TrainConfig(**{**job, "batch_size": batch_size, "checkpoint_dir": "ck2"}).validate(world_size)
 
 
 @pytest.mark.parametrize("field,value", [("batch_size", 0), ("epochs", -1), ("lr", 0.0), ("max_steps", 0),

@@ -276,6 +276,9 @@ class Progress:
 
 
 FAILURE_LINES = (  # what says why a run failed, most telling first
+    # the remote agent's own words when mpirun could not reach a host (`ssh: Could not resolve hostname h: ...`),
+    # which the banner mpirun prints after them ("A daemon failed to report back") leaves out
+    re.compile(r"^(ssh|rsh): \S"),
     re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b.*?:"),  # a traceback's last line
     re.compile(r"mpi_train[\w.]*: (error|warning)"),  # a one-paragraph error
     re.compile(r"(failed|Killed|killed|not found|refused)"),
@@ -283,7 +286,8 @@ FAILURE_LINES = (  # what says why a run failed, most telling first
 
 
 def _last_error(lines: list[str]) -> str:
-    """The line that says why a run failed: its exception or error message, else the last line it printed."""
+    """The line that says why a run failed: the remote agent's error when a host could not be reached, the run's
+    exception or error message, else the last line it printed."""
     for pattern in FAILURE_LINES:
         for line in reversed(lines):
             if pattern.search(line):

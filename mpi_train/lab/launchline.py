@@ -32,17 +32,19 @@ class Placement:
     hosts: tuple[tuple[str, int], ...]
     ranks: int
     batch_size: int  # the job's global batch: the ranks must split it evenly
+    accumulate: int = 1  # --accumulate: each rank's share must split into as many equal micro-batches
 
     @property
     def names(self) -> list[str]:
         return [host for host, _ in self.hosts]
 
     def fewer(self, gone: set[str], min_ranks: int) -> Placement | None:
-        """The most ranks the hosts left can run that split the global batch, at least `min_ranks`; None if none."""
+        """The most ranks the hosts left can run that split the global batch (each share into --accumulate equal
+        micro-batches, as the resharded job checks), at least `min_ranks`; None if none."""
         left = tuple((host, slots) for host, slots in self.hosts if host not in gone)
         for ranks in range(min(self.ranks, sum(slots for _, slots in left)), min_ranks - 1, -1):
-            if ranks > 0 and self.batch_size % ranks == 0:
-                return Placement(left, ranks, self.batch_size)
+            if ranks > 0 and self.batch_size % (ranks * self.accumulate) == 0:
+                return Placement(left, ranks, self.batch_size, self.accumulate)
         return None
 
 
@@ -89,10 +91,12 @@ def placement(line: list[str]) -> Placement | None:
         ranks = int(np_[1]) if np_ else sum(slots for _, slots in named)
         batch = _value(line, ("--batch-size",))
         batch_size = int(batch[1]) if batch else TrainConfig.__dataclass_fields__["batch_size"].default
+        accumulate = _value(line, ("--accumulate",))
+        accumulate = int(accumulate[1]) if accumulate else 1
     except (OSError, ValueError) as error:
         raise UserError(f"the launch line's hosts could not be read ({error}). Check its -np, --hostfile or --host, "
-                        f"and --batch-size.") from None
-    return Placement(named, ranks, batch_size) if len(named) > 1 else None
+                        f"--batch-size and --accumulate.") from None
+    return Placement(named, ranks, batch_size, accumulate) if len(named) > 1 else None
 
 
 def answering(line: list[str], hosts: list[str], env: dict) -> set[str]:

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.lab import launchline
 from mpi_train.lab import mpirun as launch
@@ -31,6 +32,13 @@ def test_fewer_hosts_run_as_many_ranks_as_split_the_global_batch():
     assert odd.fewer({"c"}, min_ranks=2).ranks == 6  # 6 slots left, and 96 splits 6 ways
     assert launchline.Placement((("a", 5), ("b", 5)), 10, 96).fewer({"b"}, 2).ranks == 4  # not 5: 96 % 5
     assert placed.fewer({"a", "b"}, min_ranks=5) is None  # 4 slots left
+
+
+def test_fewer_hosts_under_accumulate_run_as_many_ranks_as_the_resharded_job_accepts():
+    line = ["mpirun", "-H", "a:8,b:4", "python", "-m", "mpi_train", "--batch-size", "96", "--accumulate", "8"]
+    smaller = launchline.placement(line).fewer({"b"}, min_ranks=1)
+    assert smaller.ranks == 6  # not 8: 96 over 8 ranks is 12 samples each, which 8 micro-batches do not split
+    TrainConfig(dataset="synthetic", batch_size=96, accumulate=8, resume="ck", reshard=True).validate(smaller.ranks)
 
 
 def test_the_line_is_written_again_on_the_hosts_left(tmp_path):
