@@ -16,6 +16,12 @@ printed, and the job's processes left behind on any host. A row is `ok` when the
 within --timeout + 15 s of the fault (a failure) or finished (a server outage), the run's
 status says so, no printed step is missing from MLflow, and nothing is left. Hosts, server and
 leftovers are removed on every exit path, Ctrl-C included.
+
+With --bad-input it runs instead each fault a user can cause (a resume with another optimizer, a
+full disk, a corrupt image, a cut spool, a damaged store, a loss that becomes non-finite, ...)
+as a real np 2 job on this host, from a fresh folder, and prints whether each ended as the
+project's standard demands: a non-zero exit, no traceback, a message that names the cause,
+nothing left running, nothing half-written (see mpi_train/lab/bad_input.py; as root).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from ..config import TrainConfig
 from ..errors import UserError, format_error
 from ..tracking import names
 from ..tracking.store import mlflow_client
-from . import mpirun
+from . import bad_input, mpirun
 from .network import NetworkSetting
 from .restart_soak import soak_restarts
 from .soakparts import Server, end_leftovers, hosts_and_server, processes_of, rank_pid
@@ -96,9 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the restart soak: each job under python -m mpi_train supervise --max-restarts 2 with "
                              "checkpoints, which must carry on to its last step with the faultless job's weights "
                              "(faults: kill, stop, link, term; see mpi_train/lab/restart_soak.py)")
+    parser.add_argument("--bad-input", action="store_true",
+                        help="the probe of user-caused faults: each case a real np 2 job on this host, held to the "
+                             "standard (non-zero exit, no traceback, the cause named, nothing left running or "
+                             "half-written); --faults picks cases, the rest of the flags do not apply (see "
+                             "mpi_train/lab/bad_input.py)")
     parser.add_argument("--trials", type=int, default=10, help="jobs to run, one fault each (default: 10)")
     parser.add_argument("--faults", default=None,
-                        help=f"faults to draw from (default: {','.join(FAULTS)}; with --restart: kill,stop,link,term)")
+                        help=f"faults to draw from (default: {','.join(FAULTS)}; with --restart: kill,stop,link,term; "
+                             f"with --bad-input: the cases to run, e.g. lr-inf,full-disk-cache, default all)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the draws: faults, ranks, hosts, steps (default: 0)")
     parser.add_argument("--hosts", type=int, default=2, help="test hosts (default: 2)")
@@ -259,6 +271,8 @@ def totals(trials: list[Trial], timeout_s: int) -> str:
 
 
 def soak(args: argparse.Namespace) -> int:
+    if args.bad_input:
+        return bad_input.probe(args)
     fill_defaults(args)
     if args.restart:
         validate(argparse.Namespace(**{**vars(args), "faults": "kill"}))  # the shared bounds
