@@ -40,8 +40,8 @@ class OptimizerDefaults:
     warmup_steps: int
 
 
-# Measured in docs/results.md ("Training defaults"): batch 256 on 4 ranks. vgg11: half the rate at
-# which its loss spiked during warm-up (0.02-0.025); mnist_cnn: 0.1 reached in 40 steps, 98.07-98.37% after
+# Measured in docs/results.md ("Where the learning-rate defaults come from"): batch 256 on 4 ranks. vgg11: half
+# the rate at which its loss spiked during warm-up (0.02-0.025); mnist_cnn: 0.1 reached in 40 steps, 98.07-98.37% after
 # one epoch for seeds 1, 2, 42 (20 warm-up steps: 97.93% at seed 42, its loss jumping back to 1.7 at step 12).
 # Each model's first entry is its default optimizer; --optimizer picks another entry.
 MODEL_DEFAULTS = {
@@ -50,7 +50,7 @@ MODEL_DEFAULTS = {
     "gpt": (OptimizerDefaults("adamw", lr=3e-3, momentum=None, weight_decay=0.0, warmup_steps=50),
             OptimizerDefaults("sgd", lr=0.1, momentum=0.9, weight_decay=0.0, warmup_steps=50)),
 }
-# gpt, AdamW: docs/results.md ("The smallest gpt on a real text file"); no weight decay, as with SGD: a run of
+# gpt, AdamW: docs/results.md ("How fast gpt learns a real text file"); no weight decay, as with SGD: a run of
 # minutes sees each byte of its text once or twice. gpt, SGD: 0.1 learned steadily where 0.3 oscillated and 0.45
 # diverged, and it stalls at 2.4 nats per byte on real text.
 # Any other model (torchvision's, the user's): vgg11's, the measured setting of the deepest built-in convnet. Not

@@ -3,8 +3,8 @@
 SGD with momentum is what the image models train with: one state tensor per parameter, its momentum
 buffer. AdamW (Adam with decoupled weight decay) divides each element's step by a running estimate of
 that element's gradient size: a transformer's embedding and its blocks' matrices get gradients whose
-scales differ by orders of magnitude, which one SGD rate serves badly (docs/results.md, "The smallest
-gpt on a real text file"). It keeps two state tensors per parameter (the first and second moments) and
+scales differ by orders of magnitude, which one SGD rate serves badly (docs/results.md, "How fast
+gpt learns a real text file"). It keeps two state tensors per parameter (the first and second moments) and
 a step count. Both update each element from that element's own gradient and state, so a method that
 shards the optimizer state (zero, zero_torch, fsdp) steps exactly what one optimizer over the whole
 model would.

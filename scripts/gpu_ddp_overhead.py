@@ -4,7 +4,7 @@ on GPUs before it left the hook out there), each free-running and synchronised e
 
     python scripts/gpu_ddp_overhead.py [BATCH] [STEPS]        # one process: NCCL on a GPU (Gloo on a CPU)
 
-Figures: docs/results.md ("The GPU check").
+Figures: docs/results.md ("What a GPU step costs against a bare loop").
 """
 
 import os

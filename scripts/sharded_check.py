@@ -1,4 +1,5 @@
-"""Run under mpirun: the sharded methods against allreduce, for docs/results.md ("Sharded data parallel").
+"""Run under mpirun: the sharded methods against allreduce, for docs/results.md ("Whether every method trains the
+same model").
 
 1. Optimizer state per rank, measured from the tensors: each method's job optimizer
    (SyncMethod.make_optimizer, SGD with momentum, as training builds it) after one step of

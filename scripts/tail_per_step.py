@@ -12,7 +12,7 @@ from the last rank's launch of it, or the end of the rank's message before, to i
     python scripts/tail_per_step.py TRACE.json --calibration BENCH.json --method zero --link 1gbit \\
         --compute-per-sample 0.0222 [--model vgg11 --batch-size 256 --ranks 4 --ranks-per-host 2]
 
-Figures: docs/results.md ("`zero`'s exposed tail at 1 Gbit/s, step by step").
+Figures: docs/results.md ("How well the cost model predicts").
 """
 
 from __future__ import annotations

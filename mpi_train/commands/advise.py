@@ -78,13 +78,13 @@ SOURCE = "docs/results.md"
 # models keeps its own (its class's accuracy_costs)
 ACCURACY_COST = {
     ("vgg11", "fp16"): AccuracyCost(+0.62, "bucketed+fp16, CIFAR-10, one epoch, np 4, batch 256",
-                                    f"{SOURCE}#accuracy-at-parity-cifar-10-one-epoch"),
+                                    f"{SOURCE}#what-each-lossy-option-costs-in-accuracy"),
     ("vgg11", "powersgd"): AccuracyCost(-1.78, "bucketed+powersgd rank 2 from step 101, CIFAR-10, one epoch, np 4",
-                                        f"{SOURCE}#accuracy-at-parity-cifar-10-one-epoch"),
+                                        f"{SOURCE}#what-each-lossy-option-costs-in-accuracy"),
     ("mnist_cnn", "fp16"): AccuracyCost(+0.05, "bucketed+fp16, MNIST, one epoch, np 4, batch 256",
-                                        f"{SOURCE}#accuracy-at-parity-mnist-one-epoch-measured-on-a-busy-machine"),
+                                        f"{SOURCE}#what-each-lossy-option-costs-in-accuracy"),
     ("mnist_cnn", "powersgd"): AccuracyCost(+0.03, "bucketed+powersgd rank 2 from step 11, MNIST, one epoch, np 4",
-                                            f"{SOURCE}#accuracy-at-parity-mnist-one-epoch-measured-on-a-busy-machine"),
+                                            f"{SOURCE}#what-each-lossy-option-costs-in-accuracy"),
 }
 
 

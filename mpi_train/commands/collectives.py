@@ -10,7 +10,7 @@ process group as training, and exits non-zero if any rank got a wrong answer.
 Then it times an allreduce of one buffer and, beside it, the reduce-scatter and all-gather the
 sharded methods (zero, fsdp) use in its place: a bandwidth-optimal backend (NCCL) does the two
 in an allreduce's time, since a ring allreduce is exactly those two; one that does not (Gloo
-over TCP here: docs/results.md, "Sharded data parallel") shows it in their ratio.
+over TCP here: docs/results.md, "What the sharded methods cost a step") shows it in their ratio.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ Three families shard what a rank keeps (sync/base.py's `shards`) and move S in m
 each a part of its own (`parts`, priced apart: a report shows the reduce-scatter apart from the
 all-gather). A reduce-scatter or an all-gather of S on a ring moves (N-1)/N·S per rank in N-1 steps:
 (N-1)·alpha + (N-1)/N·S·beta, half a ring allreduce. That is what a bandwidth-optimal backend
-(NCCL) takes; Gloo over TCP takes longer (docs/results.md, "Sharded data parallel"). When the
+(NCCL) takes; Gloo over TCP takes longer (docs/results.md, "What the sharded methods cost a step"). When the
 network carries a calibration's measured cost of the collective (links.CollectiveCost, from the
 bench's fits of reduce_scatter_single and all_gather_single), each of the N-1 steps pays
 the measured latency alpha_c and the bytes f_c times the link's: (N-1)·alpha_c + f_c·(N-1)/N·S·beta.

@@ -11,7 +11,7 @@ from .base import AccuracyCost
 
 DEFAULT_OUTER_LR = 0.7  # the paper's, with Nesterov momentum 0.9
 DEFAULT_OUTER_MOMENTUM = 0.9
-RESULTS = "docs/results.md#syncing-less-often-local-sgd-and-diloco-by-time-to-accuracy"  # its accuracy, measured
+RESULTS = "docs/results.md#what-each-lossy-option-costs-in-accuracy"  # its accuracy, measured
 
 
 class DiLoCo(ModelAveraging):

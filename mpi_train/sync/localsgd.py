@@ -9,8 +9,8 @@ import torch
 from .averaging import FRAGMENTED, OVERLAP, ModelAveraging, averaging_options
 from .base import AccuracyCost
 
-RESULTS = "docs/results.md#syncing-less-often-local-sgd-and-diloco-by-time-to-accuracy"  # its accuracy, measured
-TWO_EPOCHS = "docs/results.md#two-cifar-10-epochs-the-accuracy-targets"  # with its averages overlapped
+RESULTS = "docs/results.md#what-each-lossy-option-costs-in-accuracy"  # its accuracy, measured
+TWO_EPOCHS = "docs/results.md#what-each-lossy-option-costs-in-accuracy"  # with its averages overlapped
 TWO_LEVELS = (("host_period", 1),)  # each host's ranks averaged at every step too, as those costs were measured
 
 

@@ -70,8 +70,8 @@ def ring_reduce_scatter(whole: torch.Tensor, shard: torch.Tensor, group=None) ->
     ring's first phase: at step s rank r sends its running sum of chunk (r-s-1) to the right and adds what comes from
     the left into chunk (r-s-2), so after N-1 steps chunk r is complete. Each rank sends (N-1)/N·S, the bytes a
     bandwidth-optimal reduce-scatter moves, where Gloo's reduce_scatter_single allreduces the whole buffer
-    (2(N-1)/N·S) and keeps a slice (docs/results.md, "Sharded data parallel"). `whole` is summed into; ranks are the
-    group's, which spans the world."""
+    (2(N-1)/N·S) and keeps a slice (docs/results.md, "What the sharded methods cost a step"). `whole` is summed
+    into; ranks are the group's, which spans the world."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     chunks = whole.chunk(world)
     if world > 1:
