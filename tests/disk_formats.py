@@ -67,3 +67,28 @@ def damage_an_image(root: Path, split: str = "train", jpegs: int = 3) -> Path:
     damaged.write_bytes(np.random.default_rng(7).integers(0, 256, 1500, dtype=np.uint8).tobytes())
     pngs[jpegs].unlink()
     return damaged
+
+
+# (file format, PIL mode, (width, height)) in turn: what an image folder gathered from anywhere holds
+MIXED_IMAGES = (("JPEG", "RGB", (48, 40)), ("PNG", "L", (30, 52)), ("PNG", "RGBA", (64, 64)), ("JPEG", "L", (90, 70)),
+                ("PNG", "P", (37, 37)), ("PNG", "RGB", (120, 33)))
+
+
+def write_image_folder(root: Path, classes: int = 5, train: int = 4, evaluation: int = 2,
+                       evaluation_folder: str = "val") -> Path:
+    """root/train/<class>/* and root/<evaluation_folder>/<class>/*, ImageNet's layout: per class `train` and
+    `evaluation` images of mixed sizes, formats and modes (RGB and greyscale JPEGs; greyscale, RGBA, palette and RGB
+    PNGs), a brightness level per class plus noise."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", train), (evaluation_folder, evaluation)):
+        for label in range(classes):
+            folder = root / split / f"class{label}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for index in range(count):
+                kind, mode, (width, height) = MIXED_IMAGES[(label + index) % len(MIXED_IMAGES)]
+                pixels = np.clip(label * 50 + rng.integers(0, 40, (height, width, 3)), 0, 255).astype(np.uint8)
+                image = Image.fromarray(pixels).convert(mode)
+                if mode == "RGBA":
+                    image.putalpha(160)
+                image.save(folder / f"{index:03d}.{'jpg' if kind == 'JPEG' else 'png'}", kind)
+    return root

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import losses, mpirun, train, train_several
-from disk_formats import write_cifar10_folders, write_mnist
+from disk_formats import write_cifar10_folders, write_image_folder, write_mnist
 
 from mpi_train.checkpoint import KEEP_LAST, list_checkpoints
 from mpi_train.sync import GRADIENTS, SYNC_METHODS
@@ -172,16 +172,26 @@ QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "
 
 @pytest.fixture(scope="module")
 def np2(tmp_path_factory):
-    """Short jobs at np 2, all in one mpirun: two identical ones, two seeds, MNIST's IDX files, several epochs, and
-    one whose rate makes it diverge (last: it ends with its message in place of a summary)."""
+    """Short jobs at np 2, all in one mpirun: two identical ones, two seeds, MNIST's IDX files, several epochs, an
+    image folder of 5 classes and mixed sizes and modes (resnet18 held resident; a user's model through the
+    DataLoader; the same folder with a corrupt file, which ends with its message), and one whose rate makes it
+    diverge (last: it ends with its message in place of a summary)."""
     tmp = tmp_path_factory.mktemp("np2")
     write_mnist(tmp / "data", train=256, test=64)
+    folder = write_image_folder(tmp / "folder", classes=5, train=4, evaluation=2)
+    damaged = write_image_folder(tmp / "damaged", classes=5, train=2, evaluation=1)
+    (damaged / "train" / "class2" / "broken.jpg").write_bytes(b"an interrupted copy\n" * 40)
+    images = ["--dataset", "imagefolder", "--batch-size", "8", "--max-steps", "2", "--log-every", "1", "--no-tracking"]
     return train_several(2, tmp, {
         "run0": [*QUICK, "--max-steps", "6"], "run1": [*QUICK, "--max-steps", "6"],
         "seed1": [*QUICK, "--max-steps", "4", "--seed", "1"], "seed2": [*QUICK, "--max-steps", "4", "--seed", "2"],
         "mnist": ["--dataset", "mnist", "--data-dir", str(tmp / "data"), "--batch-size", "64", "--log-every", "1",
                   "--no-tracking"],
         "epochs": [*QUICK, "--synthetic-size", "256", "--epochs", "3", "--log-every", "100"],
+        "folder_resnet18": [*images, "--data-dir", str(folder), "--model", "resnet18", "--image-size", "64"],
+        "folder_users_model": [*images, "--data-dir", str(folder), "--model", "tests.user_model:build",
+                               "--image-size", "40", "--loader", "dataloader"],
+        "folder_damaged": [*images, "--data-dir", str(damaged)],
         "diverged": [*QUICK, "--max-steps", "8", "--lr", "1e6", "--checkpoint-dir", str(tmp / "diverged"),
                      "--checkpoint-every", "1"],
     })
@@ -205,6 +215,20 @@ def test_max_steps_and_epochs_bound_the_run(np2):
     summary = np2["epochs"]
     assert summary["total_steps"] == 12 and [s["step"] for s in summary["steps"]] == [4, 8, 12]
     assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]
+
+
+def test_an_image_folder_of_any_classes_trains_resnet18_and_a_users_model_and_stops_at_a_corrupt_file(np2):
+    resnet, users = np2["folder_resnet18"], np2["folder_users_model"]
+    assert resnet["config"]["model"] == "resnet18" and resnet["config"]["image_size"] == 64
+    assert resnet["data_path"].startswith("resident, ") and users["data_path"] == "DataLoader, 0 worker(s)"
+    for summary in (resnet, users):
+        assert [s["step"] for s in summary["steps"]] == [1, 2] and summary["world_size"] == 2
+        scored = summary["epochs"][0]["test_accuracy"] * 10  # 10 val images over 2 ranks, each scored once
+        assert scored == pytest.approx(round(scored), abs=1e-9) and summary["epochs"][0]["test_loss"] > 0
+    assert users["config"]["model"] == "tests.user_model:build"
+    message = np2["folder_damaged"]["error"]
+    assert "cannot be decoded (no image format recognised in its 800 bytes)" in message
+    assert "damaged/train/class2/broken.jpg" in message
 
 
 def test_a_diverging_job_stops_at_that_step_keeping_only_finite_checkpoints(np2):

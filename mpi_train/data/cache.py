@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -66,23 +65,51 @@ def fingerprint(files: list[Path]) -> str:
     return digest.hexdigest()
 
 
+def _decode_files(split: Dataset) -> torch.Tensor:
+    """An image folder's images as uint8 (N, C, H, W), each after the split's `prepare` if it has one (an image
+    folder's resize), decoded by threads that each fill their share of one tensor (PIL decodes with the GIL
+    released; one tensor, not a list stacked, so a large set takes its size once); a UserError naming a file that
+    cannot be read or decoded, or images of several sizes."""
+    paths, prepare = [path for path, _ in split.samples], getattr(split, "prepare", None)
+    first = next((array for path in paths if not isinstance(array := image_files.pixels(path, prepare),
+                                                            image_files.BadImage)), None)
+    if first is None:  # not one image decodes
+        raise UserError(image_files.describe(image_files.find_bad(paths)))
+    height, width, channels = first.shape
+    images = torch.empty(len(paths), channels, height, width, dtype=torch.uint8)
+    count = max(1, min(os.cpu_count() or 1, len(paths)))
+
+    def share(start: int) -> tuple[list[tuple[int, image_files.BadImage]], list[int]]:
+        bad, odd = [], []
+        for index in range(start, len(paths), count):
+            array = image_files.pixels(paths[index], prepare)
+            if isinstance(array, image_files.BadImage):
+                bad.append((index, array))
+            elif array.shape != first.shape:
+                odd.append(index)
+            else:
+                images[index].numpy()[...] = array.transpose(2, 0, 1)  # PIL's pixels are read-only
+        return bad, odd
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        shares = list(pool.map(share, range(count)))
+    bad = [image for _, image in sorted(found for part, _ in shares for found in part)]
+    if bad:
+        raise UserError(image_files.describe(bad))
+    odd = sorted(index for _, part in shares for index in part)
+    if odd:
+        other = image_files.pixels(paths[odd[0]], prepare).shape
+        raise UserError(f"the images under {split.root} are not all one size ({first.shape} and {other} (height, "
+                        f"width, channels), e.g. {paths[odd[0]]}), and the data path that keeps them in memory needs "
+                        f"one. Resize them, or pass --loader dataloader.")
+    return images
+
+
 def decode(split: Dataset) -> Decoded:
-    """The split's images as uint8 (N, C, H, W) exactly as torchvision decodes them (PIL for image folders); a file
-    that cannot be read or decoded is named (UserError)."""
-    if hasattr(split, "samples"):  # ImageFolder: PIL decodes with the GIL released, so threads share the work
-        with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
-            arrays = list(pool.map(image_files.pixels, [path for path, _ in split.samples]))
-        bad = [array for array in arrays if isinstance(array, image_files.BadImage)]
-        if bad:
-            raise UserError(image_files.describe(bad))
-        shapes = {array.shape for array in arrays}
-        if len(shapes) != 1:
-            odd = next(path for (path, _), array in zip(split.samples, arrays) if array.shape != arrays[0].shape)
-            raise UserError(f"the images under {split.root} are not all one size ({sorted(shapes)[:3]} ...; e.g. "
-                            f"{odd}), and the data path that keeps them in memory needs one. Resize them, or pass "
-                            f"--loader dataloader.")
-        images = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
-        labels = torch.tensor(split.targets, dtype=torch.int64)
+    """The split's images as uint8 (N, C, H, W) exactly as torchvision decodes them (PIL for image folders, then an
+    image folder's resize); a file that cannot be read or decoded is named (UserError)."""
+    if hasattr(split, "samples"):  # an image folder
+        images, labels = _decode_files(split), torch.tensor(split.targets, dtype=torch.int64)
     elif hasattr(split, "train_list"):  # CIFAR10: the pickles hold (N, H, W, C) uint8 already
         images = torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous()
         labels = torch.tensor(split.targets, dtype=torch.int64)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -55,12 +55,13 @@ def read_rgb(path: str) -> Image.Image:
         raise BadImage(path, _reason(error, len(data))) from None
 
 
-def pixels(path: str) -> np.ndarray | BadImage:
-    """The image's pixels, (H, W, 3) uint8, or why it has none."""
+def pixels(path: str, prepare: Callable[[Image.Image], Image.Image] | None = None) -> np.ndarray | BadImage:
+    """The image's pixels, (H, W, 3) uint8, after `prepare` (an image folder's resize), or why it has none."""
     try:
-        return np.asarray(read_rgb(path))
+        image = read_rgb(path)
     except BadImage as bad:
         return bad
+    return np.asarray(prepare(image) if prepare is not None else image)
 
 
 def find_bad(paths: Sequence[str], threads: int | None = None) -> list[BadImage]:

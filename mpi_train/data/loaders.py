@@ -3,11 +3,13 @@
 `--loader resident` holds the decoded split where the model computes and prepares whole batches there
 (resident.py); `--loader dataloader` reads samples one by one through torchvision's transforms, with worker
 processes and pinned memory on CUDA, for data that does not fit; `auto` (the default) takes the resident path
-whenever the data set can be held (every data set this tool reads fits: CIFAR-10 takes 176 MiB per rank, MNIST 52).
-Both follow the same seeded sampler, so every step trains on the same samples whichever path runs. Either path
-names an image that cannot be decoded before the first step: the resident path decodes every image to build its
-cache, the DataLoader path decodes each once per version of the files (`check_images`), and a file that goes bad
-during the job is named by the batch that meets it, not by a worker's traceback.
+whenever the data set fits in half the device's free memory (CIFAR-10 takes 176 MiB per rank, MNIST 52; an image
+folder what its images take at --image-size x 8/7), and says so when it does not. A data set of the user's own
+always takes the DataLoader path: its transforms are the user's code, run per sample. Both paths follow the same
+seeded sampler, so every step trains on the same samples whichever path runs. Either path names an image that
+cannot be decoded before the first step: the resident path decodes every image to build its cache, the DataLoader
+path decodes each once per version of the files (`check_images`), and a file that goes bad (or a user's item that
+raises) during the job is named by the batch that meets it, not by a worker's traceback.
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from ..cluster import Cluster
 from ..config import DATASET_SHAPES, TrainConfig
 from ..errors import UserError
-from . import cache, images, text
+from ..models.user import is_path as is_users
+from . import cache, folders, images, text
+from . import user as user_data
+from .augment import CentreCrop, CropFlip, ResizedCropFlip
 from .resident import ResidentSplit, ResidentTestLoader, ResidentTrainLoader
 from .sampler import ResumableSampler
-from .sets import CIFAR10_MEAN, CIFAR10_STD, MNIST_MEAN, MNIST_STD, SyntheticImages
+from .sets import CIFAR10_MEAN, CIFAR10_STD, MNIST_MEAN, MNIST_STD, SyntheticImages, image_size
 
-NORMALISATION = {"cifar10": (CIFAR10_MEAN, CIFAR10_STD), "mnist": (MNIST_MEAN, MNIST_STD)}
-AUGMENTED = ("cifar10",)  # random crop and flip on training batches
+NORMALISATION = {"cifar10": (CIFAR10_MEAN, CIFAR10_STD), "mnist": (MNIST_MEAN, MNIST_STD),
+                 "imagefolder": (folders.IMAGENET_MEAN, folders.IMAGENET_STD)}
+AUGMENTED = ("cifar10", "imagefolder")  # random crops and flips on training batches
 RESIDENT_SHARE = 0.5  # auto holds a data set resident when it takes at most this share of the device's free memory
 MAX_WORKERS = 8  # the DataLoader path's worker processes per rank on CUDA, at most
 
@@ -53,8 +59,11 @@ class Loaders:
 
 
 def cache_name(config: TrainConfig, split: Dataset) -> str:
-    """The split's cache file: one per data set, layout and split (CIFAR-10's two layouts decode apart)."""
-    if hasattr(split, "samples"):  # an image folder: its folder says which split it is
+    """The split's cache file: one per data set, layout and split (CIFAR-10's two layouts decode apart), and for an
+    image folder per size its images are kept at."""
+    if config.dataset == "imagefolder":
+        return f"imagefolder-{Path(split.root).name}-{split.stored}px.pt"
+    if hasattr(split, "samples"):  # CIFAR-10's image folder: its folder says which split it is
         return f"{config.dataset}-folder-{Path(split.root).name}.pt"
     return f"{config.dataset}-{'train' if split.train else 'test'}.pt"
 
@@ -71,13 +80,22 @@ def decoded_split(config: TrainConfig, split: Dataset, cluster: Cluster) -> cach
                         f"job may be rewriting it. Run again, or pass --loader dataloader.") from None
 
 
+def view(config: TrainConfig, side: int, device: torch.device, train: bool):
+    """What a batch of the split takes before its normalisation (augment.py): CIFAR-10's crop and flip to train, an
+    image folder's random resized crop and flip to train and centre crop to evaluate; None: the images as held."""
+    if config.dataset == "imagefolder":
+        size = image_size(config)
+        return ResizedCropFlip(size, side, device) if train else CentreCrop(size, side)
+    return CropFlip(side, device) if train and config.dataset in AUGMENTED else None
+
+
 def resident_split(config: TrainConfig, split: Dataset, cluster: Cluster, device: torch.device,
                    train: bool) -> ResidentSplit:
     if isinstance(split, SyntheticImages):  # made in memory already, as float
-        return ResidentSplit(split.images, split.labels, device, None, False)
+        return ResidentSplit(split.images, split.labels, device, None)
     decoded = decoded_split(config, split, cluster)
     return ResidentSplit(decoded.images, decoded.labels, device, NORMALISATION[config.dataset],
-                         train and config.dataset in AUGMENTED)
+                         view(config, decoded.images.shape[-1], device, train))
 
 
 def check_images(config: TrainConfig, split: Dataset, cluster: Cluster) -> None:
@@ -85,8 +103,8 @@ def check_images(config: TrainConfig, split: Dataset, cluster: Cluster) -> None:
     named before training rather than by a worker mid-epoch. The verdict is kept beside the decoded cache under the
     files' fingerprint: a later job pays one stat per file, not a decoding of all (and a resident build that decoded
     them leaves the same verdict). The host's ranks share the decoding. Collective."""
-    if not hasattr(split, "samples"):  # CIFAR-10's pickles and MNIST's IDX files are read whole when opened
-        return
+    if not hasattr(split, "samples"):  # CIFAR-10's pickles and MNIST's IDX files (read whole when opened), or the
+        return  # user's own data set, whose items are the user's code
     info = cluster.info
     path = cache.cache_folder(Path(config.data_dir)) / cache_name(config, split)
     files = [str(file) for file in cache.source_files(split)]
@@ -121,9 +139,13 @@ class NamedFaults(Dataset):
             return bad
 
 
+FAULTS = (images.BadImage, user_data.BadSample)  # a sample that stands for its fault, named by the batch
+
+
 def collate(samples: list):
-    """A batch, or the BadImage of its first damaged sample."""
-    bad = next((sample for sample in samples if isinstance(sample, images.BadImage)), None)
+    """A batch, or the fault of its first damaged sample (an image that cannot be decoded, a user's item that
+    raised)."""
+    bad = next((sample for sample in samples if isinstance(sample, FAULTS)), None)
     return bad if bad is not None else default_collate(samples)
 
 
@@ -142,7 +164,7 @@ class Batches(DataLoader):
     @staticmethod
     def _named(batches):
         for batch in batches:
-            if isinstance(batch, images.BadImage):
+            if isinstance(batch, FAULTS):
                 raise UserError(str(batch), collective=False)
             yield batch
 
@@ -151,7 +173,10 @@ def held_bytes(config: TrainConfig, splits: tuple[Dataset, Dataset]) -> int:
     """What the resident path would hold per rank, before anything is decoded."""
     if config.dataset == "synthetic":
         return sum(split.images.nbytes + split.labels.nbytes for split in splits)
-    channels, height, width = DATASET_SHAPES[config.dataset]
+    if config.dataset == "imagefolder":
+        channels, height, width = 3, splits[0].stored, splits[0].stored
+    else:
+        channels, height, width = DATASET_SHAPES[config.dataset]
     return sum(len(split) * (channels * height * width + 8) for split in splits)
 
 
@@ -163,11 +188,23 @@ def free_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def choose(config: TrainConfig, splits: tuple[Dataset, Dataset], device: torch.device) -> str:
-    """The data path --loader names; auto: resident when it fits in its share of the device's free memory."""
+def choose(config: TrainConfig, splits: tuple[Dataset, Dataset], device: torch.device) -> tuple[str, str | None]:
+    """The data path --loader names; auto: resident when it fits in its share of the device's free memory. With it,
+    why auto did not take the resident path (None: it did, or --loader chose)."""
+    if is_users(config.dataset):
+        if config.loader == "resident":
+            raise UserError(f"--loader resident holds a decoded copy of a data set this tool reads, and --dataset "
+                            f"{config.dataset} is your own, whose items your code makes one by one (its transforms "
+                            f"included). Drop --loader: it is read through torch's DataLoader.")
+        return "dataloader", None
     if config.loader != "auto":
-        return config.loader
-    return "resident" if held_bytes(config, splits) <= RESIDENT_SHARE * free_bytes(device) else "dataloader"
+        return config.loader, None
+    held, free = held_bytes(config, splits), free_bytes(device)
+    if held <= RESIDENT_SHARE * free:
+        return "resident", None
+    size = f" at --image-size {image_size(config)}" if config.dataset == "imagefolder" else ""
+    return "dataloader", (f"{config.dataset}{size} would take {held / 2**20:,.1f} MiB per rank held decoded, more "
+                          f"than half of the {free / 2**20:,.1f} MiB free on {device}")
 
 
 def workers(config: TrainConfig, device: torch.device, threads: int) -> int:
@@ -204,18 +241,24 @@ def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cl
     shard = range(info.rank, len(test), info.world_size)
     sizes = tuple({batch, samples % batch or batch} for samples, batch in ((len(sampler), micro_batch),
                                                                            (len(shard), test_batch)))
-    path = choose(config, (train, test), device)
-    if cluster.allgather(path) != [path] * info.world_size:  # auto may see different free memory on each rank
-        path = "dataloader"
+    path, why = choose(config, (train, test), device)
+    chosen = cluster.allgather((path, why))
+    if any(other != path for other, _ in chosen):  # auto may see different free memory on each rank
+        path, why = "dataloader", next(reason for _, reason in chosen if reason)
     if path == "resident":
         train_split = resident_split(config, train, cluster, device, train=True)
         test_split = resident_split(config, test, cluster, device, train=False)
         return Loaders(ResidentTrainLoader(train_split, sampler, micro_batch, config.seed, info.rank), sampler,
                        ResidentTestLoader(test_split, info.rank, info.world_size, test_batch), path, sizes,
                        train_split.nbytes + test_split.nbytes)
+    count = workers(config, device, threads)
+    if why and info.is_main:
+        print(f"mpi_train: {why}: it is read through torch's DataLoader instead (--loader auto), with {count} "
+              f"worker process(es) per rank" + (" (--loader-workers N for more)" if device.type != "cuda" else "")
+              + (". A smaller --image-size holds it resident." if config.dataset == "imagefolder" else "."),
+              flush=True)
     for split in (train, test):
         check_images(config, split, cluster)
-    count = workers(config, device, threads)
     options = {"num_workers": count, "pin_memory": device.type == "cuda", "persistent_workers": count > 0}
     named = lambda split: NamedFaults(split) if hasattr(split, "samples") else split
     return Loaders(Batches(named(train), batch_size=micro_batch, sampler=sampler, **options), sampler,

@@ -4,7 +4,7 @@ The whole split lives where the model computes (GPU memory under NCCL; on CPUs t
 shared by the host's ranks), as uint8 where it came from images. A training batch is an index into it, taken
 from the same seeded DistributedSampler as the DataLoader path (so every step's global batch, and where a resumed
 job lands, are unchanged), then cropped, flipped and normalised as one batch on that device (augment.py). The
-augmentation draws each epoch's offsets and flips up front, per position in the rank's pass, from a generator
+augmentation draws each epoch's crops and flips up front, per position in the rank's pass, from a generator
 seeded by (seed, rank, epoch): a resumed pass that starts part-way takes the draws of its positions, exactly as
 the uninterrupted job did.
 """
@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-from .augment import CropFlip, Normalise, draw
+from .augment import Normalise
 from .sampler import ResumableSampler
 
 
@@ -26,14 +26,16 @@ def augmentation_seed(seed: int, rank: int, epoch: int) -> int:
 
 
 class ResidentSplit:
-    """A split on the device: its images (uint8, or float already prepared), labels, and how to prepare a batch."""
+    """A split on the device: its images (uint8, or float already prepared), labels, and how to prepare a batch:
+    `view`, an augmentation of augment.py (random: training's crops and flips, drawn per pass; or a centre crop), then
+    the normalisation."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, device: torch.device,
-                 normalise: tuple[tuple[float, ...], tuple[float, ...]] | None, augment: bool):
+                 normalise: tuple[tuple[float, ...], tuple[float, ...]] | None, view=None):
         self.images, self.labels = images.to(device), labels.to(device)
         self.device = device
         self.normalise = Normalise(*normalise, device) if normalise else None
-        self.crop_flip = CropFlip(images.shape[-1], device) if augment else None
+        self.view = view
 
     @property
     def nbytes(self) -> int:
@@ -42,10 +44,15 @@ class ResidentSplit:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def random(self) -> bool:
+        """Whether its batches take draws (training's augmentation)."""
+        return self.view is not None and self.view.random
+
     def batch(self, indices: torch.Tensor, draws=None) -> tuple[torch.Tensor, torch.Tensor]:
         images = self.images[indices]
-        if self.crop_flip is not None and draws is not None:
-            images = self.crop_flip(images, draws)
+        if self.view is not None and (draws is not None or not self.view.random):
+            images = self.view(images, draws)
         if self.normalise is not None:
             images = self.normalise(images)
         return images, self.labels[indices]
@@ -65,10 +72,10 @@ class ResidentTrainLoader:
         device = self.split.device
         indices = torch.tensor(order, dtype=torch.int64).to(device)
         draws = None
-        if self.split.crop_flip is not None:
+        if self.split.random:
             generator = torch.Generator(device=device)
             generator.manual_seed(augmentation_seed(self.seed, self.rank, self.sampler.epoch))
-            draws = draw(len(order), generator, device)
+            draws = self.split.view.draw(len(order), generator)
         # a resumed pass starts at `start`, keeping the batch boundaries of the uninterrupted one
         for first in range(start, len(order), self.batch_size):
             where = slice(first, first + self.batch_size)

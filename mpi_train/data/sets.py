@@ -1,5 +1,6 @@
-"""The data sets as torchvision reads them: CIFAR-10 (either layout), MNIST, and synthetic images; found, downloaded
-once per host, or refused with what to do."""
+"""The data sets as torchvision reads them: CIFAR-10 (either layout), MNIST, an image folder of any classes
+(folders.py), the user's own (user.py) and synthetic images; found, downloaded once per host, or refused with what to
+do."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from ..cluster import Cluster
 from ..config import TrainConfig
 from ..errors import UserError
 from ..models import NUM_CLASSES
-from . import text
+from ..models.user import is_path
+from . import folders, spec, text
+from . import user as user_data
 from .images import read_rgb
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -191,6 +194,36 @@ def _not_a_folder(name: str, root: Path) -> str | None:
             f"into one. Point --data-dir at such a folder, or at a new one to download {name} there.")
 
 
+def image_size(config: TrainConfig) -> int:
+    """--image-size, or its default."""
+    return spec.image_size(config.image_size)
+
+
+def load_image_folder(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]:
+    """An image folder's two splits, its layout checked on every rank (nothing decoded yet). Collective."""
+    root, outcome, splits = Path(config.data_dir), None, None
+    try:
+        splits = folders.open_splits(root, image_size(config))
+    except UserError as error:
+        outcome = str(error)
+    except OSError as error:
+        outcome = _unreadable(root, error)
+    cluster.agree(outcome, "cannot load imagefolder")
+    return splits
+
+
+def load_users(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]:
+    """The user's two splits, each item that raises named by its index. Collective."""
+    outcome, data = None, None
+    try:
+        data = user_data.load(config.dataset, config.data_dir)
+    except UserError as error:
+        outcome = str(error)
+    cluster.agree(outcome, f"cannot load {config.dataset}")
+    return (user_data.Named(data.train, config.dataset, "training"),
+            user_data.Named(data.test, config.dataset, "test"))
+
+
 def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, text.TextSplit]:
     """(train, validation) bytes of --data-dir, or of synthetic words; every rank reads its own copy. Collective."""
     context = config.gpt_shape.context
@@ -219,6 +252,10 @@ def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Datas
         shape = config.input_shape
         test_size = max(1, config.synthetic_size // 4)
         return SyntheticImages(config.synthetic_size, shape, True), SyntheticImages(test_size, shape, False)
+    if config.dataset == "imagefolder":
+        return load_image_folder(config, cluster)
+    if is_path(config.dataset):
+        return load_users(config, cluster)
 
     root = Path(config.data_dir)
     what = f"cannot load {config.dataset}"

@@ -193,9 +193,12 @@ def bench_command(sweep: Sweep, bench: BenchPlan, uri: str | None, json_path: Pa
 
 
 def estimated_steps(run: PlannedRun) -> int:
-    """Steps the run will take, known before it starts (it prints the exact number when it does)."""
+    """Steps the run will take, known before it starts (it prints the exact number when it does): for a data set of
+    unknown size (text, an image folder, the user's own) its --max-steps, else 0 until it prints them."""
     config = run.config
-    size = config.synthetic_size if config.dataset == "synthetic" else DATASET_SIZES[config.dataset]
+    size = config.synthetic_size if config.dataset == "synthetic" else DATASET_SIZES.get(config.dataset)
+    if size is None:
+        return config.max_steps or 0
     per_rank = config.batch_size // run.np
     steps_per_epoch = math.ceil(math.ceil(size / run.np) / per_rank)  # DistributedSampler pads each shard
     total = config.epochs * steps_per_epoch

@@ -3,8 +3,9 @@ classification model by its registry name (resnet18, resnet50, mobilenet_v3_smal
 (`my_package.my_module:build`, see user.py for the contract).
 
 A name resolves to a ModelSpec: what the model takes (images or tokens), the image shape it insists on if any, and
-how to build it. `check` builds the model on the meta device (no memory, no compute) and runs a batch of the data
-set's shape through it, so a model that cannot take the data set's images is refused before any work starts.
+how to build it for a data set's classes. `check` builds the model on the meta device (no memory, no compute) and runs
+a batch of the data set's shape through it, so a model that cannot take the data set's images, or gives other than
+one logit per class, is refused before any work starts.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from . import user, vision
 from .convnets import INPUT_SHAPES, MnistCNN, vgg11
 from .gpt import GPT_SIZES, VOCAB_SIZE, GptShape, gpt
 
-NUM_CLASSES = 10  # every image data set here has ten classes
+NUM_CLASSES = 10  # CIFAR-10's, MNIST's and synthetic's; an image folder's or the user's own data set says its own
+# the data sets the built-in convnets were written for: each keeps its model's shape (another data set's images are
+# refused there with the model that takes them); for any other data set they are built for its images
+COURSE_DATASETS = ("cifar10", "mnist")
 IMAGES, TOKENS = "images", "tokens"  # what a model takes
 DEFAULT_IMAGE_SHAPE = (3, 32, 32)  # what --dataset synthetic makes for a model that takes the data set's shape
 SQUARE_SIZES = (32, 64, 96, 128, 160, 224, 299)  # the sizes tried for a model that cannot take 32x32
@@ -31,7 +35,7 @@ HELP = ("model: a built-in one (vgg11, mnist_cnn, gpt), any torchvision classifi
         "(resnet18, resnet50, mobilenet_v3_small, ...; 3-channel images, so not MNIST's; "
         f"{', '.join(NEED_LARGER)} need images larger than 32x32 and take --dataset synthetic at the smallest size "
         f"they accept), or your own as MODULE:CALLABLE ({user.CONTRACT}) (default: vgg11 for cifar10, gpt for "
-        f"text, mnist_cnn otherwise)")
+        f"text, resnet18 for imagefolder and a data set of your own, mnist_cnn otherwise)")
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class ModelSpec:
 
 def _convnet(builder) -> Callable[..., nn.Module]:
     return lambda num_classes, shape, dropout, gpt_shape: builder(num_classes=num_classes, in_channels=shape[0],
-                                                                   dropout=dropout)
+                                                                   dropout=dropout, size=tuple(shape[1:]))
 
 
 BUILT_IN = {
@@ -92,8 +96,9 @@ def resolve(name: str) -> ModelSpec:
                     f"classification models: {', '.join(known)}; or your own as MODULE:CALLABLE ({user.CONTRACT}).")
 
 
-def num_classes(spec: ModelSpec) -> int:
-    return VOCAB_SIZE if spec.takes == TOKENS else NUM_CLASSES
+def num_classes(spec: ModelSpec, classes: int = NUM_CLASSES) -> int:
+    """The model's outputs per sample: a logit per byte value for a language model, else one per class."""
+    return VOCAB_SIZE if spec.takes == TOKENS else classes
 
 
 def example(spec: ModelSpec, shape: tuple[int, ...], batch: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,12 +111,13 @@ def example(spec: ModelSpec, shape: tuple[int, ...], batch: int, device=None) ->
 
 
 def build_model(name: str, dropout: float | None = None, input_shape: tuple[int, ...] | None = None,
-                gpt_shape: GptShape | None = None) -> nn.Module:
-    """The model `name` for images (or tokens) of `input_shape` (default: the model's own, else 3x32x32)."""
+                gpt_shape: GptShape | None = None, classes: int = NUM_CLASSES) -> nn.Module:
+    """The model `name` for images (or tokens) of `input_shape` (default: the model's own, else 3x32x32) in
+    `classes` classes."""
     spec = resolve(name)
     gpt_shape = gpt_shape or GPT_SIZES["tiny"]
     shape = input_shape or default_shape(spec, gpt_shape)
-    return spec.make(num_classes(spec), shape, dropout, gpt_shape)
+    return spec.make(num_classes(spec, classes), shape, dropout, gpt_shape)
 
 
 def default_shape(spec: ModelSpec, gpt_shape: GptShape) -> tuple[int, ...]:
@@ -122,24 +128,25 @@ def default_shape(spec: ModelSpec, gpt_shape: GptShape) -> tuple[int, ...]:
     return spec.shape or DEFAULT_IMAGE_SHAPE
 
 
-def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape) -> str | None:
-    """Why the model cannot take a batch of `shape` (None: it can), found by building it on the meta device and
-    running two samples through it. The random streams are left as they were."""
+def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int = NUM_CLASSES) -> str | None:
+    """Why the model cannot take a batch of `shape` and give a logit per class (None: it can), found by building it
+    on the meta device and running two samples through it. The random streams are left as they were."""
     inputs, labels = example(spec, shape, 2, device="meta")
+    outputs = num_classes(spec, classes)
     with torch.random.fork_rng(devices=[]):
         try:
             with torch.device("meta"):
-                model = spec.make(num_classes(spec), shape, None, gpt_shape)
+                model = spec.make(outputs, shape, None, gpt_shape)
         except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device: probe a real copy (whose
             # own errors, the user's callable's among them, are raised from here)
-            model = spec.make(num_classes(spec), shape, None, gpt_shape)
+            model = spec.make(outputs, shape, None, gpt_shape)
             inputs, labels = example(spec, shape, 2)
         try:
             output = model.train()(inputs)
         except Exception as error:  # noqa: BLE001 - whatever the model's forward raises on this shape
             text = str(error).strip().splitlines()
             return f"{type(error).__name__}: {text[0] if text else ''}"
-    expected = (len(labels), num_classes(spec))
+    expected = (len(labels), outputs)
     if not isinstance(output, torch.Tensor) or tuple(output.shape) != expected:
         got = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
         return f"it returned {got} where the loss needs logits of shape {expected}"
@@ -154,9 +161,10 @@ def smallest_square(name: str) -> int | None:
 
 
 @functools.cache
-def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape: GptShape) -> tuple[int, ...]:
+def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape: GptShape,
+          classes: int = NUM_CLASSES) -> tuple[int, ...]:
     """The input shape the model trains on with `dataset` (whose images are `data_shape`; None: synthetic, made to
-    fit, or text); a UserError saying why and what to do when it cannot take them."""
+    fit, or text) and its `classes`; a UserError saying why and what to do when it cannot take them."""
     spec = resolve(name)
     wants_tokens = dataset == "text"
     if wants_tokens and spec.takes != TOKENS:
@@ -167,7 +175,8 @@ def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape
                         f"--dataset text --data-dir PATH (any UTF-8 text file or folder) or --dataset synthetic.")
     if spec.takes == TOKENS:
         return (gpt_shape.context,)
-    if spec.shape is not None:  # the built-in convnets: their shape, and the data set's must match it
+    # the built-in convnets on synthetic data or a course data set: their shape, and the data set's must match it
+    if spec.shape is not None and (data_shape is None or dataset in COURSE_DATASETS):
         if data_shape is not None and data_shape != spec.shape:
             raise UserError(f"--model {name} takes images of {spec.shape} (channels, height, width) and {dataset}'s "
                             f"are {data_shape}. Use the default model for {dataset}, a torchvision model such as "
@@ -181,16 +190,18 @@ def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape
             raise UserError(f"--model {name} takes none of the square images {', '.join(map(str, SQUARE_SIZES))} "
                             f"pixels wide ({_refusal(spec, DEFAULT_IMAGE_SHAPE, gpt_shape)}).")
         return (3, size, size)
-    why = _refusal(spec, data_shape, gpt_shape)
+    why = _refusal(spec, data_shape, gpt_shape, classes)
     if why:
         size = smallest_square(name) if spec.source == "torchvision" else None
-        larger = (f" It takes {size}x{size} images and larger: --dataset synthetic makes images of that size."
-                  if size and size > data_shape[-1] else "")
+        fix = (f"--image-size {size} makes them" if dataset == "imagefolder" else
+               "--dataset synthetic makes images of that size")
+        larger = f" It takes {size}x{size} images and larger: {fix}." if size and size > data_shape[-1] else ""
         channels = (" torchvision's models take 3-channel images." if data_shape[0] != 3 and spec.source ==
                     "torchvision" else "")
+        examples = "resnet18 for cifar10, mnist_cnn for mnist" if dataset in COURSE_DATASETS else "resnet18"
         raise UserError(f"--model {name} ({spec.source}) cannot take {dataset}'s images {data_shape} (channels, "
-                        f"height, width): {why}.{larger}{channels} Pick a model that takes them (e.g. resnet18 for "
-                        f"cifar10, mnist_cnn for mnist).")
+                        f"height, width) in {classes} classes: {why}.{larger}{channels} Pick a model that takes "
+                        f"them (e.g. {examples}).")
     return data_shape
 
 

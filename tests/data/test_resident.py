@@ -10,6 +10,7 @@ from disk_formats import write_cifar10_folders, write_mnist
 from mpi_train.cluster import Cluster
 from mpi_train.config import TrainConfig
 from mpi_train.data import load_datasets, make_loaders
+from mpi_train.data.augment import CropFlip
 from mpi_train.data.resident import ResidentSplit, ResidentTrainLoader, augmentation_seed
 from mpi_train.data.sampler import ResumableSampler
 
@@ -54,7 +55,7 @@ def test_cifar10_batches_take_the_same_images_in_the_same_order(tmp_path, cluste
 
 def split_of(count: int) -> ResidentSplit:
     images = torch.randint(0, 256, (count, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    return ResidentSplit(images, torch.arange(count), CPU, ((0.5,) * 3, (0.25,) * 3), augment=True)
+    return ResidentSplit(images, torch.arange(count), CPU, ((0.5,) * 3, (0.25,) * 3), CropFlip(32, CPU))
 
 
 def passes(split, world_size: int, batch: int, seed: int = 3, epoch: int = 0) -> list[list[torch.Tensor]]:

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,10 @@ def test_estimated_steps_follow_the_sampler():
     assert estimated_steps(sweep.runs[-1]) == 5
     cifar = load(REPO / "experiments/compare_sync.toml").runs
     assert [estimated_steps(r) for r in cifar[:2]] == [196, 196]
+    # a data set whose size the run learns only when it reads it: its --max-steps, else 0 until it prints them
+    folder = replace(cifar[0], config=replace(cifar[0].config, dataset="imagefolder", max_steps=7))
+    assert estimated_steps(folder) == 7 and estimated_steps(replace(folder, config=replace(folder.config,
+                                                                                           max_steps=None))) == 0
 
 
 def test_the_report_s_target_accuracy_is_read_from_the_file():

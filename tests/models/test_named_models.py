@@ -81,6 +81,12 @@ def user_module(tmp_path, monkeypatch):
         def raises(num_classes, input_shape):
             raise RuntimeError("no such layer")
 
+        def for_classes(num_classes):
+            return nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.LazyLinear(num_classes))
+
+        def ten_classes():
+            return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, 10))
+
         NOT_CALLABLE = 3
     """))
     (tmp_path / "broken_models.py").write_text("import torch\nraise ImportError('needs timm')\n")
@@ -123,3 +129,31 @@ def test_gpt_sizes_and_overrides_come_from_the_flags():
         TrainConfig(model="gpt", dataset="synthetic", gpt_size="small", gpt_width=100).validate(world_size=1)
     with pytest.raises(Exception, match="always held resident"):
         TrainConfig(model="gpt", dataset="synthetic", loader="dataloader").validate(world_size=1)
+
+
+def test_a_users_callable_gets_the_arguments_it_takes_and_its_classes_are_checked(user_module):
+    tiny = GPT_SIZES["tiny"]
+    assert check("my_models:for_classes", "imagefolder", (3, 40, 40), tiny, 5) == (3, 40, 40)
+    assert build_model("my_models:for_classes", input_shape=(3, 40, 40), classes=5)(torch.zeros(2, 3, 40, 40)).shape \
+        == (2, 5)
+    with pytest.raises(Exception, match=r"in 5 classes: it returned \(2, 10\) where the loss needs logits of shape "
+                                        r"\(2, 5\)"):
+        check("my_models:ten_classes", "imagefolder", (3, 40, 40), tiny, 5)
+    assert check("my_models:ten_classes", "cifar10", (3, 32, 32), tiny) == (3, 32, 32)
+
+
+def test_the_built_in_convnets_are_built_for_other_images_and_classes():
+    tiny = GPT_SIZES["tiny"]
+    for name, shape in (("vgg11", (3, 40, 40)), ("vgg11", (1, 48, 36)), ("mnist_cnn", (3, 40, 40))):
+        assert check(name, "imagefolder", shape, tiny, 7) == shape
+        model = build_model(name, input_shape=shape, classes=7)
+        assert model(torch.zeros(2, *shape)).shape == (2, 7)
+    # three input channels, a first linear layer as wide as 40x40 images leave, seven classes
+    assert sum(p.numel() for p in model.parameters()) == (1_199_882 + 2 * 32 * 9 + (64 * 18 * 18 - 9216) * 128
+                                                           - 3 * 129)
+    vgg = build_model("vgg11", input_shape=(3, 40, 40), classes=10)  # a global average pool: no weights of its own
+    assert sum(p.numel() for p in vgg.parameters()) == 9_231_114
+    with pytest.raises(Exception, match=r"--model mnist_cnn \(built-in\) cannot take imagefolder's images \(3, 5, 5\)"):
+        check("mnist_cnn", "imagefolder", (3, 5, 5), tiny, 7)
+    with pytest.raises(Exception, match="takes images of"):  # the course's pairs stay as they were
+        check("vgg11", "mnist", (1, 28, 28), tiny)
