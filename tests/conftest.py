@@ -247,19 +247,23 @@ def mlflow_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tracked_jobs(mlflow_server, tmp_path_factory):
     """Two finished np 2 jobs (allreduce with --save-model, gather_scatter evaluated every 4 steps) in the experiment
-    `tests-compare`."""
+    `tests-compare`, and `rerun`: the allreduce job again from the config.toml its run logged, filed under
+    `tests-rerun` (in gather_scatter's mpirun)."""
     tmp = tmp_path_factory.mktemp("tracked")
     args = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2",
             "--max-steps", "8", "--experiment", "tests-compare"]
     host_port = mlflow_server.removeprefix("http://")
-    return {
-        # a password in the URI and a token in the environment: neither may reach the run
-        "allreduce": train(2, tmp, *args, "--sync", "allreduce", "--save-model", "--tracking-uri",
-                           f"http://alice:s3cret-pw@{host_port}", name="allreduce",
-                           env={"MLFLOW_TRACKING_TOKEN": "s3cret-token", "MLFLOW_TRACKING_URI": ""}),
-        "gather_scatter": train(2, tmp, *args, "--sync", "gather_scatter", "--eval-every", "4", name="gather_scatter",
-                                env={"MLFLOW_TRACKING_URI": mlflow_server}),
-    }
+    # a password in the URI and a token in the environment: neither may reach the run
+    allreduce = train(2, tmp, *args, "--sync", "allreduce", "--save-model", "--tracking-uri",
+                      f"http://alice:s3cret-pw@{host_port}", name="allreduce",
+                      env={"MLFLOW_TRACKING_TOKEN": "s3cret-token", "MLFLOW_TRACKING_URI": ""})
+    client = client_for(mlflow_server)
+    run_id = job_runs(client, "tests-compare", "allreduce-np2-seed42")[0].info.run_id
+    job_file = client.download_artifacts(run_id, "config.toml", str(tmp))
+    return {"allreduce": allreduce, **train_several(2, tmp, {
+        "gather_scatter": [*args, "--sync", "gather_scatter", "--eval-every", "4"],
+        "rerun": ["--config", job_file, "--experiment", "tests-rerun"],
+    }, env={"MLFLOW_TRACKING_URI": mlflow_server})}
 
 
 TESTHOSTS_SCRIPT = REPO / "scripts" / "testhosts.sh"

@@ -22,7 +22,7 @@ def main(out: str, jobs: str) -> None:
     for name, args in json.loads(Path(jobs).read_text()).items():
         argv = [*args, "--summary-json", str(Path(out) / f"{name}.json")]
         try:
-            run(parse_config(argv, quiet=not cluster.info.is_main), cluster)
+            run(parse_config(argv, quiet=not cluster.info.is_main, cluster=cluster), cluster)
         except UserError as error:
             if not error.collective:  # raised on some ranks only: the others would wait for them in the next job
                 raise

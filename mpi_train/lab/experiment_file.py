@@ -64,7 +64,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
     import tomli as tomllib
 
-from ..config import REGISTRIES, TrainConfig
+from ..config import TrainConfig, option_error, option_value, shown
 from ..errors import UserError
 from ..models import GPT_SIZES, resolve
 from ..netmodel.links import rate_bytes_per_s
@@ -272,24 +272,16 @@ class _Reader:
         return value
 
     def check_train(self, table: dict, where: tuple) -> dict:
-        """Options of `python -m mpi_train`, type-checked against TrainConfig's fields and their choices."""
-        hints = typing.get_type_hints(TrainConfig)
+        """Options of `python -m mpi_train`, checked as a job file's (--config) are: the same types, choices and
+        words."""
         for key, value in table.items():
-            kind = next((a for a in typing.get_args(hints[key]) if a is not type(None)), hints[key])
-            expected = {bool: ((bool,), "true or false"), int: ((int,), "an integer"),
-                        float: (NUMBER, "a number"), str: ((str,), "a string")}[kind]
-            self.check_type(value, Key(*expected), where + (key,))
-            choices = TRAIN_FIELDS[key].metadata.get("choices")
-            choices = tuple(REGISTRIES[choices]) if isinstance(choices, str) else choices
-            if choices and value not in choices:
-                raise self.fail(where + (key,), f"{value!r} is not one of {', '.join(choices)}.")
-        return {key: float(value) if isinstance(value, int) and not isinstance(value, bool) and
-                hints[key] in (float, float | None) else value for key, value in table.items()}
+            problem = option_error(key, value)
+            if problem:
+                raise self.fail(where + (key,), problem)
+        return {key: option_value(key, value) for key, value in table.items()}
 
 
-def _show(value: Any) -> str:
-    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
-    return f"{kind.get(type(value), type(value).__name__)} ({value!r})" if not isinstance(value, dict) else "a table"
+_show = shown  # a value as a message names it, as a job file's messages do
 
 
 def _as_list(value) -> list:
