@@ -1,8 +1,10 @@
 """The one training configuration: a frozen dataclass whose field docs are the CLI help.
 
-Precedence is simple and written down once: command-line flags override the
-defaults below (and `MASTER_ADDR` / `MLFLOW_TRACKING_URI` fill their flags when
-those are not given). `commands/train.py` builds the argument parser from these fields, so
+Precedence is written down once: CLI > file > environment > defaults. A flag given on the
+command line overrides the job file's key (`--config FILE.toml`, read by `parse_job_file`),
+which overrides the environment (`MLFLOW_TRACKING_URI` fills --tracking-uri, `MASTER_ADDR`
+--master-addr, when neither names them), which overrides the defaults below.
+`commands/train.py` builds the argument parser from these fields, so
 a new option is one new field here; a field whose `choices` names a registry below
 offers that registry's keys (and the words its `also` adds, like --sync auto).
 """
@@ -10,9 +12,19 @@ offers that registry's keys (and the words its `also` adds, like --sync auto).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import json
+import re
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 
 from .environments import LAUNCHERS  # the --launcher names, one per cluster environment
 from .errors import UserError
@@ -20,6 +32,7 @@ from .lr_schedule import LR_SCHEDULES, OptimizerDefaults, optimizer_defaults
 from .models import GPT_SIZES, TOKENS, GptShape, build_model, resolve
 from .models import HELP as MODEL_HELP
 from .models import check as check_model
+from .models.user import is_path as is_users
 from .netmodel.links import rate_bytes_per_s
 from .optimizers import OPTIMIZERS
 from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label, tuned_by
@@ -28,7 +41,9 @@ from .sync.diloco import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
 from .timeline import ALL_STEPS, parse_window
 
 ENV_DEFAULTS = {"tracking_uri": "MLFLOW_TRACKING_URI"}  # field filled from the environment when its flag is absent
-DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "text": "gpt", "synthetic": "mnist_cnn"}
+DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "text": "gpt", "synthetic": "mnist_cnn",
+                         "imagefolder": "resnet18"}
+USERS_DATASET_MODEL = "resnet18"  # the default model on a data set of the user's own (--dataset MODULE:FUNCTION)
 # (channels, height, width) of each image data set; synthetic makes what the model takes, text is bytes
 DATASET_SHAPES = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28)}
 BACKENDS = ("auto", "gloo", "nccl")
@@ -38,6 +53,13 @@ SYNC_AUTO = "auto"  # --sync auto: the method an advice recommends (advice/cache
 ADVICE_DIR = "mlruns/advice"  # where python -m mpi_train advise keeps its advice and --sync auto looks for it
 # a field's `choices` names one (--model: models/)
 REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS, "optimizer": OPTIMIZERS}
+
+
+class DatasetNames(tuple):
+    """--dataset's choices: the data sets named here, and any MODULE:FUNCTION, a data set of the user's own."""
+
+    def __contains__(self, name) -> bool:
+        return super().__contains__(name) or (isinstance(name, str) and is_users(name))
 
 
 def _opt(default, help, **extra):
@@ -87,8 +109,14 @@ class TrainConfig:
     outer_momentum: float | None = _opt(None, f"diloco: momentum of the outer Nesterov step (default "
                                         f"{DEFAULT_OUTER_MOMENTUM})")
     dataset: str = _opt("cifar10", "data set: cifar10, mnist, text (the bytes of any UTF-8 text file or folder of "
-                        "them at --data-dir, for --model gpt) or synthetic (images, or tokens for gpt)",
-                        choices=tuple(DATASET_DEFAULT_MODEL))
+                        "them at --data-dir, for --model gpt), synthetic (images, or tokens for gpt), imagefolder "
+                        "(--data-dir's train/<class>/* and val/<class>/* or test/<class>/*: any classes, sizes and "
+                        "image modes, resized to --image-size) or your own as MODULE:FUNCTION (a function "
+                        "load(data_dir) returning (train, test, num_classes); docs/training.md)",
+                        choices=DatasetNames(DATASET_DEFAULT_MODEL), metavar="NAME|MODULE:FUNCTION")
+    image_size: int | None = _opt(None, "--dataset imagefolder only: the side of the square images the model trains "
+                                  "on; each image is kept resized to 8/7 of it (the decoded cache's size), randomly "
+                                  "cropped to it to train, centre-cropped to evaluate (default: 64)", metavar="PIXELS")
     model: str | None = _opt(None, MODEL_HELP, metavar="NAME|MODULE:CALLABLE")
     data_dir: str = _opt("data", "where data sets are read from (and downloaded to); --dataset text: a text file or a "
                          "folder of them")
@@ -192,7 +220,8 @@ class TrainConfig:
     experiment: str = _opt("mpi_train", "MLflow experiment the job's runs are filed under")
     run_name: str | None = _opt(None, "name of the job's parent run (default: SYNC-npN-seedSEED)")
     no_tracking: bool = _opt(False, "do not record the job in MLflow")
-    save_model: bool = _opt(False, "store the final weights as an artifact of the job's run")
+    save_model: bool = _opt(False, "log the trained model to the job's run, as an MLflow model that "
+                                  "mlflow.pytorch.load_model(\"runs:/<run id>/model\") loads")
     system_metrics_every: float = _opt(10.0, "seconds between CPU, memory, network and disk samples per host (taken at "
                                        "logged steps); 0 turns them off")
     tracking_spool: bool = _opt(False, "if the tracking server cannot be reached at start, train anyway and keep "
@@ -202,7 +231,7 @@ class TrainConfig:
     @property
     def model_name(self) -> str:
         """The model actually trained: --model, or the data set's default."""
-        return self.model or DATASET_DEFAULT_MODEL[self.dataset]
+        return self.model or DATASET_DEFAULT_MODEL.get(self.dataset, USERS_DATASET_MODEL)
 
     @property
     def optimizer_settings(self) -> OptimizerDefaults:
@@ -222,7 +251,15 @@ class TrainConfig:
     def input_shape(self) -> tuple[int, ...]:
         """What the model takes per sample: (channels, height, width) of images, or (context,) tokens; a UserError
         if it cannot take the data set's."""
-        return check_model(self.model_name, self.dataset, DATASET_SHAPES.get(self.dataset), self.gpt_shape)
+        shape, classes = self.data_spec
+        return check_model(self.model_name, self.dataset, shape, self.gpt_shape, classes)
+
+    @property
+    def data_spec(self) -> tuple[tuple[int, ...] | None, int]:
+        """The data set's image shape (None: made in the model's, or text) and class count (data/spec.py)."""
+        from .data.spec import data_spec  # here, not at the top: the data package imports this module
+
+        return data_spec(self.dataset, self.data_dir, self.image_size, DATASET_SHAPES, tuple(DATASET_DEFAULT_MODEL))
 
     @property
     def language_model(self) -> bool:
@@ -231,7 +268,7 @@ class TrainConfig:
 
     def make_model(self):
         """The model this job trains (on the current default device)."""
-        return build_model(self.model_name, self.dropout, self.input_shape, self.gpt_shape)
+        return build_model(self.model_name, self.dropout, self.input_shape, self.gpt_shape, self.data_spec[1])
 
     @property
     def timeline_window(self) -> tuple[int, int] | None:
@@ -460,18 +497,14 @@ def add_config_arguments(parser, names: Sequence[str] | None = None, defaults: d
     """TrainConfig's fields (all, or those `names`) as flags of `parser`, their help the fields' own; `defaults` and
     `helps` (by field name) replace a field's default and help for this parser."""
     defaults, helps = defaults or {}, helps or {}
-    hints = typing.get_type_hints(TrainConfig)
     for config_field in dataclasses.fields(TrainConfig):
         if names is not None and config_field.name not in names:
             continue
-        meta = dict(config_field.metadata)
-        choices = meta.pop("choices", None)
-        if isinstance(choices, str):
-            choices = (*REGISTRIES[choices], *meta.pop("also", ()))
+        meta = {key: value for key, value in config_field.metadata.items() if key not in ("choices", "also")}
+        choices = field_choices(config_field.name)
         meta["help"] = helps.get(config_field.name, meta["help"])
         flag = "--" + config_field.name.replace("_", "-")
-        kind = next((a for a in typing.get_args(hints[config_field.name]) if a is not type(None)),
-                    hints[config_field.name])
+        kind = field_kinds()[config_field.name]
         if kind is bool:  # on/off switches: present means on
             parser.add_argument(flag, action="store_true", **meta)
             continue
@@ -480,6 +513,136 @@ def add_config_arguments(parser, names: Sequence[str] | None = None, defaults: d
             meta["help"] += f" (default: {default})"
         parser.add_argument(flag, type=kind, default=default, choices=choices, **meta)
 
+
+
+@functools.cache
+def field_kinds() -> dict[str, type]:
+    """What each field holds when set: bool, int, float or str (an `int | None` field holds an int)."""
+    return {name: next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+            for name, hint in typing.get_type_hints(TrainConfig).items()}
+
+
+def field_choices(name: str) -> tuple | None:
+    """The values field `name` takes, as its flag offers them (a registry's keys and the words its `also` adds);
+    None: any value of its type."""
+    meta = TrainConfig.__dataclass_fields__[name].metadata
+    choices = meta.get("choices")
+    return (*REGISTRIES[choices], *meta.get("also", ())) if isinstance(choices, str) else choices
+
+
+# A job file (--config FILE.toml) sets fields by name, one `key = value` a line (batch_size = 256), as an experiment
+# file's [train] table does; option_error checks both, so they say the same. Each tracked run logs the job it ran as
+# one (job_file), which reruns it: same seed, same losses. What the logged file leaves out, and why:
+JOB_FILE_LEAVES_OUT = {
+    "summary_json": "an output of the run's own, which a rerun would overwrite",
+    "timeline_dir": "an output of the run's own, which a rerun would overwrite",
+    "checkpoint_dir": "the run's checkpoints, which a rerun would resume from or overwrite",
+    "checkpoint_every": "goes with checkpoint_dir",
+    "resume": "a rerun starts afresh, which a resumed job equals (it continued as if never stopped)",
+    "reshard": "goes with resume",
+    "advice": "the file holds the flags --sync auto took from the advice, in its place",
+    "tracking_uri": "where a rerun is recorded is the rerunner's to say (a URI may carry a password)",
+    "master_addr": "the rendezvous address of the hosts this run had",
+}
+TOML_KINDS = {bool: ((bool,), "true or false"), int: ((int,), "an integer"), float: ((int, float), "a number"),
+              str: ((str,), "a string")}
+
+
+def shown(value) -> str:
+    """A value of a file as a message names it: a string ('256')."""
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
+    return f"{kind.get(type(value), type(value).__name__)} ({value!r})" if not isinstance(value, dict) else "a table"
+
+
+def option_error(name: str, value) -> str | None:
+    """Why a file's `value` cannot set field `name` (not of its type, or not one of its choices), or None."""
+    kind = field_kinds()[name]
+    types, described = TOML_KINDS[kind]
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, types):
+        return f"must be {described}, got {shown(value)}."
+    choices = field_choices(name)
+    if choices and value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1)
+        return f"{value!r} is not one of {', '.join(choices)}." + (f" Did you mean {close[0]!r}?" if close else "")
+    return None
+
+
+def option_value(name: str, value):
+    """A checked value as field `name` holds it: a whole number given for a float, as a float."""
+    return float(value) if field_kinds()[name] is float else value
+
+
+def read_job_file(path: str) -> str:
+    """A job file's text; a UserError says why it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        reason = "it is not UTF-8 text"
+    except OSError as error:
+        reason = error.strerror or str(error)
+    raise UserError(f"cannot read the job file {path} (--config): {reason}. Give the path of a TOML file of training "
+                    f"options, e.g. the config.toml a tracked run logged.")
+
+
+def parse_job_file(text: str, path: str) -> dict:
+    """A job file's options by field name, each checked as its flag is; a UserError names the file, the line and the
+    key of the first mistake."""
+    try:
+        options = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        line = getattr(error, "lineno", None)  # Python >= 3.14; before, only the message carries it
+        found = re.search(r"at line (\d+)", str(error))
+        line = line or (int(found.group(1)) if found else None)
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(error))
+        raise UserError(f"{path}{f', line {line}' if line else ''}: this is not valid TOML: {message}. Write one "
+                        f"option a line, key = value, strings in quotes (see https://toml.io).") from None
+    for key, value in options.items():
+        line = _key_line(text, key)
+        where = f"{path}{f', line {line}' if line else ''}, key {key}"
+        if key not in field_kinds():
+            close = difflib.get_close_matches(key, list(field_kinds()), n=1)
+            raise UserError(f"{where}: unknown key {key!r}.{f' Did you mean {close[0]!r}?' if close else ''} A job "
+                            f"file sets the options python -m mpi_train train --help lists, by name with _ for - "
+                            f"(batch_size = 256), at its top level, without [tables].")
+        problem = option_error(key, value)
+        if problem:
+            raise UserError(f"{where}: {problem}")
+    return {key: option_value(key, value) for key, value in options.items()}
+
+
+def _key_line(text: str, key: str) -> int | None:
+    """The line of `text` that sets top-level `key`, or opens it as a [table]: tomllib gives values, not lines."""
+    name = "|".join(re.escape(spelt) for spelt in (key, f'"{key}"', f"'{key}'"))
+    sets, opens = re.compile(rf"\s*(?:{name})\s*[=.]"), re.compile(rf"\s*\[\[?\s*(?:{name})\s*[\].]")
+    top = True  # keys before the first [table] are the top level's
+    for number, line in enumerate(text.splitlines(), start=1):
+        if opens.match(line):
+            return number
+        top = top and not line.lstrip().startswith("[")
+        if top and sets.match(line):
+            return number
+    return None
+
+
+def toml_value(value) -> str:
+    """`value` written as TOML: floats by repr, the shortest text that reads back to the same bits."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")  # a JSON string is a TOML basic one
+
+
+def job_file(config: TrainConfig, world_size: int) -> str:
+    """The job `config` describes as a job file: each option as the job ran it (the model and its optimizer's
+    settings resolved, unset ones left out) but JOB_FILE_LEAVES_OUT. Run with --config on as many ranks, it computes
+    the same job."""
+    options = {key: value for key, value in config.as_dict().items()
+               if key in field_kinds() and key not in JOB_FILE_LEAVES_OUT and value is not None}
+    return (f"# The options of a job on {world_size} rank(s). Run it again with\n"
+            f"#   mpirun -np {world_size} python -m mpi_train --config config.toml\n"
+            f"# (a flag after it overrides its key; python -m mpi_train train --help says what each option does).\n"
+            + "".join(f"{key} = {toml_value(value)}\n" for key, value in options.items()))
 
 # The flags that name the model, for the commands that build it without training it (bench, advise, predict,
 # gpu-check): the same names, help and checks as training's.

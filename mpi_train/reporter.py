@@ -7,18 +7,27 @@ handed to the reporter. On rank 0 it is a real `Reporter`; on the other ranks it
 The paths it writes only at the end (the summary, the timeline) are checked before the
 first step, with the checkpoint and spool folders, by `check_outputs`: a job that could
 not keep what it trained for stops before it trains.
+
+When the job was run directly (no launcher) with its output on a terminal, a live progress
+bar (tqdm's) sits below the lines: the step, the epoch, the last logged loss and samples/s,
+and the time left. Anywhere else the lines are all there is.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
+
+from tqdm import tqdm
 
 from . import memory, swimlanes, timeline
 from .advice.cache import described
 from .config import JobInfo, TrainConfig
+from .environments import ENVIRONMENTS
 from .errors import folder_write_error
 from .files import write_json_atomically
 from .throughput import Throughput
@@ -77,6 +86,23 @@ def check_outputs(config: TrainConfig, cluster) -> None:
     cluster.agree(outcome, "The job cannot write its outputs")
 
 
+# the live bar: "epoch 1  step 37/196 |####      | ETA 01:52, loss 2.0455, 95 samples/s" (tqdm puts the ", "
+# before the postfix: the last logged step's loss and samples/s)
+PROGRESS_FORMAT = "{desc}  step {n_fmt}/{total_fmt} |{bar}| ETA {remaining}{postfix}"
+
+
+def progress_bar(job: JobInfo) -> tqdm | None:
+    """The live progress bar on standard output for a job run directly on a terminal, else None: into a file or a
+    pipe, and under any launcher, the output is read as lines. A launcher's rank may well print to a terminal, but
+    it is the launcher's (Open MPI's mpirun gives each rank one even when its own output goes to a file), forwarded
+    as lines."""
+    if not sys.stdout.isatty() or any(environment.detect(os.environ) for environment in ENVIRONMENTS.values()):
+        return None
+    done = job.resumed_from["step"] if job.resumed_from else 0
+    return tqdm(total=job.total_steps, initial=done, desc=f"epoch {done // max(job.steps_per_epoch, 1) + 1}",
+                file=sys.stdout, bar_format=PROGRESS_FORMAT, dynamic_ncols=True)
+
+
 def mean_over_ranks(per_rank: list[dict], key: str) -> float:
     return statistics.fmean(record[key] for record in per_rank)
 
@@ -84,7 +110,16 @@ def mean_over_ranks(per_rank: list[dict], key: str) -> float:
 class SilentReporter:
     """What ranks other than 0 report: nothing."""
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace) -> bool:
+        self.end_progress()
+        return False
+
     def start(self, job: JobInfo) -> None: ...
+    def advance(self, epoch: int, step: int) -> None: ...
+    def end_progress(self) -> None: ...
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict],
                  lr: float | None = None) -> None: ...
     def log_epoch(self, epoch: int, step: int, test_loss: float, test_accuracy: float,
@@ -139,11 +174,31 @@ class Reporter(SilentReporter):
         self.evaluations: list[dict] = []  # every test evaluation with the time and bytes it took to get there
         self.throughput = throughput  # the model's FLOPs per sample and the device's peak: FLOP/s and MFU
         self.held: dict = {}  # memory per rank, measured (memory.py) beside the model's (netmodel/memory.py)
+        self.bar: tqdm | None = None  # the live progress bar, on a terminal only (progress_bar)
 
     def print(self, line: str) -> None:
-        """Console output, also kept by the tracker as the run's console log."""
-        self._print(line)
+        """Console output, also kept by the tracker as the run's console log; above the progress bar, if one is
+        drawn."""
+        if self.bar is None:
+            self._print(line)
+        else:
+            with tqdm.external_write_mode(file=sys.stdout):  # the bar is cleared, the line printed, the bar redrawn
+                self._print(line)
         self.tracker.console(line)
+
+    def advance(self, epoch: int, step: int) -> None:
+        """Step `step` (of epoch `epoch`) is done: the progress bar, if one is drawn, moves on."""
+        if self.bar is None:
+            return
+        self.bar.set_description_str(f"epoch {epoch}", refresh=False)
+        self.bar.update(step - self.bar.n)
+
+    def end_progress(self) -> None:
+        """The training loop is over (or failed): the bar stays as it last was, and what follows starts on a line
+        of its own."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def start(self, job: JobInfo) -> None:
         self.job = job.as_dict()
@@ -182,6 +237,7 @@ class Reporter(SilentReporter):
             self.tracker.log_straggler(model.straggler)
             self.print(f"mpi_train: slow host: {model.straggler.describe()}; every rank waits for it, about "
                        f"+{cost:.3f} s of sync per step by the model")
+        self.bar = progress_bar(job)
 
     def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict], lr: float | None = None) -> None:
         loss = mean_over_ranks(per_rank, "loss")
@@ -202,6 +258,9 @@ class Reporter(SilentReporter):
         self.steps.append({"step": step, "epoch": epoch, "loss": loss, **({"lr": lr} if lr is not None else {}),
                            **times})
         self.tracker.log_step(epoch, step, loss, times, self.global_batch / times["step_time_s"], per_rank, lr=lr)
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {loss:.4f}, {self.global_batch / times['step_time_s']:.0f} samples/s",
+                                     refresh=False)
         self.print(
             f"epoch {epoch} step {step:>5}/{total_steps}  loss {loss:.4f}  "
             + (f"lr {lr:.4g}  " if lr is not None else "")
@@ -310,8 +369,8 @@ class Reporter(SilentReporter):
             **({"timeline": self.timeline} if self.timeline else {}),
             "clock_alignment": [{"rank": rank, "offset_s": a.offset_s, "error_s": a.error_s}
                                 for rank, a in enumerate(self.alignments)],
-            **({"predicted_sync_time_s": self.sync_model.sync_time(steady["compute_time_s"])}
-               if self.sync_model else {}),
+            **({"predicted_sync_time_s": self.sync_model.sync_time(steady["compute_time_s"]),
+                "prediction_fit_error": self.sync_model.fit_error} if self.sync_model else {}),
             **({"slow_host": self.slow_host(steady)} if self.sync_model and self.sync_model.straggler else {}),
             "wall_time_s": wall_time_s,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -370,4 +429,7 @@ class Reporter(SilentReporter):
         return swimlanes.predicted(recorder.kept[0], model, method)
 
     def save_weights(self, state: dict) -> None:
-        self.tracker.save_weights(state)
+        """--save-model: the trained model, logged to MLflow as a model that loads (tracking/runs.py), and how."""
+        uri = self.tracker.save_weights(state)
+        if uri:
+            self.print(f"mpi_train: trained model saved: mlflow.pytorch.load_model(\"{uri}\") loads it")

@@ -385,7 +385,9 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
                                                  tokens=config.language_model),
                         ) if cluster.info.is_main else SilentReporter()
     cluster.liveness.on_stall(reporter.note_stall)  # a host that went silent and came back, when the job spans hosts
-    with tracker:  # ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT)
+    # the tracker ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT); the reporter
+    # ends its progress bar, if it draws one, before any message that follows
+    with tracker, reporter:
         if job.resume and config.resume == RESUME_AUTO:
             tracker.resend(job.resume.unsent_metrics)
         reporter.start(job.info)
@@ -418,6 +420,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
                 step, step_in_epoch = step + 1, step_in_epoch + 1
                 sent += job.sent_per_sync.get(job.method.last_sync, 0.0)
                 position = Position(epoch, step, step_in_epoch, progress.elapsed(), sent)
+                reporter.advance(epoch, step)
                 if after_step(position, *done):
                     break
                 if (config.eval_every and step % config.eval_every == 0 and step < total_steps
@@ -437,6 +440,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             reporter.log_epoch(epoch, step, test_loss, test_accuracy, time.perf_counter() - epoch_started)
             reporter.log_eval(step, test_loss, test_accuracy, elapsed, sent, epoch_end=True)
 
+        reporter.end_progress()
         if after_step.diverged:
             cluster.liveness.close()
             message = after_step.divergence_message()

@@ -7,9 +7,11 @@ the guard process records the end if this process dies first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -21,13 +23,14 @@ import traceback
 from pathlib import Path
 
 from ..advice.cache import described
-from ..config import RESUME_AUTO, JobInfo, TrainConfig, redact_uri
+from ..config import RESUME_AUTO, JobInfo, TrainConfig, field_kinds, job_file, redact_uri
 from ..errors import UserError, raised_in_collective
 from ..files import write_json_atomically
+from ..models import example, resolve
 from . import links, names
 from .sampler import HostSampler
 from .sender import END_TIMEOUT_S, BatchSender
-from .spool import OFFLINE_PREFIX, SpoolingClient, server_run_id
+from .spool import OFFLINE_PREFIX, SpoolingClient, first_line, server_run_id
 from .store import Connection
 from .tracker import ACK_KEY, ENDED_KEY, FAILURE_KEY, NullTracker
 
@@ -42,11 +45,30 @@ DIVERGED_TAG = "mpi_train.diverged"  # the step whose loss or weights went inf o
 FAILURE_TAGS = ("mpi_train.failed_rank", "mpi_train.failed_host", "mpi_train.error", "mpi_train.killed_by",
                 "mpi_train.unreachable_hosts", "mpi_train.unreachable_ranks", "mpi_train.requeued", DIVERGED_TAG)
 SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
-PARAMS = ("sync", "compression", "powersgd_rank", "powersgd_start_step", "backend", "world_size", "batch_size",
-          "batch_size_per_rank", "model", "dataset", "optimizer", "lr", "momentum", "weight_decay", "lr_schedule",
-          "warmup_steps", "timing_warmup_steps", "epochs", "max_steps", "seed", "hosts", "threads", "rendezvous",
-          "link", "num_hosts", "ranks_per_host", "advice", "accumulate", "period", "local_start_step", "host_period",
-          "local_momentum", "outer_lr", "outer_momentum", "eval_every")
+# TrainConfig's fields that are not params of a job's run, each a path or an output switch: none changes what the job
+# computes, or how fast. Every other field is a param, so two runs that differ by any other option differ in MLflow.
+NOT_PARAMS = (
+    "summary_json", "timeline_dir", "checkpoint_dir",  # where the job writes its outputs
+    "resume",  # the checkpoint it continues: tags resumed_from, resumed_from_checkpoint
+    "calibration",  # a bench JSON, read only for the predicted sync time (metric time/predicted_sync_s)
+    "tracking_uri", "experiment", "run_name",  # where and as what the run is recorded: MLflow shows them
+    "no_tracking", "save_model", "tracking_spool",  # output switches (a recorded run has no_tracking off)
+)
+# what the job turned out to be (JobInfo), logged over the option where both name one (backend auto: the one chosen)
+JOB_PARAMS = ("world_size", "batch_size_per_rank", "hosts", "rendezvous", "num_hosts", "ranks_per_host", "backend",
+              "threads", "compression", "advice")
+PARAMS = (*(name for name in field_kinds() if name not in NOT_PARAMS), *JOB_PARAMS)
+PARAMS_PER_BATCH = 100  # the most params MLflow takes in one log_batch
+CONFIG_FILE = "config.toml"  # the artifact holding the job as a job file: --config reruns it
+
+
+def run_params(config: TrainConfig, job: JobInfo, hosts: list[str]) -> dict:
+    """The job's run's params: each option in PARAMS as the job ran it (unset ones left out) and what the job turned
+    out to be."""
+    params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS and v is not None},
+              **{k: v for k, v in job.as_dict().items() if k in JOB_PARAMS}}
+    params["hosts"] = ",".join(sorted(set(hosts)))
+    return params
 
 
 def checked_failure(posted: bytes) -> dict:
@@ -108,6 +130,8 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
                     if key in names.THROUGHPUT})
     if "predicted_sync_time_s" in summary:
         figures[names.summary_key("predicted_sync_s")] = summary["predicted_sync_time_s"]
+    if "prediction_fit_error" in summary:  # the worst calibration fit behind it (a compared plot says when rough)
+        figures[names.summary_key("prediction_fit_error")] = summary["prediction_fit_error"]
     split = summary.get("sync_split_after_warmup")
     if split:
         figures.update({names.summary_key(key): split["mean"][key] for key in names.SPLIT})
@@ -151,9 +175,7 @@ class MlflowTracker(NullTracker):
         self.wakeup: tuple[int, int] | None = None
 
         environment = describe_environment(cluster)
-        params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS and v is not None},  # unset: not logged
-                  **{k: v for k, v in job.as_dict().items() if k in PARAMS}}
-        params["hosts"] = ",".join(sorted(set(self.hosts)))
+        params = run_params(config, job, self.hosts)
         tags = {"mpi_train.role": "job", "mlflow.note.content": names.JOB_NOTE, "torch_version": environment["torch"],
                 "mpi4py_version": environment["mpi4py"],
                 "mpi_library_version": (environment["mpi_library"].splitlines()[0] if environment["mpi_library"]
@@ -191,6 +213,7 @@ class MlflowTracker(NullTracker):
             if self.holding and connection.online and not continued:
                 write_json_atomically(str(Path(config.checkpoint_dir) / RUN_FILE), {"run_id": self.parent_id})
             self.client.log_dict(self.parent_id, config.as_dict(), "config.json")
+            self.client.log_text(self.parent_id, job_file(config, len(ranks)), CONFIG_FILE)
             self.client.log_dict(self.parent_id, environment, "environment.json")
         except BaseException:  # never leave a half-made job RUNNING
             self._fail_all()
@@ -215,8 +238,9 @@ class MlflowTracker(NullTracker):
         parent = self.client.create_run(connection.experiment_id,
                                         run_name=config.default_run_name(self.info.world_size), tags=tags)
         self.parent_id = parent.info.run_id
-        self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in sorted(params.items())],
-                              synchronous=True)
+        logged = [Param(k, str(v)) for k, v in sorted(params.items())]
+        for start in range(0, len(logged), PARAMS_PER_BATCH):
+            self.client.log_batch(self.parent_id, params=logged[start:start + PARAMS_PER_BATCH], synchronous=True)
         for who in ranks:
             self.child_ids.append(self._create_child(connection, who))
 
@@ -433,14 +457,67 @@ class MlflowTracker(NullTracker):
     def log_artifact(self, path, folder: str) -> None:
         self.client.log_artifact(self.parent_id, str(path), folder)
 
-    def save_weights(self, state: dict) -> None:
-        """`state`: the model's whole state_dict on CPU (SyncMethod.model_state)."""
+    MODEL_NAME = "model"  # what --save-model logs: runs:/<run id>/model loads it
+    EXAMPLE_BATCH = 2  # samples in the model's input example: more than one, so the saved model takes any batch size
+
+    def save_weights(self, state: dict) -> str | None:
+        """The trained model as an MLflow PyTorch model, which mlflow.pytorch.load_model("runs:/<run id>/model") loads
+        and the Model Registry takes: the job's model built afresh with `state` (its whole state_dict on CPU,
+        SyncMethod.model_state), in eval mode, with an input example of the data's shape (whence its signature).
+        It is a logged model of the job's run; a server that is away, or cannot take logged models (MLflow 2), gets
+        the same files as the run's artifacts under model/, sent or spooled like any artifact, which the same URI
+        loads once they are on the server. Where it can be loaded from now, if anywhere (not while spooled)."""
         import torch
 
+        with torch.random.fork_rng(devices=[]):  # building draws initial weights: the job's streams stay as they were
+            model = self.config.make_model()
+        model.load_state_dict(state)
+        inputs = example(resolve(self.config.model_name), self.config.input_shape, self.EXAMPLE_BATCH)[0]
         with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "state_dict.pt"
-            torch.save(state, path)
-            self.client.log_artifact(self.parent_id, str(path), "model")
+            path = Path(folder) / self.MODEL_NAME
+            # a run made offline gets its server's id from the replay: the files cannot name it
+            offline = self.parent_id.startswith(OFFLINE_PREFIX)
+            save_model_files(model.eval(), inputs.numpy(), path, None if offline else self.parent_id)
+            uri = f"runs:/{self.parent_id}/{self.MODEL_NAME}"
+            if self._server_up() and self._log_model(path):
+                return uri
+            for file in sorted(found for found in path.rglob("*") if found.is_file()):  # sent, or spooled
+                self.client.log_artifact(self.parent_id, str(file),
+                                         str(self.MODEL_NAME / file.parent.relative_to(path)))
+            return uri if self._server_up() else None
+
+    def _server_up(self) -> bool:
+        """Writes reach the store now: the job did not train offline, and no outage is being spooled."""
+        return self.experiment_id is not None and not getattr(self.client, "down", False)
+
+    def _log_model(self, path: Path) -> str | None:
+        """The MLflow model saved at `path` logged as a model of the job's run (MLflow 3's LoggedModel, listed with
+        the run's params in the experiment's Models tab): its id; None, said on stderr, where the store did not
+        take it."""
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+        from mlflow.models import Model
+
+        logged = None
+        try:
+            logged = self.client.create_logged_model(self.experiment_id, self.MODEL_NAME, self.parent_id,
+                                                     params=self.client.get_run(self.parent_id).data.params)
+            saved = Model.load(str(path))  # as mlflow.pytorch.log_model writes it: the MLmodel names its model
+            saved.model_id = saved.model_uuid = logged.model_id
+            saved.artifact_path = logged.artifact_location
+            saved.save(str(path / "MLmodel"))
+            self.client.log_model_artifacts(logged.model_id, str(path))
+            self.client.log_outputs(self.parent_id, [LoggedModelOutput(logged.model_id, step=0)])
+            self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+            return logged.model_id
+        except Exception as error:  # noqa: BLE001 - the run's artifacts take the files instead
+            if logged is not None:
+                with contextlib.suppress(Exception):
+                    self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
+            print(f"mpi_train: warning: MLflow did not take the trained model as a logged model of run "
+                  f"{self.parent_id} ({first_line(error)}); it is stored with the run's artifacts under "
+                  f"{self.MODEL_NAME}/ instead, which mlflow.pytorch.load_model(\"runs:/{self.parent_id}/"
+                  f"{self.MODEL_NAME}\") loads as well.", file=sys.stderr, flush=True)
+            return None
 
     # -- lifetime: started by `with`, ended once -------------------------------------------------------
 
@@ -624,6 +701,28 @@ class MlflowTracker(NullTracker):
             signal.signal(sig, handler)
         os.write(write_fd, b"\0")
         self.wakeup = None
+
+
+def save_model_files(model, inputs, path: Path, run_id: str | None) -> str:
+    """`model` saved as an MLflow PyTorch model at `path` with `inputs` (a numpy batch) as its input example: a
+    torch.export program (pt2, MLflow's default: it loads with torch alone and unpickles nothing), else, for a model
+    torch.export cannot trace, pickled, which loads only where the model's code imports. The format used."""
+    import mlflow.pytorch
+    from mlflow.models import Model
+
+    # listed, not inferred: inferring them loads the model again in a new Python process, seconds for nothing
+    options = {"input_example": inputs, "pip_requirements": mlflow.pytorch.get_default_pip_requirements()}
+    try:
+        mlflow.pytorch.save_model(model, str(path), mlflow_model=Model(run_id=run_id), serialization_format="pt2",
+                                  **options)
+        return "pt2"
+    except Exception as error:  # noqa: BLE001 - whatever torch.export cannot trace in the model's forward
+        shutil.rmtree(path, ignore_errors=True)
+        print(f"mpi_train: warning: torch.export cannot trace the model ({first_line(error)}); it is saved pickled "
+              f"instead, which loads only where {type(model).__module__} imports.", file=sys.stderr, flush=True)
+    mlflow.pytorch.save_model(model, str(path), mlflow_model=Model(run_id=run_id), serialization_format="pickle",
+                              **options)
+    return "pickle"
 
 
 def git_commit() -> str | None:

@@ -64,7 +64,10 @@ class NullTracker:
     def diverged(self, step: int, rank: int, message: str) -> None:
         """Training diverged at `step`, first seen on `rank` (preemption.py): its runs end FAILED, the step in a tag,
         `message` as the error."""
-    def save_weights(self, state: dict) -> None: ...
+    def save_weights(self, state: dict) -> str | None:
+        """The trained model, `state` its whole state_dict on CPU, as an MLflow model of the job's run (see
+        MlflowTracker.save_weights); the URI that loads it, if it can be loaded now."""
+        return None
     def log_artifact(self, path, folder: str) -> None: ...
 
 

@@ -12,15 +12,20 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MPI_ENV, REPO, client_for, free_port, job_runs, mpirun, train, wait_for
+import torch
+from conftest import MPI_ENV, REPO, client_for, free_port, job_runs, losses, mpirun, train, wait_for
 
-from mpi_train.config import TrainConfig, redact_uri
+from mpi_train.config import JobInfo, TrainConfig, field_kinds, redact_uri
 from mpi_train.errors import UserError
 from mpi_train.lab import mpirun as launch
+from mpi_train.models import build_model
+from mpi_train.tracking.runs import PARAMS as RUN_PARAMS
+from mpi_train.tracking.runs import run_params, save_model_files
 from mpi_train.tracking.sampler import HostSampler
 from mpi_train.tracking.sender import BatchSender
 from mpi_train.tracking.server import main as server_main
 from mpi_train.tracking.store import mlflow_client, open_store
+from mpi_train.train import parameter_digest
 
 # Tests that run jobs or use the session's server are e2e; the URI, store-folder, sampler and sender checks run
 # in-process.
@@ -30,7 +35,8 @@ PARENT_STEP_METRICS = ("learning/loss", "learning/lr", "time/step_s", "time/data
                        "time/flops_per_s")
 CHILD_STEP_METRICS = ("rank/loss", "rank/data_s", "rank/compute_s", "rank/sync_s", "rank/optimizer_s", "rank/step_s")
 PARAMS = ("sync", "backend", "world_size", "batch_size", "batch_size_per_rank", "model", "dataset", "lr",
-          "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts")
+          "momentum", "weight_decay", "epochs", "max_steps", "seed", "hosts", "bucket_mb", "overlap", "loader",
+          "deterministic", "synthetic_size", "gpt_size", "data_dir")
 QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2"]
 
 
@@ -125,10 +131,10 @@ def test_metrics_have_the_same_keys_and_every_logged_step(allreduce_runs, tracke
 
 
 @pytest.mark.e2e
-def test_artifacts_hold_config_summary_console_environment_and_weights(allreduce_runs, tmp_path):
+def test_artifacts_hold_config_summary_console_and_environment(allreduce_runs, tmp_path):
     client, parent, _ = allreduce_runs
     run_id = parent.info.run_id
-    assert ({"config.json", "summary.json", "console.log", "environment.json", "model/state_dict.pt"}
+    assert ({"config.json", "config.toml", "summary.json", "console.log", "environment.json"}
             <= artifact_paths(client, run_id))
     config = json.loads(read_artifact(client, run_id, "config.json", tmp_path))
     assert config["seed"] == 42 and config["sync"] == "allreduce"
@@ -140,14 +146,99 @@ def test_artifacts_hold_config_summary_console_environment_and_weights(allreduce
 
 
 @pytest.mark.e2e
+def test_the_saved_model_loads_with_the_trained_weights_and_the_registry_takes_it(allreduce_runs, tracked_jobs,
+                                                                                  mlflow_server, tmp_path, monkeypatch):
+    """--save-model: mlflow.pytorch.load_model("runs:/<run id>/model") gives the job's final weights, bit for bit (the
+    summary's digest, through the package's own model), and their logits; the Model Registry takes it as it is."""
+    import mlflow
+    import mlflow.pytorch
+
+    client, parent, _ = allreduce_runs
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # where runs:/ and models:/ URIs resolve
+    uri = f"runs:/{parent.info.run_id}/model"
+    loaded = mlflow.pytorch.load_model(uri)
+    trained = build_model("mnist_cnn").eval()
+    trained.load_state_dict(loaded.state_dict())  # strict: the same tensors by name and shape
+    assert parameter_digest(trained) == tracked_jobs["allreduce"]["weights_sha256"]
+    batch = torch.randn(5, 1, 28, 28, generator=torch.Generator().manual_seed(0))  # not the example's batch size
+    with torch.no_grad():
+        logits = trained(batch)
+        torch.testing.assert_close(loaded(batch), logits)
+    signature = mlflow.models.get_model_info(uri).signature
+    assert [spec.shape for spec in (*signature.inputs.inputs, *signature.outputs.inputs)] == [(-1, 1, 28, 28), (-1, 10)]
+    assert [model.name for model in client.search_logged_models([parent.info.experiment_id])
+            if model.source_run_id == parent.info.run_id] == ["model"]
+    version = mlflow.register_model(uri, "tests-mnist-cnn")
+    with torch.no_grad():
+        torch.testing.assert_close(mlflow.pytorch.load_model(f"models:/tests-mnist-cnn/{version.version}")(batch),
+                                   logits)
+    assert f'mlflow.pytorch.load_model("{uri}") loads it' in read_artifact(client, parent.info.run_id, "console.log",
+                                                                           tmp_path)
+
+
+class Branchy(torch.nn.Module):
+    """A forward torch.export cannot trace: which way it goes depends on the data."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return y if y.sum() > 0 else -y
+
+
+def test_a_model_torch_export_cannot_trace_is_saved_pickled_and_loads(tmp_path, capsys):
+    import mlflow.pytorch
+
+    model = Branchy().eval()
+    assert save_model_files(model, torch.zeros(2, 4).numpy(), tmp_path / "model", "run-id") == "pickle"
+    assert "torch.export cannot trace the model" in capsys.readouterr().err
+    batch = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(mlflow.pytorch.load_model(str(tmp_path / "model"))(batch), model(batch))
+        torch.testing.assert_close(mlflow.pytorch.load_model(str(tmp_path / "model"))(-batch), model(-batch))
+
+
+@pytest.mark.e2e
 def test_no_secret_reaches_params_tags_or_artifacts(allreduce_runs, tmp_path):
     client, parent, children = allreduce_runs
     texts = [json.dumps(parent.data.params), json.dumps(parent.data.tags)] + [json.dumps(c.data.tags) for c in children]
     texts += [read_artifact(client, parent.info.run_id, name, tmp_path)
-              for name in ("config.json", "environment.json", "summary.json", "console.log")]
+              for name in ("config.json", "config.toml", "environment.json", "summary.json", "console.log")]
     for text in texts:
         assert "s3cret" not in text
     assert redact_uri("http://alice:pw@host:5000/x") == "http://alice:***@host:5000/x"
+
+
+@pytest.mark.e2e
+def test_the_logged_config_toml_reruns_the_job_to_the_same_losses_bit_for_bit(allreduce_runs, tracked_jobs, tmp_path):
+    client, parent, _ = allreduce_runs
+    job_file = read_artifact(client, parent.info.run_id, "config.toml", tmp_path)
+    assert 'sync = "allreduce"' in job_file and "seed = 42" in job_file and "summary_json" not in job_file
+    first, rerun = tracked_jobs["allreduce"], tracked_jobs["rerun"]  # the rerun: --config config.toml --experiment
+    assert rerun["config"]["seed"] == 42 and losses(rerun) == losses(first) and len(losses(first)) == 4
+    assert rerun["final_loss"] == first["final_loss"]
+    # the same job but for where it is recorded (its URI from the environment) and its summary
+    changed = {key for key, value in first["config"].items() if rerun["config"][key] != value}
+    assert changed == {"experiment", "tracking_uri", "summary_json"}, changed
+
+
+def test_every_option_but_the_paths_and_output_switches_is_a_param():
+    """Two runs that differ by any option that changes what they compute, or how fast, differ in their params."""
+    unlogged = {"summary_json", "timeline_dir", "checkpoint_dir", "resume", "calibration",  # paths
+                "tracking_uri", "experiment", "run_name",  # where the run is, as MLflow shows
+                "no_tracking", "save_model", "tracking_spool"}  # output switches
+    config = TrainConfig(sync="localsgd", overlap=True, fragments=2, dropout=0.1, gpt_layers=3, context=64,
+                         loader="dataloader", deterministic=True, synthetic_size=512, bucket_mb=4.0, threads=2,
+                         run_name="x", summary_json="s.json", resume="ckpt", calibration="c.json")
+    job = JobInfo(world_size=2, backend="gloo", hosts=("h1", "h1"), threads=1, rendezvous="h1:1234",
+                  batch_size_per_rank=128, steps_per_epoch=16, total_steps=16)
+    assert {name for name in field_kinds() if name not in RUN_PARAMS} == unlogged
+    params = run_params(config, job, ["h1", "h1"])
+    assert {name for name in field_kinds() if name not in params and getattr(config, name) is not None} <= unlogged
+    assert (params["overlap"], params["fragments"], params["dropout"], params["gpt_layers"], params["loader"],
+            params["bucket_mb"], params["threads"]) == (True, 2, 0.1, 3, "dataloader", 4.0, 1)  # threads: the job's
 
 
 @pytest.mark.e2e
