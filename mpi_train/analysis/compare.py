@@ -10,12 +10,19 @@ same in every table; beside it, memory per rank (`memory/total_bytes`: parameter
 optimizer state, the most any rank held), what a sharded method saves for its time. Jobs of
 earlier versions are read under the names they logged (and show no memory).
 
+Every column has one format and says its unit and, for a ratio, what it is against. Two
+figures that differ by less than the machine's noise (NOISE_RULE) get no verdict: a
+speed-up or a model's error of a few milliseconds on a shared CPU says nothing. A plot
+whose model fitted its own calibration worse than FIT_ERROR_ROUGH says so in its title.
+
     python -m mpi_train compare --experiment mpi_train --tracking-uri http://127.0.0.1:5000 --out plots
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,15 +32,33 @@ from ..config import ENV_DEFAULTS, redact_uri
 from ..errors import UserError, format_error
 from ..models import BUILT_IN, TOKENS
 from ..stragglers import Straggler
-from ..sync import GRADIENTS, SYNC_METHODS, label, split_label
+from ..sync import BASELINE, GRADIENTS, SYNC_METHODS, label, split_label
 from ..tracking import check_uri, default_store_uri, job_metrics, mlflow_client, probe_server
 from ..tracking import names as metric_names
 from . import time_to_accuracy
 from .time_to_accuracy import Evaluation, Target
 
 PLOTTED_PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
-COLUMNS = ("run", "sync", "np", "step_s", "sync_s", "sync_%", "mem_MiB", "samples/s", "final_loss", "test_acc",
-           "speed-up")  # mem_MiB: memory per rank, the most any rank held (memory/total_bytes)
+# The runs table: each column's header says its unit, each has one format. SPEED_UP's header names its reference.
+COLUMNS = ("run", "sync", "np", "step_ms", "sync_ms", "sync_%_of_step", "mem_MiB/rank", "samples/s", "final_loss",
+           "test_acc_%", "speed-up")
+FORMATS = {"step_ms": "{:.1f}", "sync_ms": "{:.1f}", "sync_%_of_step": "{:.1f}", "mem_MiB/rank": "{:.1f}",
+           "samples/s": "{:.1f}", "final_loss": "{:.4f}", "test_acc_%": "{:.2f}", "speed-up": "{:.2f}x"}
+SPEED_UP = "speed-up"
+WITHIN_NOISE = "within-noise"  # in place of a verdict (a speed-up, a model's error) that the noise decides
+
+# The noise rule: below NOISE_FLOOR_S a difference is the per-call overhead of Python and the backend on a shared CPU,
+# which the model does not price; a run's own step times stray by its spread, and a difference inside NOISE_SPREADS
+# spreads of either figure's run is the machine's, not the method's.
+NOISE_FLOOR_S = 0.005
+NOISE_SPREADS = 2
+NOISE_RULE = (f"within noise = two figures that differ by less than max({1000 * NOISE_FLOOR_S:.0f} ms, "
+              f"{NOISE_SPREADS} x the step-time spread of the runs they come from) get no verdict; spread = the "
+              f"standard deviation of a run's logged step times after its timing warm-up (none for a run with fewer "
+              f"than two: the {1000 * NOISE_FLOOR_S:.0f} ms alone), a bench's of a method's step minus the no-sync "
+              f"step; under {1000 * NOISE_FLOOR_S:.0f} ms a difference is the per-call overhead the model does not "
+              f"price")
+FIT_ERROR_ROUGH = 0.20  # a fit off its own calibration points by more than the lab's ±20% target cannot meet it
 
 
 @dataclass
@@ -51,10 +76,49 @@ class FinishedJob:
     slow_host: str | None = None  # a straggler host found at its start (stragglers.Straggler.describe)
     evaluations: list[Evaluation] = field(default_factory=list)  # each test evaluation, for time to accuracy
     drift_curve: list[tuple[int, float]] = field(default_factory=list)  # local SGD, DiLoCo: ranks from their average
+    step_times: list[float] = field(default_factory=list)  # logged step times after the warm-up (steady_step_times)
 
     @property
     def label(self) -> str:
         return f"{self.sync} np{self.world_size}"
+
+    @property
+    def step_spread_s(self) -> float | None:
+        """How far its step time strays on this machine: the standard deviation of its steady logged step times."""
+        return spread(self.step_times)
+
+
+def steady_step_times(windows: Sequence[tuple[int, float]], warmup_steps: int) -> list[float]:
+    """A job's logged step times, (step, seconds) per window (each a mean over ranks), of the windows that start
+    after the timing warm-up: a window holding a warm-up step is slower by its start-up, not by the machine's noise."""
+    windows = sorted(windows)
+    starts = [0, *(step for step, _ in windows[:-1])]  # a window starts after the step logged before it
+    return [seconds for (_, seconds), before in zip(windows, starts) if before >= warmup_steps]
+
+
+def spread(values: Sequence[float]) -> float | None:
+    """The standard deviation of a figure over steps; None below two."""
+    return statistics.stdev(values) if len(values) >= 2 else None
+
+
+def noise_bound(*spreads: float | None) -> float:
+    """The smallest difference NOISE_RULE gives a verdict on, for figures from runs of these spreads."""
+    return max([NOISE_FLOOR_S] + [NOISE_SPREADS * s for s in spreads if s is not None and math.isfinite(s)])
+
+
+def within_noise(figure: float, reference: float, *spreads: float | None) -> bool:
+    """Whether two figures differ by less than the noise of the runs they come from (NOISE_RULE): no verdict."""
+    return abs(figure - reference) < noise_bound(*spreads)
+
+
+def fit_note(fit_error: float | None, what: str = "model", figures: str = "predictions") -> str | None:
+    """What a plot of a model's `figures` says on its face when the calibration fit of its `what` is rough or
+    unknown; None when the fit is within FIT_ERROR_ROUGH."""
+    if fit_error is None:
+        return f"{what} fit error not recorded: {figures} unchecked"
+    if fit_error > FIT_ERROR_ROUGH:
+        return f"{what} fit error {100 * fit_error:.0f}% (over {100 * FIT_ERROR_ROUGH:.0f}%): {figures} are rough"
+    return None
 
 
 def load_jobs(client, experiment_id: str, since_ms: int | None = None, names: set | None = None) -> list[FinishedJob]:
@@ -83,6 +147,9 @@ def load_jobs(client, experiment_id: str, since_ms: int | None = None, names: se
         job.evaluations = evaluations(client, job.run_id)
         job.drift_curve = [(m.step, m.value) for m in sorted(history(client, job.run_id, metric_names.DRIFT),
                                                              key=lambda m: m.step)]
+        job.step_times = steady_step_times(
+            [(m.step, m.value) for m in history(client, job.run_id, metric_names.step_key("step_time_s"))],
+            int(params.get("timing_warmup_steps", 1)))
         for child in sorted(children, key=lambda c: int(c.data.tags.get("rank", 0))):
             steps = history(client, child.info.run_id, metric_names.rank_key("step_time_s"))
             job.rank_step_times.append([m.value for m in steps])
@@ -122,7 +189,14 @@ def job_from_summary(name: str, summary: dict) -> FinishedJob:
                slow_host=Straggler.from_dict(summary["slow_host"]).describe() if summary.get("slow_host") else None,
                evaluations=[Evaluation(e["step"], e["test_accuracy"], e.get("elapsed_s"), e.get("sent_mb"),
                                        e.get("test_loss")) for e in summary.get("evaluations", [])],
-               drift_curve=[(step["step"], step["drift"]) for step in summary["steps"] if "drift" in step])
+               drift_curve=[(step["step"], step["drift"]) for step in summary["steps"] if "drift" in step],
+               step_times=summary_step_times(summary))
+
+
+def summary_step_times(summary: dict) -> list[float]:
+    """steady_step_times of a job's --summary-json file."""
+    return steady_step_times([(step["step"], step["step_time_s"]) for step in summary.get("steps", [])
+                              if "step_time_s" in step], summary.get("timing_warmup_steps", 1))
 
 
 def slow_host_lines(jobs: list[FinishedJob]) -> list[str]:
@@ -148,41 +222,85 @@ def throughput(metrics: dict) -> float | None:
     return metric_names.read(metrics, metric_names.summary_key("samples_per_s"))
 
 
+def speed_up_reference(jobs: list[FinishedJob]) -> FinishedJob | None:
+    """The job every speed-up is against: the baseline method (ddp, as time to accuracy's) at its smallest world size
+    (the first of its seeds), else the slowest job."""
+    timed = [job for job in jobs if throughput(job.metrics)]
+    baseline = [job for job in timed if job.sync == BASELINE]
+    if baseline:
+        return min(baseline, key=lambda job: (job.world_size, job.name))
+    return min(timed, key=lambda job: throughput(job.metrics), default=None)
+
+
+def speed_up_header(reference: FinishedJob | None) -> str:
+    if reference is None:
+        return SPEED_UP
+    if reference.sync == BASELINE:
+        return f"{SPEED_UP}_vs_{reference.sync}_np{reference.world_size}"
+    return f"{SPEED_UP}_vs_slowest"
+
+
 def table_rows(jobs: list[FinishedJob]) -> list[dict]:
-    """One row per job; speed-up is throughput against the slowest job's."""
-    slowest = min((throughput(j.metrics) or 0 for j in jobs), default=0) or 1.0
+    """One row per job, in the units the headers say (ms, %, MiB); speed-up is throughput against
+    speed_up_reference's, WITHIN_NOISE where the two step times differ by less than the noise."""
+    reference = speed_up_reference(jobs)
     rows = []
     for job in jobs:
         m = job.metrics
         step_s, sync_s = timing(m, "step_time_s"), timing(m, "sync_time_s")
+        held = m.get(metric_names.memory_key("total_bytes"))
+        accuracy = metric_names.read(m, metric_names.summary_key("test_accuracy")) or metric_names.read(
+            m, metric_names.TEST_ACCURACY)
+        speed_up = None
+        if reference is not None and throughput(m) is not None:
+            ref_step = timing(reference.metrics, "step_time_s")
+            noisy = (job is not reference and step_s is not None and ref_step is not None
+                     and within_noise(step_s, ref_step, job.step_spread_s, reference.step_spread_s))
+            speed_up = WITHIN_NOISE if noisy else throughput(m) / throughput(reference.metrics)
         rows.append({
             "run": job.name, "sync": job.sync, "np": job.world_size,
-            "step_s": step_s, "sync_s": sync_s,
-            "sync_%": 100 * sync_s / step_s if step_s and sync_s is not None else None,
-            "mem_MiB": held / 2**20 if (held := m.get(metric_names.memory_key("total_bytes"))) is not None else None,
+            "step_ms": 1000 * step_s if step_s is not None else None,
+            "sync_ms": 1000 * sync_s if sync_s is not None else None,
+            "sync_%_of_step": 100 * sync_s / step_s if step_s and sync_s is not None else None,
+            "mem_MiB/rank": held / 2**20 if held is not None else None,
             "samples/s": throughput(m),
             "final_loss": metric_names.read(m, metric_names.summary_key("final_loss")) or metric_names.read(
                 m, metric_names.LOSS),
-            "test_acc": metric_names.read(m, metric_names.summary_key("test_accuracy")) or metric_names.read(
-                m, metric_names.TEST_ACCURACY),
-            "speed-up": throughput(m) / slowest if throughput(m) is not None else None,
+            "test_acc_%": 100 * accuracy if accuracy is not None else None,
+            SPEED_UP: speed_up,
         })
     return rows
 
 
-def format_table(rows: list[dict]) -> str:
-    def cell(value) -> str:
+def format_table(rows: list[dict], speed_up: str = SPEED_UP) -> str:
+    """The runs table: one format per column (FORMATS); `speed_up` is the speed-up column's header."""
+    def cell(column: str, value) -> str:
         if value is None:
             return "-"
-        if isinstance(value, float):
-            return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+        if column in FORMATS and isinstance(value, (int, float)):
+            return FORMATS[column].format(value)
         return str(value)
 
-    cells = [list(COLUMNS)] + [[cell(row[c]) for c in COLUMNS] for row in rows]
+    headers = [speed_up if column == SPEED_UP else column for column in COLUMNS]
+    cells = [headers] + [[cell(c, row[c]) for c in COLUMNS] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
     lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def runs_table(jobs: list[FinishedJob]) -> str:
+    """The runs table with the notes that say what each column is measured against and the noise rule."""
+    reference = speed_up_reference(jobs)
+    header = speed_up_header(reference)
+    against = ("" if reference is None else
+               f"; {header} = samples/s over run {reference.name}'s ({BASELINE} at its smallest np, else the slowest "
+               f"run), {WITHIN_NOISE} where the two step times differ by less than the noise")
+    return (format_table(table_rows(jobs), header) + "\n"
+            + "step_ms, sync_ms: means per step by the rule above; sync_%_of_step = sync_ms / step_ms; mem_MiB/rank: "
+              "parameters, gradients and optimizer state, the most any rank held; samples/s: the job's, all ranks; "
+              f"test_acc_%: the last test evaluation{against}.\n"
+            + f"Noise: {NOISE_RULE}.")
 
 
 def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = None,
@@ -249,7 +367,7 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
     return written
 
 
-PREDICTION_COLUMNS = ("sync", "model", "np", "hosts", "link", "measured_ms", "predicted_ms", "error")
+PREDICTION_COLUMNS = ("sync", "model", "np", "hosts", "link", "measured_ms", "predicted_ms", "error", "fit_error")
 
 
 def hidden_in_backward(sync: str) -> bool:
@@ -259,19 +377,25 @@ def hidden_in_backward(sync: str) -> bool:
 
 
 def prediction_rows(jobs: list[FinishedJob]) -> list[dict]:
-    """Predicted (mpi_train/netmodel/) against measured sync time per job, with the relative error; measured is the
-    same summary figure as in the runs table (SUMMARY_RULE)."""
+    """Predicted (mpi_train/netmodel/) against measured sync time per job, with the relative error (None where
+    either is missing, the sync is inside backward, or the two are within the run's noise: `noisy`); measured is
+    the same summary figure as in the runs table (SUMMARY_RULE). fit_error: how far the links the job predicted
+    with missed their own calibration points (None for jobs that did not record it)."""
     rows = []
     for job in jobs:
         m = job.metrics
         predicted = metric_names.read(m, metric_names.summary_key("predicted_sync_s"))
         measured = timing(m, "sync_time_s")
         hidden = hidden_in_backward(job.sync)
+        noisy = (not hidden and predicted is not None and measured is not None
+                 and within_noise(predicted, measured, job.step_spread_s))
         rows.append({"sync": job.sync, "model": job.params.get("model"), "np": job.world_size,
                      "hosts": job.params.get("num_hosts"), "link": job.params.get("link") or "-",  # unset: not logged
                      "measured_s": measured, "predicted_s": predicted,
-                     "error": None if hidden or not predicted or not measured else (predicted - measured) / measured,
-                     "hidden": hidden})
+                     "error": (None if hidden or noisy or not predicted or not measured
+                               else (predicted - measured) / measured),
+                     "hidden": hidden, "noisy": noisy, "noise_s": noise_bound(job.step_spread_s),
+                     "fit_error": metric_names.read(m, metric_names.summary_key("prediction_fit_error"))})
     return sorted(rows, key=lambda r: (str(r["model"]), str(r["link"]), int(r["hosts"] or 0), r["np"], r["sync"]))
 
 
@@ -283,7 +407,11 @@ def format_prediction_table(rows: list[dict]) -> str:
         if column == "predicted_ms":
             return "-" if row["predicted_s"] is None else f"{1000 * row['predicted_s']:.1f}"
         if column == "error":
+            if row["noisy"]:
+                return WITHIN_NOISE
             return "n/a" if row["error"] is None else f"{100 * row['error']:+.0f}%"
+        if column == "fit_error":
+            return "-" if row["fit_error"] is None else f"{100 * row['fit_error']:.0f}%"
         return "-" if row[column] is None else str(row[column])
 
     cells = [list(PREDICTION_COLUMNS)] + [[cell(row, c) for c in PREDICTION_COLUMNS] for row in rows]
@@ -293,19 +421,32 @@ def format_prediction_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot_predictions(rows: list[dict], out: Path) -> Path:
-    """Measured against predicted sync time, one marker per method; on the diagonal the model is exact."""
+def worst_fit(rows: list[dict]) -> float | None:
+    """The worst calibration fit behind the rows' predictions; None when any of them did not record its fit."""
+    errors = [row["fit_error"] for row in rows]
+    return None if not errors or None in errors else max(errors)
+
+
+def predictions_figure(rows: list[dict]):
+    """Measured against predicted sync time, one marker per method (hollow: within the run's noise, no verdict); on
+    the diagonal the model is exact. Its title says when the model's fit is rough (fit_note)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
     points = [r for r in rows if r["predicted_s"] and r["measured_s"] and not r["hidden"]]
     fig, ax = plt.subplots(figsize=(7, 6))
-    for sync in sorted({r["sync"] for r in points}):
+    methods = sorted({r["sync"] for r in points})
+    for index, sync in enumerate(methods):
+        colour = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")(index % 20)
         mine = [r for r in points if r["sync"] == sync]
-        ax.scatter([1000 * r["predicted_s"] for r in mine], [1000 * r["measured_s"] for r in mine], label=sync, s=40)
+        for noisy in (False, True):
+            shown = [r for r in mine if r["noisy"] == noisy]
+            if shown:
+                ax.scatter([1000 * r["predicted_s"] for r in shown], [1000 * r["measured_s"] for r in shown], s=40,
+                           label=None if noisy and len(shown) < len(mine) else sync, edgecolors=colour,
+                           facecolors="none" if noisy else colour)
     if points:
         low = min(min(r["predicted_s"], r["measured_s"]) for r in points) * 1000 / 1.5
         high = max(max(r["predicted_s"], r["measured_s"]) for r in points) * 1000 * 1.5
@@ -313,36 +454,66 @@ def plot_predictions(rows: list[dict], out: Path) -> Path:
         ax.fill_between([low, high], [low * 0.8, high * 0.8], [low * 1.2, high * 1.2], color="grey", alpha=0.2,
                         label="±20%")
         ax.set(xscale="log", yscale="log")
-    ax.set(xlabel="predicted sync time per step (ms, alpha-beta model)", ylabel="measured sync time per step (ms)",
-           title="Sync time: model against measurement")
+    if any(r["noisy"] for r in points):
+        ax.scatter([], [], s=40, facecolors="none", edgecolors="grey", label="hollow: within noise")
+    note = fit_note(worst_fit(points))
+    title = "Sync time: model against measurement"
+    ax.set_title(title + (f"\n{note}" if note else ""), color="firebrick" if note else "black")
+    ax.set(xlabel="predicted sync time per step (ms, alpha-beta model)", ylabel="measured sync time per step (ms)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    return save_figure(fig, out / "predicted_vs_measured.png")
+    return fig
 
 
-def plot_sync_costs(bench: dict, out: Path, name: str = "sync_cost_vs_floor.png") -> Path:
-    """Each method's measured communication time beside the floor its cost model allows (from mpi_train bench)."""
+def plot_predictions(rows: list[dict], out: Path) -> Path:
+    """predictions_figure as predicted_vs_measured.png under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    return save_figure(predictions_figure(rows), out / "predicted_vs_measured.png")
+
+
+def bench_fit_error(bench: dict) -> float | None:
+    """How far the links a bench's floors and predictions stand on missed their calibration points: the link within
+    a host, and between hosts when it spans them; None without a calibration."""
+    network = (bench.get("calibration") or {}).get("network")
+    if not network:
+        return None
+    crossed = ("intra", "inter") if (bench.get("layout") or {}).get("hosts", 1) > 1 else ("intra",)
+    return max(network[link].get("fit_error", 0.0) for link in crossed)
+
+
+def sync_costs_figure(bench: dict):
+    """Each method's measured communication time beside the floor its cost model allows, one row per method (a bench
+    has dozens); the title says when the calibration behind the floor fitted badly (fit_note)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
     rows = [row for row in bench["methods"] if row.get("collective")]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows) + 2), 5))
-    positions = range(len(rows))
-    ax.bar([p - 0.2 for p in positions], [1000 * row["sync_s"] for row in rows], width=0.4,
-           label="sync (between barriers)")
-    ax.bar([p + 0.2 for p in positions], [1000 * max(0.0, row["exposed_s"]) for row in rows], width=0.4,
-           label="exposed (step minus no-sync step)")
-    ax.scatter(list(positions), [1000 * row["floor_s"] for row in rows], marker="_", s=900, color="black", zorder=3,
+    fig, ax = plt.subplots(figsize=(9, max(4.0, 0.32 * len(rows) + 2)))
+    positions = list(range(len(rows)))
+    ax.barh([p - 0.2 for p in positions], [1000 * row["sync_s"] for row in rows], height=0.4,
+            label="sync (between barriers)")
+    ax.barh([p + 0.2 for p in positions], [1000 * max(0.0, row["exposed_s"]) for row in rows], height=0.4,
+            label="exposed (step minus no-sync step)")
+    ax.scatter([1000 * row["floor_s"] for row in rows], positions, marker="|", s=250, color="black", zorder=3,
                label="cost-model floor")
-    ax.set_xticks(list(positions), [f"{row['method']}\n({row['collective']})" for row in rows])
-    ax.set(ylabel="ms per step", title=f"Sync cost against theory: {bench['model']}, np {bench['world_size']}, "
-                                       f"{bench['gradient_bytes'] / 1e6:.0f} MB of gradients")
-    ax.legend()
-    ax.grid(alpha=0.3, axis="y")
-    return save_figure(fig, out / name)
+    ax.set_yticks(positions, [f"{row['method']} ({row['collective']})" for row in rows], fontsize=8)
+    ax.invert_yaxis()  # the bench's order, top to bottom
+    note = fit_note(bench_fit_error(bench), "link", "floors") if bench.get("world_size", 1) > 1 else None
+    ax.set_title(f"Sync cost against theory: {bench['model']}, np {bench['world_size']}, "
+                 f"{bench['gradient_bytes'] / 1e6:.0f} MB of gradients" + (f"\n{note}" if note else ""),
+                 color="firebrick" if note else "black")
+    ax.set(xlabel="ms per step")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
+def plot_sync_costs(bench: dict, out: Path, name: str = "sync_cost_vs_floor.png") -> Path:
+    """sync_costs_figure of a bench JSON (python -m mpi_train bench --json) under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    return save_figure(sync_costs_figure(bench), out / name)
 
 
 def log_comparison(client, experiment_id: str, jobs: list[FinishedJob], text: str, paths: list[Path],
@@ -435,7 +606,7 @@ def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | Non
     """The comparison's text: its rule said once, the runs table, time to accuracy or to a validation loss (runs
     that were evaluated), predicted against measured sync (jobs on several hosts), the slow hosts."""
     sections = [f"{title} ({len(jobs)} finished). Times per step: {metric_names.SUMMARY_RULE}.\n"
-                + format_table(table_rows(jobs))]
+                + runs_table(jobs)]
     target = race_target(jobs, target_accuracy, target_loss)
     if target is not None:
         sections.append(time_to_accuracy.describe(time_to_accuracy.rows(accuracy_runs(jobs), target),
@@ -451,9 +622,11 @@ def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | Non
                         "time that ran during backward:\n" + communication)
     predictions = prediction_rows(jobs)
     if any(row["predicted_s"] is not None for row in predictions):
-        sections.append("Sync time per step, measured (the runs table's sync_s) against the alpha-beta model "
-                        "(mpi_train/netmodel/), per method and setting; error = (predicted - measured) / measured:\n"
-                        + format_prediction_table(predictions))
+        sections.append("Sync time per step, measured (the runs table's sync_ms) against the alpha-beta model "
+                        "(mpi_train/netmodel/), per method and setting; error = (predicted - measured) / measured, "
+                        f"{WITHIN_NOISE} by the noise rule above; fit_error = how far the links the run predicted "
+                        f"with missed their own calibration points (over {100 * FIT_ERROR_ROUGH:.0f}%: the "
+                        "predictions are rough):\n" + format_prediction_table(predictions))
     slow = slow_host_lines(jobs)
     if slow:
         sections.append("Slow hosts (every rank waits for the slowest link):\n" + "\n".join(slow))
@@ -461,9 +634,11 @@ def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | Non
 
 
 def save_figure(fig, path: Path, rect: tuple | None = None) -> Path:
-    """Lay the figure out (inside `rect`, leaving room for a legend or title outside the axes), write it, close it."""
+    """Lay the figure out (inside `rect`, leaving room for a legend or title outside the axes), write it, close it.
+    Its titles go into the PNG's Title too, so what a plot says on its face can be read without looking."""
     fig.tight_layout(rect=rect)
-    fig.savefig(path, dpi=110)
+    titles = [fig.get_suptitle(), *(ax.get_title() for ax in fig.axes if ax.get_visible())]
+    fig.savefig(path, dpi=110, metadata={"Title": " | ".join(title for title in titles if title)})
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -5,10 +5,12 @@ ranks per host x link). It tabulates, per setting and method, what the step pays
 communication (the sync call for a method that syncs after backward; the exposed time,
 step minus the no-sync step, for one that overlaps backward), what the model predicts,
 the relative error, and whether that error is within the lab's targets (±20% for methods
-that sync after backward, ±30% for the exposed time of overlapped ones). Two plots show
+that sync after backward, ±30% for the exposed time of overlapped ones); a prediction within
+the bench's noise of its measurement is not judged (compare.NOISE_RULE). Two plots show
 the same figures: sync time against the number of ranks, one panel per link rate and
 number of hosts, and against the link rate, one panel per layout; measured points are
-markers, the model's predictions are lines.
+markers, the model's predictions are lines; their title says when a calibration behind the
+lines fitted its own points worse than compare.FIT_ERROR_ROUGH.
 """
 
 from __future__ import annotations
@@ -17,9 +19,22 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..commands.bench import NO_SYNC
 from ..netmodel.links import UNLIMITED, rate_bytes_per_s
-from ..sync import label, split_label
-from .compare import save_figure
+from ..sync import PARAMETERS, SYNC_METHODS, label, split_label
+from ..sync.averaging import DEFAULT_PERIOD
+from ..sync.base import INSIDE_FSDP
+from .compare import (
+    NOISE_FLOOR_S,
+    NOISE_SPREADS,
+    bench_fit_error,
+    fit_note,
+    noise_bound,
+    save_figure,
+    spread,
+    summary_step_times,
+    within_noise,
+)
 
 TARGETS = {False: 0.20, True: 0.30}  # the largest |error| the model may make: after backward, overlapped (exposed)
 MARKERS = ("o", "s", "^", "D", "v", "P")  # one per compression: none, then in order of appearance
@@ -36,6 +51,7 @@ def rows_of(results: Sequence[dict]) -> list[dict]:
                 continue
             overlapped = bool(method.get("overlapped"))
             error = method.get("prediction_error")
+            noisy = within_noise(method["predicted_s"], method["measured_s"], bench_spread(result, method["method"]))
             rows.append({
                 "method": method["method"], "np": result["world_size"], "hosts": layout.get("hosts", 1),
                 "per_host": layout.get("ranks_per_host", result["world_size"]),
@@ -43,7 +59,7 @@ def rows_of(results: Sequence[dict]) -> list[dict]:
                 "measured_as": ("" if not overlapped else  # what the bench held the prediction against
                                 "after backward" if method.get("after_backward_s") is not None else "exposed"),
                 "measured_s": method["measured_s"], "predicted_s": method["predicted_s"], "error": error,
-                "within": None if error is None else abs(error) <= TARGETS[overlapped],
+                "noisy": noisy, "within": None if error is None or noisy else abs(error) <= TARGETS[overlapped],
             })
     return sorted(rows, key=lambda r: (_rate_order(r["link"]), r["hosts"], r["np"], r["method"]))
 
@@ -64,6 +80,8 @@ def format_table(rows: list[dict]) -> str:
             return "-" if row["error"] is None else f"{100 * row['error']:+.0f}%"
         if column == "target":
             bound = f"±{100 * TARGETS[row['overlapped']]:.0f}%"
+            if row["noisy"]:
+                return "within noise"
             return "-" if row["within"] is None else f"{bound} {'met' if row['within'] else 'MISSED'}"
         return str(row[column])
 
@@ -76,17 +94,24 @@ def format_table(rows: list[dict]) -> str:
 
 
 def verdict(rows: list[dict], hosts_at_least: int = 2) -> str:
-    """How many predictions are within their target, counting settings that span hosts (the lab's targets)."""
+    """How many predictions are within their target, counting settings that span hosts (the lab's targets); those
+    within the noise are counted apart, unjudged."""
     lines = []
     for overlapped, what in ((False, "sync after backward"), (True, "exposed time of overlapped methods")):
-        judged = [r for r in rows
-                  if r["overlapped"] == overlapped and r["hosts"] >= hosts_at_least and r["within"] is not None]
+        mine = [r for r in rows if r["overlapped"] == overlapped and r["hosts"] >= hosts_at_least]
+        judged = [r for r in mine if r["within"] is not None]
+        noisy = sum(1 for r in mine if r["noisy"])
+        parts = []
         if judged:
             met = [r for r in judged if r["within"]]
             worst = max(judged, key=lambda r: abs(r["error"]))
-            lines.append(f"{what}: {len(met)} of {len(judged)} predictions within ±{100 * TARGETS[overlapped]:.0f}% "
-                         f"on {hosts_at_least}+ hosts (worst: {worst['method']} at np {worst['np']} on "
+            parts.append(f"{len(met)} of {len(judged)} predictions within ±{100 * TARGETS[overlapped]:.0f}% on "
+                         f"{hosts_at_least}+ hosts (worst: {worst['method']} at np {worst['np']} on "
                          f"{worst['hosts']} host(s), {worst['link']}: {100 * worst['error']:+.0f}%)")
+        if noisy:
+            parts.append(f"{noisy} within noise, not judged")
+        if parts:
+            lines.append(f"{what}: " + "; ".join(parts))
     return "\n".join(lines)
 
 
@@ -97,7 +122,16 @@ def report(results: Sequence[dict]) -> str | None:
         return None
     return ("Sync time per step, measured by the bench (medians; exposed time for methods that overlap backward) "
             "against the alpha-beta model (mpi_train/netmodel/), per network setting; error = (predicted - measured) "
-            "/ measured:\n" + format_table(rows) + "\n" + verdict(rows))
+            f"/ measured, not judged within noise (a difference under max({1000 * NOISE_FLOOR_S:.0f} ms, "
+            f"{NOISE_SPREADS} x its standard deviation over the bench's steps)):\n"
+            + format_table(rows) + "\n" + verdict(rows))
+
+
+def plot_note(results: Sequence[dict]) -> str | None:
+    """What the plots say on their face about the calibrations behind the model's lines (compare.fit_note): the
+    worst fit of any bench that predicted."""
+    fits = [bench_fit_error(result) for result in results if any(m.get("predicted_s") for m in result["methods"])]
+    return fit_note(None if None in fits else max(fits, default=None))
 
 
 def plot(results: Sequence[dict], out: Path) -> list[Path]:
@@ -158,6 +192,11 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
             ax.set_visible(False)
         return fig, list(axes.flat)
 
+    note = plot_note(results)
+
+    def title(fig, text: str) -> None:
+        fig.suptitle(text + (f"\n{note}" if note else ""), color="firebrick" if note else "black")
+
     panels = sorted({(r["link"], r["hosts"]) for r in rows}, key=lambda panel: (_rate_order(panel[0]), panel[1]))
     if any(len({r["np"] for r in rows if (r["link"], r["hosts"]) == panel}) > 1 for panel in panels):
         fig, axes = grid(len(panels))
@@ -167,7 +206,7 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted({r["np"] for r in mine}), [str(n) for n in sorted({r["np"] for r in mine})])
         rect = legend(fig)
-        fig.suptitle("Sync time against ranks: measured (markers) and the alpha-beta model (dashed)")
+        title(fig, "Sync time against ranks: measured (markers) and the alpha-beta model (dashed)")
         paths.append(save_figure(fig, out / "sync_vs_ranks.png", rect))
 
     layouts = sorted({(r["hosts"], r["per_host"]) for r in rows if r["hosts"] > 1})
@@ -182,7 +221,7 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
             links = sorted({r["link"] for r in mine}, key=_rate_order)
             ax.set_xticks([8 * rate_bytes_per_s(link) / 1e6 for link in links], links)
         rect = legend(fig)
-        fig.suptitle("Sync time against link rate: measured (markers) and the alpha-beta model (dashed)")
+        title(fig, "Sync time against link rate: measured (markers) and the alpha-beta model (dashed)")
         paths.append(save_figure(fig, out / "sync_vs_link.png", rect))
     return paths
 
@@ -218,22 +257,67 @@ def timeline_report(summaries: dict[str, dict]) -> str | None:
 EXPOSED_TARGET = 0.15  # a run's own exposed communication against the bench's, same method and setting
 
 
+def bench_spread(bench: dict, method: str) -> float | None:
+    """How far a method's exposed time strays between a bench's timed steps: the standard deviation of its step minus
+    the no-sync step (slowest rank per step, as the bench takes its medians); None without per-step times."""
+    per_rank = bench.get("per_rank_times") or []
+    if not per_rank or any(method not in rank or NO_SYNC not in rank for rank in per_rank):
+        return None
+    steps = [max(values) for values in zip(*(rank[method]["step"] for rank in per_rank))]
+    baseline = [max(values) for values in zip(*(rank[NO_SYNC]["step"] for rank in per_rank))]
+    return spread([a - b for a, b in zip(steps, baseline)])
+
+
+def exposed_verdict(run_s: float, bench_s: float, run_spread: float | None, bench_noise: float | None) -> str:
+    """ok, `parts: +N%`, or `within noise (±N ms)` where the two differ by less than the noise (compare.NOISE_RULE).
+    A bench's exposed time below zero is its noise (the no-sync step was the slower): it counts as a spread of its
+    size, and a difference it explains gets no verdict."""
+    noise = [run_spread, bench_noise, -bench_s if bench_s < 0 else None]
+    if within_noise(run_s, bench_s, *noise):
+        return f"within noise (±{1000 * noise_bound(*noise):.0f} ms)"
+    error = (run_s - bench_s) / bench_s
+    return "ok" if abs(error) <= EXPOSED_TARGET else f"parts: {100 * error:+.0f}%"
+
+
+def averaging_period(config: dict) -> int:
+    """Steps between a run's syncs: a model-averaging method's --period (localsgd, diloco), 1 for the others."""
+    method = SYNC_METHODS.get(config.get("sync", ""))
+    if method is None or method.averages != PARAMETERS:
+        return 1
+    return int(config.get("period") or DEFAULT_PERIOD)
+
+
+def inside_forward(config: dict) -> bool:
+    """A method whose messages run inside forward and backward (fsdp's gathers): the run's sync split times only
+    what follows backward, the bench's exposed time all of it, so the two do not measure one figure."""
+    method = SYNC_METHODS.get(config.get("sync", ""))
+    return method is not None and method.sends == INSIDE_FSDP
+
+
 def exposed_report(pairs: Sequence[tuple[str, dict, dict]]) -> str | None:
     """Each training run's exposed communication, measured in the run itself (the sync split's steady-state mean:
     what backward did not hide, wait included), beside the bench's exposed time (step minus a no-sync replica's) for
-    the same method on the same setting: one figure measured two ways. `pairs` are (run name, its summary, the
-    bench JSON of its setting)."""
+    the same method on the same setting: one figure measured two ways, judged only beyond the noise of both. `pairs`
+    are (run name, its summary, the bench JSON of its setting)."""
     lines = []
     for name, summary, bench in pairs:
         split = (summary.get("sync_split_after_warmup") or {}).get("mean")
         config = summary.get("config") or {}
         method = label(config.get("sync", ""), config.get("compression", "none"))
         row = next((m for m in bench["methods"] if m["method"] == method), None)
-        if not split or row is None or not row.get("exposed_s"):
+        if not split or row is None or row.get("exposed_s") is None:
             continue
-        run_s, bench_s = split["exposed_comm_s"], row["exposed_s"]
-        error = (run_s - bench_s) / bench_s
-        verdict = "ok" if abs(error) <= EXPOSED_TARGET else f"parts: {100 * error:+.0f}%"
+        run_s, bench_s, noise = split["exposed_comm_s"], row["exposed_s"], bench_spread(bench, method)
+        every = averaging_period(config)
+        if every > 1:  # the bench averages every step: a run pays it every `every` steps
+            bench_s, noise = bench_s / every, None if noise is None else noise / every
+        timed = summary.get("total_steps", 0) - summary.get("timing_warmup_steps", 1)
+        if inside_forward(config):
+            verdict = "not compared: its gathers run in forward and backward, which the run's sync split leaves out"
+        elif every > 1 and timed < every:
+            verdict = f"not compared: no average in its {timed} timed steps (one every {every})"
+        else:
+            verdict = exposed_verdict(run_s, bench_s, spread(summary_step_times(summary)), noise)
         lines.append(f"  {name:<36} {method:<18} {1000 * run_s:>10.1f} {1000 * split['sync_wait_s']:>8.1f} "
                      f"{100 * split['comm_overlap']:>9.0f}% {1000 * bench_s:>9.1f}  {verdict}")
     if not lines:
@@ -241,5 +325,7 @@ def exposed_report(pairs: Sequence[tuple[str, dict, dict]]) -> str | None:
     head = f"  {'run':<36} {'method':<18} {'run_ms':>10} {'wait_ms':>8} {'overlap':>10} {'bench_ms':>9}  verdict"
     return (f"Exposed communication per step, measured inside each training run (steady-state mean over ranks, wait "
             f"for the last rank included; overlap = share of message time during backward) against the bench's "
-            f"exposed time for the same method and setting (target +-{100 * EXPOSED_TARGET:.0f}%):\n"
+            f"exposed time for the same method and setting (a model-averaging method's per step: one average over "
+            f"its period; target ±{100 * EXPOSED_TARGET:.0f}%, judged only beyond the noise; a bench figure below "
+            f"zero is its noise):\n"
             + head + "\n" + "\n".join(lines))

@@ -42,6 +42,12 @@ class JobModel:
                         backward=self.backward, compute_s=compute_s, units=self.units, later=self.later)
         return again.sync_s - again.in_forward_s
 
+    @property
+    def fit_error(self) -> float:
+        """How far the links its prediction crosses missed their own calibration points: the worst fit of them."""
+        crossed = (self.network.intra, self.network.slowest) if self.layout.hosts > 1 else (self.network.intra,)
+        return max(link.fit_error for link in crossed)
+
     def straggler_cost(self, compute_s: float) -> float | None:
         """Seconds per step the straggler adds: the predicted sync with the measured links minus with the others'."""
         if self.straggler is None:

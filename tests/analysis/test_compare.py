@@ -6,35 +6,177 @@ import sys
 import pytest
 from conftest import REPO, losses
 
-from mpi_train.analysis.compare import COLUMNS, FinishedJob, format_table, hidden_in_backward, table_rows
+from mpi_train.analysis.compare import (
+    COLUMNS,
+    NOISE_FLOOR_S,
+    NOISE_SPREADS,
+    WITHIN_NOISE,
+    FinishedJob,
+    format_prediction_table,
+    format_table,
+    hidden_in_backward,
+    job_from_summary,
+    noise_bound,
+    plot_predictions,
+    plot_sync_costs,
+    prediction_rows,
+    predictions_figure,
+    runs_table,
+    speed_up_header,
+    speed_up_reference,
+    steady_step_times,
+    summary_step_times,
+    sync_costs_figure,
+    table_rows,
+    within_noise,
+)
 
 PNG = b"\x89PNG"
 
 
-def test_table_rows_give_speed_up_against_the_slowest_job():
+def test_table_rows_give_speed_up_against_the_slowest_job_without_allreduce():
     slow = FinishedJob("a", "slow", "gather_scatter", 4, {"mean_throughput_samples_per_s": 100.0, "sync_share": 0.5,
                                                    "mean_step_time_s": 0.4, "mean_sync_time_s": 0.2, "final_loss": 1.0})
-    fast = FinishedJob("b", "fast", "allreduce", 4, {"mean_throughput_samples_per_s": 250.0, "sync_share": 0.2,
-                                              "mean_step_time_s": 0.16, "mean_sync_time_s": 0.032, "final_loss": 1.0})
+    fast = FinishedJob("b", "fast", "ring", 4, {"mean_throughput_samples_per_s": 250.0, "sync_share": 0.2,
+                                         "mean_step_time_s": 0.16, "mean_sync_time_s": 0.032, "final_loss": 1.0})
     fast.metrics["memory/total_bytes"] = 3 * 2**20
     rows = table_rows([slow, fast])
     assert [r["speed-up"] for r in rows] == [1.0, 2.5]
-    assert [r["mem_MiB"] for r in rows] == [None, 3.0]  # a job before memory was measured shows none
-    assert rows[0]["sync_%"] == 50.0
+    assert [r["mem_MiB/rank"] for r in rows] == [None, 3.0]  # a job before memory was measured shows none
+    assert rows[0]["sync_%_of_step"] == 50.0 and rows[1]["step_ms"] == 160.0
+    assert speed_up_header(speed_up_reference([slow, fast])) == "speed-up_vs_slowest"
     lines = format_table(rows).splitlines()
     assert lines[0].split() == list(COLUMNS) and len(lines) == 4
 
 
+def test_speed_up_is_against_ddp_at_its_smallest_world_size_and_says_so():
+    def job(name, sync, np, step_s):
+        return FinishedJob(name, name, sync, np, {"summary/step_s": step_s, "summary/sync_s": step_s / 4,
+                                                  "summary/samples_per_s": 64 / step_s})
 
-def test_table_uses_the_step_times_that_leave_out_warm_up_when_a_job_has_them():
-    metrics = {"mean_throughput_samples_per_s": 100.0, "mean_step_time_s": 0.4, "mean_sync_time_s": 0.2,
-               "steady_throughput_samples_per_s": 200.0, "steady_mean_step_time_s": 0.2,
-               "steady_mean_sync_time_s": 0.05}
-    old = FinishedJob("b", "old", "allreduce", 4, {"mean_throughput_samples_per_s": 100.0, "mean_step_time_s": 0.4,
-                                          "mean_sync_time_s": 0.1})
-    new, before = table_rows([FinishedJob("a", "new", "allreduce", 4, metrics), old])
-    assert (new["step_s"], new["sync_s"], new["sync_%"], new["samples/s"]) == (0.2, 0.05, 25.0, 200.0)
-    assert (before["step_s"], before["sync_%"], before["speed-up"], new["speed-up"]) == (0.4, 25.0, 1.0, 2.0)
+    jobs = [job("ddp-np4", "ddp", 4, 0.1), job("ddp-np2", "ddp", 2, 0.2), job("ring-np4", "ring", 4, 0.05)]
+    reference = speed_up_reference(jobs)
+    assert reference.name == "ddp-np2"
+    text = runs_table(jobs)
+    assert text.splitlines()[0].split()[-1] == "speed-up_vs_ddp_np2"
+    assert "samples/s over run ddp-np2's" in text and "within noise = " in text
+    assert [r["speed-up"] for r in table_rows(jobs)] == [pytest.approx(2.0), 1.0, pytest.approx(4.0)]
+
+
+def test_each_column_has_one_format_and_its_unit_in_its_header():
+    """A value of 34.5 and one of 0.0097 in one column print with the same decimals: the width of the number says
+    nothing about its size."""
+    def job(name, step_s, sync_s, held, accuracy):
+        return FinishedJob(name, name, "ring", 2, {"summary/step_s": step_s, "summary/sync_s": sync_s,
+                                                   "summary/samples_per_s": 32 / step_s, "summary/final_loss": 2.3,
+                                                   "summary/test_accuracy": accuracy,
+                                                   "memory/total_bytes": held})
+
+    jobs = [job("a", 0.0787, 0.0272, 13.7 * 2**20, 0.125), job("b", 0.0623, 0.000006, 7.2 * 2**20, 0.0625),
+            job("c", 12.5, 0.5, 120.25 * 2**20, 0.9)]
+    lines = format_table(table_rows(jobs)).splitlines()
+    header, rows = lines[0].split(), [line.split() for line in lines[2:]]
+    assert header[3:10] == ["step_ms", "sync_ms", "sync_%_of_step", "mem_MiB/rank", "samples/s", "final_loss",
+                            "test_acc_%"]
+    for column in range(3, 10):
+        decimals = {len(row[column].split(".")[1]) for row in rows}
+        assert len(decimals) == 1, (header[column], [row[column] for row in rows])
+    assert [row[5] for row in rows] == ["34.6", "0.0", "4.0"]  # sync % of step: 0.0096 shows as 0.0, not 0.0096
+    assert [row[3] for row in rows] == ["78.7", "62.3", "12500.0"] and rows[0][9] == "12.50"
+
+
+def test_a_step_time_within_noise_gives_no_speed_up_and_a_real_difference_still_does():
+    def job(name, sync, step_s, windows):
+        found = FinishedJob(name, name, sync, 2, {"summary/step_s": step_s, "summary/samples_per_s": 32 / step_s})
+        found.step_times = windows
+        return found
+
+    reference = job("ddp", "ddp", 0.080, [0.079, 0.081, 0.080])
+    close = job("bucketed", "bucketed", 0.0835, [0.083, 0.084, 0.0835])  # 3.5 ms apart: under the 5 ms floor
+    jittery = job("ring", "ring", 0.095, [0.070, 0.120, 0.095])  # 15 ms apart, but its steps stray by 25 ms
+    faster = job("diloco", "diloco", 0.060, [0.059, 0.061, 0.060])  # 20 ms apart, steps within 1 ms
+    rows = {row["run"]: row["speed-up"] for row in table_rows([reference, close, jittery, faster])}
+    assert rows["bucketed"] == WITHIN_NOISE and rows["ring"] == WITHIN_NOISE
+    assert rows["diloco"] == pytest.approx(0.080 / 0.060) and rows["ddp"] == 1.0
+    assert WITHIN_NOISE in format_table(table_rows([reference, close]))
+
+
+def test_the_noise_rule_takes_the_floor_or_the_larger_spread():
+    assert noise_bound() == NOISE_FLOOR_S and noise_bound(None, float("nan")) == NOISE_FLOOR_S
+    assert noise_bound(0.001) == NOISE_FLOOR_S  # a quiet run: the per-call overhead still bounds it
+    assert noise_bound(0.010, 0.020) == NOISE_SPREADS * 0.020
+    assert within_noise(0.0235, 0.0242, 0.004) and not within_noise(0.0235, 0.0015, 0.004)
+
+
+def test_a_run_s_spread_leaves_out_the_windows_that_hold_warm_up_steps():
+    # logged every step, warm-up 1: step 1 (start-up) is left out, steps 2..4 give the spread
+    assert steady_step_times([(1, 0.671), (2, 0.230), (3, 0.240), (4, 0.250)], 1) == [0.230, 0.240, 0.250]
+    # logged every 2 steps: the window of steps 1-2 holds the warm-up; one window left gives no spread
+    assert steady_step_times([(2, 0.119), (4, 0.079)], 1) == [0.079]
+    assert FinishedJob("a", "a", "ring", 2, {}, step_times=[0.079]).step_spread_s is None
+    assert summary_step_times({"timing_warmup_steps": 0, "steps": [{"step": 2, "step_time_s": 0.1},
+                                                                   {"step": 4, "step_time_s": 0.3}]}) == [0.1, 0.3]
+
+
+def test_a_prediction_within_noise_gives_no_error_and_a_real_miss_does():
+    def job(sync, measured, predicted, fit):
+        found = FinishedJob(sync, sync, sync, 2, {"summary/sync_s": measured, "summary/predicted_sync_s": predicted,
+                                                  "summary/prediction_fit_error": fit},
+                            params={"model": "mnist_cnn", "num_hosts": "1"}, step_times=[0.080, 0.081, 0.079])
+        return found
+
+    rows = {row["sync"]: row for row in prediction_rows([job("bucketed", 0.0014, 0.0010, 0.56),
+                                                         job("flat", 0.0157, 0.0022, 0.56)])}
+    assert rows["bucketed"]["noisy"] and rows["bucketed"]["error"] is None
+    assert not rows["flat"]["noisy"] and rows["flat"]["error"] == pytest.approx(0.0022 / 0.0157 - 1)
+    table = format_prediction_table(list(rows.values()))
+    assert WITHIN_NOISE in table and "-86%" in table and table.count("56%") == 2
+
+
+def test_a_job_s_summary_carries_its_model_s_fit_error_into_the_prediction_table():
+    times = {"data_time_s": 0.0, "compute_time_s": 0.05, "sync_time_s": 0.0157, "optimizer_time_s": 0.0,
+             "step_time_s": 0.0802}
+    summary = {"config": {"batch_size": 32, "sync": "flat", "model": "mnist_cnn"}, "world_size": 2, "total_steps": 4,
+               "wall_time_s": 3.0, "final_loss": 2.3, "timing_warmup_steps": 1, "mean_times": times,
+               "mean_times_after_warmup": times, "per_rank_mean_times": [times, times],
+               "steps": [{"step": step, "loss": 2.3, "step_time_s": seconds}
+                         for step, seconds in ((1, 0.6), (2, 0.080), (3, 0.081), (4, 0.079))],
+               "predicted_sync_time_s": 0.0022, "prediction_fit_error": 0.56}
+    job = job_from_summary("flat-np2", summary)
+    assert job.step_times == [0.080, 0.081, 0.079]  # step 1, the warm-up, left out of the spread
+    (row,) = prediction_rows([job])
+    assert row["fit_error"] == 0.56 and row["error"] == pytest.approx(0.0022 / 0.0157 - 1)
+
+
+def test_the_prediction_plot_says_on_its_face_when_the_model_fits_badly(tmp_path):
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    def rows(fit):
+        return [{"sync": "flat", "measured_s": 0.0157, "predicted_s": 0.0022, "hidden": False, "noisy": False,
+                 "fit_error": fit},
+                {"sync": "bucketed", "measured_s": 0.0014, "predicted_s": 0.0010, "hidden": False, "noisy": True,
+                 "fit_error": fit}]
+
+    def title(figure) -> str:
+        text = figure.axes[0].get_title()
+        plt.close(figure)
+        return text
+
+    assert "model fit error 34% (over 20%): predictions are rough" in title(predictions_figure(rows(0.34)))
+    assert "not recorded" in title(predictions_figure(rows(None)))
+    assert title(predictions_figure(rows(0.05))) == "Sync time: model against measurement"
+    path = plot_predictions(rows(0.34), tmp_path)
+    assert "model fit error 34% (over 20%)" in Image.open(path).text["Title"]  # the saved PNG says it too
+    bench = {"model": "mnist_cnn", "world_size": 2, "gradient_bytes": 4.8e6, "layout": {"hosts": 1},
+             "calibration": {"network": {"intra": {"fit_error": 0.56}, "inter": {"fit_error": 0.9}}},
+             "methods": [{"method": "ring", "collective": "ring", "sync_s": 0.01, "exposed_s": -0.002,
+                          "floor_s": 0.003}]}
+    assert "link fit error 56% (over 20%): floors are rough" in title(sync_costs_figure(bench))
+    bench["layout"]["hosts"] = 2  # across hosts the slower fit counts
+    assert "link fit error 90%" in title(sync_costs_figure(bench))
+    assert "link fit error 90%" in Image.open(plot_sync_costs(bench, tmp_path)).text["Title"]
+
 
 @pytest.mark.e2e
 def test_compare_prints_the_table_writes_plots_and_logs_a_comparison_run(mlflow_server, tracked_jobs, tmp_path):
@@ -48,14 +190,15 @@ def test_compare_prints_the_table_writes_plots_and_logs_a_comparison_run(mlflow_
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("Jobs of 'tests-compare' (2 finished). Times per step: summary/<phase> = the mean")
-    assert lines[1].split() == list(COLUMNS)
+    assert lines[1].split()[:-1] == list(COLUMNS[:-1]) and lines[1].split()[-1] == "speed-up_vs_slowest"
     rows = {line.split()[1]: line.split() for line in lines[3:5]}
     assert set(rows) == {"allreduce", "gather_scatter"}
     for sync, cells in rows.items():
         assert cells[2] == "2"  # world size
         assert cells[8] == f"{tracked_jobs[sync]['final_loss']:.4f}"
         assert float(cells[6]) == pytest.approx(tracked_jobs[sync]["memory"]["most"]["total_bytes"] / 2**20, abs=0.05)
-    assert min(float(cells[-1]) for cells in rows.values()) == 1.0  # the slowest job is the baseline
+    speed_ups = sorted(cells[-1] for cells in rows.values())  # no ddp: the slowest is the baseline
+    assert speed_ups[0] == "1.00x" and (speed_ups[1] == WITHIN_NOISE or float(speed_ups[1].rstrip("x")) > 1)
     for name in ("loss_vs_step.png", "time_breakdown.png", "rank_step_time_spread.png", "accuracy_vs_time.png"):
         assert (out / name).read_bytes().startswith(PNG)
     # time to accuracy: gather_scatter was scored at steps 4 and 8, allreduce at its end (8) only

@@ -1,5 +1,7 @@
 """The network lab's report: predicted against measured per setting, the targets judged, the plots drawn."""
 
+import pytest
+
 from mpi_train.analysis import model_accuracy
 
 
@@ -76,3 +78,62 @@ def test_a_runs_own_exposed_time_is_held_against_the_bench_of_its_method_and_set
     assert rows["ddp-run"].endswith("ok") and "110.0" in rows["ddp-run"] and "80%" in rows["ddp-run"]
     assert rows["bucketed-run"].endswith("parts: -25%") and "ring-run" not in rows
     assert model_accuracy.exposed_report([("ring-run", summary("ring", 0.3), bench)]) is None
+
+
+def test_an_exposed_time_within_noise_gets_no_verdict_and_a_real_miss_still_does():
+    # the figures of a 4-step smoke run: a few ms apart, or against a bench figure below zero
+    assert model_accuracy.exposed_verdict(0.0015, 0.0010, None, None) == "within noise (±5 ms)"  # under the floor
+    assert model_accuracy.exposed_verdict(0.0045, -0.0408, None, None) == "within noise (±82 ms)"  # the bench's noise
+    assert model_accuracy.exposed_verdict(0.0235, 0.0101, 0.008, None) == "within noise (±16 ms)"  # the run's steps
+    assert model_accuracy.exposed_verdict(0.0235, 0.0101, None, 0.002) == "parts: +133%"  # quiet: a real miss
+    assert model_accuracy.exposed_verdict(0.250, 0.240, 0.002, 0.002) == "ok"  # 10 ms beyond the noise, +4%
+
+
+def test_the_bench_spread_is_over_its_steps_of_the_slowest_rank():
+    rank = {"no-sync": {"step": [0.030, 0.032, 0.031]}, "ring": {"step": [0.040, 0.062, 0.051]}}
+    quiet = {"no-sync": {"step": [0.029, 0.031, 0.030]}, "ring": {"step": [0.039, 0.061, 0.050]}}
+    bench = {"per_rank_times": [rank, quiet], "methods": []}
+    assert model_accuracy.bench_spread(bench, "ring") == pytest.approx(0.010)  # differences 10, 30, 20 ms
+    assert model_accuracy.bench_spread(bench, "flat") is None and model_accuracy.bench_spread({}, "ring") is None
+
+
+def test_the_lab_does_not_judge_a_prediction_within_the_bench_s_noise():
+    noisy = bench(4, 2, "1gbit", [("ring", False, 0.012, 0.009), ("flat", False, 0.450, 0.300)])
+    rows = {r["method"]: r for r in model_accuracy.rows_of([noisy])}
+    assert rows["ring"]["noisy"] and rows["ring"]["within"] is None
+    assert rows["flat"]["within"] is False  # -33%, 150 ms: a real miss
+    text = model_accuracy.report([noisy])
+    assert "within noise" in text and "MISSED" in text
+    assert "sync after backward: 0 of 1 predictions within ±20%" in text and "1 within noise, not judged" in text
+
+
+def test_the_lab_s_plots_say_when_a_calibration_fits_badly(tmp_path):
+    from PIL import Image
+
+    rough = [dict(result, calibration={"network": {"intra": {"fit_error": 0.05}, "inter": {"fit_error": 0.34}}})
+             for result in RESULTS]
+    paths = model_accuracy.plot(rough, tmp_path)
+    assert [p.name for p in paths] == ["sync_vs_ranks.png", "sync_vs_link.png"]
+    for path in paths:
+        assert "model fit error 34% (over 20%): predictions are rough" in Image.open(path).text["Title"]
+    fine = [dict(result, calibration={"network": {"intra": {"fit_error": 0.05}, "inter": {"fit_error": 0.1}}})
+            for result in RESULTS]
+    assert model_accuracy.plot_note(fine) is None
+    assert model_accuracy.plot_note(RESULTS) == "model fit error not recorded: predictions unchecked"
+
+
+def test_a_model_average_is_held_against_the_bench_once_a_period_and_fsdp_is_not_compared():
+    def summary(sync, exposed, steps, period=None):
+        return {"config": {"sync": sync, "compression": "none", "period": period}, "total_steps": steps,
+                "timing_warmup_steps": 1,
+                "sync_split_after_warmup": {"mean": {"exposed_comm_s": exposed, "sync_wait_s": 0.0,
+                                                     "comm_overlap": 0.0}}}
+
+    bench = {"methods": [{"method": "localsgd", "exposed_s": 0.800}, {"method": "fsdp", "exposed_s": 0.050}]}
+    text = model_accuracy.exposed_report([("short", summary("localsgd", 0.0, 4), bench),
+                                          ("long", summary("localsgd", 0.210, 41, period=4), bench),
+                                          ("sharded", summary("fsdp", 0.0001, 41), bench)])
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ") and line.split()[0] != "run"}
+    assert rows["short"].endswith("not compared: no average in its 3 timed steps (one every 8)")  # the default period
+    assert "200.0  ok" in rows["long"]  # one 800 ms average every 4 steps: 200 ms a step, 5% off the run's
+    assert "not compared: its gathers run in forward and backward" in rows["sharded"]

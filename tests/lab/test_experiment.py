@@ -87,6 +87,8 @@ seed = [1, 2]
     rows = [line.split() for line in report.splitlines()[3:5]]
     assert sorted(row[0] for row in rows) == ["allreduce-np2-seed1", "allreduce-np2-seed2"]
     assert all(row[1:3] == ["allreduce", "2"] for row in rows)
+    # the speed-up says what it is against, and the rule that withholds a verdict is printed with it
+    assert report.splitlines()[1].split()[-1] == "speed-up_vs_slowest" and "Noise: within noise = " in report
     assert (out / "report.txt").read_text().startswith("Runs of 'tests-sweep'")
     for name in ("loss_vs_step.png", "time_breakdown.png", "rank_step_time_spread.png"):
         assert (out / "plots" / name).read_bytes().startswith(PNG)
