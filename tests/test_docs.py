@@ -491,6 +491,8 @@ def test_mpi_train_command_trains_under_mpirun(tmp_path):
                             check=False)
     assert result.returncode == 0, result.stderr
     assert "2 rank(s) on 1 host(s)" in result.stdout and "done in" in result.stdout
+    # mpirun gives each rank a terminal of its own: still no live progress bar (reporter.py), the lines alone
+    assert "\r" not in result.stdout and "\n\n" not in result.stdout and "ETA" not in result.stdout, result.stdout
 
 
 def test_the_readme_is_short_and_its_command_table_names_every_subcommand():
