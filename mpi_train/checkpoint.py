@@ -21,7 +21,10 @@ What a checkpoint holds, and why that is enough for an exact continuation:
   running statistics are each rank's own until the epoch's buffer average). One file
   rather than one per rank because then one rename makes the whole checkpoint appear
   at once; per-rank states are a few kilobytes each;
-- the MLflow parent run id, so the resumed job's run can point at the run it continues.
+- the MLflow parent run id, so the resumed job's run can point at the run it continues;
+- under --precision 16-mixed, the loss scaler's state (its scale, its count of clean steps towards the next growth,
+  the steps skipped so far), the same on every rank: the resumed job scales as the uninterrupted one would have (a
+  checkpoint without it, or a job at another precision, starts the scaler afresh).
 
 --resume takes a checkpoint file, or a folder whose latest checkpoint is used. Rank 0
 reads and checks it and sends each rank its part over MPI, so only rank 0's host needs
@@ -162,15 +165,17 @@ class Checkpointer:
         return self.folder is not None and (step == total_steps or bool(every and step % every == 0))
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, method: SyncMethod, position: Position,
-             run_id: str | None, unsent_metrics: list[tuple] = ()) -> None:
+             run_id: str | None, unsent_metrics: list[tuple] = (), loss_scaler: dict | None = None) -> None:
         """Collective: gather every rank's state, rank 0 writes; a failed write stops every rank together."""
-        self.write(self.capture(model, optimizer, method, position, run_id, unsent_metrics), position.step)
+        self.write(self.capture(model, optimizer, method, position, run_id, unsent_metrics, loss_scaler),
+                   position.step)
 
     def capture(self, model: nn.Module, optimizer: torch.optim.Optimizer, method: SyncMethod, position: Position,
-                run_id: str | None, unsent_metrics: list[tuple] = ()) -> dict | None:
+                run_id: str | None, unsent_metrics: list[tuple] = (), loss_scaler: dict | None = None) -> dict | None:
         """Collective: the checkpoint as of now, on rank 0 (None elsewhere). Taken at the step boundary, where
         an uninterrupted job's random states stand, even when written later. `unsent_metrics`: what the tracker
-        holds for this checkpoint (tracker.unsent), sent again by an attempt that resumes from it."""
+        holds for this checkpoint (tracker.unsent), sent again by an attempt that resumes from it. `loss_scaler`:
+        16-mixed's scaler state (step/gradients.py), the same on every rank."""
         rank_states = self.cluster.gather(capture_rank_state(model, method))
         # collective: a method that shards them gathers them, in the layout of an unsharded model and optimizer, so
         # that any method resumes from them, on any number of ranks (--reshard)
@@ -178,7 +183,7 @@ class Checkpointer:
         if not self.cluster.info.is_main:
             return None
         return checkpoint_payload(self.config, self.cluster.info.world_size, position, model_state, optimizer_state,
-                                  rank_states, run_id, unsent_metrics)
+                                  rank_states, run_id, unsent_metrics, loss_scaler)
 
     def write(self, payload: dict | None, step: int) -> None:
         """Collective: rank 0 writes what `capture` took and prunes the oldest; every rank learns the outcome."""
@@ -188,7 +193,7 @@ class Checkpointer:
 
 def checkpoint_payload(config: TrainConfig, world_size: int, position: Position, model_state: dict,
                        optimizer_state: dict, rank_states: list[dict], run_id: str | None,
-                       unsent_metrics: list[tuple] = ()) -> dict:
+                       unsent_metrics: list[tuple] = (), loss_scaler: dict | None = None) -> dict:
     """What a checkpoint file holds: the job's identity (what check_compatible compares), its position and states."""
     return {
         "format": FORMAT_VERSION, "model": config.model_name, "dataset": config.dataset,
@@ -198,7 +203,7 @@ def checkpoint_payload(config: TrainConfig, world_size: int, position: Position,
         "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
         "elapsed_s": position.elapsed_s, "sent_bytes": position.sent_bytes,
         "model_state": model_state, "optimizer_state": copy.deepcopy(optimizer_state), "ranks": rank_states,
-        "mlflow_parent_run_id": run_id, "unsent_metrics": list(unsent_metrics),
+        "mlflow_parent_run_id": run_id, "unsent_metrics": list(unsent_metrics), "loss_scaler": loss_scaler,
     }
 
 
@@ -250,6 +255,7 @@ class Resume:
     method: str  # the sync method's label that wrote it: its state is taken back by the same method only
     world_size: int  # the ranks that wrote it (another number than this job's only under --reshard)
     unsent_metrics: list  # on rank 0: what the attempt that wrote it may not have sent (tracker.resend)
+    loss_scaler: dict | None = None  # 16-mixed's scaler state, if the job that wrote it had one
 
     def resharded(self, world_size: int) -> bool:
         """Written by another number of ranks: each rank's sync method state (compression residuals, a share of
@@ -455,6 +461,7 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
         shared["path"] = str(path)
         shared["method"] = label(payload["sync"], payload.get("compression", "none"))
         shared["world_size"] = payload["world_size"]
+        shared["loss_scaler"] = payload.get("loss_scaler")
     shared = cluster.bcast(shared)
     unsent = payload.get("unsent_metrics", []) if cluster.info.is_main else []
     # under --reshard, ranks the checkpoint had take theirs back; the others keep the fresh state they started with
@@ -467,4 +474,4 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
                                     shared["sent_bytes"]),
                   model_state=shared["model_state"], optimizer_state=shared["optimizer_state"],
                   rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"], method=shared["method"],
-                  world_size=shared["world_size"], unsent_metrics=unsent)
+                  world_size=shared["world_size"], unsent_metrics=unsent, loss_scaler=shared["loss_scaler"])

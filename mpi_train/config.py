@@ -35,6 +35,10 @@ from .models import check as check_model
 from .models.user import is_path as is_users
 from .netmodel.links import rate_bytes_per_s
 from .optimizers import OPTIMIZERS
+from .step.compiling import COMPILE_MODES
+from .step.compiling import flags_error as compile_flags_error
+from .step.gradients import scaled_compression_error
+from .step.precision import PRECISION_AUTO, PRECISIONS
 from .sync import COMPRESSORS, SYNC_METHODS, combination_error, label, tuned_by
 from .sync.averaging import DEFAULT_PERIOD, MOMENTUM, STREAMED_COMPRESSIONS
 from .sync.diloco import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
@@ -157,6 +161,21 @@ class TrainConfig:
                                       "for gpt; adamw elsewhere 0.01)")
     seed: int = _opt(42, "seed of the model's initial weights (the same on every rank) and of the data order; "
                      "dropout draws from (seed, rank), augmentation from (seed, rank, epoch)")
+
+    # How each step computes (docs/training.md#precision-and-compile).
+    precision: str = _opt(PRECISION_AUTO, "what forward and backward compute in: 32-true (float32), bf16-mixed "
+                          "(autocast to bfloat16; weights, gradients, optimizer state and so the sync's messages stay "
+                          "float32), 16-mixed (autocast to float16 with a loss scale; a step whose gradients overflow "
+                          "is skipped on every rank alike); auto: bf16-mixed on a CUDA device that has bfloat16, "
+                          "32-true elsewhere", choices=(*PRECISIONS, PRECISION_AUTO))
+    compile: bool = _opt(False, "run the model as a torch.compile graph (ddp: torch's compiled DDP); the compile "
+                         "time is reported apart (time/compile_s), never in a step")
+    compile_mode: str = _opt("default", "with --compile: torch.compile's mode; reduce-overhead replays each step as "
+                             "CUDA graphs, max-autotune also searches kernels", choices=COMPILE_MODES)
+    clip_grad_norm: float | None = _opt(None, "clip the gradient the optimizer applies to this norm (its norm before "
+                                        "clipping is logged as learning/grad_norm); the same norm under every "
+                                        "lossless method; under model averaging each rank clips its own",
+                                        metavar="MAX")
 
     # Learning-rate schedule and timing warm-up (the course's plain SGD: --lr-schedule constant --warmup-steps 0).
     lr_schedule: str = _opt("cosine", "learning rate after warm-up: constant, cosine decay to 0 over the run, or step "
@@ -297,6 +316,8 @@ class TrainConfig:
             positive["--threads"] = self.threads
         if self.checkpoint_every is not None:
             positive["--checkpoint-every"] = self.checkpoint_every
+        if self.clip_grad_norm is not None:
+            positive["--clip-grad-norm"] = self.clip_grad_norm
         for flag, value in positive.items():
             if value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
@@ -315,7 +336,8 @@ class TrainConfig:
             raise UserError(f"--system-metrics-every must not be negative, got {self.system_metrics_every}; 0 turns "
                             f"system metrics off.")
         self.validate_averaging()
-        refused = combination_error(self.sync, self.compression)
+        refused = (combination_error(self.sync, self.compression) or compile_flags_error(self)
+                   or scaled_compression_error(self.precision, self.sync, self.compression))
         if refused:
             raise UserError(refused)
         if self.save_model and self.no_tracking:
@@ -723,6 +745,8 @@ class JobInfo:
     resumed_from: dict | None = None  # checkpoint, step, run id and world size of the job this one continues
     advice: dict | None = None  # under --sync auto: the advice followed (its file, age, the flags it set and why)
     data_path: str = ""  # the data path that runs and what it holds per rank (data/loaders.py)
+    precision: str = "32-true"  # the --precision it runs at, auto resolved on its device (step/precision.py)
+    compile_s: float | None = None  # under --compile: the setup's compile, the slowest rank's (step/compiling.py)
 
     @property
     def timeline_window(self) -> tuple[int, int] | None:
@@ -733,9 +757,9 @@ class JobInfo:
 
     def as_dict(self) -> dict:
         """The summary's job fields, in this order; `resumed_from` only when resumed, `advice` only under --sync
-        auto."""
+        auto, `compile_s` only under --compile."""
         fields = {**dataclasses.asdict(self), "hosts": list(self.hosts)}
-        for optional in ("resumed_from", "advice"):
+        for optional in ("resumed_from", "advice", "compile_s"):
             if fields[optional] is None:
                 del fields[optional]
         return fields

@@ -144,28 +144,52 @@ def place(cluster, backend: str, threads: int | None, deterministic: bool = Fals
     return Placement(backend, torch.device(device_name), threads)  # under NCCL, resolve_backend made the device current
 
 
-def meet_shapes(model, input_shape: tuple[int, ...], train_batches, test_batches, device, dtype=None) -> None:
+def run_shapes(trained, scored, input_shape: tuple[int, ...], train_batches, test_batches, device, dtype=None,
+               scoring=None, computing=None, make_input=None) -> None:
+    """Forward and backward of `trained` on zeros of every batch size training will take, then a forward of `scored`
+    in eval mode (inside `scoring`, a context, if given) on every size scoring will take. `dtype`: the inputs' (int64
+    for tokens); `computing`: what makes the context each forward runs in, as the job's do (its autocast);
+    `make_input`: a batch of a size, in place of plain zeros."""
+    import contextlib
+
+    import torch
+
+    computing = computing or contextlib.nullcontext
+    make_input = make_input or (lambda batch: torch.zeros(batch, *input_shape, device=device, dtype=dtype))
+    for batch in sorted({size for size in train_batches if size > 1}):  # BatchNorm trains on 2 samples or more
+        with computing():
+            output = trained(make_input(batch))
+        output.float().sum().backward()
+    scored.eval()
+    try:
+        with torch.no_grad(), scoring or contextlib.nullcontext():
+            for batch in sorted({size for size in test_batches if size > 0}):
+                with computing():
+                    scored(make_input(batch))
+    finally:
+        scored.train()
+
+
+def meet_shapes(model, input_shape: tuple[int, ...], train_batches, test_batches, device, dtype=None,
+                computing=None) -> None:
     """Run a copy of `model` once on every batch size training (forward and backward) and scoring (forward) will
-    take, leaving the model and the random streams as they were. `dtype`: the inputs' (int64 for tokens)."""
+    take, leaving the model and the random streams as they were. `dtype`: the inputs' (int64 for tokens);
+    `computing`: what makes the context the job's forwards run in (its autocast), whose kernels are the ones to meet."""
     import copy
 
     import torch
 
     replica = copy.deepcopy(model).train()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for batch in sorted({size for size in train_batches if size > 1}):  # BatchNorm trains on 2 samples or more
-            replica(torch.zeros(batch, *input_shape, device=device, dtype=dtype)).float().sum().backward()
-        replica.eval()
-        with torch.no_grad():
-            for batch in sorted({size for size in test_batches if size > 0}):
-                replica(torch.zeros(batch, *input_shape, device=device, dtype=dtype))
+        run_shapes(replica, replica, input_shape, train_batches, test_batches, device, dtype, computing=computing)
 
 
-def warm_autotuner(model, input_shape: tuple[int, ...], train_batches, test_batches, device, dtype=None) -> None:
+def warm_autotuner(model, input_shape: tuple[int, ...], train_batches, test_batches, device, dtype=None,
+                   computing=None) -> None:
     """cuDNN autotunes each input shape the first time it meets it: an epoch's smaller last batch cost 2.9 s of
     training time on an H200. Meet them all at setup, before anything is timed (CUDA with cudnn.benchmark only)."""
     import torch
 
     if device.type == "cuda" and torch.backends.cudnn.benchmark:
-        meet_shapes(model, input_shape, train_batches, test_batches, device, dtype)
+        meet_shapes(model, input_shape, train_batches, test_batches, device, dtype, computing)
         torch.cuda.synchronize(device)

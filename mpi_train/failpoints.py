@@ -10,6 +10,12 @@ Set MPI_TRAIN_FAIL_AT="RANK:POINT[:HOW]" on the launch:
 With MPI_TRAIN_FAIL_ONCE=PATH as well, the failure happens only while PATH does not exist (it is
 created then): a relaunched job runs clean, as after a fault that a restart fixes.
 
+Set MPI_TRAIN_OVERFLOW_AT="RANK:STEP" to make one rank's float16 gradients overflow in one step: under --precision
+16-mixed, in step STEP's backward on rank RANK, one number of the gradient reaching the first layer's output turns
+inf, so that layer's gradients for one output channel hold inf or NaN on that rank alone (under zero and fsdp, in one
+rank's shard), and the loss scaler must skip the step on every rank. Jobs at other precisions ignore it: without a
+loss scale an inf gradient is divergence, which the faults above and the divergence check already cover.
+
 Set MPI_TRAIN_SLOW="RANK:SECONDS" to make one rank a straggler: every step of that rank takes SECONDS
 more compute (a sleep at the end of its backward, before the sync), so the others wait for it.
 
@@ -25,12 +31,18 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import UserError
+
+if TYPE_CHECKING:  # the lab's programs read the names above without importing torch
+    import torch
+    from torch import nn
 
 FAIL_AT_ENV = "MPI_TRAIN_FAIL_AT"
 FAIL_ONCE_ENV = "MPI_TRAIN_FAIL_ONCE"
 SLOW_ENV = "MPI_TRAIN_SLOW"
+OVERFLOW_ENV = "MPI_TRAIN_OVERFLOW_AT"
 POINTS = ("start", "rendezvous", "eval", "checkpointed")
 HOWS = ("raise", "kill", "hang")
 
@@ -129,3 +141,57 @@ class NoSlowdown:
 
 def slowed() -> Slowdown | NoSlowdown:
     return Slowdown.from_env() or NoSlowdown()
+
+
+class Overflow:
+    """A float16 overflow on one rank in one step: `rank`'s gradient at the output of `model`'s first layer with
+    parameters gets an inf at its first number in step `step`'s backward (a tensor hook, so it is there before any
+    sync method's hook reads the layer's gradients)."""
+
+    def __init__(self, rank: int, step: int):
+        self.rank, self.step = rank, step
+        self.armed = False
+
+    @classmethod
+    def from_env(cls) -> Overflow | None:
+        value = os.environ.get(OVERFLOW_ENV, "")
+        if not value:
+            return None
+        rank, _, step = value.partition(":")
+        if not (rank.isdigit() and step.isdigit() and int(step) >= 1):
+            raise UserError(f"${OVERFLOW_ENV}={value!r} is not RANK:STEP with a rank of the job and a step from 1 "
+                            f"(e.g. {OVERFLOW_ENV}=1:2 makes rank 1's gradients overflow in step 2 of a --precision "
+                            f"16-mixed job); unset it for a normal run.")
+        return cls(int(rank), int(step))
+
+    def watch(self, model: nn.Module) -> Overflow:
+        first = next(module for module in model.modules() if next(module.parameters(recurse=False), None) is not None)
+        first.register_forward_hook(self.forwarded)
+        return self
+
+    def forwarded(self, _module: nn.Module, _inputs, output: torch.Tensor) -> None:
+        if self.armed and output.requires_grad:
+            self.armed = False
+            output.register_hook(overflowed_gradient)
+
+    def at(self, rank: int, step: int) -> None:
+        """Before step `step`'s forward: its first forward of the layer on the named rank and step carries the inf
+        into backward."""
+        self.armed = (rank, step) == (self.rank, self.step)
+
+
+def overflowed_gradient(gradient: torch.Tensor) -> torch.Tensor:
+    poisoned = gradient.clone()
+    poisoned.view(-1)[0] = float("inf")
+    return poisoned
+
+
+class NoOverflow:
+    def at(self, rank: int, step: int) -> None:
+        pass
+
+
+def overflowing(model: nn.Module, scaled: bool) -> Overflow | NoOverflow:
+    """$MPI_TRAIN_OVERFLOW_AT's overflow, watching `model`, in a job whose loss is scaled; nothing elsewhere."""
+    overflow = Overflow.from_env()
+    return overflow.watch(model) if overflow is not None and scaled else NoOverflow()

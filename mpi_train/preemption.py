@@ -34,8 +34,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 from torch.nn.utils import get_total_norm
+
+from .sync.base import local_part
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL: stopped to be run again, from its checkpoint
 SIGNAL = signal.SIGUSR1
@@ -72,7 +73,7 @@ def held_norm(weights: Iterable[torch.Tensor]) -> torch.Tensor:
     """The 2-norm of the weights this rank holds (a DTensor's own shard): inf or NaN when any weight is, as
     torch's clip_grad_norm_ tells a non-finite gradient, in a few fused kernels and without a wait. Finite weights
     whose squares' sum overflows float32 (one weight of about 1e19) read as not finite too: no model trains there."""
-    return get_total_norm([weight.to_local() if isinstance(weight, DTensor) else weight for weight in weights])
+    return get_total_norm([local_part(weight) for weight in weights])
 
 
 @dataclass(frozen=True)

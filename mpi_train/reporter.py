@@ -32,7 +32,7 @@ from .errors import folder_write_error
 from .files import write_json_atomically
 from .throughput import Throughput
 from .tracking import NullTracker
-from .tracking.names import PHASES, SPLIT
+from .tracking.names import GRADIENT_FIGURES, PHASES, SPLIT
 from .tracking.spool import SPOOL_DIR
 from .tracking.store import SERVER_SCHEMES
 
@@ -132,6 +132,7 @@ class SilentReporter:
     def save_weights(self, state: dict) -> None: ...
     def memory(self, per_rank: list[dict] | None, predicted) -> None: ...
     def note_stall(self, stall) -> None: ...
+    def compiled_after_setup(self, graphs: int) -> None: ...
     def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None: ...
 
 
@@ -174,6 +175,7 @@ class Reporter(SilentReporter):
         self.evaluations: list[dict] = []  # every test evaluation with the time and bytes it took to get there
         self.throughput = throughput  # the model's FLOPs per sample and the device's peak: FLOP/s and MFU
         self.held: dict = {}  # memory per rank, measured (memory.py) beside the model's (netmodel/memory.py)
+        self.recompiled: int | None = None  # under --compile: graphs compiled once training began
         self.bar: tqdm | None = None  # the live progress bar, on a terminal only (progress_bar)
 
     def print(self, line: str) -> None:
@@ -209,9 +211,16 @@ class Reporter(SilentReporter):
             f"{self.config['dataset']}, batch {self.global_batch} ({job.batch_size_per_rank} per rank"
             + (f", in {self.config['accumulate']} micro-batches" if self.config.get("accumulate", 1) > 1 else "")
             + "), "
-            f"{job.threads} thread(s) per rank, {job.total_steps} steps, rendezvous {job.rendezvous}"
+            f"{job.threads} thread(s) per rank, {job.total_steps} steps, precision {job.precision}"
+            + (f" (--precision {self.config['precision']})" if self.config.get("precision", job.precision)
+               != job.precision else "")
+            + f", rendezvous {job.rendezvous}"
             + (f", data {job.data_path}" if job.data_path else "")
         )
+        if job.compile_s is not None:
+            self.print(f"mpi_train: compiled (torch.compile, --compile-mode {self.config['compile_mode']}) in "
+                       f"{job.compile_s:.1f}s at setup, every batch size the job trains and scores; no step's time "
+                       f"holds it")
         if job.advice:  # --sync auto: what it took, from which advice, and why
             self.print(f"mpi_train: {described(job.advice)}")
         resumed = job.resumed_from
@@ -255,6 +264,9 @@ class Reporter(SilentReporter):
         times.update(speed)
         if all("drift" in record for record in per_rank):  # model averaging: the ranks' distance from their average
             times["drift"] = mean_over_ranks(per_rank, "drift")
+        for key in GRADIENT_FIGURES:  # --clip-grad-norm's norm, 16-mixed's loss scale and skipped steps
+            if all(key in record for record in per_rank):
+                times[key] = mean_over_ranks(per_rank, key)
         self.steps.append({"step": step, "epoch": epoch, "loss": loss, **({"lr": lr} if lr is not None else {}),
                            **times})
         self.tracker.log_step(epoch, step, loss, times, self.global_batch / times["step_time_s"], per_rank, lr=lr)
@@ -270,6 +282,9 @@ class Reporter(SilentReporter):
             f"{self.global_batch / times['step_time_s']:.0f} samples/s"
             + (f" ({self.throughput.describe(speed)})" if speed else "")
             + (f"  drift {times['drift']:.4g}" if "drift" in times else "")
+            + (f"  grad norm {times['grad_norm']:.4g}" if "grad_norm" in times else "")
+            + (f"  loss scale {times['grad_scale']:.0f}, {times['skipped_steps']:.0f} step(s) skipped"
+               if "grad_scale" in times else "")
         )
 
     def speed(self, times: dict) -> dict:
@@ -277,6 +292,14 @@ class Reporter(SilentReporter):
         if not self.throughput:
             return {}
         return self.throughput.figures(times, self.global_batch, self.job.get("world_size", 1))
+
+    def compiled_after_setup(self, graphs: int) -> None:
+        """Under --compile: the graphs compiled once training began, each for a shape or mode the setup's warm-up did
+        not run, its compile time inside the step (or evaluation) that met it. The summary counts them."""
+        self.recompiled = graphs
+        if graphs:
+            self.print(f"mpi_train: warning: {graphs} graph(s) compiled after setup: the steps or evaluations that "
+                       f"met them hold their compile time (TORCH_LOGS=recompiles names why)")
 
     def note_stall(self, stall) -> None:
         """A host that went silent and came back; called from the heartbeat watch's thread."""
@@ -372,6 +395,7 @@ class Reporter(SilentReporter):
             **({"predicted_sync_time_s": self.sync_model.sync_time(steady["compute_time_s"]),
                 "prediction_fit_error": self.sync_model.fit_error} if self.sync_model else {}),
             **({"slow_host": self.slow_host(steady)} if self.sync_model and self.sync_model.straggler else {}),
+            **({"graphs_compiled_after_setup": self.recompiled} if self.recompiled is not None else {}),
             "wall_time_s": wall_time_s,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }

@@ -1,5 +1,7 @@
 """What a step achieves: samples per second per rank and per job, the data phase's share of the step, and the
-model's FLOP/s, against the device's peak where the device is known (MFU, as nanoGPT and torchtitan report it).
+model's FLOP/s, against the device's peak where the device is known (MFU, as nanoGPT and torchtitan report it): the
+peak of the precision the step's matmuls and convolutions run in (bf16 or fp16 under a mixed precision, tf32 or fp32
+under 32-true), so a bf16 job's MFU is not flattered by the lower tf32 peak.
 
 The FLOPs of one sample's forward and backward are counted once per job by torch's own counter, on a copy of the
 model built on the meta device (no memory, no compute, no random draws). Achieved FLOP/s is that count times the
@@ -13,10 +15,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-# Dense peak FLOP/s per GPU from the vendors' data sheets (SXM parts; tensor cores for tf32, bf16 and fp16).
-# Checked in order: a more specific name first.
+from .step.precision import PRECISIONS
+
+# Dense peak FLOP/s per GPU from the vendors' data sheets (tensor cores for tf32, bf16 and fp16: half the sheets'
+# "with sparsity" figures). Checked in order: a more specific name first (the NVL and PCIe parts run slower clocks).
 PEAK_FLOPS = (
     ("H100 PCIe", {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12}),
+    ("H100 NVL", {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12}),
+    ("H200 NVL", {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12}),
     ("H100", {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12}),
     ("H200", {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12}),
     ("A100", {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12}),
@@ -39,9 +45,12 @@ def flops_per_sample(build, input_shape: tuple[int, ...], batch: int = 8, tokens
     return counter.get_total_flops() / batch
 
 
-def compute_dtype(device: torch.device) -> str:
-    """The precision the model's float32 math runs in on this device: tf32 where torch lets cuDNN or cuBLAS use
-    tensor cores (cuDNN's convolutions do by default), else fp32."""
+def compute_dtype(device: torch.device, precision: str = "32-true") -> str:
+    """The peak column the model's matmuls and convolutions run at under `precision` (a resolved --precision):
+    autocast's dtype under a mixed precision; under 32-true tf32 where torch lets cuDNN or cuBLAS use tensor cores
+    (cuDNN's convolutions do by default), else fp32."""
+    if PRECISIONS[precision].peak:
+        return PRECISIONS[precision].peak
     if device.type == "cuda" and (torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32):
         return "tf32"
     return "fp32"
@@ -71,9 +80,11 @@ class Throughput:
     tokens_per_sample: int = 0  # a language model's context (a sample is a sequence); 0: images
 
     @classmethod
-    def of(cls, build, input_shape: tuple[int, ...], device: torch.device, tokens: bool = False) -> Throughput:
+    def of(cls, build, input_shape: tuple[int, ...], device: torch.device, tokens: bool = False,
+           precision: str = "32-true") -> Throughput:
+        """The model `build()` makes on `device`, its step computing in `precision` (resolved: not auto)."""
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        dtype = compute_dtype(device)
+        dtype = compute_dtype(device, precision)
         return cls(flops_per_sample(build, input_shape, tokens=tokens), name, dtype, peak_flops(name, dtype),
                    input_shape[0] if tokens else 0)
 

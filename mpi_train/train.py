@@ -7,6 +7,7 @@ import hashlib
 import random
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -21,9 +22,10 @@ from .clock import StepClock
 from .cluster import Cluster
 from .config import RESUME_AUTO, JobInfo, TrainConfig
 from .data import load_datasets, make_loaders
-from .devices import place, warm_autotuner
+from .data.text import zero_windows
+from .devices import place, run_shapes, warm_autotuner
 from .errors import UserError
-from .failpoints import injected, slowed
+from .failpoints import injected, overflowing, slowed
 from .lr_schedule import LearningRate
 from .memory import count_peak_from_here, held_bytes
 from .netmodel import JobModel, bytes_sent_per_sync, job_model, layout_params
@@ -32,6 +34,10 @@ from .optimizers import OPTIMIZERS, state_slots
 from .preemption import REQUEUE_EXIT, Divergence, Preemption, StepAgreement
 from .randomness import seed_rank_streams
 from .reporter import PHASES, Reporter, SilentReporter, check_outputs
+from .step.compiling import compile_net, graphs_compiled, shared_sizes, toolchain_error, wants_channels_last
+from .step.gradients import OptimizerGradients
+from .step.precision import PRECISIONS, Precision
+from .step.precision import agreed as agreed_precision
 from .sync import SYNC_METHODS, SyncMethod, backend_error, label
 from .throughput import Throughput
 from .timeline import Alignment, StepRecorder, align_clocks, step_events
@@ -81,15 +87,19 @@ class PhaseTotals:
         return {key: total / max(1, self.steps) for key, total in self.sums.items()}
 
 
-def evaluate(model: nn.Module, loader, device: torch.device, cluster: Cluster) -> tuple[float, float]:
-    """Test loss and accuracy over the whole test set: each rank scores its shard, then the sums are reduced."""
+def evaluate(model: nn.Module, loader, device: torch.device, cluster: Cluster,
+             precision: Precision = PRECISIONS["32-true"]) -> tuple[float, float]:
+    """Test loss and accuracy over the whole test set: each rank scores its shard, then the sums are reduced. The
+    forward runs at the job's precision, as training's does; the loss in float32."""
     model.eval()
     totals = np.zeros(3)  # loss sum, correct, count
     with torch.no_grad():
         for images, labels in loader:
             images, labels = images.to(device), labels.to(device)
-            logits = model(images)
-            totals += (F.cross_entropy(logits, labels, reduction="sum").item(),
+            with precision.autocast(device):
+                logits = model(images).float()
+                summed = F.cross_entropy(logits, labels, reduction="sum")
+            totals += (summed.item(),
                        (logits.argmax(1) == labels).sum().item(), len(labels))
     model.train()
     reduced = torch.tensor(totals, dtype=torch.float64, device=device)
@@ -125,6 +135,9 @@ class Job:
     alignments: list[Alignment] | None  # every rank's clock offset to rank 0's (on rank 0)
     sent_per_sync: dict  # bytes this rank sends per sync, by what the step synced (method.last_sync)
     memory_before: int  # CUDA bytes allocated when the job began (memory.count_peak_from_here; 0 on a CPU)
+    precision: Precision  # --precision as it runs on this device (auto resolved)
+    gradients: OptimizerGradients  # between sync and optimizer step: 16-mixed's loss scale, --clip-grad-norm
+    overflow: Any  # a forced float16 overflow ($MPI_TRAIN_OVERFLOW_AT, 16-mixed only), or nothing
 
 
 def score(job: Job, cluster: Cluster) -> tuple[float, float]:
@@ -136,7 +149,7 @@ def score(job: Job, cluster: Cluster) -> tuple[float, float]:
     random_state = torch.get_rng_state()
     try:
         with job.method.evaluated(job.model):
-            return evaluate(job.model, job.test_loader, job.device, cluster)
+            return evaluate(job.model, job.test_loader, job.device, cluster, job.precision)
     finally:
         torch.set_rng_state(random_state)
 
@@ -175,6 +188,9 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     if unsupported:  # before any collective: torch's own failure would abort the process
         raise UserError(unsupported)
     device = placement.device
+    precision = agreed_precision(config.precision, device, cluster)  # auto resolved; a device without it refused
+    if config.compile:  # every rank's own toolchain, refused alike before any data is read
+        cluster.agree(toolchain_error(device, config.compile_mode), "--compile cannot build its kernels")
     memory_before = count_peak_from_here(device)  # this job's own CUDA peak, in a process that runs several
 
     train_set, test_set = load_datasets(config, cluster)
@@ -186,11 +202,24 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     seed_everything(config.seed)
     model = config.make_model().to(device)
     check_replicas_agree(cluster, model, "at start")
-    warm_autotuner(model, config.input_shape, *loaders.batch_sizes, device,
-                   torch.int64 if config.language_model else None)
+    tokens = torch.int64 if config.language_model else None
+    if not config.compile:  # (a compiled job's warm-up meets every shape, in the layout its graphs run)
+        # under the job's autocast: a bfloat16 convolution is another kernel to tune than a float32 one (an H200's
+        # CIFAR-10 epoch in bf16-mixed paid 2.7 s of tuning mid-epoch when the warm-up ran in float32)
+        warm_autotuner(model, config.input_shape, *loaders.batch_sizes, device, tokens,
+                       computing=lambda: precision.autocast(device))
     seed_rank_streams(config.seed, info.rank)  # dropout (and the DataLoader path's augmentation): each rank's own
     method = SYNC_METHODS[config.sync].from_config(config)
+    if config.compile and wants_channels_last(model, device, method):  # before a wrapper lays out its buckets or shards
+        model.to(memory_format=torch.channels_last)
     net = method.wrap(model)
+    compile_s = None
+    if config.compile:  # every rank runs the same shapes: a wrapper's collectives in the warm-up pair up
+        windows = partial(zero_windows, context=config.input_shape[0], device=device) if config.language_model else None
+        shapes = partial(run_shapes, net, model, config.input_shape, *shared_sizes(cluster, loaders.batch_sizes),
+                         device, tokens, scoring=method.evaluated(model), make_input=windows,
+                         computing=partial(precision.autocast, device))
+        compile_s = max(cluster.allgather(compile_net(net, model, method, config.compile_mode, device, shapes)))
     alignment, alignments = align_clocks(cluster, device) if info.world_size > 1 else (Alignment(), [Alignment()])
     recorder = StepRecorder(alignment, method.overlapped(), config.timeline_window, gpu=device.type == "cuda")
     recorder.watch(model)
@@ -205,10 +234,12 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     checkpoints = Checkpointer(config, cluster)
     resume = load_for_resume(config, cluster, total_steps)
     # the weights and momentum of the checkpoint; each rank's random state comes right before its first batch
+    gradients = OptimizerGradients(precision, method, optimizer, config.clip_grad_norm, device, info.world_size)
     if resume:
         method.load_model_state(model, resume.model_state)
         method.load_optimizer_state(optimizer, resume.optimizer_state, model)  # a sharding method keeps its shard
         method.start_at(resume.position.step)
+        gradients.load_state_dict(resume.loss_scaler)  # the same on every rank: it was agreed at every step
     schedule_steps = config.epochs * steps_per_epoch  # the whole run's, so --max-steps and resuming keep the same curve
     learning_rate = LearningRate(optimizer, settings.lr, config.lr_schedule, settings.warmup_steps, schedule_steps,
                                  steps_done=resume.position.step if resume else 0)
@@ -219,13 +250,15 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         **layout_params(cluster.hosts),
         resumed_from=({"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id,
                        "world_size": resume.world_size} if resume else None),
-        advice=advised, data_path=loaders.describe(),
+        advice=advised, data_path=loaders.describe(), compile_s=compile_s,
+        precision=precision.name,
     )
     preemption = Preemption(config.checkpoint_dir is not None, info.world_size)
     agreement = StepAgreement(preemption, info.rank, info.world_size, device)
     return Job(job, device, model, net, method, optimizer, learning_rate, sync_model, loaders.train, loaders.sampler,
                loaders.test, checkpoints, resume, preemption, agreement, connection, fault, slow, recorder, alignments,
-               bytes_sent_per_sync(method, model, list(cluster.hosts), info.rank), memory_before)
+               bytes_sent_per_sync(method, model, list(cluster.hosts), info.rank), memory_before,
+               precision=precision, gradients=gradients, overflow=overflowing(model, precision.scaled))
 
 
 def train_step(job: Job, batches, clock: StepClock, step: int, rank: int,
@@ -236,6 +269,7 @@ def train_step(job: Job, batches, clock: StepClock, step: int, rank: int,
     marks the phases' boundaries (forward apart from backward only in a timeline); with micro-batches, data time is
     their loading and compute the rest up to the sync."""
     job.recorder.begin(step)
+    job.overflow.at(rank, step)
     begun = clock.start()
     job.optimizer.zero_grad(set_to_none=True)
     loads, loss = [], 0.0
@@ -248,16 +282,18 @@ def train_step(job: Job, batches, clock: StepClock, step: int, rank: int,
         loads.append((loading, clock.mark()))
         last = micro == accumulate - 1
         with contextlib.nullcontext() if last else job.method.accumulating(job.net):
-            micro_loss = F.cross_entropy(job.net(images), labels)
+            with job.precision.autocast(job.device):  # forward and loss; backward outside it, as torch advises
+                micro_loss = F.cross_entropy(job.net(images).float(), labels)
             if last:
                 job.slow.at(rank)  # a simulated straggler computes longer, before its last gradients are ready
             forward_end = clock.mark() if job.recorder.detailed else loads[-1][1]
-            (micro_loss / accumulate if accumulate > 1 else micro_loss).backward()
+            job.gradients.scaled(micro_loss / accumulate if accumulate > 1 else micro_loss).backward()
         loss = loss + micro_loss.detach() / accumulate if accumulate > 1 else micro_loss
     computed = clock.mark()
     job.method.sync(job.model)
     synced = clock.mark()
-    job.optimizer.step()
+    if job.gradients.ready():  # unscaled, clipped; an overflow on any rank skips the update on every rank
+        job.optimizer.step()
     stepped = clock.mark()
     # a model-averaging method's average, when due: its sync region, after the optimizer's
     averaged = job.method.after_step(job.model)
@@ -322,12 +358,14 @@ class AfterStep:
         self.count(read + (self.clock.drain() if logged else []))
         if logged:
             per_rank = self.cluster.gather({"loss": loss.item(), **self.window.means(), **self.tracker.host_sample(),
-                                            **self.job.method.figures(), "steps": self.job.recorder.take()})
+                                            **self.job.method.figures(), **self.job.gradients.figures(),
+                                            "steps": self.job.recorder.take()})
             self.reporter.log_step(position.epoch, step, total_steps, per_rank, lr=lr)
             self.window = PhaseTotals()
         if due:
             taken = self.job.checkpoints.capture(self.job.model, self.job.optimizer, self.job.method, position,
-                                                 self.tracker.parent_id, self.tracker.unsent())
+                                                 self.tracker.parent_id, self.tracker.unsent(),
+                                                 self.job.gradients.state_dict())
             if step < total_steps:
                 self.job.checkpoints.write(taken, step)
                 self.job.fault.at(self.cluster.info.rank, "checkpointed")
@@ -337,7 +375,8 @@ class AfterStep:
         if step < total_steps and agreement.signalled:  # SIGUSR1 on some rank: stop here, checkpointed
             if not due:
                 self.job.checkpoints.save(self.job.model, self.job.optimizer, self.job.method, position,
-                                          self.tracker.parent_id, self.tracker.unsent())
+                                          self.tracker.parent_id, self.tracker.unsent(),
+                                          self.job.gradients.state_dict())
                 self.tracker.commit()
             self.requeued = (f"{preemption.SIGNAL.name} received: checkpointed at step {step} and stopped for "
                              f"requeue (exit status {REQUEUE_EXIT}); --resume auto continues from there")
@@ -368,6 +407,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
     requeued, see preemption.py)."""
     config, advised = advice.resolve(config, cluster)  # --sync auto: the advised flags, before anything is built
     job = setup(config, cluster, advised)
+    compiled_at_setup = graphs_compiled() if config.compile else 0
     rank, total_steps = cluster.info.rank, job.info.total_steps
     if job.resume and job.resume.finished(total_steps):
         if cluster.info.is_main:
@@ -382,7 +422,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
                         name=config.default_run_name(cluster.info.world_size),
                         alignments=job.alignments,
                         throughput=Throughput.of(config.make_model, config.input_shape, job.device,
-                                                 tokens=config.language_model),
+                                                 tokens=config.language_model, precision=job.precision.name),
                         ) if cluster.info.is_main else SilentReporter()
     cluster.liveness.on_stall(reporter.note_stall)  # a host that went silent and came back, when the job spans hosts
     # the tracker ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT); the reporter
@@ -467,6 +507,8 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
             reporter.memory(cluster.gather(held_bytes(job.model, job.optimizer, job.method, job.memory_before)),
                             predict_memory(job.method, job.model, cluster.info.world_size,
                                            state_slots(config.optimizer_settings)))
+            if config.compile:
+                reporter.compiled_after_setup(graphs_compiled() - compiled_at_setup)
             reporter.finish(cluster.gather(after_step.run_totals.means()), time.perf_counter() - started,
                             cluster.gather(steady.means()),
                             config.timing_warmup_steps if after_step.after_warmup.steps else 0,

@@ -1,18 +1,34 @@
 """--accumulate K: K micro-batches per optimizer step, the sync once after the last, equal one batch of the same
 global size to float32 precision for every lossless method (DDP and zero_torch through no_sync(), bucketed and zero by
-holding their hooks, fsdp through set_requires_gradient_sync)."""
+holding their hooks, fsdp through set_requires_gradient_sync).
+
+The np 2 list of jobs also carries the step's precision and clipping end to end (one mpirun for both; tests/step/
+has their units): under bf16-mixed every lossless method equals allreduce; with --clip-grad-norm clipping every step,
+zero and fsdp (norms from shards) and bucketed equal allreduce; under 16-mixed an overflow forced on rank 1 at one
+step is skipped on every rank, under allreduce, zero, fsdp and local SGD alike, and a resume right after it scales
+as the uninterrupted job does."""
 
 import pytest
 from conftest import losses, train_several
 
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
+from mpi_train.failpoints import OVERFLOW_ENV
 
-# The MNIST CNN without dropout and without BatchNorm: nothing in a step depends on how the batch is split.
-JOB = ["--dataset", "synthetic", "--synthetic-size", "512", "--batch-size", "64", "--max-steps", "4", "--log-every",
-       "1", "--dropout", "0", "--no-tracking"]
+
+def job(synthetic_size: int = 512, batch_size: int = 64) -> list[str]:
+    """The MNIST CNN without dropout and without BatchNorm: nothing in a step depends on how the batch is split."""
+    return ["--dataset", "synthetic", "--synthetic-size", str(synthetic_size), "--batch-size", str(batch_size),
+            "--max-steps", "4", "--log-every", "1", "--dropout", "0", "--no-tracking"]
+
+
+JOB = job()
+FLOAT16_JOB = job(32, 8)  # float16 convolutions run 10x slower than bfloat16 on a CPU without float16 units
 LOSSLESS = ("gather_scatter", "allreduce", "flat", "bucketed", "ring", "hierarchical", "ddp", "zero", "fsdp",
             "zero_torch")
+CLIPPED = ("allreduce", "zero", "fsdp", "bucketed")  # zero's and fsdp's norms are their shards' (one all-reduce)
+OVERFLOWED = ("allreduce", "zero", "fsdp", "localsgd")  # the inf lands in one rank's shard, or one rank's own model
+OVERFLOW_STEP = 2  # rank 1's float16 gradients overflow here (MPI_TRAIN_OVERFLOW_AT); a checkpoint right after it
 
 
 def relative_gap(a: list[float], b: list[float]) -> float:
@@ -20,18 +36,62 @@ def relative_gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
+def step_jobs(checkpoints) -> dict[str, list[str]]:
+    """bf16-mixed under every lossless method, clipping (0.05: below every step's norm) under four, 16-mixed with the
+    forced overflow under four (local SGD averaging every step, which equals allreduce), and a resume of allreduce's
+    16-mixed job from its checkpoint at the overflowed step."""
+    bf16 = {f"{method}-bf16": [*JOB, "--sync", method, "--precision", "bf16-mixed"] for method in LOSSLESS}
+    clipped = {f"{method}-clip": [*JOB, "--sync", method, "--clip-grad-norm", "0.05"] for method in CLIPPED}
+    fp16 = {f"{method}-16": [*FLOAT16_JOB, "--sync", method, "--precision", "16-mixed",
+                             *(("--period", "1") if method == "localsgd" else ())] for method in OVERFLOWED}
+    fp16["allreduce-16"] += ["--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(OVERFLOW_STEP)]
+    resumed = {"allreduce-16-resumed": [*FLOAT16_JOB, "--sync", "allreduce", "--precision", "16-mixed", "--resume",
+                                        str(checkpoints / f"step-{OVERFLOW_STEP:08d}.pt")]}
+    return {**bf16, **clipped, **fp16, **resumed}
+
+
+def check_step_jobs(runs: dict[str, dict]) -> None:
+    """What step_jobs' summaries must show (the losses, and the figures logged at every step)."""
+    bf16 = losses(runs["allreduce-bf16"])
+    assert runs["allreduce-bf16"]["precision"] == "bf16-mixed" and bf16 != losses(runs["whole"])  # it ran in bf16
+    for method in LOSSLESS:
+        assert relative_gap(losses(runs[f"{method}-bf16"]), bf16) <= 1e-5, f"{method} under bf16-mixed"
+    clipped = runs["allreduce-clip"]["steps"]
+    assert all(step["grad_norm"] > 0.05 for step in clipped)  # so every step clipped
+    assert relative_gap(losses(runs["allreduce-clip"]), losses(runs["whole"])) > 1e-4  # and clipping told
+    for method in CLIPPED:
+        steps = runs[f"{method}-clip"]["steps"]
+        assert relative_gap(losses(runs[f"{method}-clip"]), losses(runs["allreduce-clip"])) <= 1e-5, method
+        assert relative_gap([s["grad_norm"] for s in steps], [s["grad_norm"] for s in clipped]) <= 1e-5, method
+    fp16 = runs["allreduce-16"]["steps"]
+    for method in OVERFLOWED:
+        steps = runs[f"{method}-16"]["steps"]
+        # every rank skipped the overflowed step (a mean over ranks of 1) and halved its scale, none another
+        assert [s["skipped_steps"] for s in steps] == [0, 1, 1, 1], method
+        assert [s["grad_scale"] for s in steps] == [2.0**16, 2.0**15, 2.0**15, 2.0**15], method
+        assert relative_gap(losses(runs[f"{method}-16"]), losses(runs["allreduce-16"])) <= 1e-5, method
+    resumed = runs["allreduce-16-resumed"]["steps"]
+    assert [s["step"] for s in resumed] == [3, 4]
+    assert [(s["loss"], s["grad_scale"], s["skipped_steps"]) for s in resumed] == [
+        (s["loss"], s["grad_scale"], s["skipped_steps"]) for s in fp16[2:]]
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("np, methods", [(2, LOSSLESS), (4, ("allreduce", "bucketed", "ddp"))])
 def test_k_micro_batches_equal_one_batch_of_the_same_global_size(tmp_path, np, methods):
     jobs = {"whole": [*JOB, "--sync", "allreduce"],
             **{f"{method}-k4": [*JOB, "--sync", method, "--accumulate", "4"] for method in methods}}
-    runs = train_several(np, tmp_path, jobs)
+    if np == 2:
+        jobs.update(step_jobs(tmp_path / "checkpoints"))
+    runs = train_several(np, tmp_path, jobs, env={OVERFLOW_ENV: f"1:{OVERFLOW_STEP}"} if np == 2 else None)
     whole = losses(runs["whole"])
     for method in methods:
         accumulated = runs[f"{method}-k4"]
         assert accumulated["config"]["accumulate"] == 4 and accumulated["batch_size_per_rank"] == 64 // np
         assert relative_gap(losses(accumulated), whole) <= 1e-5, method
         assert accumulated["mean_times"]["sync_time_s"] >= 0
+    if np == 2:
+        check_step_jobs(runs)
 
 
 def test_micro_batches_must_split_each_ranks_share():

@@ -174,8 +174,9 @@ QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "
 def np2(tmp_path_factory):
     """Short jobs at np 2, all in one mpirun: two identical ones, two seeds, MNIST's IDX files, several epochs, an
     image folder of 5 classes and mixed sizes and modes (resnet18 held resident; a user's model through the
-    DataLoader; the same folder with a corrupt file, which ends with its message), and one whose rate makes it
-    diverge (last: it ends with its message in place of a summary)."""
+    DataLoader; the same folder with a corrupt file, which ends with its message), 20 steps eager and the same
+    compiled (the suite's one compile), and one whose rate makes it diverge (last: it ends with its message in place
+    of a summary)."""
     tmp = tmp_path_factory.mktemp("np2")
     write_mnist(tmp / "data", train=256, test=64)
     folder = write_image_folder(tmp / "folder", classes=5, train=4, evaluation=2)
@@ -192,6 +193,8 @@ def np2(tmp_path_factory):
         "folder_users_model": [*images, "--data-dir", str(folder), "--model", "tests.user_model:build",
                                "--image-size", "40", "--loader", "dataloader"],
         "folder_damaged": [*images, "--data-dir", str(damaged)],
+        "eager20": [*QUICK, "--synthetic-size", "1280", "--max-steps", "20"],  # an epoch of 20 steps, scored once
+        "compiled20": [*QUICK, "--synthetic-size", "1280", "--max-steps", "20", "--compile"],
         "diverged": [*QUICK, "--max-steps", "8", "--lr", "1e6", "--checkpoint-dir", str(tmp / "diverged"),
                      "--checkpoint-every", "1"],
     })
@@ -229,6 +232,15 @@ def test_an_image_folder_of_any_classes_trains_resnet18_and_a_users_model_and_st
     message = np2["folder_damaged"]["error"]
     assert "cannot be decoded (no image format recognised in its 800 bytes)" in message
     assert "damaged/train/class2/broken.jpg" in message
+
+
+def test_a_compiled_job_follows_the_eager_one_and_compiles_at_setup_only(np2):
+    eager, compiled = np2["eager20"], np2["compiled20"]
+    assert [step["step"] for step in compiled["steps"]] == list(range(2, 21, 2))
+    assert relative_gap(losses(compiled), losses(eager)) <= 1e-3  # dropout draws as eager does (compiling.py)
+    assert compiled["compile_s"] > 0 and "compile_s" not in eager
+    assert compiled["graphs_compiled_after_setup"] == 0  # no step (nor the scoring) compiled anything
+    assert max(step["step_time_s"] for step in compiled["steps"]) < compiled["compile_s"]
 
 
 def test_a_diverging_job_stops_at_that_step_keeping_only_finite_checkpoints(np2):

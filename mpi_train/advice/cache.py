@@ -1,14 +1,16 @@
 """Advice files: where `python -m mpi_train advise` keeps them, which one fits a job, and what --sync auto takes.
 
 An advice is a JSON written for one setting: each rank's host (so the world size and how the
-ranks share hosts), the model and the global batch. It holds the calibrated links under
+ranks share hosts), the model, the global batch and the --precision it was given (with what that
+ran as there: auto's pick). It holds the calibrated links under
 "calibration" (as a bench JSON does, so a job's --calibration reads it too) with when they were
 measured, every candidate's predicted step and the measured step of those the short bench
 timed, and the recommendation, whose `flags` are arguments to add to `python -m mpi_train`.
 Files are named after their setting and time, under mlruns/advice/ unless --advice-dir says
 otherwise; the newest that fits is the one taken, by a later advise for its calibration (same
 hosts and link) and by --sync auto for its recommendation (same hosts, model, batch and world
-size).
+size, and a job's --precision that is the advice's as given or as it ran: a job at another
+precision computes faster or slower, which can change the fastest method).
 """
 
 from __future__ import annotations
@@ -25,37 +27,53 @@ from pathlib import Path
 from ..config import ADVICE_DIR, SYNC_AUTO, TrainConfig
 from ..errors import UserError
 from ..files import write_json_atomically
+from ..step.precision import PRECISION_AUTO
 from ..sync import SYNC_METHODS
 
 KIND = "mpi_train.advice"  # the "kind" of every advice file, so a stray JSON in the folder is not taken for one
 VERSION = 1
+UNNAMED_PRECISION = "32-true"  # what an advice that names no precision ran: its bench had no autocast
 
 
 @dataclass(frozen=True)
 class Setting:
-    """What an advice holds for: each rank's host, the model, the global batch."""
+    """What an advice holds for: each rank's host, the model, the global batch, the --precision as given."""
 
     hosts: tuple[str, ...]
     model: str
     batch_size: int
+    precision: str = PRECISION_AUTO
+
+    @classmethod
+    def of(cls, data: dict) -> Setting:
+        """The setting an advice was made for (one that names no precision was given none: auto)."""
+        return cls(tuple(data.get("hosts") or ()), data.get("model"), data.get("batch_size"),
+                   data.get("precision_flag", PRECISION_AUTO))
 
     @property
     def world_size(self) -> int:
         return len(self.hosts)
 
     def describe(self) -> str:
-        """`vgg11, batch 256, 4 ranks on testhost1 (2), testhost2 (2)`."""
+        """`vgg11, batch 256, 4 ranks on testhost1 (2), testhost2 (2)`, with `--precision 16-mixed` where given."""
         counts = {host: self.hosts.count(host) for host in dict.fromkeys(self.hosts)}
-        return (f"{self.model}, batch {self.batch_size}, {self.world_size} rank(s) on "
-                + ", ".join(f"{host} ({count})" for host, count in counts.items()))
+        return (f"{self.model}, batch {self.batch_size}, "
+                + (f"--precision {self.precision}, " if self.precision != PRECISION_AUTO else "")
+                + f"{self.world_size} rank(s) on " + ", ".join(f"{host} ({count})" for host, count in counts.items()))
 
     def differences(self, data: dict) -> list[str]:
-        """How an advice's setting differs from this one, in words; [] when it fits."""
+        """How an advice's setting differs from this one, in words; [] when it fits. A job's --precision fits an
+        advice's as given (auto and auto on the same hosts pick alike) or as it ran (bf16-mixed fits an advice whose
+        auto ran bf16-mixed)."""
         found = []
         if data.get("model") != self.model:
             found.append(f"model {data.get('model')} (this job: {self.model})")
         if data.get("batch_size") != self.batch_size:
             found.append(f"batch {data.get('batch_size')} (this job: {self.batch_size})")
+        given, ran = data.get("precision_flag", PRECISION_AUTO), data.get("precision", UNNAMED_PRECISION)
+        if self.precision not in (given, ran):
+            found.append(f"--precision {given}" + (f", which ran {ran}" if given != ran else "")
+                         + f" (this job: --precision {self.precision})")
         if data.get("world_size") != self.world_size:
             found.append(f"{data.get('world_size')} ranks (this job: {self.world_size})")
         elif tuple(data.get("hosts") or ()) != self.hosts:
@@ -133,14 +151,15 @@ def age(seconds: float) -> str:
 def advise_command(setting: Setting) -> str:
     """The advisor's launch line for a setting, to print where no advice fits."""
     return (f"mpirun -np {setting.world_size} --hostfile HOSTFILE python -m mpi_train advise --model {setting.model} "
-            f"--batch-size {setting.batch_size}")
+            f"--batch-size {setting.batch_size}"
+            + (f" --precision {setting.precision}" if setting.precision != PRECISION_AUTO else ""))
 
 
 def follow(config: TrainConfig, hosts: Sequence[str], now: float | None = None) -> dict:
     """Rank 0 under --sync auto: the advice to follow for this job (--advice, a file or a folder, else the newest
     fitting one under mlruns/advice/) as {file, created, age_s, label, flags, why, predicted and measured step};
     a UserError that says what to run when none fits."""
-    setting = Setting(tuple(hosts), config.model_name, config.batch_size)
+    setting = Setting(tuple(hosts), config.model_name, config.batch_size, config.precision)
     if config.compression != "none":
         raise UserError(f"--sync auto picks a lossless method, which sends the gradients as they are, and cannot "
                         f"carry --compression {config.compression}. Drop --compression, or name the method with "
@@ -163,8 +182,7 @@ def follow(config: TrainConfig, hosts: Sequence[str], now: float | None = None) 
     else:
         found = newest(place, lambda data: not setting.differences(data))
         if found is None:
-            held = sorted({Setting(tuple(data.get("hosts") or ()), data.get("model"), data.get("batch_size")).describe()
-                           for _, data in advice_in(place)})
+            held = sorted({Setting.of(data).describe() for _, data in advice_in(place)})
             there = f"; it holds advice for: {'; '.join(held)}" if held else ", which holds none"
             raise UserError(f"--sync auto found no advice for this job ({setting.describe()}) in {place}/{there}. "
                             f"Run the advisor with this job's hostfile and flags first: {advise_command(setting)} "

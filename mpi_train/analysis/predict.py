@@ -7,8 +7,9 @@
 Step time = compute (forward + backward per sample, measured, times the per-rank batch) +
 the method's predicted exposed communication (mpi_train/netmodel/: all of it for a method
 that syncs after backward, what outlasts backward for ddp and bucketed). Compute per sample
-comes from --compute-per-sample, else from --calibration's no-sync baseline, else from timing
-the model here. Links: between hosts the --link rate with the calibration's (or an assumed)
+comes from --compute-per-sample, else from --calibration's no-sync baseline (timed in the
+precision its bench ran: another --precision is refused), else from timing the model here in
+--precision. Links: between hosts the --link rate with the calibration's (or an assumed)
 latency; within a host the calibration's intra-host link, else an assumed loopback.
 Scaling efficiency = compute / step time: how much of the ideal N-fold speed-up is left.
 
@@ -32,12 +33,13 @@ from pathlib import Path
 
 from .. import netmodel
 from ..clock import Clock
-from ..commands.bench import BackwardClock
+from ..commands.bench import UNNAMED_PRECISION, BackwardClock
 from ..config import TrainConfig, add_config_arguments, add_model_arguments, model_config, model_flags
 from ..data import synthetic_batch
 from ..errors import UserError, format_error
 from ..netmodel.memory import MemoryPrediction, predict_memory
 from ..optimizers import describe_state, state_slots
+from ..step.precision import PRECISION_AUTO, PRECISIONS, resolve
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
 from ..sync.averaging import DEFAULT_PERIOD
 
@@ -89,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="localsgd and diloco: steps between two averages of the models (default: theirs, 8)")
     parser.add_argument("--host-period", type=int, default=None, metavar="STEPS",
                         help="localsgd and diloco: also average inside each host every this many steps (default: off)")
-    add_config_arguments(parser, ("optimizer",))  # the job's: its state is part of the memory per rank
+    # the job's: its optimizer's state is part of the memory per rank; its precision, of the compute per sample
+    add_config_arguments(parser, ("optimizer", "precision"), helps={"precision": (
+        "what the job's forward and backward compute in, by training's names: --calibration's bench must have "
+        "timed its compute in it; timed here, the model runs in it on this machine's CPU (default: auto: the "
+        "bench's, else what auto picks here)")})
     parser.add_argument("--momentum", type=float, default=None,
                         help="SGD momentum the memory per rank assumes: a buffer per parameter, none at 0 (default: "
                              "the model's, 0.9; --optimizer sgd only)")
@@ -117,20 +123,24 @@ def parse_ranks(text: str) -> list[int]:
     return sorted(set(ranks))
 
 
-def measured_compute(workload: TrainConfig, batch: int = 16, iters: int = 3) -> tuple[float, netmodel.Backward]:
-    """Forward + backward seconds per sample of the model on this machine (median of a few small batches), and when
-    its backward had each gradient ready (as the bench measures it): the model's own profile, not an assumed one."""
+def measured_compute(workload: TrainConfig, batch: int = 16, iters: int = 3,
+                     precision: str = "32-true") -> tuple[float, netmodel.Backward]:
+    """Forward + backward seconds per sample of the model on this machine (median of a few small batches), forward
+    and loss under autocast to `precision`'s dtype as the job's step runs them, and when its backward had each
+    gradient ready (as the bench measures it): the model's own profile, not an assumed one."""
     import torch  # here, not at the top: only timing the model needs torch's autograd running
     import torch.nn.functional as F
 
     torch.manual_seed(0)
     model = workload.make_model()
     inputs, targets = synthetic_batch(workload, batch)
-    clock, seconds, shares = BackwardClock(model, Clock(torch.device("cpu"))), [], []
+    cpu = torch.device("cpu")
+    clock, seconds, shares = BackwardClock(model, Clock(cpu)), [], []
     for i in range(iters + 1):
         started = time.perf_counter()
         model.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(inputs), targets)
+        with PRECISIONS[precision].autocast(cpu):
+            loss = F.cross_entropy(model(inputs), targets)
         forward_end = time.perf_counter()
         loss.backward()
         ended = time.perf_counter()
@@ -156,6 +166,19 @@ def compute_from_bench(bench: dict) -> float:
     """Seconds per sample of the bench's no-sync baseline (forward + backward on one rank's share of its batch)."""
     baseline = next(row for row in bench["methods"] if row["method"] == "no-sync")
     return baseline["compute_s"] / (bench["batch_size"] / bench["world_size"])
+
+
+def precision_error(args: argparse.Namespace, bench: dict) -> None:
+    """A --precision other than the one --calibration's bench timed its compute in is refused (its compute per
+    sample would be another precision's), unless --compute-per-sample replaces it; auto takes the bench's."""
+    timed = bench.get("precision", UNNAMED_PRECISION)
+    if args.precision in (PRECISION_AUTO, timed) or args.compute_per_sample is not None:
+        return
+    raise UserError(f"--calibration {args.calibration} timed the model's forward and backward in {timed}, and this "
+                    f"prediction is for --precision {args.precision}: its compute per sample, another precision's, "
+                    f"does not apply. Bench the job's precision (python -m mpi_train bench --precision "
+                    f"{args.precision} --json PATH), predict for {timed} (--precision {timed}, or leave it out), or "
+                    f"pass --compute-per-sample SECONDS.")
 
 
 def network_for(args: argparse.Namespace, calibrated: netmodel.Network | None) -> tuple[netmodel.Network, list[str]]:
@@ -377,6 +400,7 @@ def run(args: argparse.Namespace) -> None:
                             f" (its {', '.join(f'{k} {v}' for k, v in differs.items())}), not this prediction's "
                             f"{workload.describe_model()}: its compute per sample does not apply. Name the model as "
                             f"the bench did, or pass --compute-per-sample SECONDS.")
+        precision_error(args, bench)
     network, notes = network_for(args, calibrated)
     if args.period is not None and args.period < 1 or args.host_period is not None and args.host_period < 0:
         raise UserError(f"--period must be at least 1 and --host-period not negative, got {args.period} and "
@@ -390,12 +414,17 @@ def run(args: argparse.Namespace) -> None:
     tensor_bytes = [p.numel() * p.element_size() for p in params]
     backward = netmodel.ASSUMED_BACKWARD
     if args.compute_per_sample is not None:
-        per_sample, source = args.compute_per_sample, "--compute-per-sample"
+        per_sample, source = args.compute_per_sample, "--compute-per-sample" + (
+            f", {args.precision}" if args.precision != PRECISION_AUTO else "")
     elif bench is not None:
-        per_sample, source = compute_from_bench(bench), f"the no-sync baseline of {args.calibration}"
+        per_sample = compute_from_bench(bench)
+        source = f"in {bench.get('precision', UNNAMED_PRECISION)}, the no-sync baseline of {args.calibration}"
     else:
-        per_sample, backward = measured_compute(workload)
-        source = "timed here (batch 16, one process, this machine's CPU)"
+        import torch  # here, not at the top: as measured_compute
+
+        precision = resolve(args.precision, torch.device("cpu")).name
+        per_sample, backward = measured_compute(workload, precision=precision)
+        source = f"in {precision}, timed here (batch 16, one process, this machine's CPU)"
     if bench is not None:
         backward = netmodel.load_backward(args.calibration, len(tensor_bytes))
     labels = parse_labels(args.methods) if args.methods else None

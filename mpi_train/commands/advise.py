@@ -8,8 +8,9 @@ Started like the training job it advises, on the same hosts and ranks, it:
 1. calibrates the links as the bench does (ping-pong within a host and between hosts, fitted to
    alpha + beta·m), or takes the calibration of the newest advice on the same hosts at the same
    --link, saying how old it is (--fresh measures again);
-2. times the model's forward and backward without sync, and when backward has each gradient
-   ready (the bench's BackwardClock, the median over every rank's steps);
+2. times the model's forward and backward without sync under the job's --precision, and when
+   backward has each gradient ready (the bench's BackwardClock, the median over every rank's
+   steps);
 3. predicts every lossless method's step, bucketed at every bucket size that cuts the gradients
    differently (mpi_train/advice/search.py);
 4. measures the --measure methods predicted fastest (each at its best bucket size), ddp as the
@@ -23,7 +24,8 @@ Lossy options (fp16, bf16, PowerSGD, and methods that average models every few s
 apart, each with its predicted step and the accuracy cost the project measured (ACCURACY_COST),
 and are never recommended. The advice is kept under mlruns/advice/ (--advice-dir) for `--sync
 auto`, written to --json too, and logged to MLflow (tag mpi_train.role = advice, a child run per
-candidate shown) unless --no-tracking.
+candidate shown) unless --no-tracking. An advice holds for the --precision it was given (a job
+under another computes faster or slower, and --sync auto looks for one made for its own).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from ..errors import UserError, folder_write_error
 from ..files import write_json_atomically
 from ..optimizers import describe_state, state_slots
 from ..rankguard import RankAwareParser, guarded, join_job
+from ..step.precision import PRECISION_AUTO, agreed
 from ..sync import PARAMETERS, SYNC_METHODS, backend_error, every_label, split_label
 from ..sync.averaging import STREAMED, STREAMED_COMPRESSIONS
 from ..sync.base import AccuracyCost
@@ -115,7 +118,8 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
                         help="bytes a rank may hold for parameters, gradients and optimizer state, e.g. 2GiB or "
                              "512MiB (B, KiB, MiB, GiB): configurations the model predicts above it are left out, "
                              "with why (default: no limit)")
-    add_config_arguments(parser, ("optimizer",))  # the job's: its state is part of the memory per rank
+    # the job's: the optimizer's state is part of the memory per rank, the precision times its compute
+    add_config_arguments(parser, ("optimizer", "precision"))
     parser.add_argument("--link-iters", type=int, default=2,
                         help="timed repetitions per message size of the link calibration (default: 2)")
     parser.add_argument("--link", help="the link rate the hosts were shaped to (e.g. 100mbit): recorded, and the "
@@ -433,7 +437,7 @@ def table(rows: Sequence[dict]) -> str:
 
 def describe(result: dict) -> str:
     """The advice as printed and stored: the setting, the links, the table, the recommendation, the lossy options."""
-    setting = cache.Setting(tuple(result["hosts"]), result["model"], result["batch_size"])
+    setting = cache.Setting.of(result)
     links = result["calibration"]
     source = (f"of {links['reused_from']}, measured {cache.age(result['created_s'] - links['measured_at_s'])} before"
               if links.get("reused_from") else "measured now")
@@ -447,7 +451,8 @@ def describe(result: dict) -> str:
         + f": {result['gradient_bytes'] / 1e6:.1f} MB of gradients in {result['tensors']} tensors",
         f"links ({source}): {netmodel.describe_network(network)}",
         (f"step without sync {result['baseline_step_s'] * 1e3:,.1f} ms (forward + backward "
-         f"{result['compute_s'] * 1e3:,.1f} ms, backward {result['backward_share']:.2f} of it), slowest rank"),
+         f"{result['compute_s'] * 1e3:,.1f} ms in {result.get('precision', cache.UNNAMED_PRECISION)}, backward "
+         f"{result['backward_share']:.2f} of it), slowest rank"),
         f"searched {search_note['configurations']} lossless configurations: "
         + ", ".join(search_note["methods"])
         + (f"; {', '.join(search_note['bucket_tuned'])} at {len(search_note['bucket_sizes_mb'])} bucket sizes "
@@ -558,7 +563,8 @@ def log_run(connection: tracking.Connection, run_name: str, result: dict, text: 
         layout = result["layout"]
         links = result["calibration"]
         params = {"model": result["model"], "batch_size": result["batch_size"], "world_size": result["world_size"],
-                  "backend": result["backend"], "hosts": ",".join(dict.fromkeys(result["hosts"])),
+                  "backend": result["backend"], "precision": result["precision"],
+                  "hosts": ",".join(dict.fromkeys(result["hosts"])),
                   "num_hosts": layout["hosts"], "ranks_per_host": layout["ranks_per_host"],
                   "link": result.get("link") or "unlimited", "recommended": recommended,
                   "link_between_hosts": link_text(network.inter), "link_within_host": link_text(network.intra),
@@ -607,6 +613,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     connection = tracking.connect(workload, cluster)
     placement = place(cluster, args.backend, args.threads)
     backend, device = placement.backend, placement.device
+    precision = agreed(args.precision, device, cluster).name  # auto: what the job would run here
     cluster.open_process_group(backend, args.master_addr, args.timeout, device)
     started = time.perf_counter()
 
@@ -616,7 +623,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     units = netmodel.tensor_units(template)
     gradient_bytes = int(sum(tensor_bytes))
     layout = netmodel.Layout.of_hosts(list(cluster.hosts))
-    setting = cache.Setting(tuple(cluster.hosts), args.model, args.batch_size)
+    setting = cache.Setting(tuple(cluster.hosts), args.model, args.batch_size, args.precision)
     if info.is_main:
         print(f"advise: {setting.describe()}, backend {backend}, {placement.threads} thread(s) per rank", flush=True)
     links = calibration(cluster, args, min(gradient_bytes, CALIBRATION_BYTES), device)
@@ -632,7 +639,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         print(f"advise: timing {workload.describe_model()}'s forward and backward without sync ({PROFILE_STEPS} "
               f"steps)", flush=True)
     times, order = measure([contender(NO_SYNC, NoSync(), template)], images, labels, PROFILE_STEPS, 1, device,
-                           progress("no-sync"))
+                           progress("no-sync"), precision)
     profile = cluster.gather(times)
     usable, refused = search.lossless(backend)
     found = search.candidates(usable, tensor_bytes, order)
@@ -649,7 +656,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
               flush=True)
     chosen = [Candidate.from_dict(one) for one in cluster.bcast(chosen)]
     entries = [contender(NO_SYNC, NoSync(), template)] + [contender(c.label, c.method(), template) for c in chosen]
-    times, _ = measure(entries, images, labels, args.steps, args.warmup, device, progress("bench"))
+    times, _ = measure(entries, images, labels, args.steps, args.warmup, device, progress("bench"), precision)
     per_rank = cluster.gather(times)
     advised_s = time.perf_counter() - started  # what the advice itself took, a full bench left out
     full = None
@@ -664,7 +671,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
             entries = [contender(NO_SYNC, NoSync(), template)] + [contender(c.label, c.method(), template)
                                                                   for c in chunk]
             times, _ = measure(entries, images, labels, args.full_bench, args.warmup, device,
-                               progress(f"full bench {first + 1}-{first + len(chunk)} of {len(grid)}"))
+                               progress(f"full bench {first + 1}-{first + len(chunk)} of {len(grid)}"), precision)
             for name, phases in times.items():
                 for phase, values in phases.items():
                     merged.setdefault(name, {}).setdefault(phase, []).extend(values)
@@ -703,6 +710,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         "kind": cache.KIND, "version": cache.VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "created_s": created, "hosts": list(cluster.hosts), "world_size": world, "model": args.model,
         "batch_size": args.batch_size, "backend": backend, "threads": placement.threads, "link": args.link,
+        "precision": precision, "precision_flag": args.precision,
         "layout": {"hosts": layout.hosts, "ranks_per_host": layout.ranks_per_host},
         "gradient_bytes": gradient_bytes, "tensors": len(tensor_bytes),
         "calibration": {**links, "backward": backward.as_dict()},
@@ -730,9 +738,10 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     print(f"\nadvice kept in {kept} (plot {picture})" + (f" and written to {args.json}" if args.json else "")
           + f"; the advice took {advised_s:.0f} s after start-up"
           + (f", its full bench {result['full_bench']['seconds']:.0f} s more" if full else ""))
-    print(f"train with it: python -m mpi_train {' '.join(model_flag_words(args))} --batch-size {args.batch_size} "
-          f"{' '.join(result['recommended']['flags'])}   (or --sync auto, which reads the newest advice for this "
-          f"setting)", flush=True)
+    precision_words = f" --precision {args.precision}" if args.precision != PRECISION_AUTO else ""
+    print(f"train with it: python -m mpi_train {' '.join(model_flag_words(args))} --batch-size {args.batch_size}"
+          f"{precision_words} {' '.join(result['recommended']['flags'])}   (or --sync auto, which reads the newest "
+          f"advice for this setting)", flush=True)
     if connection is not None:
         run_id = log_run(connection, args.run_name or f"advice-{args.model}-np{world}", result, text, [picture])
         print(f"logged as MLflow run {run_id} in experiment {args.experiment!r}, a child run per candidate shown; "

@@ -11,8 +11,10 @@ method the backend cannot run is listed as unavailable with the reason. Each ste
 forward + backward + sync once per method, round-robin with the starting method rotated, so
 a burst of machine noise hits them all alike. Per method it reports:
 
-- compute: forward + backward (for methods that communicate inside backward, like ddp,
-  this includes the communication they could not hide);
+- compute: forward + backward under --precision, as the job computes them (forward and loss
+  under autocast to bfloat16 or float16; 16-mixed's loss scale, one multiply, left out); for
+  methods that communicate inside backward, like ddp, this includes the communication they
+  could not hide;
 - sync: the sync call alone, timed between two barriers so no rank's lateness is counted.
   For a method that overlaps backward (ddp, bucketed) there is no barrier between
   backward and sync: Gloo's barrier waits for every collective in flight, so it would swallow
@@ -52,8 +54,9 @@ from there: the links, and the reduce-scatter and all-gather as this backend run
 price the sharded methods' collectives instead of a ring's bytes).
 
 Medians over the timed steps (after warm-up), of the slowest rank in each step. The
-table goes to stdout, --json writes every figure, and rank 0 logs a run to MLflow
-(tag mpi_train.role = bench) unless --no-tracking.
+table goes to stdout, --json writes every figure with the precision it measured under
+("precision": what `python -m mpi_train predict --calibration` holds a job against), and rank
+0 logs a run to MLflow (tag mpi_train.role = bench) unless --no-tracking.
 """
 
 from __future__ import annotations
@@ -75,13 +78,23 @@ from torch import nn
 from .. import netmodel, tracking
 from ..clock import Clock
 from ..cluster import Cluster, GroupChannel
-from ..config import BACKENDS, ENV_DEFAULTS, LAUNCHERS, TrainConfig, add_model_arguments, model_config, model_flags
+from ..config import (
+    BACKENDS,
+    ENV_DEFAULTS,
+    LAUNCHERS,
+    TrainConfig,
+    add_config_arguments,
+    add_model_arguments,
+    model_config,
+    model_flags,
+)
 from ..data import synthetic_batch
 from ..devices import place
 from ..errors import UserError
 from ..files import write_json_atomically
 from ..netmodel.families import bus_bandwidth, family_of
 from ..rankguard import RankAwareParser, guarded, join_job
+from ..step.precision import PRECISIONS, agreed
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, parse_labels, split_label
 from ..sync.messages import BUCKETS
 from ..sync.ring import ring_reduce_scatter
@@ -90,6 +103,7 @@ from ..timeline import Recorder
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
 
+UNNAMED_PRECISION = "32-true"  # what a bench JSON that names no precision measured under: no autocast
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
 ALLREDUCE_FIT = netmodel.ALLREDUCE  # the calibration's fit of torch's all_reduce (a bench JSON key, not a method)
 # every collective the calibration fits, each under its own key (the sharded families price theirs from these; zero's
@@ -178,6 +192,7 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=256,
                         help="global batch of synthetic samples shaped for the model (images, or sequences of gpt's "
                              "context), split across ranks (default: 256)")
+    add_config_arguments(parser, ("precision",))  # the job's: forward and backward are timed as it computes them
     parser.add_argument("--steps", type=int, default=20, help="timed steps per method (default: 20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per method first (default: 2)")
     parser.add_argument("--json", metavar="PATH", help="rank 0 writes every figure here")
@@ -289,12 +304,15 @@ def contenders(workload: TrainConfig, device: torch.device, bucket_mb: float, la
 
 
 def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int,
-            device: torch.device, progress) -> tuple[dict[str, dict[str, list[float]]], tuple[int, ...] | None]:
+            device: torch.device, progress,
+            precision: str = "32-true") -> tuple[dict[str, dict[str, list[float]]], tuple[int, ...] | None]:
     """Per method, this rank's compute (and its backward), sync and whole-step seconds for each timed step, methods
     interleaved round-robin, and when the no-sync baseline's gradients became ready during its backward (its
     "ready": pooled_backward makes every rank's one profile), with the order they came in. A step runs from one
-    barrier to the next, so its time is the slowest rank's on every rank."""
+    barrier to the next, so its time is the slowest rank's on every rank. Forward and loss run under autocast to
+    `precision`'s dtype (a resolved --precision), as the job's step runs them."""
     now = Clock(device)
+    computing = PRECISIONS[precision]
     times = {entry.name: {"compute": [], "backward": [], "sync": [], "step": []} for entry in entries}
     codecs = {}
     for entry in entries:  # DDP's compression runs in torch's hooks, out of sight
@@ -311,7 +329,8 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
             dist.barrier()
             t0 = now()
             entry.model.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(entry.net(images), labels)
+            with computing.autocast(device):
+                loss = F.cross_entropy(entry.net(images), labels)
             forward_end = now()
             loss.backward()
             t1 = now()
@@ -544,7 +563,8 @@ def describe(result: dict) -> str:
         f"sync cost: {result['world_size']} rank(s)"
         + (f" on {layout['hosts']} host(s), {layout['ranks_per_host']} per host" if layout else "")
         + (f", link {result['network_link']}" if result.get("network_link") else "")
-        + f", backend {result['backend']}, {result.get('model_described', result['model'])} "
+        + f", backend {result['backend']}, {result.get('precision', UNNAMED_PRECISION)}, "
+        f"{result.get('model_described', result['model'])} "
         f"({result['gradient_bytes'] / 1e6:.1f} MB of gradients), batch {result['batch_size']}, "
         f"{result['steps']} timed steps per method (medians, slowest rank per step)",
         f"link bandwidth B = {link['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s "
@@ -617,8 +637,8 @@ def log_run(connection: tracking.Connection, run_name: str, result: dict, text: 
     run_id = client.create_run(experiment, run_name=run_name, tags={"mpi_train.role": "bench"}).info.run_id
     children = []
     try:
-        params = {key: result[key]
-                  for key in ("world_size", "backend", "model", "batch_size", "steps", "warmup", "gradient_bytes")}
+        params = {key: result[key] for key in ("world_size", "backend", "model", "batch_size", "steps", "warmup",
+                                               "gradient_bytes", "precision")}
         layout = result.get("layout") or {}
         params.update(link=result.get("network_link") or "unlimited", num_hosts=layout.get("hosts", 1),
                       ranks_per_host=layout.get("ranks_per_host", result["world_size"]))
@@ -668,6 +688,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     connection = tracking.connect(settings, cluster)  # rank 0 checks the store before any work
     placement = place(cluster, args.backend, args.threads)
     backend, threads, device = placement.backend, placement.threads, placement.device
+    precision = agreed(args.precision, device, cluster).name  # auto: what the job would run here
     cluster.open_process_group(backend, args.master_addr, args.timeout, device)
 
     entries, unavailable = contenders(settings, device, args.bucket_mb, parse_labels(args.methods), backend,
@@ -705,9 +726,9 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
             print(f"bench step {step:>4}/{total}{'  (warm-up)' if warming else ''}", flush=True)
 
     if info.is_main:
-        print(f"bench: {world} rank(s), {threads} thread(s) each, methods {', '.join(e.name for e in entries)}",
-              flush=True)
-    times, order = measure(entries, images, labels, args.steps, args.warmup, device, progress)
+        print(f"bench: {world} rank(s), {threads} thread(s) each, {precision}, methods "
+              f"{', '.join(e.name for e in entries)}", flush=True)
+    times, order = measure(entries, images, labels, args.steps, args.warmup, device, progress, precision)
     per_rank = cluster.gather(times)
     dist.destroy_process_group()
     if not info.is_main:
@@ -723,6 +744,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
                              tuple(netmodel.tensor_units(entries[0].model)))
     result = {
         "world_size": world, "backend": backend, "model": args.model, "model_described": settings.describe_model(),
+        "precision": precision,
         "model_flags": model_flags(args), "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup,
         "threads": threads, "gradient_bytes": gradient_bytes,
         "link": link, "hosts": list(cluster.hosts), "unavailable": unavailable,

@@ -119,6 +119,13 @@ def windows(data: torch.Tensor, starts: torch.Tensor, context: int) -> tuple[tor
     return chunk[:, :-1], chunk[:, 1:].reshape(-1)
 
 
+def zero_windows(batch: int, context: int, device: torch.device) -> torch.Tensor:
+    """Tokens of zeros laid out as a batch of windows() is (views one token narrower than their rows): what a compiled
+    model's warm-up feeds it, since its graphs hold for their inputs' strides."""
+    data, starts = torch.zeros(context + 1, dtype=torch.uint8, device=device), torch.zeros(batch, dtype=torch.int64)
+    return windows(data, starts.to(device), context)[0]
+
+
 class WindowSampler:
     """train.py's sampler for text: the epoch, and where a resumed epoch starts (in samples of the rank)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -33,6 +34,13 @@ EVERYTHING = "parameters, gradients and optimizer state"  # ZeRO-3 (FSDP)
 def gradients(model: nn.Module) -> list[torch.Tensor]:
     """The .grad of every parameter that has one, in registration order (the same on every rank)."""
     return [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (fsdp's parameters and gradients), any other tensor itself. DTensor is looked
+    up only once torch has loaded it, as a job that shards does: importing it costs every process 0.6 s."""
+    dtensors = sys.modules.get("torch.distributed.tensor")
+    return tensor.to_local() if dtensors is not None and isinstance(tensor, dtensors.DTensor) else tensor
 
 
 def sum_each_round(rounds: Iterator[torch.Tensor], allreduce_sum: Callable[[torch.Tensor], None],

@@ -8,20 +8,27 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from ..step.precision import PRECISION_AUTO, resolve
 from .base import EVERYTHING, INSIDE_FSDP, SyncMethod
 from .messages import PER_UNIT
 
-WHOLE_ON_RANK_0 = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered, on CPU, on rank 0 only
-WHOLE_EVERYWHERE = StateDictOptions(full_state_dict=True)  # every rank hands over the whole, keeps its shard
+# torch's FSDP2 and its state_dict API are imported where a job runs fsdp: they bring in DTensor and sympy, 0.6 s of
+# import in every process (each rank of every job, each command) that never shards.
+
+
+def whole_on_rank_0():
+    """Gathered, on CPU, on rank 0 only."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def whole_everywhere():
+    """Every rank hands over the whole, keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True)
 
 
 def container(module: nn.Module) -> bool:
@@ -75,10 +82,31 @@ class FSDP(SyncMethod):
     no_compression_because = ("FSDP reduce-scatters the gradients in torch's own collectives, in the parameters' "
                                "dtype")
 
+    def __init__(self, compressor=None, precision: str = "32-true"):
+        super().__init__(compressor)
+        self.precision = precision  # --precision, resolved on the model's device when it is wrapped
+
+    @classmethod
+    def from_config(cls, config) -> FSDP:
+        return cls(cls.compressor_from_config(config), getattr(config, "precision", PRECISION_AUTO))
+
+    def policy(self, device: torch.device):
+        """Under a mixed precision, FSDP2's own: each unit's parameters gathered in the autocast dtype (half the
+        all-gather's bytes, and the copy forward and backward compute with), the gradients reduce-scattered and kept
+        in float32, as the other methods sum and keep them. Autocast still runs around forward, for the ops between
+        the units' parameters."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        dtype = resolve(self.precision, device).autocast_dtype
+        return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+
     def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        policy = self.policy(next(model.parameters()).device)
         for unit in units(model):
-            fully_shard(unit)
-        fully_shard(model)
+            fully_shard(unit, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
         return model
 
     @contextlib.contextmanager
@@ -98,6 +126,8 @@ class FSDP(SyncMethod):
         """Reshard after a test evaluation: FSDP2 keeps the root's parameters gathered after its forward, for the
         backward that follows in training; after a forward alone they would stay whole (GPT's embeddings and head),
         plain tensors where every reader of the model expects its shards."""
+        from torch.distributed.fsdp import FSDPModule
+
         try:
             yield
         finally:
@@ -113,15 +143,21 @@ class FSDP(SyncMethod):
         return self.whole_parameters(model)
 
     def model_state(self, model: nn.Module) -> dict | None:
-        state = get_model_state_dict(model, options=WHOLE_ON_RANK_0)  # collective: every rank sends its shards
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        state = get_model_state_dict(model, options=whole_on_rank_0())  # collective: every rank sends its shards
         return state if dist.get_rank() == 0 else None
 
     def load_model_state(self, model: nn.Module, state: dict) -> None:
-        set_model_state_dict(model, state, options=WHOLE_EVERYWHERE)
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(model, state, options=whole_everywhere())
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict | None:
         """Collective: the whole state, keyed by parameter index (torch keys it by parameter name)."""
-        named = get_optimizer_state_dict(model, optimizer, options=WHOLE_ON_RANK_0)
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        named = get_optimizer_state_dict(model, optimizer, options=whole_on_rank_0())
         if dist.get_rank() != 0:
             return None
         index_of = {name: i for i, (name, _) in enumerate(model.named_parameters())}
@@ -134,4 +170,6 @@ class FSDP(SyncMethod):
         named = {"state": {names[int(i)]: value for i, value in state["state"].items()},
                  "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]}
                                   for group in state["param_groups"]]}
-        set_optimizer_state_dict(model, optimizer, named, options=WHOLE_EVERYWHERE)
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, named, options=whole_everywhere())

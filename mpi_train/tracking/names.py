@@ -6,12 +6,16 @@ prefixes are the questions a user asks of a comparison:
     learning/   is it learning?         loss, lr, test_loss, test_accuracy (at the step they were taken; a
                                         language model's test_loss is its validation loss in nats per byte, with
                                         its perplexity);
-                                        drift (local SGD, DiLoCo: the ranks' distance from their average)
+                                        drift (local SGD, DiLoCo: the ranks' distance from their average);
+                                        grad_norm (--clip-grad-norm: the norm before clipping), grad_scale
+                                        (16-mixed: the loss scale after the step), skipped_steps (16-mixed:
+                                        steps skipped for an overflow so far); at logged steps, means over ranks
     time/       where does a step go?   per logged step, means over ranks: step_s, data_s, compute_s, sync_s,
                                         optimizer_s, predicted_sync_s, samples_per_s (the job's) and
                                         samples_per_s_per_rank, data_share (of the step), flops_per_s (per
                                         rank), mfu (on a known GPU); world_size (jobs that
-                                        may restart on fewer ranks); elapsed_s at each test evaluation
+                                        may restart on fewer ranks); elapsed_s at each test evaluation;
+                                        compile_s (--compile: the setup's compile, in no step; once, at step 0)
     summary/    how did the run end?    one steady-state mean per phase (SUMMARY_RULE), final loss and accuracy,
                                         wall time, the tracking overhead, a slow host's cost; with a timeline,
                                         wire_s (its collectives' time on the wire per step) and predicted_wire_s
@@ -48,11 +52,20 @@ LOSS, LR, TEST_LOSS, TEST_ACCURACY = "learning/loss", "learning/lr", "learning/t
 PERPLEXITY = "learning/perplexity"  # a language model's, at each evaluation: exp(validation loss)
 SAMPLES_PER_S, PREDICTED_SYNC = "time/samples_per_s", "time/predicted_sync_s"
 EPOCH_TIME = "time/epoch_s"
+COMPILE_TIME = "time/compile_s"  # under --compile: the setup's warm-up that compiled the graphs (the slowest rank's)
 WORLD_SIZE = "time/world_size"  # under --resume auto: the ranks of each attempt, from the step it resumed at
 STALL = "network/stall_s"
 DRIFT = "learning/drift"  # model averaging: each rank's L2 distance from the average at its last one (mean over ranks)
 ELAPSED = "time/elapsed_s"  # at each test evaluation: the job's wall time training so far, evaluations left out
 SENT_MB = "network/sent_mb"  # at each test evaluation: megabytes rank 0 has sent so far (netmodel.bytes_sent_per_sync)
+# Per-rank figures of the gradient the optimizer applied (step/gradients.py), means over ranks at a logged step:
+# its norm before clipping (none at a skipped step), the loss scale after the step and the steps skipped so far.
+GRADIENT_FIGURES = ("grad_norm", "grad_scale", "skipped_steps")
+
+
+def learning_key(name: str) -> str:
+    """A learning figure at a logged step: `learning/grad_norm`."""
+    return f"learning/{name}"
 
 
 def step_key(phase: str) -> str:

@@ -56,7 +56,7 @@ NOT_PARAMS = (
 )
 # what the job turned out to be (JobInfo), logged over the option where both name one (backend auto: the one chosen)
 JOB_PARAMS = ("world_size", "batch_size_per_rank", "hosts", "rendezvous", "num_hosts", "ranks_per_host", "backend",
-              "threads", "compression", "advice")
+              "threads", "compression", "advice", "precision")
 PARAMS = (*(name for name in field_kinds() if name not in NOT_PARAMS), *JOB_PARAMS)
 PARAMS_PER_BATCH = 100  # the most params MLflow takes in one log_batch
 CONFIG_FILE = "config.toml"  # the artifact holding the job as a job file: --config reruns it
@@ -120,6 +120,7 @@ def job_metrics(summary: dict, global_batch: int) -> dict:
         names.summary_key("sync_share"): steady["sync_time_s"] / step_s if step_s else 0.0,
         names.summary_key("total_steps"): summary["total_steps"],
         names.summary_key("wall_time_s"): summary["wall_time_s"],
+        **({names.COMPILE_TIME: summary["compile_s"]} if summary.get("compile_s") is not None else {}),
     }
     if summary["final_loss"] is not None:
         figures[names.summary_key("final_loss")] = summary["final_loss"]
@@ -402,6 +403,7 @@ class MlflowTracker(NullTracker):
                                                              "slowest_rank") if key in times},
             **({names.PREDICTED_SYNC: times["predicted_sync_time_s"]} if "predicted_sync_time_s" in times else {}),
             **({names.DRIFT: times["drift"]} if "drift" in times else {}),
+            **{names.learning_key(key): times[key] for key in names.GRADIENT_FIGURES if key in times},
         }, step))
         for rank, record in enumerate(per_rank):
             self._put(self.child_ids[rank],

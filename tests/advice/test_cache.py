@@ -96,6 +96,30 @@ def test_an_advice_named_for_another_setting_is_refused_and_other_hosts_only_not
                                                           HOSTS))
 
 
+def test_an_advice_fits_a_jobs_precision_as_given_or_as_it_ran(tmp_path):
+    def made(precision_flag: str, ran: str, created_s: float, sync: str):
+        data = advice(Setting(HOSTS, "mnist_cnn", 64, precision_flag), created_s, flags=("--sync", sync))
+        kept = cache.write(tmp_path, Setting(HOSTS, "mnist_cnn", 64, precision_flag),
+                           {**data, "precision_flag": precision_flag, "precision": ran})
+        return str(kept)
+
+    auto = made("auto", "bf16-mixed", 1000.0, "flat")  # auto ran bf16-mixed on these hosts' GPUs
+    full = made("32-true", "32-true", 2000.0, "ring")
+    assert cache.follow(job("--sync", "auto", "--advice", str(tmp_path)), HOSTS)["file"] == auto  # auto: auto's
+    assert cache.follow(job("--sync", "auto", "--advice", str(tmp_path), "--precision", "bf16-mixed"),
+                        HOSTS)["file"] == auto  # what auto ran
+    assert cache.follow(job("--sync", "auto", "--advice", str(tmp_path), "--precision", "32-true"),
+                        HOSTS)["file"] == full
+    with pytest.raises(UserError) as error:
+        cache.follow(job("--sync", "auto", "--advice", str(tmp_path), "--precision", "16-mixed"), HOSTS)
+    assert ("no advice for this job (mnist_cnn, batch 64, --precision 16-mixed, 4 rank(s) on h1 (2), h2 (2))"
+            in str(error.value) and "--batch-size 64 --precision 16-mixed (with --advice-dir" in str(error.value))
+    assert "mnist_cnn, batch 64, --precision 32-true, 4 rank(s)" in str(error.value)  # what the folder holds
+    with pytest.raises(UserError, match=r"another setting: --precision auto, which ran bf16-mixed \(this job: "
+                                        r"--precision 32-true\)"):
+        cache.follow(job("--sync", "auto", "--advice", auto, "--precision", "32-true"), HOSTS)
+
+
 def test_resolve_takes_rank_0s_pick_and_leaves_other_jobs_alone(tmp_path):
     cluster = SimpleNamespace(info=SimpleNamespace(is_main=True), hosts=HOSTS, bcast=lambda value: value)
     kept = keep(tmp_path, Setting(HOSTS, "mnist_cnn", 64), 1000.0)

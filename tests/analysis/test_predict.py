@@ -153,3 +153,32 @@ def test_a_calibration_prices_the_sharded_collectives_as_the_backend_ran_them(tm
     # FSDP2 overlaps only on CUDA streams: on CPU its step pays all of its communication, which predict says
     assert f"fsdp: exposed assumes CUDA; on CPU the step pays its comm, {measured['fsdp']:.1f} ms" in measured_out
     assert "zero: exposed assumes CUDA" not in measured_out
+
+
+def test_the_compute_of_a_bench_is_taken_in_its_precision_and_another_precision_is_refused(tmp_path, capsys):
+    link = netmodel.Link(100e-6, 1 / 12.5e6, source="ping-pong")
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"world_size": 2, "batch_size": 64, "model": "mnist_cnn", "precision": "bf16-mixed",
+                                 "calibration": {"network": netmodel.Network(link, link).as_dict()},
+                                 "methods": [{"method": "no-sync", "compute_s": 0.064}]}))
+    flags = ["--model", "mnist_cnn", "--ranks", "4", "--link", "1gbit", "--calibration", str(bench), "--methods", "ddp"]
+    for precision in ([], ["--precision", "bf16-mixed"]):  # auto takes the bench's; the bench's own is taken alike
+        assert predict.main([*flags, *precision]) == 0
+        assert f"compute 2.00 ms per sample (in bf16-mixed, the no-sync baseline of {bench})" in capsys.readouterr().out
+    assert predict.main([*flags, "--precision", "32-true"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"--calibration {bench} timed the model's forward and backward in bf16-mixed, and this prediction is for "
+            f"--precision 32-true" in err and "python -m mpi_train bench --precision 32-true --json PATH" in err)
+    assert predict.main([*flags, "--precision", "32-true", "--compute-per-sample", "0.001"]) == 0  # its own compute
+    assert "compute 1.00 ms per sample (--compute-per-sample, 32-true)" in capsys.readouterr().out
+    older = tmp_path / "older.json"  # a bench JSON that names no precision timed float32
+    older.write_text(bench.read_text().replace('"precision": "bf16-mixed", ', ""))
+    assert predict.main([*flags[:-4], "--calibration", str(older), "--methods", "ddp", "--precision", "16-mixed"]) == 2
+    assert "timed the model's forward and backward in 32-true" in " ".join(capsys.readouterr().err.split())
+
+
+def test_timed_here_the_model_runs_in_the_precision_asked(capsys):
+    tiny = ["--model", "gpt", "--gpt-layers", "1", "--gpt-width", "32", "--gpt-heads", "2", "--context", "16"]
+    assert predict.main([*tiny, "--ranks", "4", "--link", "1gbit", "--methods", "ddp",
+                         "--precision", "bf16-mixed"]) == 0
+    assert "per sample (in bf16-mixed, timed here (batch 16, one process" in capsys.readouterr().out

@@ -72,6 +72,8 @@ def test_advise_then_a_job_with_sync_auto_runs_what_it_recommends(tmp_path, quic
     assert f"recommended: {' '.join(recommended['flags'])}" in done.stdout and "why: " in done.stdout
     assert recommended["measured_step_s"] > 0 and recommended["predicted_step_s"] > 0
     assert data["calibration"]["network"]["intra"]["beta"] > 0 and data["calibration"]["backward"]["ready"]
+    # timed in the job's precision, auto's pick on CPUs, which a job under --sync auto is held against
+    assert (data["precision"], data["precision_flag"]) == ("32-true", "auto") and " ms in 32-true, " in done.stdout
     measured = [row for row in data["candidates"] if row["measured_step_s"] is not None]
     assert "ddp" in data["measured"] and len(measured) == len(data["measured"]) >= 2
     assert data["search"]["bucket_sizes_mb"] and data["lossy"]
@@ -94,6 +96,7 @@ def test_advise_then_a_job_with_sync_auto_runs_what_it_recommends(tmp_path, quic
     (parent,) = client.search_runs([experiment], "tags.`mpi_train.role` = 'advice'")
     assert parent.data.params["recommended"] == " ".join(recommended["flags"])
     assert {"link_between_hosts", "link_within_host", "hosts", "calibration"} <= set(parent.data.params)
+    assert parent.data.params["precision"] == "32-true"
     assert {item.path for item in client.list_artifacts(parent.info.run_id)} >= {"advice.json", "advice.txt",
                                                                                   kept[0].with_suffix(".png").name}
     children = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")

@@ -101,6 +101,21 @@ def test_the_backward_clock_sees_the_last_layer_s_gradients_first():
     assert profile.ready[0] > 0.5
 
 
+@pytest.mark.parametrize("precision, dtype", [("32-true", "float32"), ("bf16-mixed", "bfloat16")])
+def test_the_compute_is_timed_in_the_jobs_precision(one_rank_group, precision, dtype):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 10))
+    computed = []
+    model[1].register_forward_hook(lambda module, inputs, output: computed.append(str(output.dtype)))
+    entries = [bench.Contender(bench.NO_SYNC, bench.NoSync(), model, model)]
+    times, _ = bench.measure(entries, torch.randn(4, 3, 2, 2), torch.randint(0, 10, (4,)), 2, 1, torch.device("cpu"),
+                             lambda *progress: None, precision)
+    assert computed == [f"torch.{dtype}"] * 3 and len(times[bench.NO_SYNC]["compute"]) == 2
+    assert model[1].weight.grad.dtype == torch.float32  # the weights and their gradients stay float32
+
+
 @pytest.mark.e2e
 def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     out = tmp_path / "bench.json"
@@ -119,6 +134,7 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     params = list(build_model("mnist_cnn").parameters())
     size = sum(p.numel() for p in params) * 4
     assert data["gradient_bytes"] == size and data["world_size"] == 2
+    assert data["precision"] == "32-true" and "backend gloo, 32-true, mnist_cnn" in result.stdout  # auto on CPUs
     assert [row["method"] for row in data["methods"]] == [bench.NO_SYNC, *runnable]
     bandwidth = data["link"]["bandwidth_bytes_per_s"]
     assert bandwidth > 0
@@ -187,10 +203,11 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     # a language model as training names it: the bench times its tensors (the tied embedding once)
     gpt = ["--model", "gpt", "--gpt-layers", "1", "--gpt-width", "32", "--gpt-heads", "2", "--context", "16"]
     result = mpirun(2, [*gpt, "--batch-size", "4", "--steps", "2", "--warmup", "1", "--link-iters", "1", "--methods",
-                        "allreduce,bucketed+powersgd", "--no-tracking", "--json", str(out)], module="mpi_train bench",
-                    timeout=300)
+                        "allreduce,bucketed+powersgd", "--precision", "bf16-mixed", "--no-tracking", "--json",
+                        str(out)], module="mpi_train bench", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(out.read_text())
+    assert data["precision"] == "bf16-mixed" and ", bf16-mixed, methods no-sync," in result.stdout
     params = [p for p in TrainConfig(**data["model_flags"]).make_model().parameters()]
     assert data["model_described"] == "gpt (1 layers, 2 heads, width 32, context 16)" and data["model"] == "gpt"
     assert data["gradient_bytes"] == 4 * sum(p.numel() for p in params)

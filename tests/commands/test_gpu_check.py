@@ -7,7 +7,9 @@ import sys
 import pytest
 from conftest import REPO
 
-from mpi_train.commands.gpu_check import combinations, table
+from mpi_train.commands.gpu_check import bare_step, combinations, method_names, rate, table
+from mpi_train.config import TrainConfig
+from mpi_train.errors import UserError
 from mpi_train.sync import SYNC_METHODS, every_label, label
 
 
@@ -23,15 +25,49 @@ def test_the_table_counts_what_failed():
     assert text.splitlines()[-1] == "1 passed, 1 failed" and "FAIL" in text.splitlines()[3]
 
 
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+def test_the_bare_loop_trains_in_the_precision_asked(precision):
+    import torch
+
+    workload = TrainConfig(model="gpt", dataset="text", gpt_layers=1, gpt_width=16, gpt_heads=2, context=8)
+    models, computed = [], []
+
+    def wrap(model):  # the bare loop's own model, its output layer's dtype noted at each forward
+        model.head.register_forward_hook(lambda module, inputs, output: computed.append(output.dtype))
+        models.append(model)
+        return model
+
+    step = bare_step(workload, 4, torch.device("cpu"), wrap=wrap, precision=precision)
+    before = [p.detach().clone() for p in models[0].parameters()]
+    step()
+    step()
+    expected = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[precision]
+    assert computed == [expected] * 2
+    after = list(models[0].parameters())  # stepped (16-mixed's first steps too: no overflow here), still float32
+    assert all(p.dtype == torch.float32 for p in after) and all(not torch.equal(p, b) for p, b in zip(after, before))
+
+
+def test_a_job_rate_is_tokens_for_a_language_model_and_samples_else():
+    assert rate({"throughput": {"samples_per_s_per_rank": 80.0, "tokens_per_s_per_rank": 640.0}}) == (640.0, "tokens/s")
+    assert rate({"throughput": {"samples_per_s_per_rank": 80.0}}) == (80.0, "samples/s")
+    assert method_names("ddp, zero", "--methods") == ["ddp", "zero"] and method_names("", "--x") == []
+    with pytest.raises(UserError, match="--float16-methods names dpp, which is no sync method"):
+        method_names("ddp,dpp", "--float16-methods")
+
+
 @pytest.mark.e2e
 def test_the_check_dry_runs_on_cpus():
     result = subprocess.run([sys.executable, "-m", "mpi_train", "gpu-check", "--backend", "gloo", "--model",
                              "gpt", "--gpt-layers", "1", "--gpt-width", "32", "--context", "16", "--batch-size", "32",
-                             "--steps", "2", "--timed-steps", "3", "--methods",
-                             "ddp"], cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+                             "--steps", "2", "--timed-steps", "3", "--methods", "ddp", "--float16-methods", ""],
+                            cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
     rows = result.stdout.split("GPU check on cpu x 1")[1].strip().splitlines()
-    assert re.match(r"  ddp: 2 steps +ok +loss \d", rows[2]), rows
-    assert re.search(r"resumed to step 6, --deterministic +ok +weights equal bit for bit", rows[4]), rows
+    assert re.match(r"  ddp step / bare loop step, 32-true eager \(target <= 1.1x\) +(ok|FAIL) +[\d.]+ / [\d.]+ ms",
+                    rows[2]), rows
+    assert re.match(r"  ddp 32-true: 2 steps +ok +loss \d", rows[3]), rows
+    assert re.search(r"32-true: checkpoint at step 3 resumed to step 6, --deterministic +ok +weights equal bit for bit",
+                     rows[4]), rows
+    assert "gpu-check: ok  ddp 32-true: 2 steps: loss" in result.stdout  # each row as it came, before the table
     # the step's ratio on a CPU is no target: it may fail here, and the exit status says so
     passed, failed = map(int, re.match(r"(\d) passed, (\d) failed", rows[5]).groups())
     assert passed + failed == 3 and result.returncode == (1 if failed else 0), result.stdout + result.stderr

@@ -139,7 +139,7 @@ def test_fsdp_reshards_the_roots_parameters_after_an_evaluation(one_rank_group):
     from mpi_train.sync.fsdp import FSDP
 
     model = gpt(GptShape(layers=1, heads=1, width=16, context=8))
-    method = FSDP.__new__(FSDP)
+    method = FSDP()
     method.wrap(model)
     with method.evaluated(model), torch.no_grad():
         model(torch.zeros(2, 8, dtype=torch.long))
