@@ -160,7 +160,7 @@ class Checkpointer:
 
     def due(self, step: int, total_steps: int) -> bool:
         """Every --checkpoint-every steps, and the last step; the last step's is written only after the final
-        evaluation (see `hold`), so a job whose final checkpoint exists has nothing left to do."""
+        evaluation (train.run writes it once scored), so a job whose final checkpoint exists has nothing left to do."""
         every = self.config.checkpoint_every
         return self.folder is not None and (step == total_steps or bool(every and step % every == 0))
 

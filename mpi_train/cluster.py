@@ -117,7 +117,9 @@ class GroupChannel(ObjectChannel):
         return mine[:int(lengths[self.dist.get_rank()].item())].cpu().numpy().tobytes()
 
     def abort(self, code: int) -> None:
-        raise NotImplementedError("the process group cannot end the job: the launcher's channel does")
+        """A process group cannot stop its peers: this rank ends itself, and the launcher, which watches its ranks,
+        ends the others (Cluster.abort uses the launcher's own channel, which reaches them directly)."""
+        _exit_now(code)
 
 
 @dataclass(frozen=True)

@@ -748,13 +748,6 @@ class JobInfo:
     precision: str = "32-true"  # the --precision it runs at, auto resolved on its device (step/precision.py)
     compile_s: float | None = None  # under --compile: the setup's compile, the slowest rank's (step/compiling.py)
 
-    @property
-    def timeline_window(self) -> tuple[int, int] | None:
-        """The steps --timeline records (both ends included), or None without a timeline."""
-        if not (self.timeline or self.timeline_steps):
-            return None
-        return parse_window(self.timeline_steps) or (1, ALL_STEPS)
-
     def as_dict(self) -> dict:
         """The summary's job fields, in this order; `resumed_from` only when resumed, `advice` only under --sync
         auto, `compile_s` only under --compile."""

@@ -2,7 +2,7 @@
 
 One small class per launcher (mpi.py, torchrun.py, slurm.py), in the manner of Lightning
 Fabric's plugins/environments: `detect` reads only the environment variables, so choosing
-one never starts anything; the constructor is where an environment connects.
+one never starts anything; an environment's constructor reads variables, and `connect()` joins the job.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ class AccuracyCost:
 
 
 class SyncMethod:
-    """Makes every rank's gradients equal to their mean across ranks, once per step.
+    """Keeps every rank's model the one the job stands for: a gradient method averages the gradients at every
+    step (`averages` GRADIENTS), a model-averaging method the parameters every few steps (PARAMETERS).
 
     A method is a schedule (who sends what to whom, when) carrying a compressor (what
     the messages hold, see compression/). Everything the cost model, the bench, compare and

@@ -63,8 +63,8 @@ class Bucketed(SyncMethod):
     The gradients handed to the optimizer are views of the bucket buffers. A parameter
     that received no gradient this step (unused in forward) contributes zeros and keeps
     .grad None, like `allreduce` leaves it; as there, every rank must use the same
-    parameters. One backward per sync: accumulating over several backward passes
-    before syncing is refused, since a launched bucket would miss the later gradients.
+    parameters. Under --accumulate the hooks are held (`accumulating`) for every micro-batch but
+    the last, whose backward launches the buckets with the summed gradients.
 
     With a compressor the first message of each bucket (the whole bucket, its float16
     copy, or PowerSGD's P factors) leaves during backward; a compressor's later rounds
