@@ -158,7 +158,7 @@ def report(args: argparse.Namespace, theirs: dict | None, mine: dict | None) -> 
     if theirs and mine:
         lines.append(f"  ours / nanoGPT: {mine['tokens_per_s'] / theirs['tokens_per_s']:.2f}x tokens/s (vocabulary "
                      f"{theirs['vocab']} characters against 256 bytes: the output layer is "
-                     f"{256 / theirs['vocab']:.1f}x wider in ours; attention: flash in nanoGPT, written out in ours)")
+                     f"{256 / theirs['vocab']:.1f}x wider in ours)")
     return "\n".join(lines)
 
 

@@ -113,7 +113,9 @@ class Zero(Bucketed):
     Bytes per rank: (N-1)/N·S for the reduce-scatter plus (N-1)/N·S for the all-gather, a
     ring allreduce's 2(N-1)/N·S. On Gloo the reduce-scatters are a ring of our own on a thread
     (RingReduceScatters): Gloo's reduce_scatter_single allreduces the whole bucket and keeps a
-    slice, 2(N-1)/N·S, which made zero's reduce-scatter as slow as bucketed's allreduce.
+    slice, 2(N-1)/N·S, as slow as bucketed's allreduce.
+    Under --compile the pre-hooks wait for every bucket before the forward's graph starts (a graph
+    cannot wait on a future), so the all-gathers do not overlap the forward there.
     In a timeline each all-gather is noted from its start after
     the step to the wait in the next forward. Any collective between two steps (a logged
     step's gather of figures) runs after the all-gathers in flight, so it waits for them.
