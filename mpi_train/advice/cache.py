@@ -27,12 +27,11 @@ from pathlib import Path
 from ..config import ADVICE_DIR, SYNC_AUTO, TrainConfig
 from ..errors import UserError
 from ..files import write_json_atomically
-from ..step.precision import PRECISION_AUTO
+from ..step.precision import PRECISION_AUTO, UNNAMED_PRECISION
 from ..sync import SYNC_METHODS
 
 KIND = "mpi_train.advice"  # the "kind" of every advice file, so a stray JSON in the folder is not taken for one
 VERSION = 1
-UNNAMED_PRECISION = "32-true"  # what an advice that names no precision ran: its bench had no autocast
 
 
 @dataclass(frozen=True)

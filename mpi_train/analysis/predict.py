@@ -33,13 +33,13 @@ from pathlib import Path
 
 from .. import netmodel
 from ..clock import Clock
-from ..commands.bench import UNNAMED_PRECISION, BackwardClock
+from ..commands.bench import BackwardClock
 from ..config import TrainConfig, add_config_arguments, add_model_arguments, model_config, model_flags
 from ..data import synthetic_batch
 from ..errors import UserError, format_error
 from ..netmodel.memory import MemoryPrediction, predict_memory
 from ..optimizers import describe_state, state_slots
-from ..step.precision import PRECISION_AUTO, PRECISIONS, resolve
+from ..step.precision import PRECISION_AUTO, PRECISIONS, UNNAMED_PRECISION, resolve
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
 from ..sync.averaging import DEFAULT_PERIOD
 

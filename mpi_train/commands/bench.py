@@ -94,7 +94,7 @@ from ..errors import UserError
 from ..files import write_json_atomically
 from ..netmodel.families import bus_bandwidth, family_of
 from ..rankguard import RankAwareParser, guarded, join_job
-from ..step.precision import PRECISIONS, agreed
+from ..step.precision import PRECISIONS, UNNAMED_PRECISION, agreed
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, parse_labels, split_label
 from ..sync.messages import BUCKETS
 from ..sync.ring import ring_reduce_scatter
@@ -103,7 +103,6 @@ from ..timeline import Recorder
 from ..tracking import names as metric_names
 from ..tracking.links import share_views, where
 
-UNNAMED_PRECISION = "32-true"  # what a bench JSON that names no precision measured under: no autocast
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
 ALLREDUCE_FIT = netmodel.ALLREDUCE  # the calibration's fit of torch's all_reduce (a bench JSON key, not a method)
 # every collective the calibration fits, each under its own key (the sharded families price theirs from these; zero's

@@ -22,6 +22,8 @@ import torch
 from ..errors import UserError
 
 PRECISION_AUTO = "auto"
+# what a bench JSON or an advice that names no precision measured under: benches without one had no autocast
+UNNAMED_PRECISION = "32-true"
 
 
 @dataclass(frozen=True)
