@@ -101,8 +101,9 @@ class Position:
 # ---------------------------------------------------------------------------------------------
 # Each rank's own state.
 
-def capture_rank_state(model: nn.Module, method: SyncMethod) -> dict:
-    """This rank's random states, buffers and sync method state, in types torch.load(weights_only=True) accepts."""
+def capture_rank_state(model: nn.Module, method_state: dict) -> dict:
+    """This rank's random states, buffers and sync method state (`method_state`, what SyncMethod.save gave it), in
+    types torch.load(weights_only=True) accepts."""
     kind, keys, position, has_gauss, cached = np.random.get_state()
     state = {
         "torch_rng": torch.get_rng_state(),
@@ -110,7 +111,7 @@ def capture_rank_state(model: nn.Module, method: SyncMethod) -> dict:
                       "cached": float(cached)},
         "python_rng": random.getstate(),
         "buffers": {name: buffer.detach().cpu().clone() for name, buffer in model.named_buffers()},
-        "sync": method.state_dict(model),
+        "sync": method_state,
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda_rng"] = torch.cuda.get_rng_state()
@@ -136,7 +137,7 @@ def restore_rank_state(state: dict | None, model: nn.Module, method: SyncMethod 
         for name, value in state["buffers"].items():
             buffers[name].copy_(value)
     if method is not None:
-        method.load_state_dict(state.get("sync") or {}, model)
+        method.load(model, None, {"method": state.get("sync")})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,14 +177,14 @@ class Checkpointer:
         an uninterrupted job's random states stand, even when written later. `unsent_metrics`: what the tracker
         holds for this checkpoint (tracker.unsent), sent again by an attempt that resumes from it. `loss_scaler`:
         16-mixed's scaler state (step/gradients.py), the same on every rank."""
-        rank_states = self.cluster.gather(capture_rank_state(model, method))
-        # collective: a method that shards them gathers them, in the layout of an unsharded model and optimizer, so
-        # that any method resumes from them, on any number of ranks (--reshard)
-        model_state, optimizer_state = method.model_state(model), method.optimizer_state(optimizer, model)
+        # collective: a method that shards them gathers the model and optimizer, in the layout of an unsharded model
+        # and optimizer, so that any method resumes from them, on any number of ranks (--reshard)
+        saved = method.save(model, optimizer)
+        rank_states = self.cluster.gather(capture_rank_state(model, saved["method"]))
         if not self.cluster.info.is_main:
             return None
-        return checkpoint_payload(self.config, self.cluster.info.world_size, position, model_state, optimizer_state,
-                                  rank_states, run_id, unsent_metrics, loss_scaler)
+        return checkpoint_payload(self.config, self.cluster.info.world_size, position, saved["model"],
+                                  saved["optimizer"], rank_states, run_id, unsent_metrics, loss_scaler)
 
     def write(self, payload: dict | None, step: int) -> None:
         """Collective: rank 0 writes what `capture` took and prunes the oldest; every rank learns the outcome."""

@@ -53,3 +53,14 @@ def write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
         handle.write(text)
+
+
+def write_figure(fig, path: Path) -> Path:
+    """Lay a matplotlib figure out, write it as a PNG (its folder made if missing) and close it."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt  # loaded only by the commands that draw
+
+    plt.close(fig)
+    return path

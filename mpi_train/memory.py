@@ -5,7 +5,7 @@ trade, counted the same way for every method and device. Each tensor is counted 
 it lives in, once: the views a flat buffer hands out as gradients (flat, bucketed) count as the
 buffer, a DTensor (FSDP) as its local shard's storage (padding included). What is counted:
 
-    parameters   model.parameters(), and what the method holds of that kind (held_tensors())
+    parameters   model.parameters(), and what the method holds of that kind (its tensors(model, "held <kind>"))
     gradients    their .grad, and the method's gradient buffers
     optimizer    every tensor in the optimizer's state (for a wrapper that keeps a local optimizer
                  of its own shard, as ZeroRedundancyOptimizer's `optim`, that one's), and the method's
@@ -22,6 +22,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+
+from .sync.base import HELD_VIEW
 
 KINDS = ("parameters", "gradients", "optimizer")  # what a rank holds, in the order a report lists them
 
@@ -79,8 +81,8 @@ def held_bytes(model: nn.Module, optimizer, method=None, before: int = 0) -> dic
     """Bytes this rank holds by kind (KINDS) and in all (`total_bytes`): keys `parameters_bytes`, ...; on CUDA also
     `cuda_peak_bytes`, the most allocated at once since the job began beyond the `before` bytes allocated then
     (count_peak_from_here)."""
-    extra = method.held_tensors() if method is not None else {}
     params = list(model.parameters())
+    extra = {kind: method.tensors(model, HELD_VIEW + kind) for kind in KINDS} if method is not None else {}
     tensors = {"parameters": params,
                "gradients": [p.grad for p in params if p.grad is not None],
                "optimizer": optimizer_tensors(optimizer)}

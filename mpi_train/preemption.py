@@ -9,7 +9,8 @@ step boundary the ranks agree (any rank's note counts for all). Then every rank 
 same steps: the job writes a checkpoint there, records its MLflow run as KILLED with the reason in
 a tag, and exits with REQUEUE_EXIT. The batch script requeues the job on that status, and the
 requeued job continues the same run with --resume auto. Only a job with --checkpoint-dir listens
-(it has somewhere to go on from); elsewhere SIGUSR1 keeps its default action.
+(it has somewhere to go on from); elsewhere SIGUSR1 keeps its default action. Its handlers go through
+tracking/signals.py, which holds every signal handler a rank installs.
 
 Divergence: a rate too high for the model makes the loss, then the weights, overflow to inf or NaN, and training
 would go on computing NaNs. The ranks hold different losses (their own batches) and, under the model-averaging
@@ -25,9 +26,7 @@ logs, checks, scores or checkpoints it). On CPUs the all-reduce answers at once.
 from __future__ import annotations
 
 import math
-import signal
 import statistics
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,20 +36,21 @@ import torch.distributed as dist
 from torch.nn.utils import get_total_norm
 
 from .sync.base import local_part
+from .tracking import signals
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL: stopped to be run again, from its checkpoint
-SIGNAL = signal.SIGUSR1
+SIGNAL = signals.REQUEUE
 
 
 class Preemption:
     """Whether SIGUSR1 has reached this rank (StepAgreement shares it with the others)."""
 
     def __init__(self, listening: bool, world_size: int):
-        self.listening = listening and threading.current_thread() is threading.main_thread()
+        self.listening = listening and signals.on_main_thread()
         self.world_size = world_size
         self.received = False
         if self.listening:
-            self.previous = signal.signal(SIGNAL, self._note)
+            self.previous = signals.install((SIGNAL,), self._note)
 
     def _note(self, number, frame) -> None:
         self.received = True
@@ -59,13 +59,13 @@ class Preemption:
         """Collective, once the run's end is recorded: from here a launcher's SIGTERM is ignored, so that srun
         --kill-on-bad-exit, seeing the first rank leave with REQUEUE_EXIT, does not turn the others' status
         into 143 and the batch script's requeue into a failure."""
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signals.ignore(signals.TERMINATE)
         if self.world_size > 1:
             dist.barrier()
 
     def close(self) -> None:
         if self.listening:
-            signal.signal(SIGNAL, self.previous)
+            signals.restore(self.previous)
             self.listening = False
 
 

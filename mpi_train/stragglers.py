@@ -84,3 +84,11 @@ def find(hosts: Sequence[str], per_host: dict[str, float]) -> Straggler | None:
 def pairs_without(straggler: Straggler, hosts: Sequence[str], pairs: Sequence[tuple[int, int]]) -> list[int]:
     """Indexes of the pairs that do not go through the straggler: what the links would be without it."""
     return [i for i, (a, b) in enumerate(pairs) if straggler.host not in (hosts[a], hosts[b])]
+
+
+def priced(model, compute_time_s: float) -> dict:
+    """The straggler of `model` (netmodel.JobModel) and what it costs each step given the measured compute: the
+    model's sync time with the measured links less the same without its link, which the summary keeps."""
+    cost = model.straggler_cost(compute_time_s)
+    without = model.sync_time(compute_time_s, model.network.without_slow())
+    return {**model.straggler.as_dict(), "cost_s": cost, "predicted_sync_without_s": without}

@@ -26,9 +26,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from mpi_train import tracking
+from mpi_train.benchmark.gpu import bare_step, seconds_per_step
 from mpi_train.checkpoint import Position
 from mpi_train.clock import StepClock
-from mpi_train.commands.gpu_check import bare_step, seconds_per_step
 from mpi_train.commands.train import parse_config
 from mpi_train.config import TrainConfig
 from mpi_train.rankguard import join_job

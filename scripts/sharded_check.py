@@ -33,7 +33,7 @@ from mpi_train.commands.train import parse_config
 from mpi_train.config import TrainConfig
 from mpi_train.memory import held_bytes
 from mpi_train.models import INPUT_SHAPES, build_model
-from mpi_train.sync import SYNC_METHODS
+from mpi_train.sync import build_method
 from mpi_train.train import run
 
 METHODS = ("allreduce", "zero", "fsdp", "zero_torch", "bucketed", "ring")  # the last two: sums in another order
@@ -45,7 +45,7 @@ def optimizer_state_bytes(name: str, model_name: str, batch: int) -> int:
     """This rank's optimizer state after one step under `name` (collective)."""
     torch.manual_seed(0)
     model = build_model(model_name, dropout=0.0)
-    method = SYNC_METHODS[name].from_config(TrainConfig(sync=name))
+    method = build_method(name, TrainConfig(sync=name))
     net = method.wrap(model)
     optimizer = method.make_optimizer(model, lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9))
     images, labels = torch.randn(batch, *INPUT_SHAPES[model_name]), torch.randint(0, 10, (batch,))

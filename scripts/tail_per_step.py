@@ -42,7 +42,8 @@ def predicted_plan(args: argparse.Namespace) -> tuple[list[float], float, float,
     compute_s = args.compute_per_sample * args.batch_size / int(args.ranks)
     backward_s = backward.share * compute_s
     prediction = netmodel.predict(method, tensor_bytes, netmodel.Layout(int(args.ranks), args.ranks_per_host),
-                                  network, ratio=method.wire_ratio(params), later=method.later_share(params),
+                                  network, ratio=netmodel.wire_ratio(method, params),
+                                  later=netmodel.later_share(method, params),
                                   backward_s=backward_s, backward=backward, compute_s=compute_s)
     tail = max(0.0, prediction.plan[-1].end_s - backward_s)
     return [m.end_s - m.start_s for m in prediction.plan], backward_s, tail, prediction.exposed_s, prediction.parts

@@ -57,10 +57,11 @@ def train(np: int, tmp_path: Path, *args: str, name: str = "summary", **kwargs) 
 
 
 def train_several(np: int, tmp_path: Path, jobs: dict[str, list[str]], **kwargs) -> dict[str, dict]:
-    """Several real training jobs one after another in the same mpirun (tests/jobs_run.py); each one's summary."""
+    """Several real training jobs one after another in the same mpirun (tests/rank_programs/jobs_run.py); each one's
+    summary."""
     plan = tmp_path / "jobs.json"
     plan.write_text(json.dumps(jobs))
-    result = mpirun(np, [str(tmp_path), str(plan)], module="tests.jobs_run", **kwargs)
+    result = mpirun(np, [str(tmp_path), str(plan)], module="tests.rank_programs.jobs_run", **kwargs)
     assert result.returncode == 0, f"mpirun failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
     return {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in jobs}
 

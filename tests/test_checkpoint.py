@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import torch
 from conftest import losses, mpirun, train
-from resume_check import CHECKED
+from rank_programs.resume_check import CHECKED
 from torch import nn
 
 from mpi_train.checkpoint import (
@@ -39,7 +39,7 @@ TOTAL, RESUME_AT = 10, 6
 def all_runs(tmp_path_factory):
     """Per sync method at np 2: an uninterrupted run, a run stopped at step 6 with checkpoints, its resumption."""
     tmp = tmp_path_factory.mktemp("resume")
-    result = mpirun(2, [str(tmp), str(TOTAL), str(RESUME_AT), *ARGS], module="tests.resume_check")
+    result = mpirun(2, [str(tmp), str(TOTAL), str(RESUME_AT), *ARGS], module="tests.rank_programs.resume_check")
     assert result.returncode == 0, result.stdout + result.stderr
     return {sync: {"tmp": tmp, "ck": tmp / f"{sync}-ck",
                    **{job: json.loads((tmp / f"{sync}-{job}.json").read_text())

@@ -347,8 +347,8 @@ def compression_carriers() -> tuple[set[str], dict[str, set[str]]]:
     """The methods that take --compression: those that carry every compression, and those that carry only some."""
     every, some = set(), {}
     for name, method in SYNC_METHODS.items():
-        carried = set(method.compressions) - {"none"}
-        if method.fixed_compression or not carried:
+        carried = set(method.traits.compressions) - {"none"}
+        if method.traits.fixed_compression or not carried:
             continue
         if carried == set(COMPRESSORS) - {"none"}:
             every.add(name)

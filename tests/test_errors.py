@@ -97,10 +97,10 @@ def test_zero_or_negative_numbers_are_refused(quick_args, flag, value):
 def test_replicas_that_drift_apart_stop_the_job_naming_the_step_and_ranks(quick_args):
     """A sync method that leaves the last rank's gradient unaveraged: the weight check must catch it."""
     result = mpirun(2, [*quick_args, "--sync", "skip_last_rank", "--check-every", "3"],
-                    module="tests.mpi_diverging_run")
+                    module="tests.rank_programs.mpi_diverging_run")
     assert_clean_failure(result, "at step 3, rank(s) [1] hold different weights from rank 0")
     result = mpirun(2, [*quick_args, "--sync", "allreduce", "--check-every", "3", "--max-steps", "6"],
-                    module="tests.mpi_diverging_run")
+                    module="tests.rank_programs.mpi_diverging_run")
     assert result.returncode == 0, result.stderr  # the same check passes a correct method
 
 

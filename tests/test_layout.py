@@ -147,3 +147,37 @@ def test_the_check_sees_an_import_against_the_layers(tmp_path, rule_breaker):
     tree = ast.parse(f"def late():\n    {rule_breaker}\n")
     found = imports("mpi_train.sync.bucketed", PACKAGE / "sync" / "bucketed.py", tree, set(modules()))
     assert found and found[0][2] and found[0][0] in ("mpi_train.lab.mpirun", "mpi_train.analysis.compare")
+
+
+MODULE_LINES, FUNCTION_LINES, COMMAND_LINES = 500, 80, 200
+
+
+def functions_over(tree: ast.Module, limit: int) -> list[tuple[str, int]]:
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_modules_and_functions_stay_short_enough_to_read_whole():
+    """A module a newcomer reads in one sitting, a function on one screen or two; a command only parses, calls and
+    prints."""
+    long_modules, long_functions = [], []
+    for name, path in modules().items():
+        text = path.read_text()
+        lines = len(text.splitlines())
+        limit = COMMAND_LINES if layer(name) == "commands" else MODULE_LINES
+        if lines > limit:
+            long_modules.append(f"{name}: {lines} lines (at most {limit})")
+        long_functions += [f"{name}.{function}: {length} lines" for function, length in
+                           functions_over(ast.parse(text), FUNCTION_LINES)]
+    assert not long_modules, "\n".join(long_modules)
+    assert not long_functions, f"functions over {FUNCTION_LINES} lines:\n" + "\n".join(long_functions)
+    assert functions_over(ast.parse("def f():\n" + "    pass\n" * FUNCTION_LINES), FUNCTION_LINES)  # the count bites
+
+
+def test_a_command_imports_no_other_command():
+    """What two commands share is a library beneath them (benchmark/, analysis/), not one command inside another."""
+    layers, edges, _ = graph()
+    crossed = [f"{name} imports {target}, line {node.lineno}" for name, found in edges.items()
+               if layers[name] == "commands" for target, node, _ in found
+               if layers[target] == "commands" and target != "mpi_train.commands"]
+    assert not crossed, "\n".join(crossed)

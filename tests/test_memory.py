@@ -11,7 +11,10 @@ from conftest import REPO
 from torch import nn
 
 from mpi_train.memory import describe, held_bytes, most, predicted
+from mpi_train.sync import SyncMethod
 from mpi_train.sync.flat import FlatBuffer
+
+PROGRAM = REPO / "tests" / "rank_programs" / "memory_shards_check.py"
 
 
 def trained(momentum: float) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -37,8 +40,8 @@ def test_views_of_one_buffer_count_once_whatever_reaches_them():
     buffer.pack()
     buffer.unpack()  # each .grad is now a view of the buffer (flat, bucketed)
 
-    class HoldsTheBuffer:
-        def held_tensors(self):
+    class HoldsTheBuffer(SyncMethod):
+        def _held(self):
             return {"gradients": [buffer.data], "optimizer": [buffer.data]}
 
     figures = held_bytes(model, optimizer, HoldsTheBuffer())
@@ -49,8 +52,8 @@ def test_views_of_one_buffer_count_once_whatever_reaches_them():
 def test_a_methods_own_tensors_count_under_their_kind():
     model, optimizer = trained(momentum=0.0)
 
-    class KeepsAShardCopy:
-        def held_tensors(self):
+    class KeepsAShardCopy(SyncMethod):
+        def _held(self):
             return {"parameters": [torch.zeros(25)], "optimizer": [torch.zeros(10)]}
 
     figures = held_bytes(model, optimizer, KeepsAShardCopy())
@@ -68,7 +71,7 @@ def test_the_job_figure_is_the_most_any_rank_held():
 @pytest.mark.e2e
 def test_torchs_sharded_optimizers_hold_their_share_on_two_ranks(tmp_path):
     out = tmp_path / "held.json"
-    result = subprocess.run([sys.executable, str(REPO / "tests" / "memory_shards_check.py"), str(out)], check=False,
+    result = subprocess.run([sys.executable, str(PROGRAM), str(out)], check=False,
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                             timeout=240)
     assert result.returncode == 0, result.stderr

@@ -110,7 +110,7 @@ def average_on_rank(rank: int, store: str, queue) -> None:
         for choice in ("average", "reset"):
             method = LocalSGD(period=1, momentum=choice)
             param, optimizer = adamw_after_one_step(rank)
-            method.use_optimizer(optimizer)
+            method.optimizer = optimizer  # as make_optimizer keeps it
             method.average_momentum(everyone=True)
             results[choice] = {key: value.tolist() for key, value in optimizer.state[param].items()}
             before = param.tolist()

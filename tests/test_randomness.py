@@ -6,7 +6,7 @@ import json
 import pytest
 from conftest import losses, mpirun, train
 from disk_formats import write_cifar10_folders
-from methods_run import UNCOMPRESSED
+from rank_programs.methods_run import UNCOMPRESSED
 
 from mpi_train.randomness import rank_seed
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 def rank_views(tmp_path, data, seed: int, name: str) -> list[dict]:
     out = tmp_path / f"{name}.json"
-    result = mpirun(2, [str(data), str(out), str(seed)], module="tests.rank_views_check")
+    result = mpirun(2, [str(data), str(out), str(seed)], module="tests.rank_programs.rank_views_check")
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(out.read_text())
 
@@ -72,7 +72,7 @@ def test_every_uncompressed_sync_method_reruns_bit_for_bit(tmp_path, quick_args)
     for attempt in ("first", "second"):
         out = tmp_path / attempt
         out.mkdir()
-        result = mpirun(2, [str(out), *quick_args, "--max-steps", "6"], module="tests.methods_run")
+        result = mpirun(2, [str(out), *quick_args, "--max-steps", "6"], module="tests.rank_programs.methods_run")
         assert result.returncode == 0, result.stdout + result.stderr
         summaries.append({sync: json.loads((out / f"{sync}.json").read_text()) for sync in UNCOMPRESSED})
     first, second = summaries

@@ -48,7 +48,7 @@ def test_the_model_charges_a_straggler_where_its_traffic_goes():
     even, straggling = Network(fast, fast), Network(fast, fast, slow)
     three = Layout(3, 1)
     size = 4.8 * MB
-    ring, root = FAMILIES["ring"].time, FAMILIES["root"].time
+    ring, root = FAMILIES["ring_allreduce"].time, FAMILIES["root"].time
     # a ring waits for its slowest edge at every step
     assert ring(size, three, straggling) == pytest.approx(ring(size, three, Network(fast, slow)))
     # through rank 0: its own link carries both other hosts' gradients, the straggler's link only its own

@@ -11,7 +11,7 @@ from conftest import client_for, job_runs, train_several
 
 from mpi_train.errors import UserError
 from mpi_train.failpoints import Slowdown
-from mpi_train.reporter import against_model
+from mpi_train.outputs.timeline_files import against_model
 from mpi_train.timeline import (
     Alignment,
     Message,

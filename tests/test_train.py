@@ -24,10 +24,11 @@ def relative_gap(a: list[float], b: list[float]) -> float:
 
 @pytest.mark.parametrize("np", [2, 3, 4])  # 3: the 785-element test model splits into unequal ring chunks
 def test_every_sync_method_leaves_the_hand_computed_mean_on_every_rank(np):
-    result = mpirun(np, [], module="tests.mpi_sync_check")
+    result = mpirun(np, [], module="tests.rank_programs.mpi_sync_check")
     assert result.returncode == 0, result.stdout + result.stderr
     for name in [*(m for m, method in SYNC_METHODS.items()
-                   if m != "ddp_powersgd" and method.averages == GRADIENTS and method.shards == REPLICATED),
+                   if m != "ddp_powersgd" and method.traits.averages == GRADIENTS
+                   and method.traits.shards == REPLICATED),
                  "bucketed, 64-byte buckets, shared + unused layers",
                  "ring, shared + unused layers", "hierarchical, hosts of 2 ranks, shared + unused layers",
                  *(f"{sync}+{c}" for sync in ("allreduce", "flat", "bucketed", "ring", "hierarchical")

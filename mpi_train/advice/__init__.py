@@ -6,7 +6,7 @@
     cache.py    advice files under mlruns/advice/: the newest that fits a setting, its reused calibration,
                 and what --sync auto takes from it
 
-The advisor itself, a rank program launched like training, is commands/advise.py.
+The advisor itself, a rank program launched like training, is commands/advise.py; its measuring is benchmark/.
 """
 
 from .cache import Setting, resolve

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from ..config import TrainConfig
 from ..netmodel import Backward, Layout, Link, Network, family_of, predict
-from ..sync import BASELINE, GRADIENTS, SYNC_METHODS, SyncMethod, backend_error
+from ..sync import BASELINE, GRADIENTS, SYNC_METHODS, SyncMethod, backend_error, build_method
 from ..sync.messages import backward_order, message_groups
 
 DEFAULT_BUCKET_MB = TrainConfig.bucket_mb
@@ -50,7 +50,7 @@ class Candidate:
     def method(self) -> SyncMethod:
         """The method as a job with these flags configures it."""
         bucket = DEFAULT_BUCKET_MB if self.bucket_mb is None else self.bucket_mb
-        return SYNC_METHODS[self.sync].from_config(TrainConfig(sync=self.sync, bucket_mb=bucket))
+        return build_method(self.sync, TrainConfig(sync=self.sync, bucket_mb=bucket))
 
     def as_dict(self) -> dict:
         return {"label": self.label, "sync": self.sync, "bucket_mb": self.bucket_mb, "flags": self.flags}
@@ -99,7 +99,7 @@ def lossless(backend: str) -> tuple[list[str], list[tuple[str, str]]]:
     method without a collective family (netmodel/families.py) cannot be predicted and is left out."""
     usable, refused = [], []
     for name, method in SYNC_METHODS.items():
-        if method.averages != GRADIENTS or method.fixed_compression or family_of(method) is None:
+        if method.traits.averages != GRADIENTS or method.traits.fixed_compression or family_of(method) is None:
             continue
         why = backend_error(name, backend)
         if why:
@@ -110,9 +110,9 @@ def lossless(backend: str) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def follows_bucket_size(sync: str) -> bool:
-    """Whether --bucket-mb changes how the method cuts its messages: its class lists bucket_mb among its tunables
+    """Whether --bucket-mb changes how the method cuts its messages: its traits list bucket_mb among its tunables
     (bucketed does; ddp keeps torch's own buckets)."""
-    return "bucket_mb" in SYNC_METHODS[sync].tunables
+    return "bucket_mb" in SYNC_METHODS[sync].traits.tunables
 
 
 def digits(value: float) -> int:
@@ -176,8 +176,8 @@ def candidates(names: Sequence[str], tensor_bytes: Sequence[float], order: Seque
             continue
         cuts: dict[str, Candidate] = {}
         for size in sorted(sizes, key=lambda mb: (mb != DEFAULT_BUCKET_MB, digits(mb), -mb)):
-            method = Candidate(name, size).method()
-            cut = message_groups(tensor_bytes, method.messages, method.bucket_caps(), order)
+            traits = Candidate(name, size).method().traits
+            cut = message_groups(tensor_bytes, traits.messages, traits.bucket_caps, order)
             cuts.setdefault(str(cut), Candidate(name, size))
         found.extend(sorted(cuts.values(), key=lambda candidate: candidate.bucket_mb))
     return found

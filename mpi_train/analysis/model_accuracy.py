@@ -6,35 +6,28 @@ communication (the sync call for a method that syncs after backward; the exposed
 step minus the no-sync step, for one that overlaps backward), what the model predicts,
 the relative error, and whether that error is within the lab's targets (±20% for methods
 that sync after backward, ±30% for the exposed time of overlapped ones); a prediction within
-the bench's noise of its measurement is not judged (compare.NOISE_RULE). Two plots show
+the bench's noise of its measurement is not judged (noise.NOISE_RULE). Two plots show
 the same figures: sync time against the number of ranks, one panel per link rate and
 number of hosts, and against the link rate, one panel per layout; measured points are
 markers, the model's predictions are lines; their title says when a calibration behind the
-lines fitted its own points worse than compare.FIT_ERROR_ROUGH.
+lines fitted its own points worse than noise.FIT_ERROR_ROUGH.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..commands.bench import NO_SYNC
+from ..benchmark.contenders import NO_SYNC
 from ..netmodel.links import UNLIMITED, rate_bytes_per_s
 from ..sync import PARAMETERS, SYNC_METHODS, label, split_label
 from ..sync.averaging import DEFAULT_PERIOD
 from ..sync.base import INSIDE_FSDP
-from .compare import (
-    NOISE_FLOOR_S,
-    NOISE_SPREADS,
-    bench_fit_error,
-    fit_note,
-    noise_bound,
-    save_figure,
-    spread,
-    summary_step_times,
-    within_noise,
-)
+from .compare_plots import bench_fit_error, save_figure
+from .finished_jobs import summary_step_times
+from .noise import NOISE_FLOOR_S, NOISE_SPREADS, fit_note, noise_bound, spread, within_noise
 
 TARGETS = {False: 0.20, True: 0.30}  # the largest |error| the model may make: after backward, overlapped (exposed)
 MARKERS = ("o", "s", "^", "D", "v", "P")  # one per compression: none, then in order of appearance
@@ -128,10 +121,117 @@ def report(results: Sequence[dict]) -> str | None:
 
 
 def plot_note(results: Sequence[dict]) -> str | None:
-    """What the plots say on their face about the calibrations behind the model's lines (compare.fit_note): the
+    """What the plots say on their face about the calibrations behind the model's lines (noise.fit_note): the
     worst fit of any bench that predicted."""
     fits = [bench_fit_error(result) for result in results if any(m.get("predicted_s") for m in result["methods"])]
     return fit_note(None if None in fits else max(fits, default=None))
+
+
+@dataclass(frozen=True)
+class Looks:
+    """Colour by schedule, marker by compression: one look per method in every panel and in the shared legend."""
+
+    methods: list[str]
+    schedules: list[str]
+    compressions: list[str]
+    colours: dict[str, tuple]
+    markers: dict[str, str]
+
+    @classmethod
+    def of(cls, rows: list[dict]) -> Looks:
+        import matplotlib.pyplot as plt  # here, not at the top: slow to load, and plot() picks its backend first
+
+        methods = list(dict.fromkeys(r["method"] for r in rows))
+        schedules = list(dict.fromkeys(split_label(m)[0] for m in methods))
+        compressions = list(dict.fromkeys(split_label(m)[1] for m in methods))
+        colour_map = plt.get_cmap("tab10" if len(schedules) <= 10 else "tab20")
+        return cls(methods=methods, schedules=schedules, compressions=compressions,
+                   colours={s: colour_map(i % 20) for i, s in enumerate(schedules)},
+                   markers={c: MARKERS[i % len(MARKERS)] for i, c in enumerate(compressions)})
+
+    def style(self, method: str) -> dict:
+        schedule, compression = split_label(method)
+        return {"color": self.colours[schedule], "marker": self.markers[compression]}
+
+    def draw(self, ax, mine: list[dict], x_of, xlabel: str, title: str) -> None:
+        """Each method's measured points as markers, the model's predictions as a dashed line through them."""
+        for method in self.methods:
+            points = sorted((r for r in mine if r["method"] == method), key=x_of)
+            if not points:
+                continue
+            xs = [x_of(r) for r in points]
+            ax.plot(xs, [1000 * r["predicted_s"] for r in points], color=self.style(method)["color"], linestyle="--",
+                    linewidth=1, alpha=0.7)
+            ax.plot(xs, [1000 * r["measured_s"] for r in points], linestyle="none", markersize=6, **self.style(method))
+        ax.set(xlabel=xlabel, ylabel="sync per step (ms; exposed if overlapped)", title=title, yscale="log")
+        ax.grid(True, which="both", alpha=0.3)
+
+    def legend(self, fig) -> tuple:
+        """One legend for every panel, under them: colour = schedule, marker = compression; returns the rect the
+        panels keep."""
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], color=self.colours[s], marker="o", linestyle="--", linewidth=1, label=s)
+                   for s in self.schedules]
+        if len(self.compressions) > 1:
+            handles += [Line2D([], [], color="grey", marker=self.markers[c], linestyle="none",
+                               label=f"+{c}" if c != "none" else "uncompressed") for c in self.compressions]
+        columns = min(len(handles), 7)
+        fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8)
+        return (0, 0.35 * math.ceil(len(handles) / columns) / fig.get_size_inches()[1], 1, 0.95)
+
+
+def panel_grid(count: int):
+    """Panels three to a row; the figure and its axes in reading order."""
+    import matplotlib.pyplot as plt  # here, not at the top: as Looks.of
+
+    columns = min(3, count)
+    rows_of_panels = math.ceil(count / columns)
+    fig, axes = plt.subplots(rows_of_panels, columns, figsize=(max(8, 5 * columns), 4 * rows_of_panels),
+                             squeeze=False)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)
+
+
+def finish(fig, looks: Looks, text: str, note: str | None, path: Path) -> Path:
+    """The shared legend, the title (the calibrations' note under it, in red, when a fit was rough), saved."""
+    rect = looks.legend(fig)
+    fig.suptitle(text + (f"\n{note}" if note else ""), color="firebrick" if note else "black")
+    return save_figure(fig, path, rect)
+
+
+def against_ranks(rows: list[dict], looks: Looks, note: str | None, out: Path) -> list[Path]:
+    """sync_vs_ranks.png: one panel per link rate and number of hosts, where some panel has several rank counts."""
+    panels = sorted({(r["link"], r["hosts"]) for r in rows}, key=lambda panel: (_rate_order(panel[0]), panel[1]))
+    if not any(len({r["np"] for r in rows if (r["link"], r["hosts"]) == panel}) > 1 for panel in panels):
+        return []
+    fig, axes = panel_grid(len(panels))
+    for ax, (link, hosts) in zip(axes, panels):
+        mine = [r for r in rows if (r["link"], r["hosts"]) == (link, hosts)]
+        looks.draw(ax, mine, lambda r: r["np"], "ranks (np)", f"{hosts} host(s), link {link}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["np"] for r in mine}), [str(n) for n in sorted({r["np"] for r in mine})])
+    return [finish(fig, looks, "Sync time against ranks: measured (markers) and the alpha-beta model (dashed)", note,
+                   out / "sync_vs_ranks.png")]
+
+
+def against_links(rows: list[dict], looks: Looks, note: str | None, out: Path) -> list[Path]:
+    """sync_vs_link.png: one panel per layout over several hosts that was run at more than one link rate."""
+    layouts = sorted({(r["hosts"], r["per_host"]) for r in rows if r["hosts"] > 1})
+    layouts = [l for l in layouts if len({r["link"] for r in rows if (r["hosts"], r["per_host"]) == l}) > 1]
+    if not layouts:
+        return []
+    fig, axes = panel_grid(len(layouts))
+    for ax, (hosts, per_host) in zip(axes, layouts):
+        mine = [r for r in rows if (r["hosts"], r["per_host"]) == (hosts, per_host)]
+        looks.draw(ax, mine, lambda r: 8 * rate_bytes_per_s(r["link"]) / 1e6, "each host's link rate (log scale)",
+                   f"np {hosts * per_host}: {hosts} hosts x {per_host}")
+        ax.set_xscale("log")
+        links = sorted({r["link"] for r in mine}, key=_rate_order)
+        ax.set_xticks([8 * rate_bytes_per_s(link) / 1e6 for link in links], links)
+    return [finish(fig, looks, "Sync time against link rate: measured (markers) and the alpha-beta model (dashed)",
+                   note, out / "sync_vs_link.png")]
 
 
 def plot(results: Sequence[dict], out: Path) -> list[Path]:
@@ -139,91 +239,12 @@ def plot(results: Sequence[dict], out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = rows_of(results)
     if not rows:
         return []
     out.mkdir(parents=True, exist_ok=True)
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    schedules = list(dict.fromkeys(split_label(m)[0] for m in methods))
-    compressions = list(dict.fromkeys(split_label(m)[1] for m in methods))
-    colours = {s: plt.get_cmap("tab10" if len(schedules) <= 10 else "tab20")(i % 20) for i, s in enumerate(schedules)}
-    markers = {c: MARKERS[i % len(MARKERS)] for i, c in enumerate(compressions)}
-    paths = []
-
-    def style(method: str) -> dict:
-        schedule, compression = split_label(method)
-        return {"color": colours[schedule], "marker": markers[compression]}
-
-    def draw(ax, mine: list[dict], x_of, xlabel: str, title: str) -> None:
-        for method in methods:
-            points = sorted((r for r in mine if r["method"] == method), key=x_of)
-            if not points:
-                continue
-            xs = [x_of(r) for r in points]
-            ax.plot(xs, [1000 * r["predicted_s"] for r in points], color=style(method)["color"], linestyle="--",
-                    linewidth=1, alpha=0.7)
-            ax.plot(xs, [1000 * r["measured_s"] for r in points], linestyle="none", markersize=6, **style(method))
-        ax.set(xlabel=xlabel, ylabel="sync per step (ms; exposed if overlapped)", title=title, yscale="log")
-        ax.grid(True, which="both", alpha=0.3)
-
-    def legend(fig) -> tuple:
-        """One legend for every panel, under them: colour = schedule, marker = compression; returns the rect the
-        panels keep."""
-        from matplotlib.lines import Line2D
-
-        handles = [Line2D([], [], color=colours[s], marker="o", linestyle="--", linewidth=1, label=s)
-                   for s in schedules]
-        if len(compressions) > 1:
-            handles += [Line2D([], [], color="grey", marker=markers[c], linestyle="none", label=f"+{c}" if c != "none"
-                               else "uncompressed") for c in compressions]
-        columns = min(len(handles), 7)
-        fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8)
-        return (0, 0.35 * math.ceil(len(handles) / columns) / fig.get_size_inches()[1], 1, 0.95)
-
-    def grid(count: int):
-        """Panels three to a row; the figure and its axes in reading order."""
-        columns = min(3, count)
-        rows_of_panels = math.ceil(count / columns)
-        fig, axes = plt.subplots(rows_of_panels, columns, figsize=(max(8, 5 * columns), 4 * rows_of_panels),
-                                 squeeze=False)
-        for ax in axes.flat[count:]:
-            ax.set_visible(False)
-        return fig, list(axes.flat)
-
-    note = plot_note(results)
-
-    def title(fig, text: str) -> None:
-        fig.suptitle(text + (f"\n{note}" if note else ""), color="firebrick" if note else "black")
-
-    panels = sorted({(r["link"], r["hosts"]) for r in rows}, key=lambda panel: (_rate_order(panel[0]), panel[1]))
-    if any(len({r["np"] for r in rows if (r["link"], r["hosts"]) == panel}) > 1 for panel in panels):
-        fig, axes = grid(len(panels))
-        for ax, (link, hosts) in zip(axes, panels):
-            mine = [r for r in rows if (r["link"], r["hosts"]) == (link, hosts)]
-            draw(ax, mine, lambda r: r["np"], "ranks (np)", f"{hosts} host(s), link {link}")
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(sorted({r["np"] for r in mine}), [str(n) for n in sorted({r["np"] for r in mine})])
-        rect = legend(fig)
-        title(fig, "Sync time against ranks: measured (markers) and the alpha-beta model (dashed)")
-        paths.append(save_figure(fig, out / "sync_vs_ranks.png", rect))
-
-    layouts = sorted({(r["hosts"], r["per_host"]) for r in rows if r["hosts"] > 1})
-    layouts = [l for l in layouts if len({r["link"] for r in rows if (r["hosts"], r["per_host"]) == l}) > 1]
-    if layouts:
-        fig, axes = grid(len(layouts))
-        for ax, (hosts, per_host) in zip(axes, layouts):
-            mine = [r for r in rows if (r["hosts"], r["per_host"]) == (hosts, per_host)]
-            draw(ax, mine, lambda r: 8 * rate_bytes_per_s(r["link"]) / 1e6, "each host's link rate (log scale)",
-                 f"np {hosts * per_host}: {hosts} hosts x {per_host}")
-            ax.set_xscale("log")
-            links = sorted({r["link"] for r in mine}, key=_rate_order)
-            ax.set_xticks([8 * rate_bytes_per_s(link) / 1e6 for link in links], links)
-        rect = legend(fig)
-        title(fig, "Sync time against link rate: measured (markers) and the alpha-beta model (dashed)")
-        paths.append(save_figure(fig, out / "sync_vs_link.png", rect))
-    return paths
+    looks, note = Looks.of(rows), plot_note(results)
+    return against_ranks(rows, looks, note, out) + against_links(rows, looks, note, out)
 
 
 def timeline_report(summaries: dict[str, dict]) -> str | None:
@@ -269,7 +290,7 @@ def bench_spread(bench: dict, method: str) -> float | None:
 
 
 def exposed_verdict(run_s: float, bench_s: float, run_spread: float | None, bench_noise: float | None) -> str:
-    """ok, `parts: +N%`, or `within noise (±N ms)` where the two differ by less than the noise (compare.NOISE_RULE).
+    """ok, `parts: +N%`, or `within noise (±N ms)` where the two differ by less than the noise (noise.NOISE_RULE).
     A bench's exposed time below zero is its noise (the no-sync step was the slower): it counts as a spread of its
     size, and a difference it explains gets no verdict."""
     noise = [run_spread, bench_noise, -bench_s if bench_s < 0 else None]
@@ -282,7 +303,7 @@ def exposed_verdict(run_s: float, bench_s: float, run_spread: float | None, benc
 def averaging_period(config: dict) -> int:
     """Steps between a run's syncs: a model-averaging method's --period (localsgd, diloco), 1 for the others."""
     method = SYNC_METHODS.get(config.get("sync", ""))
-    if method is None or method.averages != PARAMETERS:
+    if method is None or method.traits.averages != PARAMETERS:
         return 1
     return int(config.get("period") or DEFAULT_PERIOD)
 
@@ -291,7 +312,7 @@ def inside_forward(config: dict) -> bool:
     """A method whose messages run inside forward and backward (fsdp's gathers): the run's sync split times only
     what follows backward, the bench's exposed time all of it, so the two do not measure one figure."""
     method = SYNC_METHODS.get(config.get("sync", ""))
-    return method is not None and method.sends == INSIDE_FSDP
+    return method is not None and method.traits.sends == INSIDE_FSDP
 
 
 def exposed_report(pairs: Sequence[tuple[str, dict, dict]]) -> str | None:

@@ -28,40 +28,31 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import netmodel
+from ..benchmark.clocks import BackwardClock
 from ..clock import Clock
-from ..commands.bench import BackwardClock
 from ..config import TrainConfig, add_config_arguments, add_model_arguments, model_config, model_flags
 from ..data import synthetic_batch
 from ..errors import UserError, format_error
-from ..netmodel.memory import MemoryPrediction, predict_memory
+from ..netmodel.memory import predict_memory
 from ..optimizers import describe_state, state_slots
 from ..step.precision import PRECISION_AUTO, PRECISIONS, UNNAMED_PRECISION, resolve
-from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, parse_labels, split_label
+from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, build_method, parse_labels, split_label
 from ..sync.averaging import DEFAULT_PERIOD
-
-
-@dataclass(frozen=True)
-class Row:
-    ranks: int
-    method: str
-    compute_s: float
-    comm_s: float
-    exposed_s: float
-    parts: dict = field(default_factory=dict)  # seconds per step of each collective (netmodel Prediction.parts)
-    memory: MemoryPrediction | None = None  # bytes per rank
-    background_s: float | None = None  # per step, averages sent in the background (--overlap)
-
-    @property
-    def step_s(self) -> float:
-        return self.compute_s + self.exposed_s
-
-    @property
-    def efficiency(self) -> float:
-        return self.compute_s / self.step_s if self.step_s else 1.0
+from .predict_tables import (
+    Row,
+    cuda_only_overlaps,
+    format_memory,
+    format_memory_scaling,
+    format_scaling,
+    format_single,
+    format_time_to_accuracy,
+    overlap_verdicts,
+    plot_scaling,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,8 +209,8 @@ def registered_methods(bucket_mb: float = TrainConfig.bucket_mb, labels: Sequenc
     methods = {}
     for text in labels or list(SYNC_METHODS):
         name, compression = split_label(text)
-        averaging = SYNC_METHODS[name].averages == PARAMETERS
-        methods[text] = SYNC_METHODS[name].from_config(TrainConfig(
+        averaging = SYNC_METHODS[name].traits.averages == PARAMETERS
+        methods[text] = build_method(name, TrainConfig(
             sync=name, compression=compression, bucket_mb=bucket_mb, period=period if averaging else None,
             host_period=host_period if averaging else None, overlap=overlap and averaging,
             fragments=fragments if averaging else None))
@@ -260,121 +251,25 @@ def predict_rows(tensor_bytes: list[int], ranks: int, ranks_per_host: int, netwo
                                       units=units)
         if prediction is not None:
             memory = predict_memory(method, model, ranks, state_slots) if model is not None else None
-            rows.append(Row(ranks, name, compute_s, prediction.comm_s, prediction.sync_s, prediction.parts, memory,
-                            prediction.background_s))
+            rows.append(Row(ranks=ranks, method=name, compute_s=compute_s, comm_s=prediction.comm_s,
+                            exposed_s=prediction.sync_s, parts=prediction.parts, memory=memory,
+                            background_s=prediction.background_s))
     return rows
 
 
-def format_single(rows: list[Row]) -> str:
-    lines = [f"{'method':<20}{'compute_ms':>12}{'comm_ms':>12}{'exposed_ms':>12}{'step_ms':>12}{'efficiency':>12}"]
-    for row in sorted(rows, key=lambda r: r.step_s):
-        lines.append(f"{row.method:<20}{row.compute_s * 1e3:>12.1f}{row.comm_s * 1e3:>12.1f}"
-                     f"{row.exposed_s * 1e3:>12.1f}{row.step_s * 1e3:>12.1f}{row.efficiency:>12.2f}")
-    return "\n".join(lines)
+@dataclass(frozen=True)
+class Compute:
+    """One rank's forward + backward per sample, where the figure comes from, and when backward had each gradient
+    ready: what every method's predicted step is built on."""
+
+    per_sample: float  # seconds
+    source: str
+    backward: netmodel.Backward
+    when: str  # how the gradients' ready times were found, for the assumptions printed
 
 
-def mib(nbytes: float) -> str:
-    return f"{nbytes / 2**20:,.1f}"
-
-
-def format_memory(rows: list[Row]) -> str:
-    """Memory per rank and communication by collective, least memory first: what a method buys and what it pays."""
-    lines = [(f"{'method':<20}{'params_MiB':>12}{'grads_MiB':>11}{'optim_MiB':>11}{'total_MiB':>11}  "
-             f"communication per step by collective")]
-    for row in sorted((r for r in rows if r.memory is not None), key=lambda r: (r.memory.total, r.step_s)):
-        held = row.memory
-        params = mib(held.parameters) + (f"+{mib(held.gathered)}" if held.gathered else "")
-        collectives = " + ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in row.parts.items())
-        lines.append(f"{row.method:<20}{params:>12}{mib(held.gradients):>11}{mib(held.optimizer):>11}"
-                     f"{mib(held.total):>11}  {collectives}")
-    return "\n".join(lines)
-
-
-def overlap_verdicts(rows: list[Row], methods: dict[str, SyncMethod]) -> list[str]:
-    """For each method whose averages travel in the background: free (its transfer fits in the local steps until
-    the next average) or what it costs per average when it does not."""
-    lines = []
-    for row in rows:
-        if row.background_s is None:
-            continue
-        every = netmodel.averaging_every(methods[row.method])
-        transfer, window = row.background_s * every, row.compute_s * every
-        exposed = netmodel.overlapped_exposed(transfer, window)
-        verdict = "free: it fits" if exposed <= 0 else f"exposed {exposed:.2f} s per average = transfer - compute"
-        lines.append(f"{row.method} --overlap: an average every {every} steps takes {transfer:.2f} s against "
-                     f"{window:.2f} s of their compute: {verdict}")
-    return lines
-
-
-def cuda_only_overlaps(rows: list[Row], methods: dict[str, SyncMethod]) -> list[str]:
-    """For each method that overlaps its communication only on CUDA: exposed is the CUDA case; on CPU, comm."""
-    return [f"{row.method}: exposed assumes CUDA; on CPU the step pays its comm, {row.comm_s * 1e3:.1f} ms "
-            f"({methods[row.method].overlaps_only_on_cuda})"
-            for row in rows if methods[row.method].overlaps_only_on_cuda]
-
-
-def format_time_to_accuracy(rows: list[Row], steps: dict[str, int]) -> str:
-    """Steps to accuracy (the method's, measured on any network) times the predicted step here, fastest first."""
-    known = sorted(((row, steps[row.method]) for row in rows if row.method in steps),
-                   key=lambda pair: pair[0].step_s * pair[1])
-    lines = ["time to accuracy here = steps to accuracy (as given) x predicted step:",
-             f"{'method':<20}{'steps':>8}{'step_ms':>12}{'time_s':>12}"]
-    for row, count in known:
-        lines.append(f"{row.method:<20}{count:>8}{row.step_s * 1e3:>12.1f}{row.step_s * count:>12.1f}")
-    return "\n".join(lines)
-
-
-def format_scaling(table: dict[int, list[Row]]) -> str:
-    methods = [row.method for row in next(iter(table.values()))]
-    width = max(12, max(len(m) for m in methods) + 2)
-    lines = [f"{'ranks':>6}" + "".join(f"{m:>{width}}" for m in methods) + f"{'winner':>{width}}",
-             "step time, ms (scaling efficiency)"]
-    for ranks, rows in table.items():
-        cells = "".join(f"{f'{r.step_s * 1e3:.0f} ({r.efficiency:.2f})':>{width}}" for r in rows)
-        lines.append(f"{ranks:>6}{cells}{min(rows, key=lambda r: r.step_s).method:>{width}}")
-    return "\n".join(lines)
-
-
-def format_memory_scaling(table: dict[int, list[Row]]) -> str:
-    methods = [row.method for row in next(iter(table.values()))]
-    width = max(12, max(len(m) for m in methods) + 2)
-    lines = [f"{'ranks':>6}" + "".join(f"{m:>{width}}" for m in methods)]
-    for ranks, rows in table.items():
-        lines.append(f"{ranks:>6}" + "".join(f"{mib(r.memory.total) if r.memory else '-':>{width}}" for r in rows))
-    return "\n".join(lines)
-
-
-def plot_scaling(table: dict[int, list[Row]], title: str, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ranks = list(table)
-    methods = [row.method for row in table[ranks[0]]]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 9), sharex=True)
-    for index, method in enumerate(methods):  # methods that predict alike (flat and ring) differ in line and marker
-        style = {"linestyle": ("-", "--", "-.", ":")[index % 4], "marker": "os^Dv<>PX"[index % 9], "markersize": 5}
-        steps = [next(r for r in table[n] if r.method == method) for n in ranks]
-        top.plot(ranks, [1000 * r.step_s for r in steps], label=method, **style)
-        bottom.plot(ranks, [r.efficiency for r in steps], label=method, **style)
-    top.plot(ranks, [1000 * table[n][0].compute_s for n in ranks], color="black", linewidth=1, linestyle=":",
-             label="compute alone (ideal)")
-    top.set(xscale="log", yscale="log", ylabel="predicted step time (ms)", title=title)
-    bottom.set(xscale="log", ylim=(0, 1.05), xlabel="ranks", ylabel="scaling efficiency (compute / step)")
-    bottom.set_xticks(ranks, [str(n) for n in ranks])
-    for axis in (top, bottom):
-        axis.grid(alpha=0.3, which="both")
-    top.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def run(args: argparse.Namespace) -> None:
-    ranks = parse_ranks(args.ranks)
+def check_numbers(args: argparse.Namespace) -> None:
+    """The numbers the flags give, refused before any work (a prediction from a negative batch means nothing)."""
     if args.momentum is not None and not 0 <= args.momentum < 1:
         raise UserError(f"--momentum must be in [0, 1), got {args.momentum}.")
     for flag, value in {"--batch-size": args.batch_size, "--ranks-per-host": args.ranks_per_host,
@@ -387,21 +282,28 @@ def run(args: argparse.Namespace) -> None:
             netmodel.rate_bytes_per_s(args.link)
         except ValueError as error:
             raise UserError(f"--link: {error}.") from None
-    workload = model_config(args, optimizer=args.optimizer, momentum=args.momentum)
-    workload.validate_optimizer()  # --momentum with adamw: refused
-    bench, calibrated = None, None
-    if args.calibration:
-        calibrated = netmodel.load_calibration(args.calibration)
-        bench = json.loads(Path(args.calibration).read_text())
-        timed = bench.get("model_flags") or {"model": bench.get("model")}  # a bench JSON before the flags were kept
-        differs = {name: value for name, value in timed.items() if value != model_flags(args).get(name)}
-        if differs and args.compute_per_sample is None:
-            raise UserError(f"--calibration {args.calibration} timed {bench.get('model_described', bench.get('model'))}"
-                            f" (its {', '.join(f'{k} {v}' for k, v in differs.items())}), not this prediction's "
-                            f"{workload.describe_model()}: its compute per sample does not apply. Name the model as "
-                            f"the bench did, or pass --compute-per-sample SECONDS.")
-        precision_error(args, bench)
-    network, notes = network_for(args, calibrated)
+
+
+def calibration(args: argparse.Namespace, workload: TrainConfig) -> tuple[dict | None, netmodel.Network | None]:
+    """--calibration's bench JSON and its fitted links (None, None without it); refused where the bench timed
+    another model or precision, whose compute per sample would not apply."""
+    if not args.calibration:
+        return None, None
+    calibrated = netmodel.load_calibration(args.calibration)
+    bench = json.loads(Path(args.calibration).read_text())
+    timed = bench.get("model_flags") or {"model": bench.get("model")}  # a bench JSON before the flags were kept
+    differs = {name: value for name, value in timed.items() if value != model_flags(args).get(name)}
+    if differs and args.compute_per_sample is None:
+        raise UserError(f"--calibration {args.calibration} timed {bench.get('model_described', bench.get('model'))}"
+                        f" (its {', '.join(f'{k} {v}' for k, v in differs.items())}), not this prediction's "
+                        f"{workload.describe_model()}: its compute per sample does not apply. Name the model as "
+                        f"the bench did, or pass --compute-per-sample SECONDS.")
+    precision_error(args, bench)
+    return bench, calibrated
+
+
+def check_averaging(args: argparse.Namespace) -> None:
+    """localsgd's and diloco's --period, --host-period and --fragments, refused as training refuses them."""
     if args.period is not None and args.period < 1 or args.host_period is not None and args.host_period < 0:
         raise UserError(f"--period must be at least 1 and --host-period not negative, got {args.period} and "
                         f"{args.host_period}.")
@@ -409,9 +311,11 @@ def run(args: argparse.Namespace) -> None:
     if args.fragments is not None and (args.fragments < 1 or period % args.fragments):
         raise UserError(f"--fragments {args.fragments} must be at least 1 and divide --period {period}: one fragment "
                         f"is averaged every period/F steps.")
-    model = meta_model(workload)
-    params = [p for p in model.parameters() if p.requires_grad]
-    tensor_bytes = [p.numel() * p.element_size() for p in params]
+
+
+def compute_of(args: argparse.Namespace, workload: TrainConfig, bench: dict | None, tensors: int) -> Compute:
+    """The compute per sample from --compute-per-sample, else the bench's no-sync baseline, else the model timed
+    here; the gradients' ready times from the bench's backward where it has one, else from the model timed here."""
     backward = netmodel.ASSUMED_BACKWARD
     if args.compute_per_sample is not None:
         per_sample, source = args.compute_per_sample, "--compute-per-sample" + (
@@ -426,58 +330,100 @@ def run(args: argparse.Namespace) -> None:
         per_sample, backward = measured_compute(workload, precision=precision)
         source = f"in {precision}, timed here (batch 16, one process, this machine's CPU)"
     if bench is not None:
-        backward = netmodel.load_backward(args.calibration, len(tensor_bytes))
-    labels = parse_labels(args.methods) if args.methods else None
-    methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period, args.overlap, args.fragments)
-    steps_to_accuracy = parse_steps(args.steps_to_accuracy, list(methods))
-    ratios = {name: (method.wire_ratio(params), method.later_share(params)) for name, method in methods.items()}
+        backward = netmodel.load_backward(args.calibration, tensors)
     when = ("gradients ready as the calibration's no-sync backward had them" if bench is not None and backward.ready
             else "gradients ready as the model's backward had them here" if backward.ready is not None
             else "gradients produced at a constant rate, last layer first")
+    return Compute(per_sample=per_sample, source=source, backward=backward, when=when)
 
-    def per_rank(n: int) -> float:
-        return args.per_rank_batch if args.per_rank_batch else args.batch_size / n
 
-    batch = (f"{args.per_rank_batch:g} per rank (weak scaling)" if args.per_rank_batch
-             else f"global batch {args.batch_size} split across the ranks")
+def per_rank_batch(args: argparse.Namespace, ranks: int) -> float:
+    return args.per_rank_batch if args.per_rank_batch else args.batch_size / ranks
+
+
+def batch_words(args: argparse.Namespace) -> str:
+    """`global batch 256 split across the ranks`, or the weak scaling's batch per rank."""
+    return (f"{args.per_rank_batch:g} per rank (weak scaling)" if args.per_rank_batch
+            else f"global batch {args.batch_size} split across the ranks")
+
+
+def print_assumptions(args: argparse.Namespace, workload: TrainConfig, tensor_bytes: list[int], compute: Compute,
+                      notes: list[str]) -> None:
+    """The model, the batch and every assumption the figures below rest on, before the figures."""
     print(f"{workload.describe_model()}: {len(tensor_bytes)} gradient tensors, {sum(tensor_bytes) / 1e6:.1f} MB; "
-          f"{batch}; {args.ranks_per_host} ranks per host")
+          f"{batch_words(args)}; {args.ranks_per_host} ranks per host")
     print("assumptions:")
-    for note in [f"compute {per_sample * 1e3:.2f} ms per sample ({source}), scaled to each rank's batch",
-                 *notes, "ranks numbered host by host (as mpirun fills a hostfile); optimizer and data time left out",
+    computed = f"compute {compute.per_sample * 1e3:.2f} ms per sample ({compute.source}), scaled to each rank's batch"
+    for note in [computed, *notes,
+                 "ranks numbered host by host (as mpirun fills a hostfile); optimizer and data time left out",
                  (f"ddp and bucketed send {args.bucket_mb:g} MB buckets during backward (backward = "
-                  f"{backward.share:.2f} of compute, {when}); only what outlasts backward is exposed")]:
+                  f"{compute.backward.share:.2f} of compute, {compute.when}); only what outlasts backward is exposed")]:
         print(f"  - {note}")
-    settings = workload.optimizer_settings  # --optimizer and --momentum, else the model's
-    state = describe_state(settings.optimizer, settings.momentum)
-    table = {n: predict_rows(tensor_bytes, n, args.ranks_per_host, network, per_sample * per_rank(n), methods, ratios,
-                             backward, model, state_slots(settings)) for n in ranks}
-    if len(ranks) == 1:
-        rows = table[ranks[0]]
-        hosts = netmodel.Layout(ranks[0], min(args.ranks_per_host, ranks[0])).hosts
-        print(f"\n{ranks[0]} ranks on {hosts} host(s), per-rank batch {per_rank(ranks[0]):g}:")
-        print(format_single(rows))
-        best = min(rows, key=lambda r: r.step_s)
-        for line in overlap_verdicts(rows, methods):
-            print(line)
-        print(f"\nwinner: {best.method} ({best.step_s * 1e3:.1f} ms per step, "
-              f"scaling efficiency {best.efficiency:.2f})")
-        for line in cuda_only_overlaps(rows, methods):
-            print(line)
-        print(f"\nmemory per rank ({state}; params +U: one unit gathered at a time, ZeRO-3) and "
-              f"communication by collective, least memory first:")
-        print(format_memory(rows))
-        if steps_to_accuracy:
-            print("\n" + format_time_to_accuracy(rows, steps_to_accuracy))
-        return
+
+
+def print_single(args: argparse.Namespace, ranks: int, rows: list[Row], methods: dict[str, SyncMethod], state: str,
+                 steps_to_accuracy: dict[str, int]) -> None:
+    """One cluster: each method's step, the winner, then memory per rank and, if given, time to accuracy."""
+    hosts = netmodel.Layout(ranks, min(args.ranks_per_host, ranks)).hosts
+    print(f"\n{ranks} ranks on {hosts} host(s), per-rank batch {per_rank_batch(args, ranks):g}:")
+    print(format_single(rows))
+    best = min(rows, key=lambda r: r.step_s)
+    for line in overlap_verdicts(rows, methods):
+        print(line)
+    print(f"\nwinner: {best.method} ({best.step_s * 1e3:.1f} ms per step, "
+          f"scaling efficiency {best.efficiency:.2f})")
+    for line in cuda_only_overlaps(rows, methods):
+        print(line)
+    print(f"\nmemory per rank ({state}; params +U: one unit gathered at a time, ZeRO-3) and "
+          f"communication by collective, least memory first:")
+    print(format_memory(rows))
+    if steps_to_accuracy:
+        print("\n" + format_time_to_accuracy(rows, steps_to_accuracy))
+
+
+def print_scaling(args: argparse.Namespace, workload: TrainConfig, table: dict[int, list[Row]], state: str) -> None:
+    """Several cluster sizes: the step and memory tables, and the plot."""
     print()
     print(format_scaling(table))
     print(f"\nmemory per rank, MiB ({state}):")
     print(format_memory_scaling(table))
     link = args.link or "calibrated link"
-    path = plot_scaling(table, f"{workload.model_name}, {batch}, {args.ranks_per_host} ranks/host, {link}: predicted",
-                        Path(args.plot))
+    path = plot_scaling(table, f"{workload.model_name}, {batch_words(args)}, {args.ranks_per_host} ranks/host, "
+                               f"{link}: predicted", Path(args.plot))
     print(f"plot: {path}")
+
+
+def run(args: argparse.Namespace) -> None:
+    """Each method predicted on each cluster size asked: one table with the winner, or the scaling tables and plot."""
+    # the flags and the calibration refused where they cannot apply, before the model is built
+    ranks = parse_ranks(args.ranks)
+    check_numbers(args)
+    workload = model_config(args, optimizer=args.optimizer, momentum=args.momentum)
+    workload.validate_optimizer()  # --momentum with adamw: refused
+    bench, calibrated = calibration(args, workload)
+    network, notes = network_for(args, calibrated)
+    check_averaging(args)
+    # the model's own tensors, its compute per sample, and the methods configured as a job would configure them
+    model = meta_model(workload)
+    params = [p for p in model.parameters() if p.requires_grad]
+    tensor_bytes = [p.numel() * p.element_size() for p in params]
+    compute = compute_of(args, workload, bench, len(tensor_bytes))
+    labels = parse_labels(args.methods) if args.methods else None
+    methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period, args.overlap, args.fragments)
+    steps_to_accuracy = parse_steps(args.steps_to_accuracy, list(methods))
+    ratios = {name: (netmodel.wire_ratio(method, params), netmodel.later_share(method, params))
+              for name, method in methods.items()}
+    # each method's step and memory on each cluster size
+    print_assumptions(args, workload, tensor_bytes, compute, notes)
+    settings = workload.optimizer_settings  # --optimizer and --momentum, else the model's
+    state = describe_state(settings.optimizer, settings.momentum)
+    table = {n: predict_rows(tensor_bytes, n, args.ranks_per_host, network,
+                             compute.per_sample * per_rank_batch(args, n), methods, ratios, compute.backward, model,
+                             state_slots(settings)) for n in ranks}
+    if len(ranks) == 1:
+        print_single(args, ranks[0], table[ranks[0]], methods, state, steps_to_accuracy)
+    else:
+        print_scaling(args, workload, table, state)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

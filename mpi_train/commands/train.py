@@ -1,66 +1,20 @@
-"""`python -m mpi_train train` (or flags first, no subcommand): the training command's flags, built from TrainConfig,
-and a job file of them (--config), run under the rank guard.
+"""`python -m mpi_train train` (or flags first, no subcommand): the job as its flags and job file give it
+(config/command_line.py), run under the rank guard.
 
 Launch line: mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_scatter
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from collections.abc import Sequence
 
-from ..config import ENV_DEFAULTS, TrainConfig, add_config_arguments, parse_job_file, read_job_file
+from ..config.command_line import build_parser, parse_config
 from ..errors import UserError, format_error
-from ..rankguard import RankAwareParser, guarded, join_job
+from ..rankguard import guarded, join_job
 from ..train import run
 
-
-def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
-    parser = RankAwareParser(
-        prog="python -m mpi_train train", quiet=quiet,
-        description="Data-parallel training under mpirun, comparing gradient-sync methods.",
-        epilog="Launch with: mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_scatter",
-    )
-    parser.add_argument("--config", metavar="FILE.toml",
-                        help="a job file: these options by name with _ for - (batch_size = 256), one a line; a flag "
-                             "given here overrides its key. Every tracked run logs the job it ran as one, its "
-                             "artifact config.toml, which reruns it")
-    add_config_arguments(parser)
-    return parser
-
-
-def shared_job_file(path: str, cluster) -> str:
-    """The job file as rank 0 reads it, on every rank (so it need only be where rank 0 runs); if rank 0 cannot read
-    it, every rank raises the same UserError. Collective."""
-    text, problem = None, None
-    if cluster.info.is_main:
-        try:
-            text = read_job_file(path)
-        except UserError as error:
-            problem = str(error)
-    shared = cluster.bcast({"text": text, "problem": problem})
-    if shared["problem"]:
-        raise UserError(shared["problem"])
-    return shared["text"]
-
-
-def parse_config(argv: Sequence[str] | None, quiet: bool = False, cluster=None) -> TrainConfig:
-    """The job's options, each taken by config.py's precedence: the flag given, else the job file's key (--config),
-    else the environment's (ENV_DEFAULTS), else TrainConfig's default. With `cluster`, rank 0 reads the job file for
-    every rank (collective); a mistake in it raises the same UserError on every rank."""
-    parser = build_parser(quiet)
-    path = parser.parse_args(argv).config
-    if path is not None:
-        text = shared_job_file(path, cluster) if cluster is not None else read_job_file(path)
-        parser.set_defaults(**parse_job_file(text, path))  # below the flags, above the fields' defaults
-    values = vars(parser.parse_args(argv))
-    del values["config"]
-    for name, variable in ENV_DEFAULTS.items():
-        if values[name] is None and os.environ.get(variable):
-            values[name] = os.environ[variable]
-    return TrainConfig(**values)
+__all__ = ["build_parser", "main", "parse_config"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

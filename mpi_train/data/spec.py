@@ -1,8 +1,8 @@
 """What the model is built for, before any data is loaded: the data set's image shape and class count.
 
-TrainConfig asks this while validating its flags (config.py's `data_spec`), so it imports nothing that imports the
-configuration: it is given the data sets' names and shapes, and reads an image folder's classes or calls the user's
-own data set itself.
+TrainConfig asks this while validating its flags (config/train_config.py's `data_spec`), so it imports nothing
+that imports the configuration: it is given the data sets' names and shapes, and reads an image folder's classes or
+calls the user's own data set itself.
 """
 
 from __future__ import annotations

@@ -50,80 +50,29 @@ Every mistake is reported with the file, line and key, before anything is launch
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import itertools
 import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import torch
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
     import tomli as tomllib
 
-from ..config import TrainConfig, option_error, option_value, shown
+from ..config import TrainConfig
 from ..errors import UserError
 from ..models import GPT_SIZES, resolve
 from ..netmodel.links import rate_bytes_per_s
 from ..sync import COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label, parse_labels
+from .experiment_keys import SECTIONS, SWEEP_KEYS, TRAIN_FIELDS, KeyChecker, SweepError, show
 from .network import NetworkPlan, NetworkSetting
 
 ALL_METHODS = "all"
-SET_BY_SWEEP = ("sync", "seed", "experiment", "tracking_uri", "no_tracking", "run_name", "summary_json")  # the runner's
 DEFAULT_SEED = 42
-TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in SET_BY_SWEEP}
-NUMBER = (int, float)
-
-
-@dataclass(frozen=True)
-class Key:
-    """What a key of a table may hold: `types` checks the value, `each` every item of a list."""
-
-    types: tuple
-    describe: str
-    each: tuple | None = None
-
-
-SECTIONS: dict[str, dict[str, Key]] = {
-    "experiment": {
-        "name": Key((str,), "a string"), "description": Key((str,), "a string"),
-        "tracking": Key((bool,), "true or false"),
-        "tracking_uri": Key((str,), "a string"), "out": Key((str,), "a string (a folder)"),
-        "target_accuracy": Key(NUMBER, "a test accuracy as a fraction, e.g. 0.6 for 60%"),
-        "target_loss": Key(NUMBER, "a validation loss, e.g. 2.0 (nats per byte for gpt)"),
-    },
-    "launch": {
-        "hostfile": Key((str,), 'a string (a file, or "" for none)'),
-        "mpirun_args": Key((list,), "a list of strings", each=(str,)),
-        "timeout": Key(NUMBER, "a number of seconds"),
-    },
-    "network": {
-        "hosts": Key((int, list), "an integer or a list of integers", each=(int,)),
-        "ranks_per_host": Key((int, list), "an integer or a list of integers", each=(int,)),
-        "link": Key((str, list), 'a rate like "1gbit", "unlimited", or a list of them', each=(str,)),
-        "prefix": Key((str,), "a string (at most 10 letters and digits)"),
-        "subnet": Key((str,), 'a string (the first three numbers of a /24 network, e.g. "10.80.0")'),
-    },
-    "bench": {
-        "np": Key((int, list), "an integer (a list of them with [network])", each=(int,)),
-        "steps": Key((int,), "an integer"),
-        "warmup": Key((int,), "an integer"),
-        "batch_size": Key((int,), "an integer"), "model": Key((str,), "a string"),
-        "gpt_size": Key((str,), f"one of {', '.join(GPT_SIZES)}"),
-        "methods": Key((list,), 'a list of method labels, e.g. ["ddp", "bucketed+powersgd"]', each=(str,)),
-    },
-}
-SWEEP_KEYS = {
-    "sync": Key((str, list), 'a method name, a list of them, or "all"', each=(str,)),
-    "compression": Key((str, list), "a compression name or a list of them", each=(str,)),
-    "np": Key((int, list), "an integer or a list of integers", each=(int,)),
-    "seed": Key((int, list), "an integer or a list of integers", each=(int,)),
-    "model": Key((str, list), "a model name or a list of them", each=(str,)),
-    "env": Key((dict,), "a table of strings"),
-}
 
 
 @dataclass(frozen=True)
@@ -140,6 +89,8 @@ class PlannedRun:
 
 @dataclass(frozen=True)
 class BenchPlan:
+    """The [bench] table: the benchmark run whose cost table the report shows."""
+
     np: int  # its world size without [network]; with it, each setting's own
     steps: int = 20
     warmup: int = 2
@@ -172,118 +123,6 @@ class Sweep:
     # final validation loss + 0.05 nats, others to the accuracy above)
 
 
-class SweepError(UserError):
-    """A mistake in an experiment file: says which file, line and key, and that nothing was launched."""
-
-    def __init__(self, path: Path, line: int | None, key: str, message: str):
-        where = f"{path}, line {line}" if line else f"{path}"
-        super().__init__(f"{where}, key {key}: {message} Nothing was launched.")
-        self.line, self.key = line, key
-
-
-# ---------------------------------------------------------------------------------------------
-# Finding a key's line: tomllib gives values only, so the text is scanned for the key in its table.
-
-_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
-_KEY = re.compile(r"""^\s*((?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-]+)(?:\s*\.\s*(?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-]+))*)\s*=""")
-
-
-def _parts(dotted: str) -> tuple[str, ...]:
-    return tuple(part.strip().strip("\"'") for part in re.findall(r"""\s*("[^"]*"|'[^']*'|[^.]+)\s*""", dotted))
-
-
-def locate(text: str, path: tuple) -> int | None:
-    """The 1-based line where `path` (e.g. ("sweep", 1, "sync") or ("train", "batch_size")) is set, else where
-    its nearest enclosing key or table is (a key inside an inline table, a required key that is missing)."""
-    for end in range(len(path), 0, -1):
-        line = _line_of(text, path[:end])
-        if line:
-            return line
-    return None
-
-
-def _line_of(text: str, path: tuple) -> int | None:
-    current: tuple = ()
-    seen: dict[tuple, int] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        header = _HEADER.match(line)
-        if header:
-            names = _parts(header.group(2))
-            resolved: tuple = ()
-            for name in names[:-1]:  # a sub-table of an array table belongs to its latest element
-                resolved += (name,)
-                if resolved in seen:
-                    resolved += (seen[resolved] - 1,)
-            resolved += (names[-1],)
-            if header.group(1) == "[[":
-                seen[resolved] = seen.get(resolved, 0) + 1
-                resolved += (seen[resolved] - 1,)
-            current = resolved
-            if current == path:
-                return number
-            continue
-        key = _KEY.match(line)
-        if key and current + _parts(key.group(1)) == path:
-            return number
-    return None
-
-
-def _label(path: tuple) -> str:
-    """sweep[2].sync for ("sweep", 1, "sync"): what the user calls the key (1-based tables)."""
-    label = ""
-    for part in path:
-        label += f"[{part + 1}]" if isinstance(part, int) else (f".{part}" if label else part)
-    return label
-
-
-# ---------------------------------------------------------------------------------------------
-
-class _Reader:
-    def __init__(self, path: Path, text: str):
-        self.path, self.text = path, text
-
-    def fail(self, where: tuple, message: str, line_of: tuple | None = None) -> SweepError:
-        return SweepError(self.path, locate(self.text, line_of or where), _label(where), message)
-
-    def check_keys(self, table: dict, allowed: typing.Iterable[str], where: tuple) -> None:
-        allowed = list(allowed)
-        for key in table:
-            if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                set_here = f" It is set by the sweep itself ({', '.join(SET_BY_SWEEP)})." if key in SET_BY_SWEEP else ""
-                raise self.fail(where + (key,), f"unknown key {key!r} in [{_label(where)}].{set_here}{hint} "
-                                f"Known keys: {', '.join(allowed)}.")
-
-    def check_type(self, value: Any, spec: Key, where: tuple) -> Any:
-        def fits(item, types) -> bool:
-            if isinstance(item, bool):
-                return bool in types
-            return isinstance(item, types)
-
-        if not fits(value, spec.types):
-            raise self.fail(where, f"must be {spec.describe}, got {_show(value)}.")
-        if spec.each and isinstance(value, list):
-            if not value:
-                raise self.fail(where, f"must be {spec.describe}, got an empty list.")
-            for item in value:
-                if not fits(item, spec.each):
-                    raise self.fail(where, f"must be {spec.describe}, but the list holds {_show(item)}.")
-        return value
-
-    def check_train(self, table: dict, where: tuple) -> dict:
-        """Options of `python -m mpi_train`, checked as a job file's (--config) are: the same types, choices and
-        words."""
-        for key, value in table.items():
-            problem = option_error(key, value)
-            if problem:
-                raise self.fail(where + (key,), problem)
-        return {key: option_value(key, value) for key, value in table.items()}
-
-
-_show = shown  # a value as a message names it, as a job file's messages do
-
-
 def _as_list(value) -> list:
     return value if isinstance(value, list) else [value]
 
@@ -291,174 +130,23 @@ def _as_list(value) -> list:
 def parse(text: str, path: Path) -> Sweep:
     """Check an experiment file's text; raises SweepError (file, line, key) on the first mistake."""
     path = Path(path)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        line = getattr(error, "lineno", None)  # Python ≥ 3.14; before, only the message carries it
-        if line is None:
-            found = re.search(r"at line (\d+)", str(error))
-            line = int(found.group(1)) if found else None
-        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(error))
-        raise SweepError(path, line, "(syntax)", f"this is not valid TOML: {message}. See https://toml.io for the "
-                         f"syntax (strings in quotes, lists in [ ], one key = value per line).") from None
-    reader = _Reader(path, text)
-    reader.check_keys(data, [*SECTIONS, "train", "sweep"], ())
-    for section in (*SECTIONS, "train"):
-        if section in data and not isinstance(data[section], dict):
-            raise reader.fail((section,), f"must be a table ([{section}]), got {_show(data[section])}.")
-    for section, keys in SECTIONS.items():
-        table = data.get(section, {})
-        reader.check_keys(table, keys, (section,))
-        for key, value in table.items():
-            reader.check_type(value, keys[key], (section, key))
-
-    network = _network(reader, data["network"]) if "network" in data else None
-    settings = network.settings if network else (None,)
+    data = _toml(text, path)
+    checker = KeyChecker(path, text)
+    _check_tables(checker, data)
+    network = _network(checker, data["network"]) if "network" in data else None
     experiment = data.get("experiment", {})
-    if "name" not in experiment or not experiment["name"].strip():
-        raise reader.fail(("experiment", "name"), "is required: the MLflow experiment every run is filed under, "
-                          'e.g. [experiment] name = "compare_sync".', line_of=("experiment",))
-    train = data.get("train", {})
-    reader.check_keys(train, TRAIN_FIELDS, ("train",))
-    train = reader.check_train(train, ("train",))
-
-    sweeps = data.get("sweep", [] if network and "bench" in data else None)  # a lab may measure with the bench alone
-    if not isinstance(sweeps, list) or (not sweeps and "sweep" in data):
-        raise reader.fail(("sweep",), "at least one [[sweep]] table is needed, e.g. [[sweep]] sync = \"all\" np = [4] "
-                          "(or, with [network], a [bench] table alone).")
+    _check_name(checker, experiment)
+    train = _train(checker, data.get("train", {}))
+    grids = _grids(checker, data, network)
     runs: list[PlannedRun] = []
     unavailable: list[tuple[str, str]] = []
-    for number, grid in enumerate(sweeps):
-        where = ("sweep", number)
-        reader.check_keys(grid, [*SWEEP_KEYS, *TRAIN_FIELDS], where)
-        if "sync" not in grid or ("np" not in grid and network is None):
-            missing = "sync" if "sync" not in grid else "np"
-            raise reader.fail(where + (missing,), "is required in every [[sweep]] (the grid is sync × np × seed).",
-                              line_of=where)
-        for key, expected in SWEEP_KEYS.items():
-            if key in grid:
-                reader.check_type(grid[key], expected, where + (key,))
-        env = grid.get("env", {})
-        for variable, value in env.items():
-            if not isinstance(value, str):
-                raise reader.fail(where + ("env", variable), f"must be a string, got {_show(value)}.")
-        methods = list(SYNC_METHODS) if grid["sync"] == ALL_METHODS else _as_list(grid["sync"])
-        for method in methods:
-            if method not in SYNC_METHODS:
-                close = difflib.get_close_matches(method, list(SYNC_METHODS), n=1)
-                raise reader.fail(where + ("sync",), f"unknown sync method {method!r}."
-                                  f"{f' Did you mean {close[0]!r}?' if close else ''} Registered methods: "
-                                  f"{', '.join(SYNC_METHODS)} (or \"{ALL_METHODS}\" for every one).")
-        for np in _as_list(grid.get("np", [])):
-            if np < 1:
-                raise reader.fail(where + ("np",), f"world sizes must be at least 1, got {np}.")
-        compressions = _as_list(grid.get("compression", train.get("compression", "none")))
-        for compression in compressions:
-            if compression not in COMPRESSORS:
-                raise reader.fail(where + ("compression",), f"unknown compression {compression!r}; choose from "
-                                  f"{', '.join(COMPRESSORS)}.")
-        models = _as_list(grid.get("model", train.get("model")))
-        for model in models:
-            if model is not None:
-                try:
-                    resolve(model)
-                except UserError as error:
-                    raise reader.fail(where + ("model",) if "model" in grid else ("train", "model"),
-                                      str(error).replace("--model ", "model ", 1)) from None
-        overrides = reader.check_train({k: v for k, v in grid.items()
-                                        if k in TRAIN_FIELDS and k not in ("compression", "model")}, where)
-        every_method = grid["sync"] == ALL_METHODS
-        backend = overrides.get("backend", train.get("backend", "auto"))
-        if backend == "auto":  # judged here, where the sweep is launched
-            import torch
-
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        grid_runs = []
-        for setting in settings:
-            sizes = _as_list(grid["np"]) if "np" in grid else [setting.slots]
-            grid_runs += [(setting, np) for np in sizes if setting is None or network.holds(setting, np)]
-        if not grid_runs:
-            ranges = ", ".join(f"{s.hosts} host(s): {(s.hosts - 1) * s.ranks_per_host + 1}..{s.slots}"
-                               for s in settings)
-            raise reader.fail(where + ("np",), f"no world size fits the [network] hosts: np must fill them, more than "
-                              f"(hosts - 1) × ranks_per_host and at most hosts × ranks_per_host ({ranges}).",
-                              line_of=where)
-        for model, method, compression, (setting, np), seed in itertools.product(
-                models, methods, compressions, grid_runs, _as_list(grid.get("seed", DEFAULT_SEED))):
-            refused = combination_error(method, compression)
-            if every_method and SYNC_METHODS[method].fixed_compression and compression != "none":
-                continue  # flat_fp16 and the like: already in the grid once, with their own compression
-            if every_method and (refused or backend_error(method, backend)):
-                entry = (label(method, compression), refused or backend_error(method, backend))
-                if entry not in unavailable:
-                    unavailable.append(entry)
-                continue
-            if refused:
-                raise reader.fail(where + ("compression" if "compression" in grid else "sync",), refused)
-            link = {"link": setting.link} if setting else {}
-            config = TrainConfig(**{**train, **overrides, "sync": method, "compression": compression, "seed": seed,
-                                    "model": model, **link})
-            try:
-                config.validate(np)
-            except UserError as error:  # the options do not suit this world size (e.g. the batch does not split)
-                raise reader.fail(where + ("np",), f"the run {method} at np {np} cannot start: {error}") from None
-            name = (f"{label(method, compression)}-np{np}-seed{seed}" + (f"-{setting.label}" if setting else "")
-                    + (f"-{model}" if isinstance(grid.get("model"), list) else ""))
-            if any(run.name == name for run in runs):  # the same triple in two grids with different options
-                named_by = {**overrides, **({"model": model} if "model" in grid else {})}
-                name = _distinct(name, named_by, {run.name for run in runs}, len(runs) + 1)
-            runs.append(PlannedRun(len(runs) + 1, name, np, config, dict(env), setting))
-
-    if not runs and sweeps:
-        raise reader.fail(("sweep",), "no run is left to launch: every method in the grid is unavailable here ("
-                          + "; ".join(f"{name}: {why}" for name, why in unavailable) + ").")
-    bench = None
-    if "bench" in data:
-        table = dict(data["bench"])
-        if network:  # np picks the settings the bench runs on
-            sizes = _as_list(table.pop("np", [s.slots for s in settings]))
-            chosen = tuple(s for s in settings if s.slots in sizes)
-            if not chosen:
-                raise reader.fail(("bench", "np"), f"no [network] setting has {' or '.join(map(str, sizes))} ranks; "
-                                  f"they have {', '.join(sorted({str(s.slots) for s in settings}, key=int))}.")
-            table.update(np=max(s.slots for s in chosen), settings=chosen)
-        elif isinstance(table.get("np"), list):
-            raise reader.fail(("bench", "np"), "must be one integer without [network] (a list picks network settings).")
-        defaults = {"np": max(run.np for run in runs) if runs else 1, "batch_size": train.get("batch_size", 256)}
-        bench = BenchPlan(**{**defaults, **table,
-                             **({"methods": tuple(table["methods"])} if "methods" in table else {})})
-        if bench.methods:
-            try:
-                parse_labels(",".join(bench.methods))
-            except UserError as error:
-                raise reader.fail(("bench", "methods"), str(error)) from None
-        for key in ("np", "steps", "batch_size"):
-            if getattr(bench, key) < 1:
-                raise reader.fail(("bench", key), f"must be at least 1, got {getattr(bench, key)}.")
-        for np in [bench.np] if network is None else [setting.slots for setting in bench.settings]:
-            if bench.batch_size % np:
-                raise reader.fail(("bench", "batch_size"), f"{bench.batch_size} must split evenly across np {np}.")
-        try:
-            resolve(bench.model)  # any model training takes
-        except UserError as error:
-            raise reader.fail(("bench", "model"), str(error).replace("--model ", "model ", 1)) from None
-        if bench.gpt_size is not None and (bench.gpt_size not in GPT_SIZES or bench.model != "gpt"):
-            raise reader.fail(("bench", "gpt_size"), f"is gpt's size, one of {', '.join(GPT_SIZES)}, with model = "
-                              f'"gpt"; got {bench.gpt_size!r} with model {bench.model!r}.')
-
-    target = experiment.get("target_accuracy")
-    if target is not None and not 0 < target <= 1:
-        raise reader.fail(("experiment", "target_accuracy"), f"must be a fraction in (0, 1], e.g. 0.6 for 60%, got "
-                                                             f"{target}.")
-    target_loss = experiment.get("target_loss")
-    if target_loss is not None and target is not None:
-        raise reader.fail(("experiment", "target_loss"), f"the report races to one target, and target_accuracy = "
-                          f"{target} is set too. Keep target_accuracy for image models and target_loss (a "
-                          f"validation loss) for language models; without either, a sweep of language models races "
-                          f"to a validation loss.")
-    if target_loss is not None and not target_loss > 0:
-        raise reader.fail(("experiment", "target_loss"), f"must be a positive validation loss, e.g. 2.0 nats per "
-                                                         f"byte for gpt, got {target_loss}.")
+    for number, grid in enumerate(grids):
+        _plan_grid(checker, ("sweep", number), grid, train, network, runs, unavailable)
+    if not runs and grids:
+        raise checker.fail(("sweep",), "no run is left to launch: every method in the grid is unavailable here ("
+                           + "; ".join(f"{name}: {why}" for name, why in unavailable) + ").")
+    bench = _bench(checker, data["bench"], train, runs, network) if "bench" in data else None
+    target_accuracy, target_loss = _targets(checker, experiment)
     launch = data.get("launch", {})
     name = experiment["name"]
     return Sweep(
@@ -468,36 +156,189 @@ def parse(text: str, path: Path) -> Sweep:
         hostfile=launch.get("hostfile", "hostfile") or None,
         mpirun_args=tuple(launch.get("mpirun_args", ("--bind-to", "none"))),
         timeout=launch.get("timeout"), runs=tuple(runs), bench=bench, network=network,
-        unavailable=tuple(unavailable), target_accuracy=target, target_loss=target_loss,
+        unavailable=tuple(unavailable), target_accuracy=target_accuracy, target_loss=target_loss,
     )
 
 
-def _network(reader: _Reader, table: dict) -> NetworkPlan:
-    """The [network] table: hosts, ranks per host, link rates and where the test hosts live."""
-    hosts = _as_list(table.get("hosts", [1]))
-    for count in hosts:
-        if not 1 <= count <= 250:
-            raise reader.fail(("network", "hosts"), f"numbers of hosts must be 1 to 250, got {count}.")
-    ranks_per_host = _as_list(table.get("ranks_per_host", 2))
-    for count in ranks_per_host:
-        if count < 1:
-            raise reader.fail(("network", "ranks_per_host"), f"must be at least 1, got {count}.")
-    links = _as_list(table.get("link", "unlimited"))
-    for link in links:
-        try:
-            rate_bytes_per_s(link)
-        except ValueError as error:
-            raise reader.fail(("network", "link"), f"{error}.") from None
-    prefix = table.get("prefix", NetworkPlan.prefix)
-    if not re.fullmatch(r"[a-z][a-z0-9]{0,9}", prefix):
-        raise reader.fail(("network", "prefix"), f"{prefix!r} must be 1 to 10 lower-case letters and digits, starting "
-                          f"with a letter (interface names allow 15 characters).")
-    subnet = table.get("subnet", NetworkPlan.subnet)
-    if not re.fullmatch(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) or any(int(x) > 255 for x in subnet.split(".")):
-        raise reader.fail(("network", "subnet"), f"{subnet!r} must be the first three numbers of a /24 network, e.g. "
-                          f'"10.80.0".')
-    return NetworkPlan(tuple(dict.fromkeys(hosts)), tuple(dict.fromkeys(ranks_per_host)),
-                       tuple(dict.fromkeys(l.lower() for l in links)), prefix, subnet)
+def _toml(text: str, path: Path) -> dict:
+    """The file's tables; a syntax error names its line, as every other mistake does."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        line = getattr(error, "lineno", None)  # Python ≥ 3.14; before, only the message carries it
+        if line is None:
+            found = re.search(r"at line (\d+)", str(error))
+            line = int(found.group(1)) if found else None
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(error))
+        raise SweepError(path, line, "(syntax)", f"this is not valid TOML: {message}. See https://toml.io for the "
+                         f"syntax (strings in quotes, lists in [ ], one key = value per line).") from None
+
+
+def _check_tables(checker: KeyChecker, data: dict) -> None:
+    """The file's tables are known ones, and every key of [experiment], [launch], [network] and [bench] is known
+    and of its type."""
+    checker.check_keys(data, [*SECTIONS, "train", "sweep"], ())
+    for section in (*SECTIONS, "train"):
+        if section in data and not isinstance(data[section], dict):
+            raise checker.fail((section,), f"must be a table ([{section}]), got {show(data[section])}.")
+    for section, keys in SECTIONS.items():
+        table = data.get(section, {})
+        checker.check_keys(table, keys, (section,))
+        for key, value in table.items():
+            checker.check_type(value, keys[key], (section, key))
+
+
+def _check_name(checker: KeyChecker, experiment: dict) -> None:
+    """[experiment] name is the one key every file needs: the runs are filed under it."""
+    if "name" not in experiment or not experiment["name"].strip():
+        raise checker.fail(("experiment", "name"), "is required: the MLflow experiment every run is filed under, "
+                           'e.g. [experiment] name = "compare_sync".', line_of=("experiment",))
+
+
+def _train(checker: KeyChecker, table: dict) -> dict:
+    """The [train] table: options of every run."""
+    checker.check_keys(table, TRAIN_FIELDS, ("train",))
+    return checker.check_train(table, ("train",))
+
+
+def _grids(checker: KeyChecker, data: dict, network: NetworkPlan | None) -> list[dict]:
+    """The [[sweep]] tables; a lab may leave them out and measure with the bench alone."""
+    grids = data.get("sweep", [] if network and "bench" in data else None)
+    if not isinstance(grids, list) or (not grids and "sweep" in data):
+        raise checker.fail(("sweep",), "at least one [[sweep]] table is needed, e.g. [[sweep]] sync = \"all\" np = [4] "
+                           "(or, with [network], a [bench] table alone).")
+    return grids
+
+
+# ---------------------------------------------------------------------------------------------
+# One [[sweep]] table: its keys checked one group at a time, then crossed into runs.
+
+def _plan_grid(checker: KeyChecker, where: tuple, grid: dict, train: dict, network: NetworkPlan | None,
+               runs: list[PlannedRun], unavailable: list[tuple[str, str]]) -> None:
+    """Append the grid's runs to `runs` in file order; what a sync = "all" grid cannot run here goes to
+    `unavailable`."""
+    _check_grid(checker, where, grid, network)
+    methods = _methods(checker, where, grid)
+    for np in _as_list(grid.get("np", [])):
+        if np < 1:
+            raise checker.fail(where + ("np",), f"world sizes must be at least 1, got {np}.")
+    compressions = _compressions(checker, where, grid, train)
+    models = _models(checker, where, grid, train)
+    overrides = checker.check_train({k: v for k, v in grid.items()
+                                     if k in TRAIN_FIELDS and k not in ("compression", "model")}, where)
+    backend = _backend(overrides.get("backend", train.get("backend", "auto")))
+    placements = _placements(checker, where, grid, network)
+    seeds = _as_list(grid.get("seed", DEFAULT_SEED))
+    for model, method, compression, (setting, np), seed in itertools.product(
+            models, methods, compressions, placements, seeds):
+        if grid["sync"] == ALL_METHODS and _left_out_of_all(method, compression, backend, unavailable):
+            continue
+        refused = combination_error(method, compression)
+        if refused:
+            raise checker.fail(where + ("compression" if "compression" in grid else "sync",), refused)
+        link = {"link": setting.link} if setting else {}
+        options = {**train, **overrides, "sync": method, "compression": compression, "seed": seed, "model": model,
+                   **link}
+        config = _run_config(checker, where, options, np)
+        name = (f"{label(method, compression)}-np{np}-seed{seed}" + (f"-{setting.label}" if setting else "")
+                + (f"-{model}" if isinstance(grid.get("model"), list) else ""))
+        if any(run.name == name for run in runs):  # the same triple in two grids with different options
+            named_by = {**overrides, **({"model": model} if "model" in grid else {})}
+            name = _distinct(name, named_by, {run.name for run in runs}, len(runs) + 1)
+        runs.append(PlannedRun(index=len(runs) + 1, name=name, np=np, config=config, env=dict(grid.get("env", {})),
+                               network=setting))
+
+
+def _check_grid(checker: KeyChecker, where: tuple, grid: dict, network: NetworkPlan | None) -> None:
+    """Known keys, the required ones, each of its type, and an environment of strings."""
+    checker.check_keys(grid, [*SWEEP_KEYS, *TRAIN_FIELDS], where)
+    if "sync" not in grid or ("np" not in grid and network is None):
+        missing = "sync" if "sync" not in grid else "np"
+        raise checker.fail(where + (missing,), "is required in every [[sweep]] (the grid is sync × np × seed).",
+                           line_of=where)
+    for key, expected in SWEEP_KEYS.items():
+        if key in grid:
+            checker.check_type(grid[key], expected, where + (key,))
+    for variable, value in grid.get("env", {}).items():
+        if not isinstance(value, str):
+            raise checker.fail(where + ("env", variable), f"must be a string, got {show(value)}.")
+
+
+def _methods(checker: KeyChecker, where: tuple, grid: dict) -> list[str]:
+    """The grid's sync methods: those it names, or every registered one for "all"."""
+    methods = list(SYNC_METHODS) if grid["sync"] == ALL_METHODS else _as_list(grid["sync"])
+    for method in methods:
+        if method not in SYNC_METHODS:
+            close = difflib.get_close_matches(method, list(SYNC_METHODS), n=1)
+            raise checker.fail(where + ("sync",), f"unknown sync method {method!r}."
+                               f"{f' Did you mean {close[0]!r}?' if close else ''} Registered methods: "
+                               f"{', '.join(SYNC_METHODS)} (or \"{ALL_METHODS}\" for every one).")
+    return methods
+
+
+def _compressions(checker: KeyChecker, where: tuple, grid: dict, train: dict) -> list[str]:
+    """The grid's compressions, else [train]'s one, else none."""
+    compressions = _as_list(grid.get("compression", train.get("compression", "none")))
+    for compression in compressions:
+        if compression not in COMPRESSORS:
+            raise checker.fail(where + ("compression",), f"unknown compression {compression!r}; choose from "
+                               f"{', '.join(COMPRESSORS)}.")
+    return compressions
+
+
+def _models(checker: KeyChecker, where: tuple, grid: dict, train: dict) -> list[str | None]:
+    """The grid's models, else [train]'s one, else the data set's default (None)."""
+    models = _as_list(grid.get("model", train.get("model")))
+    for model in models:
+        if model is not None:
+            try:
+                resolve(model)
+            except UserError as error:
+                raise checker.fail(where + ("model",) if "model" in grid else ("train", "model"),
+                                   str(error).replace("--model ", "model ", 1)) from None
+    return models
+
+
+def _backend(backend: str) -> str:
+    """The backend the runs will use: "auto" is judged here, where the sweep is launched."""
+    if backend != "auto":
+        return backend
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _placements(checker: KeyChecker, where: tuple, grid: dict, network: NetworkPlan | None) -> list[tuple]:
+    """(network setting, world size) of each run: with [network], only the sizes that fill a setting's hosts."""
+    settings = network.settings if network else (None,)
+    placements = []
+    for setting in settings:
+        sizes = _as_list(grid["np"]) if "np" in grid else [setting.slots]
+        placements += [(setting, np) for np in sizes if setting is None or network.holds(setting, np)]
+    if not placements:
+        ranges = ", ".join(f"{s.hosts} host(s): {(s.hosts - 1) * s.ranks_per_host + 1}..{s.slots}" for s in settings)
+        raise checker.fail(where + ("np",), f"no world size fits the [network] hosts: np must fill them, more than "
+                           f"(hosts - 1) × ranks_per_host and at most hosts × ranks_per_host ({ranges}).",
+                           line_of=where)
+    return placements
+
+
+def _left_out_of_all(method: str, compression: str, backend: str, unavailable: list[tuple[str, str]]) -> bool:
+    """Whether a sync = "all" grid skips this pair; one that cannot run here is added to `unavailable`, once."""
+    if SYNC_METHODS[method].traits.fixed_compression and compression != "none":
+        return True  # flat_fp16 and the like: already in the grid once, with their own compression
+    why = combination_error(method, compression) or backend_error(method, backend)
+    if why and (label(method, compression), why) not in unavailable:
+        unavailable.append((label(method, compression), why))
+    return bool(why)
+
+
+def _run_config(checker: KeyChecker, where: tuple, options: dict, np: int) -> TrainConfig:
+    """One run's training options, checked against its world size (e.g. the batch must split across it)."""
+    config = TrainConfig(**options)
+    try:
+        config.validate(np)
+    except UserError as error:
+        raise checker.fail(where + ("np",), f"the run {options['sync']} at np {np} cannot start: {error}") from None
+    return config
 
 
 def _distinct(name: str, options: dict, taken: set[str], number: int) -> str:
@@ -507,6 +348,97 @@ def _distinct(name: str, options: dict, taken: set[str], number: int) -> str:
              if k not in ("sync", "seed") and isinstance(v, (str, int, float))]
     candidate = "-".join([name, *parts])
     return candidate if parts and candidate not in taken else f"{name}-run{number}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The other tables.
+
+def _bench(checker: KeyChecker, table: dict, train: dict, runs: list[PlannedRun],
+           network: NetworkPlan | None) -> BenchPlan:
+    """The [bench] table: one run at its np, or with [network] one on each setting its np picks."""
+    table = dict(table)
+    if network:
+        settings = network.settings
+        sizes = _as_list(table.pop("np", [s.slots for s in settings]))
+        chosen = tuple(s for s in settings if s.slots in sizes)
+        if not chosen:
+            raise checker.fail(("bench", "np"), f"no [network] setting has {' or '.join(map(str, sizes))} ranks; "
+                               f"they have {', '.join(sorted({str(s.slots) for s in settings}, key=int))}.")
+        table.update(np=max(s.slots for s in chosen), settings=chosen)
+    elif isinstance(table.get("np"), list):
+        raise checker.fail(("bench", "np"), "must be one integer without [network] (a list picks network settings).")
+    defaults = {"np": max(run.np for run in runs) if runs else 1, "batch_size": train.get("batch_size", 256)}
+    bench = BenchPlan(**{**defaults, **table, **({"methods": tuple(table["methods"])} if "methods" in table else {})})
+    _check_bench(checker, bench, network)
+    return bench
+
+
+def _check_bench(checker: KeyChecker, bench: BenchPlan, network: NetworkPlan | None) -> None:
+    """Its method labels, sizes and model, as the bench itself would check them."""
+    if bench.methods:
+        try:
+            parse_labels(",".join(bench.methods))
+        except UserError as error:
+            raise checker.fail(("bench", "methods"), str(error)) from None
+    for key in ("np", "steps", "batch_size"):
+        if getattr(bench, key) < 1:
+            raise checker.fail(("bench", key), f"must be at least 1, got {getattr(bench, key)}.")
+    for np in [bench.np] if network is None else [setting.slots for setting in bench.settings]:
+        if bench.batch_size % np:
+            raise checker.fail(("bench", "batch_size"), f"{bench.batch_size} must split evenly across np {np}.")
+    try:
+        resolve(bench.model)  # any model training takes
+    except UserError as error:
+        raise checker.fail(("bench", "model"), str(error).replace("--model ", "model ", 1)) from None
+    if bench.gpt_size is not None and (bench.gpt_size not in GPT_SIZES or bench.model != "gpt"):
+        raise checker.fail(("bench", "gpt_size"), f"is gpt's size, one of {', '.join(GPT_SIZES)}, with model = "
+                           f'"gpt"; got {bench.gpt_size!r} with model {bench.model!r}.')
+
+
+def _targets(checker: KeyChecker, experiment: dict) -> tuple[float | None, float | None]:
+    """The report's target: a test accuracy or a validation loss, not both."""
+    target = experiment.get("target_accuracy")
+    if target is not None and not 0 < target <= 1:
+        raise checker.fail(("experiment", "target_accuracy"), f"must be a fraction in (0, 1], e.g. 0.6 for 60%, got "
+                                                              f"{target}.")
+    target_loss = experiment.get("target_loss")
+    if target_loss is not None and target is not None:
+        raise checker.fail(("experiment", "target_loss"), f"the report races to one target, and target_accuracy = "
+                           f"{target} is set too. Keep target_accuracy for image models and target_loss (a "
+                           f"validation loss) for language models; without either, a sweep of language models races "
+                           f"to a validation loss.")
+    if target_loss is not None and not target_loss > 0:
+        raise checker.fail(("experiment", "target_loss"), f"must be a positive validation loss, e.g. 2.0 nats per "
+                                                          f"byte for gpt, got {target_loss}.")
+    return target, target_loss
+
+
+def _network(checker: KeyChecker, table: dict) -> NetworkPlan:
+    """The [network] table: hosts, ranks per host, link rates and where the test hosts live."""
+    hosts = _as_list(table.get("hosts", [1]))
+    for count in hosts:
+        if not 1 <= count <= 250:
+            raise checker.fail(("network", "hosts"), f"numbers of hosts must be 1 to 250, got {count}.")
+    ranks_per_host = _as_list(table.get("ranks_per_host", 2))
+    for count in ranks_per_host:
+        if count < 1:
+            raise checker.fail(("network", "ranks_per_host"), f"must be at least 1, got {count}.")
+    links = _as_list(table.get("link", "unlimited"))
+    for link in links:
+        try:
+            rate_bytes_per_s(link)
+        except ValueError as error:
+            raise checker.fail(("network", "link"), f"{error}.") from None
+    prefix = table.get("prefix", NetworkPlan.prefix)
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,9}", prefix):
+        raise checker.fail(("network", "prefix"), f"{prefix!r} must be 1 to 10 lower-case letters and digits, starting "
+                           f"with a letter (interface names allow 15 characters).")
+    subnet = table.get("subnet", NetworkPlan.subnet)
+    if not re.fullmatch(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) or any(int(x) > 255 for x in subnet.split(".")):
+        raise checker.fail(("network", "subnet"), f"{subnet!r} must be the first three numbers of a /24 network, e.g. "
+                           f'"10.80.0".')
+    return NetworkPlan(hosts=tuple(dict.fromkeys(hosts)), ranks_per_host=tuple(dict.fromkeys(ranks_per_host)),
+                       links=tuple(dict.fromkeys(link.lower() for link in links)), prefix=prefix, subnet=subnet)
 
 
 def load(path: str | Path) -> Sweep:

@@ -1,7 +1,7 @@
 """The network model: what a sync method's step costs on a network of alpha-beta links.
 
     links.py        a link (alpha + beta·m), a network of them, rates as tc writes them
-    families.py     the collective families (ring, root, hierarchical, and the sharded methods' reduce_scatter,
+    families.py     the collective families (ring_allreduce, root, two_level, and the sharded methods' reduce_scatter,
                     layerwise_gather, ring_then_broadcast): bytes per rank, floor, time per message and per part
     memory.py       memory per rank: what a method keeps of parameters, gradients and optimizer state (its shards)
     prediction.py   a method's messages priced on a network; exposed time behind backward
@@ -19,7 +19,7 @@ from .calibration import (
            ping_pong,
            with_collective_costs,
 )
-from .families import FAMILIES, Family, bus_bandwidth, family_of
+from .families import FAMILIES, Family, bus_bandwidth, family_named, family_of
 from .job import JobModel, bytes_sent_per_sync, job_model, layout_params
 from .links import (
            ALL_GATHER,
@@ -44,11 +44,14 @@ from .prediction import (
            PlannedMessage,
            Prediction,
            averaging_every,
+           later_share,
            message_plan,
            overlapped_exposed,
            predict,
            tensor_sizes,
            tensor_units,
+           wire_bytes,
+           wire_ratio,
            with_codec,
 )
 
@@ -80,8 +83,10 @@ __all__ = [
            "describe_cost",
            "describe_network",
            "exposed_time",
+           "family_named",
            "family_of",
            "job_model",
+           "later_share",
            "layout_params",
            "load_backward",
            "load_calibration",
@@ -93,6 +98,8 @@ __all__ = [
            "rate_bytes_per_s",
            "tensor_sizes",
            "tensor_units",
+           "wire_bytes",
+           "wire_ratio",
            "with_codec",
            "with_collective_costs",
 ]

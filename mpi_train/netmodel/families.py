@@ -1,10 +1,11 @@
 """Collective families: how a sync method moves S bytes of gradients among N ranks, in bytes and in seconds.
 
-A sync method names its family with the class attribute `collective` (sync/base.py); everything
-else (bytes per rank, the floor a link allows, the alpha-beta time) is looked up here by that name.
+A sync method names its family in its traits' `family` (sync/traits.py); everything else (bytes per
+rank, the floor a link allows, the alpha-beta time) is looked up here by that name. A family's
+name is not a method's: `ring_allreduce` is what `ring`, `flat`, `ddp` and others run.
 For S bytes on N ranks:
 
-- `ring` (bandwidth-optimal allreduce: ring, or reduce-scatter + all-gather): every rank sends
+- `ring_allreduce` (bandwidth-optimal allreduce: ring, or reduce-scatter + all-gather): every rank sends
   and receives 2(N-1)/N·S, all links busy at once, so the floor is 2(N-1)/N·S/B. A message
   takes 2(N-1) steps of S/N bytes: 2(N-1)·alpha + 2(N-1)/N·S·beta; with more than one host every
   step waits for the edge that crosses hosts, so alpha and beta are the inter-host link's. With a
@@ -16,15 +17,15 @@ For S bytes on N ranks:
   time: 2(N-1) messages' latency, and rank 0's host link carries (N-R)·S in and then (N-R)·S
   out while its host's other R-1 ranks use the intra-host link:
   2(N-1)·alpha + 2·((N-R)·S·beta_inter + (R-1)·S·beta_intra).
-- `hierarchical` (reduce to each host's leader, allreduce among the H leaders, broadcast in the
+- `two_level` (reduce to each host's leader, allreduce among the H leaders, broadcast in the
   host): only the leaders cross hosts, each sending and receiving 2(H-1)/H·S there, so the
   floor is 2(H-1)/H·S/B; the other ranks move S each way within their host (Gloo's TCP over
   loopback, not shared memory), which the floor leaves out and the time counts on the measured
   intra-host link: a binomial-tree reduce and broadcast, each ceil(log2 R) messages of S, around
   a ring of the H leaders: 2·ceil(log2 R)·(alpha_intra + S·beta_intra) + 2(H-1)·alpha +
-  2(H-1)/H·S·beta. On one host, or with one rank per host, it is `ring`.
+  2(H-1)/H·S·beta. On one host, or with one rank per host, it is `ring_allreduce`.
 
-Three families shard what a rank keeps (sync/base.py's `shards`) and move S in more than one collective,
+Three families shard what a rank keeps (the traits' `shards`) and move S in more than one collective,
 each a part of its own (`parts`, priced apart: a report shows the reduce-scatter apart from the
 all-gather). A reduce-scatter or an all-gather of S on a ring moves (N-1)/N·S per rank in N-1 steps:
 (N-1)·alpha + (N-1)/N·S·beta, half a ring allreduce. That is what a bandwidth-optimal backend
@@ -54,12 +55,12 @@ Without one (nominal links, a job's own ping-pong) they are priced at a ring's b
   ceil(log2 N)·S·beta, after the step.
 
 A straggler host (stragglers.py: one link far slower than the others') is the network's `slow`
-link: a ring, and the host leaders' ring of `hierarchical`, wait for it at every step; through
+link: a ring, and the host leaders' ring of `two_level`, wait for it at every step; through
 rank 0 (`root`) its link carries its own ranks' share (R·S each way), unless it is rank 0's
 host, whose link carries everything.
 
 `layout` is a prediction.Layout (N ranks, R per host), `network` a links.Network; `hosts` each
-rank's host, which matters only to `hierarchical`.
+rank's host, which matters only to `two_level`.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..sync.traits import LAYERWISE_GATHER, RING_ALLREDUCE, RING_THEN_BROADCAST, ROOT, TWO_LEVEL
+from ..sync.traits import REDUCE_SCATTER as REDUCE_SCATTER_FAMILY
 from .links import ALL_GATHER, ALLREDUCE, REDUCE_SCATTER, RING_REDUCE_SCATTER
 
 # when a part of a family's message goes: prediction.py prices each where it falls in the step
@@ -110,7 +113,7 @@ def _levels(world: int, hosts: Sequence[str] | None) -> list[str] | None:
     return distinct if 1 < len(distinct) < world else None
 
 
-# --- ring -------------------------------------------------------------------------------------
+# --- ring_allreduce ---------------------------------------------------------------------------
 
 def _ring_traffic(size: float, world: int, rank: int, hosts: Sequence[str] | None = None) -> tuple[float, float]:
     moved = 2 * (world - 1) / world * size
@@ -157,9 +160,9 @@ def _root_time(size: float, layout, network) -> float:
     return 2 * (n - 1) * alpha + 2 * (across + (local - 1) * size * network.intra.beta)
 
 
-# --- hierarchical -----------------------------------------------------------------------------
+# --- two_level --------------------------------------------------------------------------------
 
-def _hierarchical_traffic(size: float, world: int, rank: int,
+def _two_level_traffic(size: float, world: int, rank: int,
                           hosts: Sequence[str] | None = None) -> tuple[float, float]:
     levels = _levels(world, hosts)
     if levels is None:
@@ -169,14 +172,14 @@ def _hierarchical_traffic(size: float, world: int, rank: int,
     return moved, moved
 
 
-def _hierarchical_floor(size: float, world: int, bandwidth: float, hosts: Sequence[str] | None = None) -> float:
+def _two_level_floor(size: float, world: int, bandwidth: float, hosts: Sequence[str] | None = None) -> float:
     levels = _levels(world, hosts)
     if levels is None:
         return _ring_floor(size, world, bandwidth)
     return 2 * (len(levels) - 1) / len(levels) * size / bandwidth
 
 
-def _hierarchical_time(size: float, layout, network) -> float:
+def _two_level_time(size: float, layout, network) -> float:
     hosts, local = layout.hosts, layout.local
     if hosts == 1 or local == 1:
         return _ring_time(size, layout, network)
@@ -242,31 +245,40 @@ RING_THEN_BROADCAST_PARTS = (Part("allreduce", WITH_MESSAGE, _ring_time),
 
 
 FAMILIES: dict[str, Family] = {
-    "ring": Family("ring", "2(N-1)/N·S per rank, floor 2(N-1)/N·S/B", _ring_traffic, _ring_floor, _ring_time),
-    "root": Family("root", "rank 0 moves 2(N-1)·S, others 2·S, floor 2(N-1)·S/B", _root_traffic, _root_floor,
-                   _root_time, one="gather and scatter"),
-    "hierarchical": Family("hierarchical", "host leaders move 2(H-1)/H·S between hosts, the others S each way within "
-                           "their host; floor 2(H-1)/H·S/B (one host: ring)", _hierarchical_traffic,
-                           _hierarchical_floor, _hierarchical_time, one="two-level allreduce"),
-    "reduce_scatter": Family("reduce_scatter", "reduce-scatter then all-gather: 2(N-1)/N·S per rank, floor "
-                             "2(N-1)/N·S/B", *_times(2), _sum_of(REDUCE_SCATTER_PARTS), REDUCE_SCATTER_PARTS),
-    "layerwise_gather": Family("layerwise_gather", "all-gather in forward and in backward, reduce-scatter: "
-                               "3(N-1)/N·S per rank, floor 3(N-1)/N·S/B", *_times(3),
-                               _sum_of(LAYERWISE_GATHER_PARTS), LAYERWISE_GATHER_PARTS),
-    "ring_then_broadcast": Family("ring_then_broadcast", "allreduce, then the owners' broadcasts: 3(N-1)/N·S per "
-                                  "rank, floor 3(N-1)/N·S/B", *_times(3), _sum_of(RING_THEN_BROADCAST_PARTS),
-                                  RING_THEN_BROADCAST_PARTS),
+    RING_ALLREDUCE: Family(RING_ALLREDUCE, "2(N-1)/N·S per rank, floor 2(N-1)/N·S/B", _ring_traffic, _ring_floor,
+                           _ring_time),
+    ROOT: Family(ROOT, "rank 0 moves 2(N-1)·S, others 2·S, floor 2(N-1)·S/B", _root_traffic, _root_floor,
+                 _root_time, one="gather and scatter"),
+    TWO_LEVEL: Family(TWO_LEVEL, "host leaders move 2(H-1)/H·S between hosts, the others S each way within their "
+                      "host; floor 2(H-1)/H·S/B (one host: ring_allreduce)", _two_level_traffic, _two_level_floor,
+                      _two_level_time, one="two-level allreduce"),
+    REDUCE_SCATTER_FAMILY: Family(REDUCE_SCATTER_FAMILY, "reduce-scatter then all-gather: 2(N-1)/N·S per rank, "
+                                  "floor 2(N-1)/N·S/B", *_times(2), _sum_of(REDUCE_SCATTER_PARTS),
+                                  REDUCE_SCATTER_PARTS),
+    LAYERWISE_GATHER: Family(LAYERWISE_GATHER, "all-gather in forward and in backward, reduce-scatter: "
+                             "3(N-1)/N·S per rank, floor 3(N-1)/N·S/B", *_times(3),
+                             _sum_of(LAYERWISE_GATHER_PARTS), LAYERWISE_GATHER_PARTS),
+    RING_THEN_BROADCAST: Family(RING_THEN_BROADCAST, "allreduce, then the owners' broadcasts: 3(N-1)/N·S per "
+                                "rank, floor 3(N-1)/N·S/B", *_times(3), _sum_of(RING_THEN_BROADCAST_PARTS),
+                                RING_THEN_BROADCAST_PARTS),
 }
+# a stored result (a bench JSON) may name a family by the method that uses it: these read back as the family
+STORED_NAMES = {"ring": RING_ALLREDUCE, "hierarchical": TWO_LEVEL}
+
+
+def family_named(name: str) -> Family:
+    """The family a stored result names, under its own name or the one it was stored under."""
+    return FAMILIES[STORED_NAMES.get(name, name)]
 
 
 def family_of(method) -> Family | None:
-    """The family a sync method (class or instance) declares in `collective`, or None when it declares none."""
-    name = getattr(method, "collective", None)
+    """The family a sync method (class or instance) declares in its traits' `family`, or None when it declares none."""
+    name = method.traits.family
     if name is None:
         return None
     if name not in FAMILIES:
         cls = method if isinstance(method, type) else type(method)
-        raise ValueError(f"{cls.__name__}.collective = {name!r} is not one of {sorted(FAMILIES)} "
+        raise ValueError(f"{cls.__name__}.traits.family = {name!r} is not one of {sorted(FAMILIES)} "
                          f"(mpi_train/netmodel/families.py)")
     return FAMILIES[name]
 

@@ -7,10 +7,22 @@ from dataclasses import dataclass, field
 
 from .. import stragglers
 from ..sync import label
+from ..sync.traits import RING_ALLREDUCE
 from .calibration import calibrate, load_backward, load_calibration
 from .families import FAMILIES, family_of
 from .links import Network, capped
-from .prediction import ASSUMED_BACKWARD, Backward, Layout, Prediction, predict, tensor_sizes, tensor_units
+from .prediction import (
+    ASSUMED_BACKWARD,
+    Backward,
+    Layout,
+    Prediction,
+    later_share,
+    predict,
+    tensor_sizes,
+    tensor_units,
+    wire_bytes,
+    wire_ratio,
+)
 
 QUICK_CALIBRATION_BYTES = 1 << 20  # a job's own ping-pong stops at 1 MB: well under a second even at 100 Mbit/s
 QUICK_CALIBRATION_ITERS = 2
@@ -26,7 +38,7 @@ class JobModel:
     layout: Layout
     tensor_bytes: list = field(default_factory=list)
     ratio: float | None = None  # the compressor's bytes on the wire per gradient byte
-    later: float = 0.0  # the share of them summed after the first round (method.later_share)
+    later: float = 0.0  # the share of them summed after the first round (prediction.later_share)
     backward: Backward = ASSUMED_BACKWARD  # when each gradient is ready: measured by a bench (--calibration)
     host_links: dict = field(default_factory=dict)  # host -> bytes/s its link reached (empty with --calibration)
     straggler: stragglers.Straggler | None = None
@@ -78,15 +90,16 @@ def job_model(config, cluster, model, method, device) -> JobModel | None:
     network = capped(network, config.link)
     straggler = stragglers.Straggler.from_dict(measured["straggler"]) if measured.get("straggler") else None
     layout = Layout.of_hosts(hosts)
-    ratio = method.wire_ratio(list(model.parameters()))  # what its compressor sends
-    later = method.later_share(list(model.parameters()))
+    ratio = wire_ratio(method, list(model.parameters()))  # what its compressor sends
+    later = later_share(method, list(model.parameters()))
     units = tuple(tensor_units(model))
     prediction = predict(method, sizes, layout, network, label=label(config.sync, config.compression), ratio=ratio,
                          units=units, later=later)
     if prediction is None:
         return None
-    return JobModel(method, prediction, network, layout, sizes, ratio, later, backward, measured.get("host_links", {}),
-                    straggler, units)
+    return JobModel(method=method, prediction=prediction, network=network, layout=layout, tensor_bytes=sizes,
+                    ratio=ratio, later=later, backward=backward, host_links=measured.get("host_links", {}),
+                    straggler=straggler, units=units)
 
 
 def layout_params(hosts: Sequence[str]) -> dict:
@@ -95,15 +108,15 @@ def layout_params(hosts: Sequence[str]) -> dict:
 
 
 def bytes_sent_per_sync(method, model, hosts: Sequence[str], rank: int) -> dict[str, float]:
-    """Bytes this rank puts on the wire each time its method syncs, by what the step synced (SyncMethod.last_sync),
+    """Bytes this rank puts on the wire each time its method syncs, by what the step synced (Synced.scope),
     as the method's collective family counts them (families.py): what `network/sent_mb` adds up. "all": the
     method's own sync of every rank, compressed as it sends; "gradients": a model-averaging method's warm-up
     (plain gradients, ring); "host": its average among the ranks of one host (plain, ring)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    world, ring = len(hosts), FAMILIES["ring"]
+    world, ring = len(hosts), FAMILIES[RING_ALLREDUCE]
     full = float(sum(p.numel() * p.element_size() for p in params))
     family = family_of(method)
     local = list(hosts).count(hosts[rank])
-    return {"all": family.traffic(method.wire_bytes(params), world, rank, list(hosts))[0] if family else 0.0,
+    return {"all": family.traffic(wire_bytes(method, params), world, rank, list(hosts))[0] if family else 0.0,
             "gradients": ring.traffic(full, world, rank)[0],
             "host": ring.traffic(full, local, 0)[0]}

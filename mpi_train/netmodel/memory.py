@@ -3,7 +3,7 @@
 From the model alone: P bytes of parameters, G of gradients (the trainable parameters'), O of
 optimizer state (SGD keeps one momentum buffer per trainable parameter, O = G, and none without
 momentum; AdamW two moments, O = 2G: optimizers.state_slots). A method says what it keeps only 1/N
-of on each rank (sync/base.py's `shards`):
+of on each rank (its traits' `shards`, sync/traits.py):
 
     nothing (replicated)                P      + G      + O
     optimizer state (ZeRO-1)            P      + G      + O/N
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..sync.base import EVERYTHING, GRADIENTS_AND_STATE, OPTIMIZER_STATE, REPLICATED
 from ..sync.messages import BUCKETS, message_groups
+from ..sync.traits import EVERYTHING, GRADIENTS_AND_STATE, OPTIMIZER_STATE, REPLICATED
 
 SHARDED = {  # what each `shards` value keeps 1/N of
     REPLICATED: (), OPTIMIZER_STATE: ("optimizer",), GRADIENTS_AND_STATE: ("gradients", "optimizer"),
@@ -80,15 +80,15 @@ def predict_memory(method, model: nn.Module, world: int, state_slots: int) -> Me
     full = {"parameters": sum(p.numel() * p.element_size() for p in params),
             "gradients": sum(p.numel() * p.element_size() for p in trainable)}
     full["optimizer"] = state_slots * full["gradients"]
-    sharded = SHARDED[getattr(method, "shards", REPLICATED)]
-    if getattr(method, "shards", REPLICATED) == EVERYTHING:  # per tensor, by rows (FSDP2's Shard(0), padded)
+    traits = method.traits
+    sharded = SHARDED[traits.shards]
+    if traits.shards == EVERYTHING:  # per tensor, by rows (FSDP2's Shard(0), padded)
         groups = [[math.ceil(p.shape[0] / world) * world * (p.numel() // p.shape[0]) if p.dim() else world]
                   for p in trainable]
-    elif getattr(method, "messages", None) == BUCKETS:  # per bucket, as the method cuts them
+    elif traits.messages == BUCKETS:  # per bucket, as the method cuts them
         sizes = [p.numel() * p.element_size() for p in trainable]
-        caps = method.bucket_caps() if not isinstance(method, type) else None
         groups = [[sum(trainable[i].numel() for i in group)]
-                  for group in message_groups(sizes, BUCKETS, caps)]
+                  for group in message_groups(sizes, BUCKETS, traits.bucket_caps)]
     else:  # one flat buffer
         groups = [[sum(p.numel() for p in trainable)]]
     per_rank = shard_bytes([sum(g) for g in groups], item, world)
@@ -102,7 +102,7 @@ def predict_memory(method, model: nn.Module, world: int, state_slots: int) -> Me
             figures[kind] = float(per_rank + whole - full["gradients"])
         else:
             figures[kind] = float(per_rank)
-    if getattr(method, "keeps_parameter_shard", False) and world > 1:  # its own shard, stepped apart, then gathered
+    if traits.keeps_parameter_shard and world > 1:  # its own shard, stepped apart, then gathered
         figures["parameters"] += float(per_rank)
     gathered = float(largest_unit_bytes(model)) if "parameters" in sharded and world > 1 else 0.0
     return MemoryPrediction(figures["parameters"], figures["gradients"], figures["optimizer"], gathered)

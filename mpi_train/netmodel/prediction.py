@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..sync.fsdp import units
 from ..sync.messages import message_groups
+from ..sync.traits import RING_ALLREDUCE, Cadence
 from .families import AFTER_STEP, FAMILIES, IN_FORWARD, NEXT_FORWARD, WITH_MESSAGE, Part, family_of
 
 
@@ -53,7 +54,7 @@ class Backward:
     """When backward hands each gradient over: its length as a share of forward + backward, for each tensor
     (registration order) the share of backward elapsed when its gradient is ready, and the order they came in.
 
-    The bench measures all three on its no-sync replica (commands/bench.py, BackwardClock); without a measurement
+    The bench measures all three on its no-sync replica (benchmark/clocks.py, BackwardClock); without a measurement
     backward is 2/3 of compute and produces bytes at a constant rate, last layer first.
     """
 
@@ -128,13 +129,32 @@ class PlannedMessage:
         return self.nbytes if part.compressed else self.plain_bytes
 
 
+def wire_bytes(method, params: Sequence) -> float:
+    """S of the cost model: bytes each of a configured method's syncs carries for these parameters, as its
+    compressor sends them (a model-averaging method's fragments: each average carries 1/F of the model)."""
+    cadence = method.traits.cadence
+    return method.compressor.wire_bytes([p for p in params if p.requires_grad]) / (cadence.fragments if cadence else 1)
+
+
+def wire_ratio(method, params: Sequence) -> float:
+    """Bytes on the wire per gradient byte for these parameters (fp16: 0.5; PowerSGD: its factors)."""
+    gradient_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    return wire_bytes(method, params) / gradient_bytes if gradient_bytes else 1.0
+
+
+def later_share(method, params: Sequence) -> float:
+    """The share of a method's wire bytes its compressor sums after the first round (PowerSGD's Qs; else 0)."""
+    return method.compressor.later_share([p for p in params if p.requires_grad])
+
+
 def _wire(method, ratio: float | None) -> float:
-    """Bytes on the wire per gradient byte: `ratio` as measured (method.wire_ratio), else from the wire dtype (and
-    a model-averaging method's fragments: each average carries 1/F of the model)."""
+    """Bytes on the wire per gradient byte: `ratio` as measured (wire_ratio), else from the wire dtype (and a
+    model-averaging method's fragments: each average carries 1/F of the model)."""
     if ratio is not None:
         return ratio
-    share = 1 / getattr(method, "fragments", 1)
-    return share * (method.wire_dtype.itemsize / 4 if method.wire_dtype is not None else 1.0)
+    traits = method.traits
+    share = 1 / traits.cadence.fragments if traits.cadence else 1.0
+    return share * (traits.wire_dtype.itemsize / 4 if traits.wire_dtype is not None else 1.0)
 
 
 def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network, ratio: float | None = None,
@@ -144,23 +164,23 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
     last gradient, the others' once backward (`backward_s` long) is over; each takes the time of its family's parts
     that go with the message (families.WITH_MESSAGE: all of a one-collective family) for its bytes, plus the latency
     of every further round of sums (PowerSGD: 2 rounds). Where a method sends its later rounds only after backward
-    (later_rounds_after_backward: `bucketed`), each message's `later` share of bytes (method.later_share: PowerSGD's
+    (later_rounds_after_backward: `bucketed`), each message's `later` share of bytes (later_share: PowerSGD's
     Qs) is a message of its own, all of them after backward and after every first round, in bucket order. A method
     that sends per unit sends one message per layer block of `units` (tensor_units). [] for a method without
     family."""
     family = family_of(method)
     if family is None:
         return []
-    ratio, rounds = _wire(method, ratio), method.compressor.rounds_per_step
-    groups = message_groups(tensor_bytes, method.messages, method.bucket_caps(), backward.order, units)
-    ready = backward.ready_times(tensor_bytes, backward_s) if method.overlapped() else [backward_s] * len(tensor_bytes)
+    traits, ratio, rounds = method.traits, _wire(method, ratio), method.compressor.rounds_per_step
+    groups = message_groups(tensor_bytes, traits.messages, traits.bucket_caps, backward.order, units)
+    ready = backward.ready_times(tensor_bytes, backward_s) if traits.overlapped() else [backward_s] * len(tensor_bytes)
     with_message = [part for part in family.collectives() if part.when == WITH_MESSAGE]
 
     def sent(size: float) -> float:
         return sum(part.time(size, layout, network) for part in with_message)
 
     latency = sent(0.0)
-    deferred = rounds > 1 and method.overlapped() and method.later_rounds_after_backward
+    deferred = rounds > 1 and traits.overlapped() and traits.later_rounds_after_backward
     first_share = 1.0 - later if deferred else 1.0
     plan, finish = [], 0.0
     for group in groups:
@@ -169,14 +189,15 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
         at = max(ready[i] for i in group)
         start = max(finish, at)
         finish = start + seconds
-        plan.append(PlannedMessage(tuple(group), size * first_share, at, start, finish,
-                                   sum(tensor_bytes[i] for i in group)))
+        plan.append(PlannedMessage(tensors=tuple(group), nbytes=size * first_share, ready_s=at, start_s=start,
+                                   end_s=finish, plain_bytes=sum(tensor_bytes[i] for i in group)))
     if deferred:  # the later rounds: sync() sends them once backward is over and each first round's sum is in
         for group in groups:
             size = sum(tensor_bytes[i] for i in group) * ratio * later
             start = max(finish, backward_s)
             finish = start + sent(size) + (rounds - 2) * latency
-            plan.append(PlannedMessage(tuple(group), size, backward_s, start, finish, later=True))
+            plan.append(PlannedMessage(tensors=tuple(group), nbytes=size, ready_s=backward_s, start_s=start,
+                                       end_s=finish, later=True))
     return plan
 
 
@@ -193,7 +214,7 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
     in the background (--overlap) hides under the local steps until the next turn: given a step's compute
     (`compute_s`), it is free while its transfer fits in them and costs the rest when it does not. `units`: each
     tensor's layer block (tensor_units), for a method that sends one message per block (fsdp): each pays its
-    collectives' latency. `later`: the share of the wire bytes summed after the first round (method.later_share),
+    collectives' latency. `later`: the share of the wire bytes summed after the first round (later_share),
     for a method that sends those rounds after backward. `step_ends_at_barrier`: a barrier ends each step (the
     bench's), so what a method starts after its step for the next forward (zero's all-gathers) is waited for
     there, whole, not under that forward."""
@@ -201,7 +222,7 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
     if family is None:
         return None
     plan = message_plan(method, tensor_bytes, layout, network, ratio, backward_s or 0.0, backward, units, later)
-    overlapped = method.overlapped()
+    overlapped, cadence = method.traits.overlapped(), method.traits.cadence
     parts = {part.name: sum(part.time(m.carried_by(part), layout, network) for m in plan)
              for part in family.collectives()}
     waited_after = (AFTER_STEP, NEXT_FORWARD) if step_ends_at_barrier else (AFTER_STEP,)
@@ -215,17 +236,18 @@ def predict(method, tensor_bytes: Sequence[float], layout: Layout, network, labe
         exposed += in_forward
     comm_s, wire_bytes = sum(m.end_s - m.start_s for m in plan) + sum(
         parts[part.name] for part in family.collectives() if part.when != WITH_MESSAGE), sum(m.nbytes for m in plan)
-    if getattr(method, "period", None):  # a model-averaging method: per step, its averages' share
-        across_s = comm_s / averaging_every(method)
-        comm_s, wire_bytes = averaging_per_step(method, comm_s, wire_bytes, sum(tensor_bytes), layout, network)
+    if cadence:  # a model-averaging method: per step, its averages' share
+        across_s = comm_s / cadence.every
+        comm_s, wire_bytes = averaging_per_step(cadence, comm_s, wire_bytes, sum(tensor_bytes), layout, network)
     if len(parts) == 1:  # one collective: its time is the whole, further rounds of sums and averaging included
         parts = {name: comm_s for name in parts}
     background = None
-    if getattr(method, "period", None) and getattr(method, "overlap", False):
+    if cadence and cadence.overlap:
         overlapped, background = True, across_s
         exposed = None if compute_s is None else (comm_s - across_s) + overlapped_exposed(across_s, compute_s)
-    return Prediction(label or type(method).__name__, family.name, len(plan), wire_bytes, comm_s, overlapped, exposed,
-                      parts, background, in_forward, tuple(plan))
+    return Prediction(method=label or type(method).__name__, collective=family.name, messages=len(plan),
+                      wire_bytes=wire_bytes, comm_s=comm_s, overlapped=overlapped, exposed_s=exposed, parts=parts,
+                      background_s=background, in_forward_s=in_forward, plan=tuple(plan))
 
 
 def with_codec(plan: Sequence[PlannedMessage], backward_s: float, codec: Sequence[float]) -> float | None:
@@ -271,9 +293,9 @@ def forward_exposed(family, plan: list[PlannedMessage], layout: Layout, network,
 
 
 def averaging_every(method) -> int:
-    """Steps between two averages across hosts of a model-averaging method: its period, or period/F with F
-    fragments (each average then carries 1/F of the model)."""
-    return method.period // getattr(method, "fragments", 1)
+    """Steps between two averages across hosts of a configured model-averaging method: its period, or period/F
+    with F fragments (each average then carries 1/F of the model)."""
+    return method.traits.cadence.every
 
 
 def overlapped_exposed(average_s: float, compute_s: float) -> float:
@@ -282,18 +304,18 @@ def overlapped_exposed(average_s: float, compute_s: float) -> float:
     return max(0.0, average_s - compute_s)
 
 
-def averaging_per_step(method, comm_s: float, wire_bytes: float, model_bytes: float, layout: Layout,
+def averaging_per_step(cadence: Cadence, comm_s: float, wire_bytes: float, model_bytes: float, layout: Layout,
                        network) -> tuple[float, float]:
     """Seconds and bytes per step of a method that averages models (sync/averaging.py) every `period` steps, from
     one average's: 1/H of it (1/(H/F) with F fragments, each a 1/F share of the model), plus, with two levels
     (`host_period` h), the (H-1)//h averages inside each host per H steps, sent whole around a ring of the host's
     ranks on the intra-host link."""
-    period, host_period = method.period, getattr(method, "host_period", 0)
-    comm_s, wire_bytes = comm_s / averaging_every(method), wire_bytes / averaging_every(method)
+    period, host_period = cadence.period, cadence.host_period
+    comm_s, wire_bytes = comm_s / cadence.every, wire_bytes / cadence.every
     if host_period and layout.hosts > 1 and layout.local > 1:
         inside = (period - 1) // host_period / period
         host = Layout(layout.local, layout.local)
-        comm_s += inside * FAMILIES["ring"].time(model_bytes, host, network)
+        comm_s += inside * FAMILIES[RING_ALLREDUCE].time(model_bytes, host, network)
         wire_bytes += inside * model_bytes
     return comm_s, wire_bytes
 

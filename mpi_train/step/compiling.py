@@ -108,7 +108,7 @@ def wants_channels_last(model: nn.Module, device: torch.device, method: SyncMeth
     convolutions are written for it, for a model that has a 2-d convolution; $MPI_TRAIN_CHANNELS_LAST=1 or 0 decides
     instead (the GPU check measures both). On a CPU the memory format is left as it is, and under FSDP2, which shards
     contiguous parameters only (it refuses a channels_last weight). `method`: the job's (None: a bare model)."""
-    if device.type != "cuda" or (method is not None and method.sends == INSIDE_FSDP):
+    if device.type != "cuda" or (method is not None and method.traits.sends == INSIDE_FSDP):
         return False
     switch = os.environ.get(CHANNELS_LAST_SWITCH, "")
     if switch in ("0", "1"):
@@ -121,7 +121,7 @@ def held_in_warmup(method: SyncMethod, net: nn.Module) -> contextlib.AbstractCon
     hooks; DDP's no_sync), so that nothing is sent and no compressor state moves. FSDP2's own accumulation keeps
     unsharded gradients that outlive zero_grad and would add into the first step's: its warm-up reduce-scatters as a
     step does, on every rank alike, and the gradients are dropped after."""
-    if method.sends == INSIDE_FSDP:
+    if method.traits.sends == INSIDE_FSDP:
         return contextlib.nullcontext()
     return method.accumulating(net)
 
@@ -137,7 +137,7 @@ def compiled_modules(method: SyncMethod, model: nn.Module) -> list[nn.Module]:
     """The modules whose forward becomes a graph: the model's; under FSDP2 each unit's, as FSDP2's users compile it
     (its hooks gather and free a unit's parameters around the unit's forward, eagerly: a graph break each, which
     would leave the model's own forward in pieces too small to be worth a graph)."""
-    return units(model) if method.sends == INSIDE_FSDP else [model]
+    return units(model) if method.traits.sends == INSIDE_FSDP else [model]
 
 
 def compile_forwards(method: SyncMethod, model: nn.Module, mode: str, backend: str = "inductor") -> None:

@@ -47,11 +47,11 @@ def scaled_compression_error(precision: str, sync: str, compression: str) -> str
     whose gradients overflow would leave inf there, and every later step would be skipped. A method that averages
     models compresses their change, which the loss scale never touches."""
     method = SYNC_METHODS[sync]
-    if not PRECISIONS.get(precision, PRECISIONS["32-true"]).scaled or method.averages != GRADIENTS:
+    if not PRECISIONS.get(precision, PRECISIONS["32-true"]).scaled or method.traits.averages != GRADIENTS:
         return None
-    if method.compression_name(compression) != "powersgd":
+    if method.traits.compression_name(compression) != "powersgd":
         return None
-    other = ("--sync ddp_fp16 (or ddp)" if method.fixed_compression
+    other = ("--sync ddp_fp16 (or ddp)" if method.traits.fixed_compression
              else "--compression fp16 or bf16 (which keep no memory)")
     return (f"--precision 16-mixed scales the loss, so the gradients that --sync {sync} compresses with PowerSGD "
             f"carry the scale, and PowerSGD's error feedback keeps what a step did not deliver for the next: one "
@@ -67,7 +67,7 @@ class OptimizerGradients:
                  device: torch.device, world_size: int):
         self.scaler = LossScaler(device) if precision.scaled else None
         self.optimizer, self.max_norm, self.device, self.world_size = optimizer, max_norm, device, world_size
-        self.sharded = method.shards in SHARDED_GRADIENTS  # the norm is the shards' together
+        self.sharded = method.traits.shards in SHARDED_GRADIENTS  # the norm is the shards' together
         self.norm: torch.Tensor | None = None  # the last step's norm before clipping (None: that step was skipped)
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:

@@ -1,22 +1,26 @@
 """The registry of gradient-sync methods, keyed by their --sync names; their labels; the checks on what they carry.
 
-Adding a method: one file in this folder with a SyncMethod subclass whose class attributes
-describe it (base.py), and its entry in SYNC_METHODS below (with its import). Training, the
+Adding a method: one file in this folder with a SyncMethod subclass that declares its `traits`
+(traits.py) and its runtime hooks (base.py), and its entry in SYNC_METHODS below (with its import). Training, the
 bench, experiment files' `sync = "all"`, compare and predict all read it from here.
 Adding a compressor: one file in compression/, one entry in its registry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..errors import UserError
 from .allreduce import AllReduce
-from .base import GRADIENTS, PARAMETERS, SyncMethod
-from .bucketed import Bucketed
-from .compression import COMPRESSORS
+from .averaging_options import AveragingOptions
+from .base import GRADIENTS, PARAMETERS, REPLICATED_VIEW, WHOLE_VIEW, Synced, SyncMethod, average_buffers
+from .bucketed import Bucketed, BucketOptions
+from .compression import COMPRESSORS, CompressionChoice
+from .compression.powersgd import PowerSGDOptions
 from .ddp import DDP
 from .ddp_fp16 import DDPFP16
 from .ddp_powersgd import DDPPowerSGD
-from .diloco import DiLoCo
+from .diloco import DiLoCo, OuterStepOptions
 from .flat import Flat
 from .flat_fp16 import FlatFP16
 from .fsdp import FSDP
@@ -46,19 +50,36 @@ SYNC_METHODS: dict[str, type[SyncMethod]] = {
 }
 
 
+# The methods' own flags, each class a small frozen dataclass in its method's file, in the order --help lists them,
+# with the check that refuses their bad values (called with the job's whole TrainConfig, which composes every class
+# here; None: checked with the method it goes with). A method with flags of its own adds its line here.
+METHOD_OPTIONS: tuple[tuple[type, Callable | None], ...] = (
+    (BucketOptions, BucketOptions.check_buckets),
+    (CompressionChoice, None),
+    (PowerSGDOptions, PowerSGDOptions.check_powersgd),
+    (AveragingOptions, AveragingOptions.check_averaging),
+    (OuterStepOptions, OuterStepOptions.check_outer_step),
+)
+
+
+def build_method(name: str, config) -> SyncMethod:
+    """The method --sync `name` names, configured by a job's config (its own options, its compressor's flags)."""
+    return SYNC_METHODS[name]._from_config(config)
+
+
 BASELINE = "ddp"  # torch's DDP: what every user would otherwise run, measured beside every other
 
 
 def tuned_by(field: str) -> list[str]:
     """The methods that read TrainConfig's `field` (their class's tunables): `tuned_by("bucket_mb")` -> ["bucketed"]."""
-    return [name for name, method in SYNC_METHODS.items() if field in method.tunables]
+    return [name for name, method in SYNC_METHODS.items() if field in method.traits.tunables]
 
 
 def label(sync: str, compression: str = "none") -> str:
     """How a run is named and shown: `bucketed+powersgd`; a method alone when it sends gradients as they are
     or its name already says how it compresses (`flat_fp16`, `ddp_powersgd`)."""
     method = SYNC_METHODS.get(sync)
-    if compression == "none" or (method is not None and method.fixed_compression):
+    if compression == "none" or (method is not None and method.traits.fixed_compression):
         return sync
     return f"{sync}+{compression}"
 
@@ -72,8 +93,8 @@ def split_label(text: str) -> tuple[str, str]:
 def every_label() -> list[str]:
     """Each registered method, then each compression its schedule carries: ring, ring+fp16, ring+bf16, ..."""
     return [label(name, compression) for name, method_class in SYNC_METHODS.items()
-            for compression in ("none", *(c for c in method_class.compressions
-                                          if c != "none" and not method_class.fixed_compression))]
+            for compression in ("none", *(c for c in method_class.traits.compressions
+                                          if c != "none" and not method_class.traits.fixed_compression))]
 
 
 def parse_labels(text: str | None) -> list[str]:
@@ -95,30 +116,32 @@ def parse_labels(text: str | None) -> list[str]:
 
 def combination_error(sync: str, compression: str) -> str | None:
     """Why --sync `sync` cannot carry --compression `compression`, or None when it can."""
-    method = SYNC_METHODS[sync]
+    traits = SYNC_METHODS[sync].traits
     if compression not in COMPRESSORS:
         return f"unknown --compression {compression!r}; choose one of {', '.join(COMPRESSORS)}."
-    if method.fixed_compression:
-        if compression in ("none", method.fixed_compression):
+    if traits.fixed_compression:
+        if compression in ("none", traits.fixed_compression):
             return None
         base = sync.rsplit("_", 1)[0]
         other = (f" For {compression}, use --sync {base} --compression {compression}."
-                 if base in SYNC_METHODS and compression in SYNC_METHODS[base].compressions else "")
-        return (f"--sync {sync} already compresses with {method.fixed_compression} and cannot also carry "
+                 if base in SYNC_METHODS and compression in SYNC_METHODS[base].traits.compressions else "")
+        return (f"--sync {sync} already compresses with {traits.fixed_compression} and cannot also carry "
                 f"--compression {compression}.{other} Or drop --compression.")
-    if compression in method.compressions:
+    if compression in traits.compressions:
         return None
-    carriers = [name for name, m in SYNC_METHODS.items() if compression in m.compressions and not m.fixed_compression]
-    return (f"--sync {sync} cannot carry --compression {compression}: {method.no_compression_because}. "
+    carriers = [name for name, m in SYNC_METHODS.items()
+                if compression in m.traits.compressions and not m.traits.fixed_compression]
+    return (f"--sync {sync} cannot carry --compression {compression}: {traits.no_compression_because}. "
             f"Methods that take --compression {compression}: {', '.join(carriers)}. Drop --compression, or pick one "
             f"of those.")
 
 
 def backend_error(sync: str, backend: str) -> str | None:
     """Why --sync `sync` cannot run on `backend` ("gloo", "nccl"), or None when it can."""
-    reason = SYNC_METHODS[sync].unsupported_backends.get(backend)
+    reason = SYNC_METHODS[sync].traits.unsupported_backends.get(backend)
     return f"--sync {sync} cannot run on the {backend} backend: {reason}." if reason else None
 
 
-__all__ = ["COMPRESSORS", "GRADIENTS", "PARAMETERS", "SYNC_METHODS", "SyncMethod", "backend_error",
-           "combination_error", "every_label", "label", "parse_labels", "split_label"]
+__all__ = ["COMPRESSORS", "GRADIENTS", "PARAMETERS", "REPLICATED_VIEW", "SYNC_METHODS", "WHOLE_VIEW", "SyncMethod",
+           "Synced", "average_buffers", "backend_error", "build_method", "combination_error", "every_label", "label",
+           "parse_labels", "split_label"]

@@ -31,7 +31,7 @@ gives the rules and their cost.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -39,42 +39,37 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .averaging_options import DEFAULT_PERIOD, MOMENTUM, STREAMED_COMPRESSIONS, AveragingOptions
 from .background import Background, Sent
-from .base import AFTER_STEP, EVERY_COMPRESSION, PARAMETERS, SyncMethod, sum_each_round
+from .base import AFTER_STEP, EVERY_COMPRESSION, PARAMETERS, Synced, SyncMethod, sum_each_round
 from .compression.none import NoCompression
+from .flag_fields import option_names
 from .flat import Flat, FlatBuffer
 from .hierarchical import Hierarchical, host_groups
 from .messages import ONE_BUFFER
+from .traits import RING_ALLREDUCE, TWO_LEVEL, Cadence, Traits
 
 OVERLAP = " --overlap"  # after a compression in an accuracy_costs key: the cost measured with the averages overlapped
 FRAGMENTED = OVERLAP + " --fragments 4"  # ... overlapped, a quarter of the model at a time
 # the streamed schedules the advisor lists after a label, each with the options it sets
 STREAMED = {OVERLAP: {"overlap": True}, FRAGMENTED: {"overlap": True, "fragments": 4}}
-STREAMED_COMPRESSIONS = ("none", "fp16", "bf16")  # what --overlap and --fragments carry: elementwise casts
-MOMENTUM = ("keep", "average", "reset")  # --local-momentum: what an average does to the optimizer's state
-DEFAULT_PERIOD = 8
 OWN_SHARE = 0.5  # --overlap: the share of its newest change a rank keeps in its model while that change travels
 
 
 def averaging_options(config) -> dict:
-    """The averaging flags of a job's config, each left unset taking its default."""
-    given = {"period": config.period, "local_start_step": config.local_start_step, "host_period": config.host_period,
-             "momentum": config.local_momentum, "overlap": config.overlap, "fragments": config.fragments}
-    defaults = {"period": DEFAULT_PERIOD, "local_start_step": 0, "host_period": 0, "momentum": "keep",
-                "overlap": False, "fragments": 1, "timeout_s": None}
-    given["timeout_s"] = config.timeout  # the background sum's group waits as long as the job's collectives
-    return {key: defaults[key] if value is None else value for key, value in given.items()}
+    """ModelAveraging's keyword arguments for a job's config: its averaging flags, each left unset taking its
+    default, and the job's --timeout, which the background sum's group waits as long as its collectives."""
+    settings = config.averaging_settings()
+    settings["momentum"] = settings.pop("local_momentum")
+    return {**settings, "timeout_s": config.timeout}
 
 
 class ModelAveraging(SyncMethod):
     """Average the ranks' models every `period` optimizer steps, after the step; subclasses move the anchor."""
 
-    collective = "ring"  # one allreduce of the model's change (two levels: see __init__)
-    tunables = ("period", "local_start_step", "host_period", "local_momentum", "overlap", "fragments")
-    messages = ONE_BUFFER
-    sends = AFTER_STEP
-    averages = PARAMETERS
-    compressions = EVERY_COMPRESSION
+    # one allreduce of the model's change (two levels: see __init__)
+    traits = Traits(family=RING_ALLREDUCE, tunables=option_names(AveragingOptions), messages=ONE_BUFFER,
+                    sends=AFTER_STEP, averages=PARAMETERS, compressions=EVERY_COMPRESSION)
     message_name = "average"
 
     def __init__(self, compressor=None, period: int = DEFAULT_PERIOD, local_start_step: int = 0,
@@ -100,8 +95,9 @@ class ModelAveraging(SyncMethod):
         self.period, self.local_start_step = period, local_start_step
         self.host_period, self.momentum = host_period, momentum
         self.hosts = list(hosts) if hosts is not None else None
-        if host_period:
-            self.collective = "hierarchical"  # across hosts; the hosts' own averages are priced apart (prediction.py)
+        # with a host period, across hosts in two levels; the hosts' own averages are priced apart (prediction.py)
+        cadence = Cadence(period=period, fragments=fragments, host_period=host_period, overlap=overlap)
+        self.traits = self.traits.configured(family=TWO_LEVEL if host_period else self.traits.family, cadence=cadence)
         self.warmup = Flat()  # gradients averaged plainly until local_start_step
         self.plain = NoCompression()  # a host's own averages
         self.across = Hierarchical(hosts=self.hosts)  # the two-level sum, when the job has two levels
@@ -140,12 +136,11 @@ class ModelAveraging(SyncMethod):
         behind.two_levels, behind.leader, behind.host_group, behind.leader_group = host_groups(self.hosts, self.timeout)
         return behind.allreduce_sum
 
-    def wire_bytes(self, params) -> float:
-        """One average's bytes: 1/F of the model with --fragments F."""
-        return super().wire_bytes(params) / self.fragments
-
-    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
+    def make_optimizer(self, model: nn.Module, build: Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
+                       ) -> torch.optim.Optimizer:
+        """The job's optimizer, kept: an average reaches its state (--local-momentum)."""
+        self.optimizer = super().make_optimizer(model, build)
+        return self.optimizer
 
     def record_into(self, recorder) -> None:
         super().record_into(recorder)
@@ -163,9 +158,8 @@ class ModelAveraging(SyncMethod):
         step = self.steps + 1
         if not self.local(step):
             self.warmup.sync(model)
-            self.anchor_stale, self.last_sync = True, "gradients"
+            self.anchor_stale = True
             return
-        self.last_sync = None
         if self.anchor_stale:  # every rank holds the same parameters here: the average the local steps start from
             params = trainable(model)
             if self.change is None:
@@ -174,28 +168,26 @@ class ModelAveraging(SyncMethod):
             torch.cat([p.detach().reshape(-1) for p in params], out=self.anchor)
             self.anchor_stale = False
 
-    def after_step(self, model: nn.Module) -> bool:
+    def after_step(self, model: nn.Module) -> Synced:
+        """The warm-up's gradients, or when due an average across all ranks or in each host, or a local step."""
         self.steps += 1
         if not self.local(self.steps):
-            return False
+            return Synced(scope="gradients", figures=self._figures())
         local_steps = self.steps - self.local_start_step
         if self.streamed and local_steps % self.slot == 0:
             self.average_fragment(model, (local_steps // self.slot - 1) % self.fragments)
-            self.last_sync = "all"
-            return True
+            return Synced(scope="all", averaged=True, figures=self._figures())
         if not self.streamed and local_steps % self.period == 0:
             self.average(model, self.across.allreduce_sum if self.two_levels else allreduce_sum, everyone=True)
-            self.last_sync = "all"
-            return True
+            return Synced(scope="all", averaged=True, figures=self._figures())
         if self.host_period and self.two_levels and local_steps % self.host_period == 0:
             self.average(model, self.host_sum, everyone=False)
             if self.in_flight is not None:  # the host's ranks now hold one model: their changes in flight, which the
                 for own in self.in_flight.held():  # merge takes out again, become one too (the mean of all unchanged)
                     self.host_sum(own)
                     own.div_(dist.get_world_size(self.host_group))
-            self.last_sync = "host"
-            return True
-        return False
+            return Synced(scope="host", averaged=True, figures=self._figures())
+        return Synced(scope=None, figures=self._figures())
 
     # -- fragments and overlap -------------------------------------------------------------------
 
@@ -229,7 +221,7 @@ class ModelAveraging(SyncMethod):
         if not self.overlap:
             mean = own.clone()
             sum_each_round(self.compressor.rounds([("fragment", index)], mean, [mean], world),
-                           self.across.allreduce_sum if self.two_levels else allreduce_sum, self.recorder,
+                           self.across.allreduce_sum if self.two_levels else allreduce_sum, self._recorder,
                            self.message_name)
             self.drift = float(torch.sub(own, mean).norm())
             self.step_anchor(mean, where)
@@ -251,7 +243,7 @@ class ModelAveraging(SyncMethod):
         if travelling.sent is None:
             travelling.sent = self.sender.wait()
         if travelling.sent is not ARRIVED:
-            self.recorder.background(self.message_name, travelling.sent.start, travelling.sent.end,
+            self._recorder.background(self.message_name, travelling.sent.start, travelling.sent.end,
                                      travelling.sent.nbytes)
         where = self.fragment(travelling.index)
         progress = flat[where] - self.anchor[where] - travelling.kept
@@ -278,7 +270,7 @@ class ModelAveraging(SyncMethod):
                 torch.sub(p, anchor, out=view)
             size = dist.get_world_size() if everyone else dist.get_world_size(self.host_group)
             codec = self.compressor if everyone else self.plain
-            sum_each_round(codec.rounds(params, self.change.data, views, size), allreduce, self.recorder,
+            sum_each_round(codec.rounds(params, self.change.data, views, size), allreduce, self._recorder,
                            self.message_name if everyone else "average in host")
             # each rank's distance from the average it is about to take (the change's mean: `views` now)
             squares = [torch.sub(p, anchor).sub_(view).pow_(2).sum() for p, view, anchor in zip(params, views, anchors)]
@@ -376,12 +368,12 @@ class ModelAveraging(SyncMethod):
                 for p, mine in zip(params, own):
                     p.copy_(mine)
 
-    def start_at(self, step: int) -> None:
+    def _start_at(self, step: int) -> None:
         self.steps = step
 
     # -- what the job asks of it ----------------------------------------------------------------
 
-    def replicated(self, model: nn.Module) -> list[torch.Tensor]:
+    def _replicated(self, model: nn.Module) -> list[torch.Tensor]:
         """The last average (and a subclass's outer state): equal on every rank whether or not this step averaged."""
         if self.anchor is None or self.anchor_stale:
             return list(model.parameters())
@@ -390,15 +382,16 @@ class ModelAveraging(SyncMethod):
     def outer_state(self) -> list[torch.Tensor]:
         return []
 
-    def figures(self) -> dict:
+    def _figures(self) -> dict:
+        """The drift of the last average since the last step's report, taken once."""
         drift, self.drift = self.drift, None
         return {} if drift is None else {"drift": drift}
 
-    def state_dict(self, model: nn.Module) -> dict:
+    def _own_state(self, model: nn.Module) -> dict:
         """Besides the compressor's memory, what makes this rank's model its own between averages: its parameters
         and optimizer state (a checkpoint otherwise holds rank 0's), the anchor and the step count."""
         self.settle()
-        state = super().state_dict(model)
+        state = super()._own_state(model)
         travelling = self.in_flight
         state.update({"in_flight": None if travelling is None else {
                           "index": travelling.index, "own": travelling.own.detach().cpu().clone(),
@@ -411,8 +404,8 @@ class ModelAveraging(SyncMethod):
                       "outer": [t.detach().cpu().clone() for t in self.outer_state()]})
         return state
 
-    def load_state_dict(self, state: dict, model: nn.Module) -> None:
-        super().load_state_dict(state, model)
+    def _load_own_state(self, state: dict, model: nn.Module) -> None:
+        super()._load_own_state(state, model)
         if "steps" not in state:
             return
         self.steps, self.anchor_stale = state["steps"], state["anchor_stale"]

@@ -4,17 +4,34 @@ full."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import UserError
 from ..timeline import coded, now
-from .base import DURING_BACKWARD, EVERY_COMPRESSION, SyncMethod
+from .base import DURING_BACKWARD, EVERY_COMPRESSION, SyncMethod, compressor_for
+from .flag_fields import option, option_names
 from .flat import FlatBuffer
 from .messages import BUCKETS, DDP_BUCKET_MB, DDP_FIRST_BUCKET_MB, fill_buckets
+from .traits import RING_ALLREDUCE, Traits
 
 DEFAULT_BUCKET_MB = DDP_BUCKET_MB  # DistributedDataParallel's default bucket_cap_mb
+
+
+@dataclass(frozen=True)
+class BucketOptions:
+    """--bucket-mb, read by bucketed and zero (TrainConfig composes it)."""
+
+    bucket_mb: float = option(DEFAULT_BUCKET_MB, "bucket size in megabytes for --sync bucketed and zero: smaller "
+                              "buckets start communicating earlier in backward, larger ones make fewer calls")
+
+    def check_buckets(self) -> None:
+        """Refused before any work starts, like every flag a job cannot run."""
+        if self.bucket_mb <= 0:
+            raise UserError(f"--bucket-mb must be positive, got {self.bucket_mb}. Pass a value greater than zero.")
 
 
 class Bucket:
@@ -72,13 +89,10 @@ class Bucketed(SyncMethod):
     round k before any bucket's round k+1, in bucket order on every rank.
     """
 
-    tunables = ("bucket_mb",)  # its buckets follow --bucket-mb
-
-    collective = "ring"  # the same bytes as one allreduce, sent in buckets; Gloo and NCCL run each bandwidth-optimally
-    messages = BUCKETS
-    sends = DURING_BACKWARD
-    later_rounds_after_backward = True  # sync() runs them (above)
-    compressions = EVERY_COMPRESSION
+    # the same bytes as one allreduce, sent in buckets that follow --bucket-mb; Gloo and NCCL run each
+    # bandwidth-optimally; sync() runs a compressor's later rounds (above)
+    traits = Traits(family=RING_ALLREDUCE, tunables=option_names(BucketOptions), messages=BUCKETS,
+                    sends=DURING_BACKWARD, later_rounds_after_backward=True, compressions=EVERY_COMPRESSION)
 
     def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, compressor=None):
         super().__init__(compressor)
@@ -86,6 +100,7 @@ class Bucketed(SyncMethod):
             raise ValueError(f"bucket size must be positive, got {bucket_mb} MB")
         self.bucket_bytes = bucket_mb * 2**20
         self.first_bucket_bytes = min(DDP_FIRST_BUCKET_MB, bucket_mb) * 2**20
+        self.traits = self.traits.configured(bucket_caps=(self.first_bucket_bytes, self.bucket_bytes))
         self.params: list[nn.Parameter] = []  # registration order
         self.arrivals: list[int] | None = None  # the first step: indices in the order their gradients came
         self.buckets: list[Bucket] = []
@@ -94,11 +109,8 @@ class Bucketed(SyncMethod):
         self.holding = False  # a micro-batch that is not the step's last: its gradients only add up (accumulating)
 
     @classmethod
-    def from_config(cls, config) -> Bucketed:
-        return cls(config.bucket_mb, cls.compressor_from_config(config))
-
-    def bucket_caps(self) -> tuple[float, float]:
-        return self.first_bucket_bytes, self.bucket_bytes
+    def _from_config(cls, config) -> Bucketed:
+        return cls(config.bucket_mb, compressor_for(cls, config))
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -176,14 +188,14 @@ class Bucketed(SyncMethod):
 
     def next_message(self, bucket: Bucket):
         """The compressor's next message for `bucket` (None once its average is done); its work, a codec interval."""
-        return coded(self.recorder, next, bucket.rounds, None, bucket=bucket.index)
+        return coded(self._recorder, next, bucket.rounds, None, bucket=bucket.index)
 
     def send(self, bucket: Bucket, message: torch.Tensor) -> None:
         """Start summing `message` across ranks, noted as a message that ends when the sum completes."""
         start = now()
         bucket.work = dist.all_reduce(message, op=dist.ReduceOp.SUM, async_op=True)
-        noted = self.recorder.message("allreduce", start, None, message.numel() * message.element_size(), bucket.index)
-        self.recorder.after(noted, bucket.work.get_future())
+        noted = self._recorder.message("allreduce", start, None, message.numel() * message.element_size(), bucket.index)
+        self._recorder.after(noted, bucket.work.get_future())
 
     def sync(self, model: nn.Module) -> None:
         if self.arrivals is not None:  # the first step: buckets now, in the order just seen, all sent from here

@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..timeline import now
 from .base import INSIDE_DDP, SyncMethod
 from .messages import BUCKETS
+from .traits import RING_ALLREDUCE, Traits
 
 
 def buffers_synced(every_forward: bool) -> dict:
@@ -28,11 +29,9 @@ class DDP(SyncMethod):
     wrapped so that each bucket's message is noted (timeline.py): when it starts, when it ends.
     """
 
-    collective = "ring"
-    messages = BUCKETS  # DDP's own: 1 MB first, then 25 MB (base.bucket_caps)
-    sends = INSIDE_DDP
-    no_compression_because = ("DistributedDataParallel compresses through torch's communication hooks: "
-                              "use --sync ddp_fp16 or --sync ddp_powersgd")
+    traits = Traits(family=RING_ALLREDUCE, messages=BUCKETS, sends=INSIDE_DDP,  # DDP's buckets: 1 MB first, then 25 MB
+                    no_compression_because="DistributedDataParallel compresses through torch's communication hooks: "
+                                           "use --sync ddp_fp16 or --sync ddp_powersgd")
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """DDP as its users are told to run it: each gradient a view into its bucket (no copy into the bucket and
@@ -66,10 +65,10 @@ class DDP(SyncMethod):
             start = now()
             future = hook(state, bucket)
             buffer = bucket.buffer()
-            wire = self.wire_dtype.itemsize if self.wire_dtype is not None else buffer.element_size()
-            message = self.recorder.message("allreduce (DDP bucket)", start, None, buffer.numel() * wire,
+            wire = self.traits.wire_dtype.itemsize if self.traits.wire_dtype is not None else buffer.element_size()
+            message = self._recorder.message("allreduce (DDP bucket)", start, None, buffer.numel() * wire,
                                             bucket.index())
-            return self.recorder.after(message, future)
+            return self._recorder.after(message, future)
         return noted_bucket
 
     def sync(self, model: nn.Module) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import replace
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
@@ -25,8 +25,7 @@ class DDPPowerSGD(DDP):
     """DDP plus torch's PowerSGD hook with our rank, start step and least compression, error feedback and warm start
     on."""
 
-    fixed_compression = "powersgd"
-    unsupported_backends: ClassVar[dict[str, str]] = {"gloo": GLOO_FAILURE}
+    traits = replace(DDP.traits, fixed_compression="powersgd", unsupported_backends={"gloo": GLOO_FAILURE})
 
     def __init__(self, compressor: PowerSGD | None = None):
         super().__init__(compressor or PowerSGD())

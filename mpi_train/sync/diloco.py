@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass, replace
 
 import torch
 
+from ..errors import UserError
 from .averaging import ModelAveraging, averaging_options
-from .base import AccuracyCost
+from .base import AccuracyCost, compressor_for
+from .flag_fields import option, option_names
 
 DEFAULT_OUTER_LR = 0.7  # the paper's, with Nesterov momentum 0.9
 DEFAULT_OUTER_MOMENTUM = 0.9
 RESULTS = "docs/results.md#what-each-lossy-option-costs-in-accuracy"  # its accuracy, measured
+
+
+@dataclass(frozen=True)
+class OuterStepOptions:
+    """diloco's outer Nesterov step (TrainConfig composes it); None: the paper's value."""
+
+    outer_lr: float | None = option(None, f"diloco: learning rate of the outer Nesterov step (default "
+                                    f"{DEFAULT_OUTER_LR})")
+    outer_momentum: float | None = option(None, f"diloco: momentum of the outer Nesterov step (default "
+                                          f"{DEFAULT_OUTER_MOMENTUM})")
+
+    def outer_step(self) -> tuple[float, float]:
+        """The outer learning rate and momentum as the method runs them: given, or the paper's."""
+        return (DEFAULT_OUTER_LR if self.outer_lr is None else self.outer_lr,
+                DEFAULT_OUTER_MOMENTUM if self.outer_momentum is None else self.outer_momentum)
+
+    def check_outer_step(self) -> None:
+        """Refused before any work starts, like every flag a job cannot run."""
+        if self.outer_lr is not None and self.outer_lr <= 0:
+            raise UserError(f"--outer-lr must be positive, got {self.outer_lr}.")
+        if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
+            raise UserError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}.")
 
 
 class DiLoCo(ModelAveraging):
@@ -24,11 +48,12 @@ class DiLoCo(ModelAveraging):
     With --outer-lr 1 --outer-momentum 0 it is local SGD, bit for bit.
     """
 
-    tunables = (*ModelAveraging.tunables, "outer_lr", "outer_momentum")
-    accuracy_costs: ClassVar[dict[tuple[str, str], AccuracyCost]] = {
-        ("vgg11", "none"): AccuracyCost(-14.57, "diloco --period 8 (outer 0.7, Nesterov 0.9), CIFAR-10, one epoch, "
-                                                "2 hosts x 2 ranks", RESULTS),
-    }
+    traits = replace(
+        ModelAveraging.traits, tunables=(*ModelAveraging.traits.tunables, *option_names(OuterStepOptions)),
+        accuracy_costs={
+            ("vgg11", "none"): AccuracyCost(-14.57, "diloco --period 8 (outer 0.7, Nesterov 0.9), CIFAR-10, one "
+                                                    "epoch, 2 hosts x 2 ranks", RESULTS),
+        })
 
     def __init__(self, compressor=None, outer_lr: float = DEFAULT_OUTER_LR,
                  outer_momentum: float = DEFAULT_OUTER_MOMENTUM, **averaging):
@@ -39,11 +64,8 @@ class DiLoCo(ModelAveraging):
         self.velocity: torch.Tensor | None = None  # the outer momentum buffer, flat like the anchor
 
     @classmethod
-    def from_config(cls, config) -> DiLoCo:
-        return cls(cls.compressor_from_config(config),
-                   DEFAULT_OUTER_LR if config.outer_lr is None else config.outer_lr,
-                   DEFAULT_OUTER_MOMENTUM if config.outer_momentum is None else config.outer_momentum,
-                   **averaging_options(config))
+    def _from_config(cls, config) -> DiLoCo:
+        return cls(compressor_for(cls, config), *config.outer_step(), **averaging_options(config))
 
     def step_anchor(self, mean_change: torch.Tensor, where: slice = slice(None)) -> None:
         """torch.optim.SGD(nesterov=True)'s update with the outer gradient -mean_change, on the elements `where` (a

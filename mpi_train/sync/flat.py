@@ -7,6 +7,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import EVERY_COMPRESSION, SyncMethod, sum_each_round
+from .traits import RING_ALLREDUCE, Traits
 
 
 def padded_length(count: int, multiple_of: int) -> int:
@@ -55,9 +56,9 @@ class Flat(SyncMethod):
     `hierarchical`); the compressor decides what is summed (`flat_fp16` is flat + fp16).
     """
 
-    collective = "ring"  # one allreduce of all the bytes; Gloo and NCCL run it bandwidth-optimally
+    # one allreduce of all the bytes; Gloo and NCCL run it bandwidth-optimally
+    traits = Traits(family=RING_ALLREDUCE, compressions=EVERY_COMPRESSION)
     message_name = "allreduce"  # its sum, as a timeline names it
-    compressions = EVERY_COMPRESSION
 
     def __init__(self, compressor=None):
         super().__init__(compressor)
@@ -69,7 +70,7 @@ class Flat(SyncMethod):
         self.buffer.pack()
         sum_each_round(self.compressor.rounds(self.buffer.params, self.buffer.data, self.buffer.views,
                                               dist.get_world_size()),
-                       self.allreduce_sum, self.recorder, self.message_name)
+                       self.allreduce_sum, self._recorder, self.message_name)
         self.buffer.unpack()
 
     def allreduce_sum(self, data: torch.Tensor) -> None:

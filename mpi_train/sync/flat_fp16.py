@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .flat import Flat
@@ -14,5 +16,4 @@ class FlatFP16(Flat):
     name of its own so that runs, experiment files and results that use it stay valid.
     """
 
-    fixed_compression = "fp16"
-    wire_dtype = torch.float16
+    traits = replace(Flat.traits, fixed_compression="fp16", wire_dtype=torch.float16)

@@ -10,8 +10,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ..step.precision import PRECISION_AUTO, resolve
-from .base import EVERYTHING, INSIDE_FSDP, SyncMethod
+from .base import EVERYTHING, INSIDE_FSDP, SyncMethod, compressor_for
 from .messages import PER_UNIT
+from .traits import LAYERWISE_GATHER, Traits
 
 # torch's FSDP2 and its state_dict API are imported where a job runs fsdp: they bring in DTensor and sympy, 0.6 s of
 # import in every process (each rank of every job, each command) that never shards.
@@ -73,13 +74,13 @@ class FSDP(SyncMethod):
     under any method and, with --reshard, on another number of ranks.
     """
 
-    collective = "layerwise_gather"  # netmodel/families.py: all-gathers around each unit, reduce-scatters in backward
-    shards = EVERYTHING
-    messages = PER_UNIT  # two all-gathers, one reduce-scatter per unit (netmodel.tensor_units), not cut by --bucket-mb
-    sends = INSIDE_FSDP
-    overlaps_only_on_cuda = ("FSDP2 issues its all-gathers and reduce-scatters without async_op and overlaps them "
-                             "with compute on CUDA streams; on CPU each blocks where it is issued")
-    no_compression_because = ("FSDP reduce-scatters the gradients in torch's own collectives, in the parameters' "
+    # all-gathers around each unit, reduce-scatters in backward: two all-gathers, one reduce-scatter per unit
+    # (netmodel.tensor_units), not cut by --bucket-mb
+    traits = Traits(
+        family=LAYERWISE_GATHER, shards=EVERYTHING, messages=PER_UNIT, sends=INSIDE_FSDP,
+        overlaps_only_on_cuda=("FSDP2 issues its all-gathers and reduce-scatters without async_op and overlaps them "
+                               "with compute on CUDA streams; on CPU each blocks where it is issued"),
+        no_compression_because="FSDP reduce-scatters the gradients in torch's own collectives, in the parameters' "
                                "dtype")
 
     def __init__(self, compressor=None, precision: str = "32-true"):
@@ -87,8 +88,8 @@ class FSDP(SyncMethod):
         self.precision = precision  # --precision, resolved on the model's device when it is wrapped
 
     @classmethod
-    def from_config(cls, config) -> FSDP:
-        return cls(cls.compressor_from_config(config), getattr(config, "precision", PRECISION_AUTO))
+    def _from_config(cls, config) -> FSDP:
+        return cls(compressor_for(cls, config), getattr(config, "precision", PRECISION_AUTO))
 
     def policy(self, device: torch.device):
         """Under a mixed precision, FSDP2's own: each unit's parameters gathered in the autocast dtype (half the
@@ -135,25 +136,25 @@ class FSDP(SyncMethod):
                 if isinstance(module, FSDPModule):
                     module.reshard()
 
-    def whole_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+    def _whole_parameters(self, model: nn.Module) -> list[torch.Tensor]:
         return [param.full_tensor() for param in model.parameters()]
 
-    def replicated(self, model: nn.Module) -> list[torch.Tensor]:
+    def _replicated(self, model: nn.Module) -> list[torch.Tensor]:
         """Each parameter gathered whole: the model every rank's shards make up."""
-        return self.whole_parameters(model)
+        return self._whole_parameters(model)
 
-    def model_state(self, model: nn.Module) -> dict | None:
+    def _model_state(self, model: nn.Module) -> dict | None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         state = get_model_state_dict(model, options=whole_on_rank_0())  # collective: every rank sends its shards
         return state if dist.get_rank() == 0 else None
 
-    def load_model_state(self, model: nn.Module, state: dict) -> None:
+    def _load_model_state(self, model: nn.Module, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         set_model_state_dict(model, state, options=whole_everywhere())
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict | None:
+    def _optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict | None:
         """Collective: the whole state, keyed by parameter index (torch keys it by parameter name)."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -165,7 +166,7 @@ class FSDP(SyncMethod):
                 "param_groups": [{**group, "params": [index_of[name] for name in group["params"]]}
                                  for group in named["param_groups"]]}
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict, model: nn.Module) -> None:
+    def _load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict, model: nn.Module) -> None:
         names = [name for name, _ in model.named_parameters()]
         named = {"state": {names[int(i)]: value for i, value in state["state"].items()},
                  "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]}

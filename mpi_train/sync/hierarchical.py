@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
@@ -15,6 +16,7 @@ from torch import nn
 from ..cluster import GroupChannel
 from ..timeline import NO_RECORDER, timed
 from .flat import Flat
+from .traits import TWO_LEVEL
 
 
 def host_of_each_rank() -> list[int]:
@@ -70,7 +72,7 @@ class Hierarchical(Flat):
     each rank) may be given to place the levels by hand, as the tests do on one machine.
     """
 
-    collective = "hierarchical"
+    traits = replace(Flat.traits, family=TWO_LEVEL)
     message_name = "hierarchical allreduce"
 
     def __init__(self, compressor=None, hosts: Sequence[int] | None = None):
@@ -89,7 +91,7 @@ class Hierarchical(Flat):
             dist.all_reduce(data, op=dist.ReduceOp.SUM)
             return
         nbytes = data.numel() * data.element_size()
-        recorder = self.recorder if self.recorder.detailed else NO_RECORDER  # the levels: in a timeline only
+        recorder = self._recorder if self._recorder.detailed else NO_RECORDER  # the levels: in a timeline only
         timed(recorder, "reduce in host", nbytes, dist.reduce, data, dst=self.leader, op=dist.ReduceOp.SUM,
               group=self.host_group)
         if dist.get_rank() == self.leader:

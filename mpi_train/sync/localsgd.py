@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import replace
 
 import torch
 
 from .averaging import FRAGMENTED, OVERLAP, ModelAveraging, averaging_options
-from .base import AccuracyCost
+from .base import AccuracyCost, compressor_for
 
 RESULTS = "docs/results.md#what-each-lossy-option-costs-in-accuracy"  # its accuracy, measured
 TWO_EPOCHS = "docs/results.md#what-each-lossy-option-costs-in-accuracy"  # with its averages overlapped
@@ -23,7 +23,7 @@ class LocalSGD(ModelAveraging):
     learning/drift). At H = 1 with plain SGD it is gradient averaging (`allreduce`), to float32 rounding.
     """
 
-    accuracy_costs: ClassVar[dict[tuple[str, str], AccuracyCost]] = {
+    traits = replace(ModelAveraging.traits, accuracy_costs={
         ("vgg11", "none"): AccuracyCost(-4.54, "localsgd --period 8, CIFAR-10, one epoch, 2 hosts x 2 ranks", RESULTS),
         ("vgg11", "fp16"): AccuracyCost(-1.39, "localsgd+fp16 --period 8 --host-period 1, CIFAR-10, one epoch, 2 hosts "
                                                "x 2 ranks", RESULTS, TWO_LEVELS),
@@ -36,11 +36,11 @@ class LocalSGD(ModelAveraging):
         ("vgg11", "powersgd"): AccuracyCost(-16.88, "localsgd+powersgd --period 4, rank 2 from the first average, "
                                                     "CIFAR-10, one epoch, 2 hosts x 2 ranks", RESULTS,
                                             (("period", 4),)),
-    }
+    })
 
     @classmethod
-    def from_config(cls, config) -> LocalSGD:
-        return cls(cls.compressor_from_config(config), **averaging_options(config))
+    def _from_config(cls, config) -> LocalSGD:
+        return cls(compressor_for(cls, config), **averaging_options(config))
 
     def step_anchor(self, mean_change: torch.Tensor, where: slice = slice(None)) -> None:
         self.anchor[where].add_(mean_change)

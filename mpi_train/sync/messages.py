@@ -1,7 +1,7 @@
 """How a sync method's gradients travel: one message per tensor, one buffer, buckets cut by DDP's rule, or one per
 layer block (FSDP's units).
 
-A method says which with its class attribute `messages` (base.py); `bucketed` cuts its buckets
+A method says which in its traits' `messages` (traits.py); `bucketed` cuts its buckets
 here, and the cost model (netmodel/prediction.py) cuts the same messages to price them.
 """
 

@@ -44,12 +44,12 @@ class Ring(Flat):
 
     def step(self, name: str, send: torch.Tensor, receive: torch.Tensor, right: int, left: int) -> None:
         """One exchange, a message of its own in a timeline."""
-        if not self.recorder.detailed:
+        if not self._recorder.detailed:
             self.exchange(send, receive, right, left)
             return
         start = now()
         self.exchange(send, receive, right, left)
-        self.recorder.message(f"ring {name}", start, now(), send.numel() * send.element_size())
+        self._recorder.message(f"ring {name}", start, now(), send.numel() * send.element_size())
 
     @staticmethod
     def exchange(send: torch.Tensor, receive: torch.Tensor, right: int, left: int, group=None) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -14,11 +15,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ..timeline import coded, now
-from .base import GRADIENTS_AND_STATE
+from .base import GRADIENTS_AND_STATE, Synced, compressor_for
 from .bucketed import DEFAULT_BUCKET_MB, Bucket, Bucketed
 from .flat import padded_length
 from .messages import backward_order
 from .ring import ring_reduce_scatter
+from .traits import REDUCE_SCATTER as REDUCE_SCATTER_FAMILY
 
 # torch 2.14 names them *_single and warns at the old names; the releases before have the old names only
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
@@ -88,6 +90,10 @@ def shard_bounds(count: int, world: int, rank: int) -> tuple[int, int]:
     return rank * size, (rank + 1) * size
 
 
+# every step: the gradients reduce-scattered, then the updated parameters all-gathered after the optimizer step
+GATHERED = Synced(scope="all", averaged=True)
+
+
 class Zero(Bucketed):
     """A ring allreduce is a reduce-scatter followed by an all-gather; ZeRO moves the optimizer between the two.
 
@@ -125,11 +131,12 @@ class Zero(Bucketed):
     to it, which an optimizer over the whole model skips).
     """
 
-    collective = "reduce_scatter"  # netmodel/families.py: reduce-scatter of the gradients, all-gather of the parameters
-    shards = GRADIENTS_AND_STATE
-    keeps_parameter_shard = True  # its 1/N of the parameters, flat, beside the model's whole ones (netmodel/memory.py)
-    compressions = ("none", "fp16", "bf16")
-    no_compression_because = "PowerSGD's factors are summed whole, not reduce-scattered"
+    # reduce-scatter of the gradients, all-gather of the parameters; its 1/N of the parameters kept flat, beside the
+    # model's whole ones (netmodel/memory.py)
+    traits = replace(Bucketed.traits, family=REDUCE_SCATTER_FAMILY, shards=GRADIENTS_AND_STATE,
+                     keeps_parameter_shard=True,
+                     compressions=("none", "fp16", "bf16"),
+                     no_compression_because="PowerSGD's factors are summed whole, not reduce-scattered")
 
     def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, compressor=None, timeout_s: float | None = None):
         super().__init__(bucket_mb, compressor)
@@ -140,8 +147,8 @@ class Zero(Bucketed):
         self.gathering: dict[int, tuple] = {}  # bucket index -> its all-gather's output and future, in flight
 
     @classmethod
-    def from_config(cls, config) -> Zero:
-        return cls(config.bucket_mb, cls.compressor_from_config(config), config.timeout)
+    def _from_config(cls, config) -> Zero:
+        return cls(config.bucket_mb, compressor_for(cls, config), config.timeout)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         super().wrap(model)
@@ -166,10 +173,10 @@ class Zero(Bucketed):
         bucket.release()
         return values
 
-    def load_model_state(self, model: nn.Module, state: dict) -> None:
+    def _load_model_state(self, model: nn.Module, state: dict) -> None:
         """The checkpoint's weights, and this rank's slices of them, which the optimizer steps (in place: it holds
         them)."""
-        super().load_model_state(model, state)
+        super()._load_model_state(model, state)
         for bucket, shard in zip(self.buckets, self.shard_params):
             shard.copy_(self.slice_of(bucket))
 
@@ -183,14 +190,14 @@ class Zero(Bucketed):
     def launch(self, bucket: Bucket) -> None:
         """Start the reduce-scatter of `bucket`: this rank receives the sum of its slice, in the wire's type."""
         data, world = bucket.buffer.data, dist.get_world_size()
-        message = data if self.wire_dtype is None else coded(  # a share each
-            self.recorder, lambda: torch.div(data, world).to(self.wire_dtype), bucket=bucket.index)
+        message = data if self.traits.wire_dtype is None else coded(  # a share each
+            self._recorder, lambda: torch.div(data, world).to(self.traits.wire_dtype), bucket=bucket.index)
         received = torch.empty(data.numel() // world, dtype=message.dtype, device=data.device)
-        noted = self.recorder.message(REDUCE_SCATTER, now(), None, message.numel() * message.element_size(),
+        noted = self._recorder.message(REDUCE_SCATTER, now(), None, message.numel() * message.element_size(),
                                       bucket.index)
         if self.rings is not None:  # Gloo: a ring of our own, half the bytes of Gloo's (RingReduceScatters); it sums
             # into the bucket's buffer, dropped once it is done, and its thread notes the message's end
-            bucket.work = self.rings.start(received, message, lambda: self.recorder.ended(noted))
+            bucket.work = self.rings.start(received, message, lambda: self._recorder.ended(noted))
         else:  # another backend's own: its message ends where the sync waits for it
             bucket.work = reduce_scatter_single(received, message, op=dist.ReduceOp.SUM, async_op=True)
         self.received[bucket.index] = (received, noted)
@@ -206,8 +213,9 @@ class Zero(Bucketed):
             bucket.work.wait()
             received, noted = self.received.pop(bucket.index)
             if self.rings is None:  # (the ring's thread noted its end)
-                self.recorder.ended(noted)
-            mean = (coded(self.recorder, received.to, shard.dtype, bucket=bucket.index) if self.wire_dtype is not None
+                self._recorder.ended(noted)
+            narrowed = self.traits.wire_dtype is not None
+            mean = (coded(self._recorder, received.to, shard.dtype, bucket=bucket.index) if narrowed
                     else received.div_(world))
             shard.grad = mean
             bucket.work, bucket.waiting = None, len(bucket.params)
@@ -216,7 +224,7 @@ class Zero(Bucketed):
             param.grad = None  # in its slice's mean now: the full gradient is not kept
         self.next_to_launch = 0
 
-    def after_step(self, model: nn.Module) -> bool:
+    def after_step(self, model: nn.Module) -> Synced:
         """Start the all-gather of every bucket's updated slices, in forward order (the last bucket holds the first
         layers); the next forward takes each in as it needs it (`arrive`)."""
         self.settle()
@@ -224,10 +232,10 @@ class Zero(Bucketed):
             whole = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype, device=shard.device)
             start = now()
             work = all_gather_single(whole, shard, async_op=True)
-            noted = self.recorder.message(ALL_GATHER, start, None, whole.numel() * whole.element_size(), bucket.index)
+            noted = self._recorder.message(ALL_GATHER, start, None, whole.numel() * whole.element_size(), bucket.index)
             # its end noted as the backend finishes it, not when the next forward comes to wait for it (mostly later)
-            self.gathering[bucket.index] = (whole, self.recorder.after(noted, work.get_future()))
-        return True
+            self.gathering[bucket.index] = (whole, self._recorder.after(noted, work.get_future()))
+        return GATHERED
 
     def arrive(self, indices: Iterable[int]) -> None:
         """Wait for these buckets' all-gathers, if still pending, and copy the parameters they bring in."""
@@ -250,31 +258,31 @@ class Zero(Bucketed):
         self.settle()  # a bucket no forward reached (parameters unused this step) is taken in here
         self.reduce_scattered()
 
-    def replicated(self, model: nn.Module) -> list[torch.Tensor]:
+    def _replicated(self, model: nn.Module) -> list[torch.Tensor]:
         self.settle()
-        return super().replicated(model)
+        return super()._replicated(model)
 
-    def whole_parameters(self, model: nn.Module) -> list[torch.Tensor]:
+    def _whole_parameters(self, model: nn.Module) -> list[torch.Tensor]:
         self.settle()
-        return super().whole_parameters(model)
+        return super()._whole_parameters(model)
 
-    def model_state(self, model: nn.Module) -> dict | None:
+    def _model_state(self, model: nn.Module) -> dict | None:
         self.settle()
-        return super().model_state(model)
+        return super()._model_state(model)
 
     @contextlib.contextmanager
     def evaluated(self, model: nn.Module):
         self.settle()
         yield
 
-    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
+    def _held(self) -> dict[str, list[torch.Tensor]]:
         return {"parameters": list(self.shard_params),
                 "gradients": [shard.grad for shard in self.shard_params if shard.grad is not None]
                 + [bucket.held.data for bucket in self.buckets if bucket.held is not None]}
 
     # -- checkpoints: the optimizer state as one optimizer over the whole model holds it ------------------------------
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
+    def _optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
         """Collective: each shard's state tensors all-gathered and cut back into one per parameter, keyed by the
         parameter's index in model.parameters() (an unsharded optimizer's state_dict: SGD's momentum buffers, AdamW's
         moments, and its step count, a number that each parameter of the bucket takes)."""
@@ -297,7 +305,7 @@ class Zero(Bucketed):
                   for group in sharded["param_groups"]]
         return {"state": state, "param_groups": groups}
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict, model: nn.Module) -> None:
+    def _load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict, model: nn.Module) -> None:
         """This rank's slice of each bucket's state, from the state of an optimizer over the whole model."""
         params = list(model.parameters())
         index_of = {id(p): i for i, p in enumerate(params)}

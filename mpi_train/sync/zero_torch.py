@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -11,6 +12,7 @@ from torch import nn
 
 from .base import OPTIMIZER_STATE
 from .ddp import DDP
+from .traits import RING_THEN_BROADCAST
 
 
 class ZeroTorch(DDP):
@@ -24,11 +26,10 @@ class ZeroTorch(DDP):
     resumes under any method and, with --reshard, on another number of ranks; on loading each rank keeps its share.
     """
 
-    collective = "ring_then_broadcast"  # netmodel/families.py: DDP's allreduce, then each owner's parameters sent
-    shards = OPTIMIZER_STATE
-    fixed_compression = None
-    no_compression_because = ("it runs under plain DistributedDataParallel, whose compression is torch's "
-                              "communication hooks (--sync ddp_fp16, ddp_powersgd)")
+    # DDP's allreduce, then each owner's parameters sent
+    traits = replace(DDP.traits, family=RING_THEN_BROADCAST, shards=OPTIMIZER_STATE,
+                     no_compression_because="it runs under plain DistributedDataParallel, whose compression is torch's "
+                                            "communication hooks (--sync ddp_fp16, ddp_powersgd)")
 
     def make_optimizer(self, model: nn.Module, build: Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
                        ) -> torch.optim.Optimizer:
@@ -42,6 +43,6 @@ class ZeroTorch(DDP):
 
         return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(template), **settings)
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict | None:
+    def _optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict | None:
         optimizer.consolidate_state_dict(to=0)  # collective: every rank sends its shard's state to rank 0
         return optimizer.state_dict() if dist.get_rank() == 0 else None

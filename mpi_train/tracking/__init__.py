@@ -14,8 +14,9 @@ the logged-step gather; rank 0 logs them as `system/<host>/...` through the same
 as every other metric, so they are spooled through an outage too.
 
 mlflow is imported only on rank 0 and only when tracking is on. This module is the face
-(connect, start); store.py, probe.py, tracker.py, runs.py, sender.py, sampler.py and
-guard.py hold the parts, spool.py, replay.py and server.py the outage path and commands.
+(connect, start); store.py, probe.py, tracker.py, runs.py (with run_facts.py, summary_metrics.py,
+attempts.py and saved_model.py), sender.py, sampler.py, guard.py and signals.py hold the parts, spool.py,
+replay.py and server.py the outage path and commands.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import os
 from ..config import JobInfo, TrainConfig
 from ..errors import UserError
 from .probe import ServerUnreachable, probe_server, server_answers
-from .runs import MlflowTracker, job_metrics
+from .runs import MlflowTracker
 from .sampler import HostSampler
 from .store import (
     DEFAULT_STORE_DIR,
@@ -35,7 +36,9 @@ from .store import (
     default_store_uri,
     mlflow_client,
     open_store,
+    resolve_uri,
 )
+from .summary_metrics import job_metrics
 from .tracker import NullTracker, RankTracker
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "job_metrics",
     "mlflow_client",
     "probe_server",
+    "resolve_uri",
     "server_answers",
     "start",
 ]

@@ -9,13 +9,13 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from . import signals
 from .probe import server_answers
 from .spool import OFFLINE_PREFIX, MetricHistory, Spool, batch_record, deliver, server_run_id
 from .store import mlflow_client
@@ -74,7 +74,7 @@ class RunGuard:
 
 def main() -> int:
     """The guard process (see RunGuard): wait for rank 0's pipe to close, then finish what it left."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signals.ignore(signals.INTERRUPT)
     setup, outcome = None, None
     kept: collections.deque = collections.deque()  # (number, run id, rows) not yet handled by the sender
     number = 0

@@ -15,7 +15,6 @@ command exits 2, since the runs lack what those lines held.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from ..config import redact_uri
 from ..errors import UserError, format_error
 from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, first_line
-from .store import SERVER_SCHEMES, check_uri, mlflow_client
+from .store import SERVER_SCHEMES, check_uri, given_uri, mlflow_client
 
 WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
 
@@ -128,7 +127,7 @@ def set_aside(spool: Spool, sent: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    override = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    override = given_uri(args.tracking_uri)
     errors = []  # a paragraph per spool with damaged lines (the replay goes on with the others), then what stopped it
     try:
         files = spool_files(args.paths)

@@ -1,74 +1,34 @@
 """Rank 0's tracker: the job's parent run and one child run per rank, fed from the loop, ended in exactly one status.
 
-The loop's calls only queue metrics (the sender's thread sends them); a failure on
-another rank arrives through the job's TCPStore, a signal through a wake-up pipe, and
-the guard process records the end if this process dies first.
+The loop's calls only queue metrics (the sender's thread sends them); a failure on another rank arrives through the
+job's TCPStore, a signal through a wake-up pipe (signals.py), and the guard process records the end if this process
+dies first. Its parts: the params and environment recorded (run_facts.py), the summary figures (summary_metrics.py),
+the attempts of a resumed job (attempts.py) and the saved model (saved_model.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import platform
-import shutil
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from pathlib import Path
 
 from ..advice.cache import described
-from ..config import RESUME_AUTO, JobInfo, TrainConfig, field_kinds, job_file, redact_uri
+from ..config import RESUME_AUTO, JobInfo, TrainConfig, job_file, redact_uri
 from ..errors import UserError, raised_in_collective
 from ..files import write_json_atomically
-from ..models import example, resolve
-from . import links, names
+from . import links, names, signals
+from .attempts import ATTEMPTS_TAG, DIVERGED_TAG, RUN_FILE, WORLD_SIZE_TAG, AttemptRuns, started_run
+from .run_facts import CONFIG_FILE, PARAMS_PER_BATCH, describe_environment, run_params
 from .sampler import HostSampler
+from .saved_model import ModelSaving
 from .sender import END_TIMEOUT_S, BatchSender
-from .spool import OFFLINE_PREFIX, SpoolingClient, first_line, server_run_id
+from .spool import OFFLINE_PREFIX, SpoolingClient
 from .store import Connection
+from .summary_metrics import job_metrics
 from .tracker import ACK_KEY, ENDED_KEY, FAILURE_KEY, NullTracker
-
-ATTEMPTS_TAG, RESTART_TAG = "mpi_train.attempts", "mpi_train.restart"  # an attempt's count, and each restart's cause
-# under --resume auto: the ranks the job trains on now (the world_size param is the first attempt's), and on the run
-# of a rank the job went on without (--reshard), from when
-WORLD_SIZE_TAG, LEFT_TAG = "mpi_train.world_size", "mpi_train.left"
-# under --resume auto, beside the checkpoints: the run the job opened, which an attempt relaunched before the first
-# checkpoint (so with nothing to resume) continues
-RUN_FILE = "mlflow-run.json"
-DIVERGED_TAG = "mpi_train.diverged"  # the step whose loss or weights went inf or NaN (preemption.py)
-FAILURE_TAGS = ("mpi_train.failed_rank", "mpi_train.failed_host", "mpi_train.error", "mpi_train.killed_by",
-                "mpi_train.unreachable_hosts", "mpi_train.unreachable_ranks", "mpi_train.requeued", DIVERGED_TAG)
-SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "KEY", "CREDENTIAL", "AUTH")
-# TrainConfig's fields that are not params of a job's run, each a path or an output switch: none changes what the job
-# computes, or how fast. Every other field is a param, so two runs that differ by any other option differ in MLflow.
-NOT_PARAMS = (
-    "summary_json", "timeline_dir", "checkpoint_dir",  # where the job writes its outputs
-    "resume",  # the checkpoint it continues: tags resumed_from, resumed_from_checkpoint
-    "calibration",  # a bench JSON, read only for the predicted sync time (metric time/predicted_sync_s)
-    "tracking_uri", "experiment", "run_name",  # where and as what the run is recorded: MLflow shows them
-    "no_tracking", "save_model", "tracking_spool",  # output switches (a recorded run has no_tracking off)
-)
-# what the job turned out to be (JobInfo), logged over the option where both name one (backend auto: the one chosen)
-JOB_PARAMS = ("world_size", "batch_size_per_rank", "hosts", "rendezvous", "num_hosts", "ranks_per_host", "backend",
-              "threads", "compression", "advice", "precision")
-PARAMS = (*(name for name in field_kinds() if name not in NOT_PARAMS), *JOB_PARAMS)
-PARAMS_PER_BATCH = 100  # the most params MLflow takes in one log_batch
-CONFIG_FILE = "config.toml"  # the artifact holding the job as a job file: --config reruns it
-
-
-def run_params(config: TrainConfig, job: JobInfo, hosts: list[str]) -> dict:
-    """The job's run's params: each option in PARAMS as the job ran it (unset ones left out) and what the job turned
-    out to be."""
-    params = {**{k: v for k, v in config.as_dict().items() if k in PARAMS and v is not None},
-              **{k: v for k, v in job.as_dict().items() if k in JOB_PARAMS}}
-    params["hosts"] = ",".join(sorted(set(hosts)))
-    return params
 
 
 def checked_failure(posted: bytes) -> dict:
@@ -86,79 +46,7 @@ def checked_failure(posted: bytes) -> dict:
                     f"and nothing of it ran", collective=False)
 
 
-def started_run(checkpoint_dir: str) -> str | None:
-    """The parent run a job under --resume auto opened in `checkpoint_dir` (RUN_FILE), if any."""
-    try:
-        return json.loads((Path(checkpoint_dir) / RUN_FILE).read_text()).get("run_id")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def restart_cause(status: str, tags: dict) -> str:
-    """How an attempt ended, from its run's status and the tags end() set: `FAILED (rank 1 on h2: Error: ...)`."""
-    if tags.get("mpi_train.requeued"):
-        return f"{status} ({tags['mpi_train.requeued']})"
-    if tags.get("mpi_train.killed_by"):
-        return f"{status} ({tags['mpi_train.killed_by']})"
-    if tags.get("mpi_train.unreachable_hosts"):
-        return (f"{status} (unreachable: host(s) {tags['mpi_train.unreachable_hosts']}, ranks "
-                f"{tags.get('mpi_train.unreachable_ranks', '?')})")
-    if tags.get("mpi_train.failed_rank"):
-        where = f"rank {tags['mpi_train.failed_rank']} on {tags.get('mpi_train.failed_host', '?')}"
-        return f"{status} ({where}: {tags.get('mpi_train.error', '')})"[:1000]
-    return status if status != "RUNNING" else "without recording its end (its rank 0 and guard were both gone)"
-
-
-def job_metrics(summary: dict, global_batch: int) -> dict:
-    """The whole-job figures of a finished job's summary, under the parent run's `summary/` names (names.py):
-    one steady-state mean per phase (names.SUMMARY_RULE), and the run's outcome."""
-    steady = summary.get("mean_times_after_warmup") or summary["mean_times"]
-    step_s = steady["step_time_s"]
-    figures = {
-        **{names.summary_key(phase): value for phase, value in steady.items()},
-        names.summary_key("samples_per_s"): global_batch / step_s if step_s else 0.0,
-        names.summary_key("sync_share"): steady["sync_time_s"] / step_s if step_s else 0.0,
-        names.summary_key("total_steps"): summary["total_steps"],
-        names.summary_key("wall_time_s"): summary["wall_time_s"],
-        **({names.COMPILE_TIME: summary["compile_s"]} if summary.get("compile_s") is not None else {}),
-    }
-    if summary["final_loss"] is not None:
-        figures[names.summary_key("final_loss")] = summary["final_loss"]
-    if summary.get("epochs"):
-        figures[names.summary_key("test_accuracy")] = summary["epochs"][-1]["test_accuracy"]
-        figures[names.summary_key("test_loss")] = summary["epochs"][-1]["test_loss"]
-    figures.update({names.summary_key(key): value for key, value in summary.get("throughput", {}).items()
-                    if key in names.THROUGHPUT})
-    if "predicted_sync_time_s" in summary:
-        figures[names.summary_key("predicted_sync_s")] = summary["predicted_sync_time_s"]
-    if "prediction_fit_error" in summary:  # the worst calibration fit behind it (a compared plot says when rough)
-        figures[names.summary_key("prediction_fit_error")] = summary["prediction_fit_error"]
-    split = summary.get("sync_split_after_warmup")
-    if split:
-        figures.update({names.summary_key(key): split["mean"][key] for key in names.SPLIT})
-        figures[names.summary_key("slowest_rank")] = split["slowest_rank"]
-    if summary.get("recorder_busy_s"):  # the split's own cost (and a timeline's), as tracking_share is tracking's
-        loop_s = summary["mean_times"]["step_time_s"] * summary["total_steps"]
-        busy_s = statistics.fmean(summary["recorder_busy_s"])
-        figures[names.summary_key("recorder_share")] = busy_s / loop_s if loop_s else 0.0
-    shown = summary.get("timeline") or {}
-    if shown.get("wire_s_per_step"):  # every collective's time on the wire, the timeline's steps: beside the model's
-        figures[names.summary_key("wire_s")] = sum(shown["wire_s_per_step"].values())
-        if shown.get("predicted_wire_s_per_step"):
-            figures[names.summary_key("predicted_wire_s")] = sum(shown["predicted_wire_s_per_step"].values())
-    if summary.get("clock_alignment"):
-        figures[names.summary_key("clock_error_s")] = max(rank["error_s"] for rank in summary["clock_alignment"])
-    held = summary.get("memory") or {}
-    figures.update({names.memory_key(key): value for key, value in held.get("most", {}).items()})
-    if held.get("predicted"):
-        figures[names.memory_key("predicted_total_bytes")] = held["predicted"]["total_bytes"]
-    if summary.get("slow_host"):
-        figures[names.summary_key("slow_host_cost_s")] = summary["slow_host"]["cost_s"]
-        figures[names.summary_key("slow_host_link_mb_s")] = summary["slow_host"]["bandwidth"] / 1e6
-    return figures
-
-
-class MlflowTracker(NullTracker):
+class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
     """Rank 0: the job's parent run and one child run per rank; ends them in exactly one terminal status."""
 
     def __init__(self, connection: Connection, config: TrainConfig, cluster, job: JobInfo, ranks: list[dict]):
@@ -173,7 +61,7 @@ class MlflowTracker(NullTracker):
         self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
         self.ended = threading.Event()  # set once end() has recorded the outcome and sent the last metrics
-        self.wakeup: tuple[int, int] | None = None
+        self.stop_watch: signals.StopWatch | None = None  # SIGTERM and SIGINT, while the job runs
 
         environment = describe_environment(cluster)
         params = run_params(config, job, self.hosts)
@@ -261,78 +149,6 @@ class MlflowTracker(NullTracker):
                 self.client.set_terminated(run_id, "FAILED")
             except Exception:  # noqa: BLE001, S110 - the original error matters more
                 pass
-
-    def _reopen(self, connection: Connection, run_id: str | None, world_size: int,
-                unfinished: bool = False) -> tuple[str, list[str]] | None:
-        """The parent and rank runs of the attempt whose checkpoint this job resumes (or, `unfinished`, of one that
-        failed before its first checkpoint), if they are on this server in this experiment with one child per rank
-        it had; None: a new run (linked to it by tags, as an explicit --resume is)."""
-        if not run_id or run_id.startswith(OFFLINE_PREFIX) or not connection.online:
-            return None  # untracked, or trained offline: its run is not on the server under that id
-        try:
-            parent = self.client.get_run(run_id)
-            if parent.info.experiment_id != connection.experiment_id or parent.info.lifecycle_stage != "active":
-                return None
-            if unfinished and parent.info.status not in ("FAILED", "KILLED"):
-                return None  # a job that finished (its checkpoints since removed), or one still running
-            children = self.client.search_runs(
-                [connection.experiment_id],
-                f"tags.mlflow.parentRunId = '{run_id}' and tags.`mpi_train.role` = 'rank'", max_results=1000)
-        except Exception:  # noqa: BLE001 - gone, or unreadable: a new run is the safe answer
-            return None
-        # ranks an earlier attempt went on without (--reshard) keep their runs, tagged LEFT_TAG, and are not
-        # counted unless the checkpoint's job had them
-        by_rank = {int(child.data.tags["rank"]): child.info.run_id for child in children
-                   if LEFT_TAG not in child.data.tags or int(child.data.tags["rank"]) < world_size}
-        if sorted(by_rank) != list(range(world_size)):
-            return None
-        self.previous = parent
-        return run_id, [by_rank[rank] for rank in range(world_size)]
-
-    def _restart_runs(self, connection: Connection, ranks: list[dict], tags: dict) -> None:
-        """The attempt before this one ended (FAILED, KILLED, or requeued): count it, keep its cause in a tag,
-        clear its failure tags, and mark the runs RUNNING again. On fewer ranks (--reshard), the runs of the ranks
-        gone keep how they ended and say when they left; on more, the new ranks get runs of their own."""
-        from mlflow.entities import RunTag
-
-        previous = self.previous.data.tags
-        self.attempt = int(previous.get(ATTEMPTS_TAG, "1")) + 1
-        cause = restart_cause(self.previous.info.status, previous)
-        step = self.resumed_step
-        before, now = len(self.child_ids), len(ranks)
-        went_on = f"resumed from step {step}" if step else "started again (no checkpoint yet)"
-        if now != before:
-            went_on += f" on {now} ranks (was {before})"
-        tags.update({ATTEMPTS_TAG: str(self.attempt), WORLD_SIZE_TAG: str(now),
-                     f"{RESTART_TAG}.{self.attempt - 1}": f"attempt {self.attempt - 1} ended {cause}; attempt "
-                                                          f"{self.attempt} {went_on}"})
-        for child_id in self.child_ids[now:]:
-            self.client.set_tag(child_id, LEFT_TAG, f"the job went on without this rank from step {step} "
-                                                    f"(attempt {self.attempt}, on {now} ranks)")
-        self.child_ids = self.child_ids[:now]
-        for key in FAILURE_TAGS:
-            if key in previous:
-                self.client.delete_tag(self.parent_id, key)
-        self.client.update_run(self.parent_id, status="RUNNING")
-        self.client.log_batch(self.parent_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
-        for who, child_id in zip(ranks, self.child_ids):
-            self.client.update_run(child_id, status="RUNNING")
-            self.client.log_batch(child_id, tags=[RunTag(key, str(who[key])) for key in ("host", "pid")],
-                                  synchronous=True)
-        for who in ranks[before:]:
-            self.child_ids.append(self._create_child(connection, who))
-
-    def _continued_run(self, connection: Connection, run_id: str | None) -> str:
-        """The resumed checkpoint's run, by the server's id once a job that trained offline has been replayed."""
-        if not run_id:
-            return "unknown (the checkpoint's job was not tracked)"
-        if not run_id.startswith(OFFLINE_PREFIX) or not connection.online:
-            return run_id
-        try:
-            found = server_run_id(self.client, connection.experiment_id, run_id)
-        except Exception:  # noqa: BLE001 - a lookup failure must not stop the job
-            found = None
-        return found or f"{run_id} (its job trained offline and has not been replayed yet)"
 
     # -- the training loop's calls: queue only, never the network --------------------------------------
 
@@ -459,75 +275,13 @@ class MlflowTracker(NullTracker):
     def log_artifact(self, path, folder: str) -> None:
         self.client.log_artifact(self.parent_id, str(path), folder)
 
-    MODEL_NAME = "model"  # what --save-model logs: runs:/<run id>/model loads it
-    EXAMPLE_BATCH = 2  # samples in the model's input example: more than one, so the saved model takes any batch size
-
-    def save_weights(self, state: dict) -> str | None:
-        """The trained model as an MLflow PyTorch model, which mlflow.pytorch.load_model("runs:/<run id>/model") loads
-        and the Model Registry takes: the job's model built afresh with `state` (its whole state_dict on CPU,
-        SyncMethod.model_state), in eval mode, with an input example of the data's shape (whence its signature).
-        It is a logged model of the job's run; a server that is away, or cannot take logged models (MLflow 2), gets
-        the same files as the run's artifacts under model/, sent or spooled like any artifact, which the same URI
-        loads once they are on the server. Where it can be loaded from now, if anywhere (not while spooled)."""
-        import torch
-
-        with torch.random.fork_rng(devices=[]):  # building draws initial weights: the job's streams stay as they were
-            model = self.config.make_model()
-        model.load_state_dict(state)
-        inputs = example(resolve(self.config.model_name), self.config.input_shape, self.EXAMPLE_BATCH)[0]
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / self.MODEL_NAME
-            # a run made offline gets its server's id from the replay: the files cannot name it
-            offline = self.parent_id.startswith(OFFLINE_PREFIX)
-            save_model_files(model.eval(), inputs.numpy(), path, None if offline else self.parent_id)
-            uri = f"runs:/{self.parent_id}/{self.MODEL_NAME}"
-            if self._server_up() and self._log_model(path):
-                return uri
-            for file in sorted(found for found in path.rglob("*") if found.is_file()):  # sent, or spooled
-                self.client.log_artifact(self.parent_id, str(file),
-                                         str(self.MODEL_NAME / file.parent.relative_to(path)))
-            return uri if self._server_up() else None
-
-    def _server_up(self) -> bool:
-        """Writes reach the store now: the job did not train offline, and no outage is being spooled."""
-        return self.experiment_id is not None and not getattr(self.client, "down", False)
-
-    def _log_model(self, path: Path) -> str | None:
-        """The MLflow model saved at `path` logged as a model of the job's run (MLflow 3's LoggedModel, listed with
-        the run's params in the experiment's Models tab): its id; None, said on stderr, where the store did not
-        take it."""
-        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-        from mlflow.models import Model
-
-        logged = None
-        try:
-            logged = self.client.create_logged_model(self.experiment_id, self.MODEL_NAME, self.parent_id,
-                                                     params=self.client.get_run(self.parent_id).data.params)
-            saved = Model.load(str(path))  # as mlflow.pytorch.log_model writes it: the MLmodel names its model
-            saved.model_id = saved.model_uuid = logged.model_id
-            saved.artifact_path = logged.artifact_location
-            saved.save(str(path / "MLmodel"))
-            self.client.log_model_artifacts(logged.model_id, str(path))
-            self.client.log_outputs(self.parent_id, [LoggedModelOutput(logged.model_id, step=0)])
-            self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
-            return logged.model_id
-        except Exception as error:  # noqa: BLE001 - the run's artifacts take the files instead
-            if logged is not None:
-                with contextlib.suppress(Exception):
-                    self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
-            print(f"mpi_train: warning: MLflow did not take the trained model as a logged model of run "
-                  f"{self.parent_id} ({first_line(error)}); it is stored with the run's artifacts under "
-                  f"{self.MODEL_NAME}/ instead, which mlflow.pytorch.load_model(\"runs:/{self.parent_id}/"
-                  f"{self.MODEL_NAME}\") loads as well.", file=sys.stderr, flush=True)
-            return None
-
     # -- lifetime: started by `with`, ended once -------------------------------------------------------
 
     def __enter__(self):
         if self.info.world_size > 1 and self.cluster.store is not None:
             self._thread(self._watch_failures, "mpi_train-failure-watch")
-        if threading.current_thread() is threading.main_thread():
-            self._catch_signals()
+        if signals.on_main_thread():
+            self.stop_watch = signals.StopWatch(self._stopped)
         return self
 
     def __exit__(self, kind, error, trace) -> bool:
@@ -545,7 +299,9 @@ class MlflowTracker(NullTracker):
                 text = (f"A collective failed on rank {self.info.rank} ({self.info.host}); rank {rank} was behind.\n"
                         f"{text}")
             self.end("FAILED", failure={"rank": rank, "host": host, "traceback": text})
-        self._release_signals()
+        if self.stop_watch is not None:
+            self.stop_watch.release()
+            self.stop_watch = None
         self._report_spool()
         return False
 
@@ -656,122 +412,18 @@ class MlflowTracker(NullTracker):
             store.set(ACK_KEY, "1")
             return
 
-    def _catch_signals(self) -> None:
-        """SIGTERM/SIGINT end the runs KILLED from a helper thread: the main thread may sit in C code for minutes.
-
-        Python's C-level handler writes the signal number to a wakeup pipe from whatever thread
-        receives it; the helper reads it, ends the runs and aborts the MPI job.
-        """
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
-        self.wakeup = (read_fd, write_fd, signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False))
-        self.old_handlers = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
-        self._thread(self._wait_for_signal, "mpi_train-signal-watch")
-
-    def _wait_for_signal(self) -> None:
-        read_fd = self.wakeup[0]
-        while True:
-            try:
-                received = os.read(read_fd, 1)
-            except OSError:
-                return
-            if not received or received[0] == 0:  # closed, or the stop byte from _release_signals
-                return
-            number = received[0]
-            if number not in (signal.SIGTERM, signal.SIGINT):
-                continue
-            name = signal.Signals(number).name
-            if self.cluster.liveness.silent():  # a launcher that lost a host's daemon stops the job: that host
-                # failed, nobody killed it (end() names it)
-                recorded = self.end("FAILED", failure={"rank": self.info.rank, "host": self.info.host,
-                                                       "traceback": f"{name} from the launcher"})
-            else:
-                recorded = self.end("KILLED", tags={"mpi_train.killed_by": name})
-            if recorded:
-                print(f"mpi_train: {name} received; run recorded as {self.status}, stopping every rank.",
-                      file=sys.stderr)
-                # mpirun's SIGKILL follows within a second: no time to wait on the server
-                self._report_spool(try_again=False)
-            self.cluster.abort(128 + number)
-
-    def _release_signals(self) -> None:
-        if not self.wakeup:
-            return
-        _read_fd, write_fd, old_fd = self.wakeup
-        signal.set_wakeup_fd(old_fd)
-        for sig, handler in self.old_handlers.items():
-            signal.signal(sig, handler)
-        os.write(write_fd, b"\0")
-        self.wakeup = None
-
-
-def save_model_files(model, inputs, path: Path, run_id: str | None) -> str:
-    """`model` saved as an MLflow PyTorch model at `path` with `inputs` (a numpy batch) as its input example: a
-    torch.export program (pt2, MLflow's default: it loads with torch alone and unpickles nothing), else, for a model
-    torch.export cannot trace, pickled, which loads only where the model's code imports. The format used."""
-    import mlflow.pytorch
-    from mlflow.models import Model
-
-    # listed, not inferred: inferring them loads the model again in a new Python process, seconds for nothing
-    options = {"input_example": inputs, "pip_requirements": mlflow.pytorch.get_default_pip_requirements()}
-    try:
-        mlflow.pytorch.save_model(model, str(path), mlflow_model=Model(run_id=run_id), serialization_format="pt2",
-                                  **options)
-        return "pt2"
-    except Exception as error:  # noqa: BLE001 - whatever torch.export cannot trace in the model's forward
-        shutil.rmtree(path, ignore_errors=True)
-        print(f"mpi_train: warning: torch.export cannot trace the model ({first_line(error)}); it is saved pickled "
-              f"instead, which loads only where {type(model).__module__} imports.", file=sys.stderr, flush=True)
-    mlflow.pytorch.save_model(model, str(path), mlflow_model=Model(run_id=run_id), serialization_format="pickle",
-                              **options)
-    return "pickle"
-
-
-def git_commit() -> str | None:
-    """The project's commit (with `-dirty` if tracked files changed), or None outside a git checkout."""
-    here = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5,
-                                check=False)
-        if commit.returncode:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5, check=False).stdout.strip()
-        return commit.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def describe_environment(cluster) -> dict:
-    """Versions, the job's hosts as a hostfile, the MPI library and launcher settings (no secrets)."""
-    import mlflow
-    import torch
-
-    try:
-        # the package only: importing mpi4py.MPI would initialise MPI, which torchrun and srun jobs never do
-        import mpi4py
-
-        mpi4py_version = mpi4py.__version__
-    except ImportError:
-        mpi4py_version = ""
-    library = ""
-    if "mpi4py.MPI" in sys.modules:
-        try:
-            library = sys.modules["mpi4py.MPI"].Get_library_version().replace("\0", "").strip()
-        except Exception:  # noqa: BLE001, S110 - the MPI library's version is only informative: left blank
-            pass
-    slots: dict[str, int] = {}
-    for host in cluster.hosts:
-        slots[host] = slots.get(host, 0) + 1
-    launcher = {k: v for k, v in sorted(os.environ.items())
-                if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_", "OMPI_COMM_WORLD_SIZE", "MASTER_ADDR",
-                                 "MASTER_PORT", "GLOO_SOCKET_IFNAME", "WORLD_SIZE", "TORCHELASTIC_RUN_ID",
-                                 "SLURM_JOB_ID", "SLURM_STEP_NUM_TASKS", "SLURM_JOB_NODELIST"))
-                and not any(word in k.upper() for word in SECRET_WORDS)}
-    return {
-        "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
-        "mpi4py": mpi4py_version, "launcher": cluster.environment.name, "mlflow": mlflow.__version__,
-        "mpi_library": library,
-        "git_commit": git_commit(), "world_size": cluster.info.world_size, "hosts_by_rank": list(cluster.hosts),
-        "hostfile": "".join(f"{host} slots={n}\n" for host, n in slots.items()), "launcher_env": launcher,
-    }
+    def _stopped(self, number: int) -> None:
+        """SIGTERM or SIGINT, on the signal watch's thread: record the end, then abort the MPI job."""
+        name = signals.name(number)
+        # a launcher that lost a host's daemon stops the job: that host failed, nobody killed it (end() names it)
+        if self.cluster.liveness.silent():
+            recorded = self.end("FAILED", failure={"rank": self.info.rank, "host": self.info.host,
+                                                   "traceback": f"{name} from the launcher"})
+        else:
+            recorded = self.end("KILLED", tags={"mpi_train.killed_by": name})
+        if recorded:
+            print(f"mpi_train: {name} received; run recorded as {self.status}, stopping every rank.",
+                  file=sys.stderr)
+            # mpirun's SIGKILL follows within a second: no time to wait on the server
+            self._report_spool(try_again=False)
+        self.cluster.abort(128 + number)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..config import TrainConfig, redact_uri
+from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
 from ..errors import UserError, folder_write_error
 from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, SpoolingClient
@@ -126,10 +126,21 @@ def damaged_store(database: Path, why: str, fix: str) -> UserError:
                      f"{fix.format(where=where)}")
 
 
-
 def default_store_uri() -> str:
     """The embedded store: SQLite under ./mlruns (MLflow 3 takes no folder of files)."""
     return f"sqlite:///{DEFAULT_STORE_DIR}/mlflow.db"
+
+
+def given_uri(flag: str | None) -> str | None:
+    """The destination the user named, the flag over $MLFLOW_TRACKING_URI; None where neither names one (a replay
+    then sends each spool where its job was writing)."""
+    return flag or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
+
+
+def resolve_uri(flag: str | None) -> str:
+    """Where runs are recorded, the one rule every command follows: the flag, else $MLFLOW_TRACKING_URI, else the
+    embedded store."""
+    return given_uri(flag) or default_store_uri()
 
 
 def check_store_dir(directory: Path, flag_hint: str) -> None:
@@ -169,7 +180,8 @@ _URI_FORMS = ("Give a tracking server as http://HOST:PORT (start one with `pytho
 
 
 def open_store(config: TrainConfig) -> Connection:
-    uri = config.tracking_uri or default_store_uri()
+    """The job's destination checked and its experiment opened, so that a wrong URI stops the job before any work."""
+    uri = resolve_uri(config.tracking_uri)
     scheme = check_uri(uri)
     if scheme == "sqlite":
         database = sqlite_file(uri)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import threading
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
 
 from ..errors import UserError
+from . import signals
 from .sampler import HostSampler
 
 FAILURE_KEY, ACK_KEY = "mpi_train/failure", "mpi_train/failure_ack"
@@ -79,13 +78,14 @@ class RankTracker(NullTracker):
         self.store, self.info, self.sampler = store, info, sampler
         self.cut_off = cut_off  # seconds rank 0's host has not answered this rank's heartbeat (liveness.py)
         self.signalled_together = signalled_together  # srun, torchrun: SIGTERM reaches every rank at once
+        self.previous: dict = {}  # the SIGTERM handler this rank had, while it waits on rank 0 (__enter__)
 
     def __enter__(self):
         """Under srun or torchrun a signal reaches every rank, and a rank that dies at once makes the
         launcher kill rank 0 before it has recorded the run: wait for rank 0 to say it has (ENDED_KEY),
         or for its store to go away, then exit. mpirun signals only rank 0 first."""
-        if self.signalled_together and self.store is not None and threading.current_thread() is threading.main_thread():
-            self.old_handler = signal.signal(signal.SIGTERM, self._await_rank0)
+        if self.signalled_together and self.store is not None and signals.on_main_thread():
+            self.previous = signals.install((signals.TERMINATE,), self._await_rank0)
         return self
 
     def _await_rank0(self, number, frame) -> None:
@@ -98,8 +98,8 @@ class RankTracker(NullTracker):
         os._exit(128 + number)
 
     def __exit__(self, kind, error, trace) -> bool:
-        if getattr(self, "old_handler", None) is not None:
-            signal.signal(signal.SIGTERM, self.old_handler)
+        signals.restore(self.previous)
+        self.previous = {}
         if error is None or isinstance(error, KeyboardInterrupt) or (isinstance(error, UserError) and error.collective):
             return False  # a clean end, a signal (rank 0 records those), or an error rank 0 raised too
         if self.cut_off():  # rank 0 cannot hear us: it names this host itself, and the store would only make us wait

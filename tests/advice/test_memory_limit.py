@@ -49,14 +49,14 @@ def test_candidates_over_the_limit_are_left_out_with_why():
 
 
 def test_a_limit_below_a_replica_leaves_only_the_methods_that_shard():
-    names = [name for name in SYNC_METHODS if SYNC_METHODS[name].averages == "gradients"]
+    names = [name for name in SYNC_METHODS if SYNC_METHODS[name].traits.averages == "gradients"]
     methods = {name: Candidate(name).method() for name in names}
     held = memory_limit.held_per_rank(methods, model(), 4, state_slots=1)
     replica = predict_memory(SYNC_METHODS["ddp"](), model(), 4, state_slots=1).total
     assert held["ddp"] == replica == 3 * (256 * 256 + 256 + 2560 + 10) * 4
     kept, left_out = memory_limit.within([Candidate(name) for name in names], held, int(replica) - 1)
-    assert {c.sync for c in kept} == {name for name in names if methods[name].shards != REPLICATED}
-    assert {label for label, _ in left_out} == {name for name in names if methods[name].shards == REPLICATED}
+    assert {c.sync for c in kept} == {name for name in names if methods[name].traits.shards != REPLICATED}
+    assert {label for label, _ in left_out} == {name for name in names if methods[name].traits.shards == REPLICATED}
 
 
 def test_the_advisor_keeps_what_fits_and_stops_when_nothing_does():

@@ -16,7 +16,7 @@ FAST = Network(LOOPBACK, Link(alpha=100e-6, beta=1 / 1.25e9))  # 10 Gbit/s
 
 def groups(tensor_bytes, bucket_mb):
     """The buckets bucketed cuts at this --bucket-mb (its first bucket at most 1 MB)."""
-    caps = Candidate("bucketed", bucket_mb).method().bucket_caps()
+    caps = Candidate("bucketed", bucket_mb).method().traits.bucket_caps
     return message_groups(tensor_bytes, BUCKETS, caps)
 
 

@@ -8,37 +8,28 @@ from conftest import REPO, losses
 
 from mpi_train.analysis.compare import (
     COLUMNS,
-    NOISE_FLOOR_S,
-    NOISE_SPREADS,
-    WITHIN_NOISE,
-    FinishedJob,
     format_prediction_table,
     format_table,
     hidden_in_backward,
-    job_from_summary,
-    noise_bound,
-    plot_predictions,
-    plot_sync_costs,
     prediction_rows,
-    predictions_figure,
     runs_table,
     speed_up_header,
     speed_up_reference,
-    steady_step_times,
-    summary_step_times,
-    sync_costs_figure,
     table_rows,
-    within_noise,
 )
+from mpi_train.analysis.finished_jobs import FinishedJob, job_from_summary
+from mpi_train.analysis.noise import WITHIN_NOISE
 
 PNG = b"\x89PNG"
 
 
 def test_table_rows_give_speed_up_against_the_slowest_job_without_allreduce():
-    slow = FinishedJob("a", "slow", "gather_scatter", 4, {"mean_throughput_samples_per_s": 100.0, "sync_share": 0.5,
-                                                   "mean_step_time_s": 0.4, "mean_sync_time_s": 0.2, "final_loss": 1.0})
-    fast = FinishedJob("b", "fast", "ring", 4, {"mean_throughput_samples_per_s": 250.0, "sync_share": 0.2,
-                                         "mean_step_time_s": 0.16, "mean_sync_time_s": 0.032, "final_loss": 1.0})
+    slow = FinishedJob(run_id="a", name="slow", sync="gather_scatter", world_size=4,
+                       metrics={"mean_throughput_samples_per_s": 100.0, "sync_share": 0.5, "mean_step_time_s": 0.4,
+                                "mean_sync_time_s": 0.2, "final_loss": 1.0})
+    fast = FinishedJob(run_id="b", name="fast", sync="ring", world_size=4,
+                       metrics={"mean_throughput_samples_per_s": 250.0, "sync_share": 0.2, "mean_step_time_s": 0.16,
+                                "mean_sync_time_s": 0.032, "final_loss": 1.0})
     fast.metrics["memory/total_bytes"] = 3 * 2**20
     rows = table_rows([slow, fast])
     assert [r["speed-up"] for r in rows] == [1.0, 2.5]
@@ -51,8 +42,9 @@ def test_table_rows_give_speed_up_against_the_slowest_job_without_allreduce():
 
 def test_speed_up_is_against_ddp_at_its_smallest_world_size_and_says_so():
     def job(name, sync, np, step_s):
-        return FinishedJob(name, name, sync, np, {"summary/step_s": step_s, "summary/sync_s": step_s / 4,
-                                                  "summary/samples_per_s": 64 / step_s})
+        return FinishedJob(run_id=name, name=name, sync=sync, world_size=np,
+                           metrics={"summary/step_s": step_s, "summary/sync_s": step_s / 4,
+                                    "summary/samples_per_s": 64 / step_s})
 
     jobs = [job("ddp-np4", "ddp", 4, 0.1), job("ddp-np2", "ddp", 2, 0.2), job("ring-np4", "ring", 4, 0.05)]
     reference = speed_up_reference(jobs)
@@ -67,10 +59,10 @@ def test_each_column_has_one_format_and_its_unit_in_its_header():
     """A value of 34.5 and one of 0.0097 in one column print with the same decimals: the width of the number says
     nothing about its size."""
     def job(name, step_s, sync_s, held, accuracy):
-        return FinishedJob(name, name, "ring", 2, {"summary/step_s": step_s, "summary/sync_s": sync_s,
-                                                   "summary/samples_per_s": 32 / step_s, "summary/final_loss": 2.3,
-                                                   "summary/test_accuracy": accuracy,
-                                                   "memory/total_bytes": held})
+        return FinishedJob(run_id=name, name=name, sync="ring", world_size=2,
+                           metrics={"summary/step_s": step_s, "summary/sync_s": sync_s,
+                                    "summary/samples_per_s": 32 / step_s, "summary/final_loss": 2.3,
+                                    "summary/test_accuracy": accuracy, "memory/total_bytes": held})
 
     jobs = [job("a", 0.0787, 0.0272, 13.7 * 2**20, 0.125), job("b", 0.0623, 0.000006, 7.2 * 2**20, 0.0625),
             job("c", 12.5, 0.5, 120.25 * 2**20, 0.9)]
@@ -87,7 +79,8 @@ def test_each_column_has_one_format_and_its_unit_in_its_header():
 
 def test_a_step_time_within_noise_gives_no_speed_up_and_a_real_difference_still_does():
     def job(name, sync, step_s, windows):
-        found = FinishedJob(name, name, sync, 2, {"summary/step_s": step_s, "summary/samples_per_s": 32 / step_s})
+        found = FinishedJob(run_id=name, name=name, sync=sync, world_size=2,
+                            metrics={"summary/step_s": step_s, "summary/samples_per_s": 32 / step_s})
         found.step_times = windows
         return found
 
@@ -101,27 +94,11 @@ def test_a_step_time_within_noise_gives_no_speed_up_and_a_real_difference_still_
     assert WITHIN_NOISE in format_table(table_rows([reference, close]))
 
 
-def test_the_noise_rule_takes_the_floor_or_the_larger_spread():
-    assert noise_bound() == NOISE_FLOOR_S and noise_bound(None, float("nan")) == NOISE_FLOOR_S
-    assert noise_bound(0.001) == NOISE_FLOOR_S  # a quiet run: the per-call overhead still bounds it
-    assert noise_bound(0.010, 0.020) == NOISE_SPREADS * 0.020
-    assert within_noise(0.0235, 0.0242, 0.004) and not within_noise(0.0235, 0.0015, 0.004)
-
-
-def test_a_run_s_spread_leaves_out_the_windows_that_hold_warm_up_steps():
-    # logged every step, warm-up 1: step 1 (start-up) is left out, steps 2..4 give the spread
-    assert steady_step_times([(1, 0.671), (2, 0.230), (3, 0.240), (4, 0.250)], 1) == [0.230, 0.240, 0.250]
-    # logged every 2 steps: the window of steps 1-2 holds the warm-up; one window left gives no spread
-    assert steady_step_times([(2, 0.119), (4, 0.079)], 1) == [0.079]
-    assert FinishedJob("a", "a", "ring", 2, {}, step_times=[0.079]).step_spread_s is None
-    assert summary_step_times({"timing_warmup_steps": 0, "steps": [{"step": 2, "step_time_s": 0.1},
-                                                                   {"step": 4, "step_time_s": 0.3}]}) == [0.1, 0.3]
-
-
 def test_a_prediction_within_noise_gives_no_error_and_a_real_miss_does():
     def job(sync, measured, predicted, fit):
-        found = FinishedJob(sync, sync, sync, 2, {"summary/sync_s": measured, "summary/predicted_sync_s": predicted,
-                                                  "summary/prediction_fit_error": fit},
+        found = FinishedJob(run_id=sync, name=sync, sync=sync, world_size=2,
+                            metrics={"summary/sync_s": measured, "summary/predicted_sync_s": predicted,
+                                     "summary/prediction_fit_error": fit},
                             params={"model": "mnist_cnn", "num_hosts": "1"}, step_times=[0.080, 0.081, 0.079])
         return found
 
@@ -146,36 +123,6 @@ def test_a_job_s_summary_carries_its_model_s_fit_error_into_the_prediction_table
     assert job.step_times == [0.080, 0.081, 0.079]  # step 1, the warm-up, left out of the spread
     (row,) = prediction_rows([job])
     assert row["fit_error"] == 0.56 and row["error"] == pytest.approx(0.0022 / 0.0157 - 1)
-
-
-def test_the_prediction_plot_says_on_its_face_when_the_model_fits_badly(tmp_path):
-    import matplotlib.pyplot as plt
-    from PIL import Image
-
-    def rows(fit):
-        return [{"sync": "flat", "measured_s": 0.0157, "predicted_s": 0.0022, "hidden": False, "noisy": False,
-                 "fit_error": fit},
-                {"sync": "bucketed", "measured_s": 0.0014, "predicted_s": 0.0010, "hidden": False, "noisy": True,
-                 "fit_error": fit}]
-
-    def title(figure) -> str:
-        text = figure.axes[0].get_title()
-        plt.close(figure)
-        return text
-
-    assert "model fit error 34% (over 20%): predictions are rough" in title(predictions_figure(rows(0.34)))
-    assert "not recorded" in title(predictions_figure(rows(None)))
-    assert title(predictions_figure(rows(0.05))) == "Sync time: model against measurement"
-    path = plot_predictions(rows(0.34), tmp_path)
-    assert "model fit error 34% (over 20%)" in Image.open(path).text["Title"]  # the saved PNG says it too
-    bench = {"model": "mnist_cnn", "world_size": 2, "gradient_bytes": 4.8e6, "layout": {"hosts": 1},
-             "calibration": {"network": {"intra": {"fit_error": 0.56}, "inter": {"fit_error": 0.9}}},
-             "methods": [{"method": "ring", "collective": "ring", "sync_s": 0.01, "exposed_s": -0.002,
-                          "floor_s": 0.003}]}
-    assert "link fit error 56% (over 20%): floors are rough" in title(sync_costs_figure(bench))
-    bench["layout"]["hosts"] = 2  # across hosts the slower fit counts
-    assert "link fit error 90%" in title(sync_costs_figure(bench))
-    assert "link fit error 90%" in Image.open(plot_sync_costs(bench, tmp_path)).text["Title"]
 
 
 @pytest.mark.e2e

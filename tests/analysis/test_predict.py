@@ -70,7 +70,7 @@ def test_a_scaling_table_writes_a_plot(tmp_path, capsys):
     columns = {name: [float(row[i]) for row in rows] for i, name in enumerate(header[1:], start=1)}
     assert [row[0] for row in rows] == ["2", "4", "8", "1024"]
     for name, held in columns.items():
-        if SYNC_METHODS[name].shards == REPLICATED:  # a whole replica on every count of ranks
+        if SYNC_METHODS[name].traits.shards == REPLICATED:  # a whole replica on every count of ranks
             assert len(set(held)) == 1 and held[0] == columns["allreduce"][0], name
         else:  # a sharding method holds less on more ranks, and less than a replica
             assert held == sorted(held, reverse=True) and held[-1] < held[0] < columns["allreduce"][0], name

@@ -3,7 +3,8 @@
 import pytest
 
 from mpi_train.analysis import predict, time_to_accuracy
-from mpi_train.analysis.compare import job_from_summary, plot
+from mpi_train.analysis.compare_plots import plot
+from mpi_train.analysis.finished_jobs import job_from_summary
 from mpi_train.analysis.time_to_accuracy import Evaluation
 
 
@@ -85,7 +86,8 @@ def test_steps_to_accuracy_carry_to_every_link_a_configuration_was_timed_on():
 
 
 def test_the_comparison_carries_the_evaluated_steps_to_runs_timed_on_other_links_even_when_those_were_scored_too():
-    from mpi_train.analysis.compare import FinishedJob, carried_to_links
+    from mpi_train.analysis.accuracy_race import carried_to_links
+    from mpi_train.analysis.finished_jobs import FinishedJob
 
     def job(name, sync, link, step_s, evaluations):
         averaging = {"period": "8"} if sync == "localsgd" else {}
@@ -128,7 +130,8 @@ def test_a_language_model_races_to_the_first_validation_loss_at_or_below_the_tar
 
 
 def test_a_comparison_of_gpt_jobs_races_to_a_validation_loss_unless_told_otherwise(tmp_path):
-    from mpi_train.analysis.compare import comparison, race_target
+    from mpi_train.analysis.accuracy_race import race_target
+    from mpi_train.analysis.compare import comparison
     from mpi_train.errors import UserError
 
     def summary(sync, evaluations):

@@ -8,112 +8,16 @@ from pathlib import Path
 import pytest
 from conftest import client_for, mpirun
 
-from mpi_train.commands import bench
+from mpi_train.benchmark.contenders import NO_SYNC
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.lab import mpirun as launch
 from mpi_train.models import build_model
 from mpi_train.netmodel import load_calibration, tensor_units
-from mpi_train.sync import SYNC_METHODS, SyncMethod, backend_error, every_label, parse_labels, split_label
+from mpi_train.sync import backend_error, every_label, parse_labels, split_label
 from mpi_train.sync.compression.powersgd import PowerSGD
 
 MB = 1e6
-
-
-def test_a_method_without_a_collective_family_shows_na_and_says_how_to_fix_it(monkeypatch):
-    class Unmodelled(SyncMethod):
-        def sync(self, model):
-            pass
-
-    monkeypatch.setitem(SYNC_METHODS, "unmodelled", Unmodelled)
-    times = {name: {"compute": [1.0, 1.1, 1.0, 1.2], "sync": [0.1, 0.2, 0.1, 0.1], "step": [1.1, 1.3, 1.1, 1.3]}
-             for name in (bench.NO_SYNC, "allreduce", "unmodelled")}
-    rows = bench.summarise([times, times], 1000, 2, 1e6)
-    by_name = {row["method"]: row for row in rows}
-    assert by_name["unmodelled"]["sent_bytes"] is None and by_name["allreduce"]["sent_bytes"] == [1000, 1000]
-    text = bench.describe({"world_size": 2, "backend": "gloo", "model": "m", "gradient_bytes": 1000, "batch_size": 8,
-                           "steps": 4, "link": {"bandwidth_bytes_per_s": 1e6, "allreduce_busbw_bytes_per_s": 1e6},
-                           "methods": rows})
-    line = next(l for l in text.splitlines() if l.startswith("unmodelled"))
-    assert line.split()[1] == "n/a" and "unmodelled declare(s) no collective family" in text
-
-
-def test_an_overlapped_step_is_timed_barrier_to_barrier_not_as_the_slowest_compute_plus_the_slowest_sync():
-    """Rank 0 ends backward at 2.0 s and waits 0.4 s for its buckets; rank 1 ends backward at 2.4 s and waits for
-    nothing: both end the step at 2.4 s, which is what the step costs, not 2.4 + 0.4."""
-    def rank(compute, sync):
-        return {bench.NO_SYNC: {"compute": [2.0] * 4, "sync": [0.0] * 4, "step": [2.0] * 4},
-                "bucketed": {"compute": [compute] * 4, "sync": [sync] * 4, "step": [2.4] * 4}}
-
-    rows = {row["method"]: row for row in bench.summarise([rank(2.0, 0.4), rank(2.4, 0.0)], 1000, 2, 1e6)}
-    assert rows["bucketed"]["step_s"] == pytest.approx(2.4)
-    assert rows["bucketed"]["exposed_s"] == pytest.approx(0.4)
-    assert rows["bucketed"]["compute_s"] == pytest.approx(2.4) and rows["bucketed"]["sync_s"] == pytest.approx(0.4)
-    # rank 1 finished backward last and waited for nothing: the step's 0.4 s is backward slowed, not the wire
-    assert rows["bucketed"]["after_backward_s"] == pytest.approx(0.0)
-    assert rows[bench.NO_SYNC]["after_backward_s"] is None
-
-
-def test_each_codec_interval_is_the_slowest_rank_s_then_the_median_over_steps():
-    def rank(*steps):
-        return {"bucketed+powersgd": {"codec_intervals": [list(step) for step in steps]}}
-
-    ranks = [rank((1.0, 5.0), (3.0, 1.0), (2.0, 2.0)), rank((2.0, 1.0), (1.0, 4.0), (2.0, 9.0))]
-    assert bench.codec_after_backward(ranks, "bucketed+powersgd") == [2.0, 5.0]  # medians of (2, 3, 2), (5, 4, 9)
-    uneven = [rank((1.0, 5.0)), rank((1.0, 5.0, 0.5))]  # a bucket launched after backward on one rank
-    assert bench.codec_after_backward(uneven, "bucketed+powersgd") is None
-
-
-def test_the_backward_profile_pools_every_rank_s_steps():
-    """Rank 0 saw the first gradient at 20% and 40% of backward, rank 1 at 80% twice: the median of all four."""
-    def rank(ready):
-        return {bench.NO_SYNC: {"compute": [3.0, 3.0], "backward": [2.0, 1.0], "ready": [[r, 1.0] for r in ready]}}
-
-    profile = bench.pooled_backward([rank([0.2, 0.4]), rank([0.8, 0.8])], (1, 0))
-    assert profile.ready == (pytest.approx(0.6), 1.0) and profile.order == (1, 0)
-    assert profile.share == pytest.approx(0.5)  # the median of 2/3, 1/3, 2/3 and 1/3
-    unmeasured = [{bench.NO_SYNC: {"compute": [], "backward": []}}]
-    assert bench.pooled_backward(unmeasured, None) is bench.netmodel.ASSUMED_BACKWARD
-
-
-def test_the_backward_clock_sees_the_last_layer_s_gradients_first():
-    import time
-
-    import torch
-    import torch.nn.functional as F
-
-    from mpi_train.models import build_model
-
-    torch.manual_seed(0)
-    model = build_model("mnist_cnn")
-    clock = bench.BackwardClock(model, time.perf_counter)
-    images, labels = torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
-    for _ in range(3):
-        model.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(images), labels)
-        start = time.perf_counter()
-        loss.backward()
-        clock.record(start, time.perf_counter())
-    profile = clock.profile(0.6)
-    assert profile.share == 0.6 and len(profile.ready) == len(list(model.parameters()))
-    assert all(0.0 <= share <= 1.0 for share in profile.ready)
-    assert profile.ready[-1] < profile.ready[0]  # the classifier's bias long before the first convolution's weights
-    assert profile.ready[0] > 0.5
-
-
-@pytest.mark.parametrize("precision, dtype", [("32-true", "float32"), ("bf16-mixed", "bfloat16")])
-def test_the_compute_is_timed_in_the_jobs_precision(one_rank_group, precision, dtype):
-    import torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 10))
-    computed = []
-    model[1].register_forward_hook(lambda module, inputs, output: computed.append(str(output.dtype)))
-    entries = [bench.Contender(bench.NO_SYNC, bench.NoSync(), model, model)]
-    times, _ = bench.measure(entries, torch.randn(4, 3, 2, 2), torch.randint(0, 10, (4,)), 2, 1, torch.device("cpu"),
-                             lambda *progress: None, precision)
-    assert computed == [f"torch.{dtype}"] * 3 and len(times[bench.NO_SYNC]["compute"]) == 2
-    assert model[1].weight.grad.dtype == torch.float32  # the weights and their gradients stay float32
 
 
 @pytest.mark.e2e
@@ -127,7 +31,7 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     assert "bucketed+powersgd" in runnable and "hierarchical+fp16" in runnable and "ddp_fp16" in runnable
     assert "gather_scatter+fp16" not in labels and "ddp+powersgd" not in labels  # pairs that cannot work are not tried
     table = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.split()[:1]}
-    for name in (bench.NO_SYNC, *runnable):
+    for name in (NO_SYNC, *runnable):
         assert name in table, result.stdout
     assert "unavailable: ddp_powersgd: --sync ddp_powersgd cannot run on the gloo backend" in result.stdout
     data = json.loads(out.read_text())
@@ -135,7 +39,7 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
     size = sum(p.numel() for p in params) * 4
     assert data["gradient_bytes"] == size and data["world_size"] == 2
     assert data["precision"] == "32-true" and "backend gloo, 32-true, mnist_cnn" in result.stdout  # auto on CPUs
-    assert [row["method"] for row in data["methods"]] == [bench.NO_SYNC, *runnable]
+    assert [row["method"] for row in data["methods"]] == [NO_SYNC, *runnable]
     bandwidth = data["link"]["bandwidth_bytes_per_s"]
     assert bandwidth > 0
     calibration = data["calibration"]
@@ -169,9 +73,9 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
             narrow = compression in ("fp16", "bf16") or row["method"] in ("flat_fp16", "ddp_fp16")
             size = data["gradient_bytes"] // 2 if narrow else data["gradient_bytes"]
         assert row["wire_bytes"] == pytest.approx(size), row["method"]
-        # each rank's bytes at N = 2, per S: an allreduce's 2(N-1)/N (on one host, hierarchical is plain allreduce;
+        # each rank's bytes at N = 2, per S: an allreduce's 2(N-1)/N (on one host, two_level is plain allreduce;
         # a reduce-scatter and an all-gather are one), FSDP's third collective and ZeRO-1's broadcasts 3(N-1)/N
-        per_rank = {"ring": 1.0, "hierarchical": 1.0, "reduce_scatter": 1.0, "layerwise_gather": 1.5,
+        per_rank = {"ring_allreduce": 1.0, "two_level": 1.0, "reduce_scatter": 1.0, "layerwise_gather": 1.5,
                     "ring_then_broadcast": 1.5}
         if model in per_rank:
             expected = [per_rank[model] * size] * 2

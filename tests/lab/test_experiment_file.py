@@ -2,15 +2,15 @@
 
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import REPO
 
-from mpi_train.lab.experiment import Launch, Progress, bench_command, estimated_steps, main, train_flags
-from mpi_train.lab.experiment_file import SweepError, load, locate, parse
+from mpi_train.lab.experiment import main
+from mpi_train.lab.experiment_file import SweepError, load, parse
+from mpi_train.lab.sweep_plan import bench_command, train_flags
 from mpi_train.sync import SYNC_METHODS, backend_error
 
 HERE = "nccl" if torch.cuda.is_available() else "gloo"  # what backend "auto" becomes where the sweep is read
@@ -92,18 +92,6 @@ def test_the_shipped_files_plan_what_they_promise():
     assert smoke.runs and all(r.config.dataset == "synthetic" and r.config.max_steps <= 10 for r in smoke.runs)
 
 
-def test_estimated_steps_follow_the_sampler():
-    sweep = parse(GOOD, Path("grid.toml"))
-    assert estimated_steps(sweep.runs[0]) == 4096 // 64  # np 1, default synthetic size, one epoch
-    assert estimated_steps(sweep.runs[-1]) == 5
-    cifar = load(REPO / "experiments/compare_sync.toml").runs
-    assert [estimated_steps(r) for r in cifar[:2]] == [196, 196]
-    # a data set whose size the run learns only when it reads it: its --max-steps, else 0 until it prints them
-    folder = replace(cifar[0], config=replace(cifar[0].config, dataset="imagefolder", max_steps=7))
-    assert estimated_steps(folder) == 7 and estimated_steps(replace(folder, config=replace(folder.config,
-                                                                                           max_steps=None))) == 0
-
-
 def test_the_report_s_target_accuracy_is_read_from_the_file():
     assert parse(GOOD, Path("grid.toml")).target_accuracy is None  # the best final accuracy minus 2 points
     text = GOOD.replace('name = "grid"', 'name = "grid"\ntarget_accuracy = 0.6')
@@ -133,16 +121,6 @@ def test_a_sweep_over_models_plans_one_run_per_model_named_by_it():
     assert (bench.model, bench.gpt_size) == ("gpt", "small")
     command = bench_command(parse(GOOD, Path("grid.toml")), bench, None, Path("b.json"))
     assert command[command.index("--model") + 1] == "gpt" and command[command.index("--gpt-size") + 1] == "small"
-
-
-def test_flags_passed_to_training_are_the_non_default_options():
-    run = parse(GOOD, Path("grid.toml")).runs[-1]
-    flags = train_flags(run.config)
-    assert flags[:2] == ["--sync", run.config.sync] and "--max-steps" in flags and "--epochs" not in flags
-    assert flags[flags.index("--batch-size") + 1] == "64"
-    adamw = parse(GOOD.replace("lr = 1 ", 'optimizer = "adamw"\nlr = 1 '), Path("grid.toml")).runs[-1]
-    flags = train_flags(adamw.config)
-    assert flags[flags.index("--optimizer") + 1] == "adamw" and adamw.config.optimizer_settings.optimizer == "adamw"
 
 
 BAD = [  # (file text, key named in the error, line, words the message must hold)
@@ -198,14 +176,6 @@ def test_each_mistake_names_its_key_and_line(text, key, line, words):
     assert words in message and message.endswith("Nothing was launched.")
 
 
-def test_locate_finds_keys_in_array_tables_and_their_sub_tables():
-    text = '[[sweep]]\nsync = "a"\n[[sweep]]\nsync = "b"\n[sweep.env]\nX = "1"\n[train]\n"lr" = 1\n'
-    assert locate(text, ("sweep", 1, "sync")) == 4
-    assert locate(text, ("sweep", 1, "env", "X")) == 6
-    assert locate(text, ("train", "lr")) == 8
-    assert locate(text, ("sweep", 0, "np")) == 1  # not set: its table's line
-
-
 def test_the_cli_rejects_a_bad_file_with_one_paragraph_and_exit_2(tmp_path):
     bad = tmp_path / "bad.toml"
     out = tmp_path / "out"
@@ -230,11 +200,3 @@ def test_dry_run_lists_every_planned_command(tmp_path, capsys):
     assert printed.count("-m mpi_train --sync") == len(runs) and "--hostfile" not in printed
     assert "MY_VAR=x mpirun -np 4" in printed and "--no-tracking" in printed
     assert not (tmp_path / "results").exists()
-
-
-def test_time_left_counts_later_runs_by_their_steps():
-    # 1 s/step, 10 s start-up
-    done = Launch(1, "a", [], steps=10, log=Path("a"), returncode=0, first=(12.0, 2), last=(20.0, 10))
-    current = Launch(2, "b", [], steps=10, log=Path("b"), steps_done=4, first=(15.0, 2), last=(19.0, 4))  # 2 s/step
-    later = Launch(3, "c", [], steps=30, log=Path("c"))
-    assert Progress([done, current, later]).estimate_left(current) == pytest.approx(6 * 2.0 + 10 + 30 * 1.0)

@@ -93,7 +93,7 @@ def test_every_sync_method_is_right_across_hosts_and_hierarchical_finds_them(tes
     # The hand-computed-mean check of every method and compression, at 2 ranks on each of 2 hosts: here the
     # registered `hierarchical` takes its levels from MPI's host split (reduce in the host, allreduce between
     # the two leaders over the hosts' link, broadcast back), not from placement by hand.
-    result = mpirun(4, [], module="tests.mpi_sync_check", timeout=240, **testhosts.mpirun_options())
+    result = mpirun(4, [], module="tests.rank_programs.mpi_sync_check", timeout=240, **testhosts.mpirun_options())
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert "hierarchical: MPI's host split found 2 host(s), leaders [0, 2]" in result.stdout
     for name in ("hierarchical", "hierarchical+fp16", "bucketed+bf16", "ring", "ddp_fp16"):

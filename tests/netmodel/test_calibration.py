@@ -55,7 +55,7 @@ def test_a_bench_s_fits_of_the_sharded_collectives_become_the_network_s_measured
     assert (allreduce.name, allreduce.alpha, allreduce.beta_factor) == pytest.approx(("allreduce", 1e-3 / 6, 4 / 3))
     assert allreduce.time(8e6, 4, NET.inter) == pytest.approx(1e-3 + 8e6 * 1.6e-8)
     priced = replace(NET, collectives=(allreduce,))
-    assert FAMILIES["ring"].time(8e6, layout, priced) == pytest.approx(1e-3 + 8e6 * 1.6e-8)
+    assert FAMILIES["ring_allreduce"].time(8e6, layout, priced) == pytest.approx(1e-3 + 8e6 * 1.6e-8)
     assert (ag.name, ag.alpha, ag.beta_factor) == pytest.approx(("all_gather", 1e-3, 2.0))
     assert rs.time(8e6, 4, NET.inter) == pytest.approx(6e-3 + 8e6 * 6e-8)
     # one host: held against the intra-host link (1 GB/s): 6e-8 / (3/4 · 1e-9) = 80x

@@ -15,21 +15,23 @@ from mpi_train.netmodel import (
     Network,
     bus_bandwidth,
     capped,
+    family_named,
     family_of,
 )
 from mpi_train.sync import SYNC_METHODS, SyncMethod
+from mpi_train.sync.traits import Traits
 
 MB = 1e6
 NET = Network(intra=Link(alpha=10e-6, beta=1 / 1e9), inter=Link(alpha=100e-6, beta=1 / 125e6))  # 1 GB/s, 1 Gbit/s
 
 
 def test_traffic_and_floors_follow_the_closed_forms():
-    ring, root = FAMILIES["ring"], FAMILIES["root"]
+    ring, root = FAMILIES["ring_allreduce"], FAMILIES["root"]
     assert ring.traffic(8 * MB, 4, 2) == (12 * MB, 12 * MB)  # 2(N-1)/N·S
     assert root.traffic(8 * MB, 4, 0) == (24 * MB, 24 * MB)  # the root: (N-1)·S each way
     assert root.traffic(8 * MB, 4, 3) == (8 * MB, 8 * MB)
     assert ring.floor(8 * MB, 4, 1e9) == pytest.approx(0.012) and root.floor(8 * MB, 4, 1e9) == pytest.approx(0.048)
-    hierarchical, two_hosts = FAMILIES["hierarchical"], ("a", "a", "b", "b")
+    hierarchical, two_hosts = FAMILIES["two_level"], ("a", "a", "b", "b")
     assert hierarchical.traffic(8 * MB, 4, 2, two_hosts) == (8 * MB, 8 * MB)  # a leader: 2(H-1)/H·S between hosts
     assert hierarchical.traffic(8 * MB, 4, 3, two_hosts) == (0.0, 0.0)  # the others stay within their host
     assert hierarchical.floor(8 * MB, 4, 1e9, two_hosts) == pytest.approx(0.008)
@@ -38,7 +40,7 @@ def test_traffic_and_floors_follow_the_closed_forms():
 
 
 def test_ring_on_two_hosts_pays_the_inter_host_link():
-    ring = FAMILIES["ring"].time
+    ring = FAMILIES["ring_allreduce"].time
     # N=4, 2 per host, S=8 MB: 2(N-1) alpha + 2(N-1)/N S beta = 6*100us + 12 MB / 125 MB/s
     assert ring(8 * MB, Layout(4, 2), NET) == pytest.approx(600e-6 + 0.096)
     # one host: the intra link, 6*10us + 12 MB / 1 GB/s
@@ -56,8 +58,9 @@ def test_hierarchical_crosses_hosts_once_per_leader():
     # N=8 on 2 hosts of 4: 2 levels each way inside (log2 4), then a ring of 2 leaders
     inside = 2 * 2 * (10e-6 + 8 * MB / 1e9)
     expected = inside + 2 * 100e-6 + 8 * MB / 125e6
-    assert FAMILIES["hierarchical"].time(8 * MB, Layout(8, 4), NET) == pytest.approx(expected)
-    assert FAMILIES["hierarchical"].time(8 * MB, Layout(4, 1), NET) == FAMILIES["ring"].time(8 * MB, Layout(4, 1), NET)
+    assert FAMILIES["two_level"].time(8 * MB, Layout(8, 4), NET) == pytest.approx(expected)
+    one_per_host, ring = Layout(4, 1), FAMILIES["ring_allreduce"]
+    assert FAMILIES["two_level"].time(8 * MB, one_per_host, NET) == ring.time(8 * MB, one_per_host, NET)
 
 
 def test_every_registered_method_names_a_known_family():
@@ -67,9 +70,9 @@ def test_every_registered_method_names_a_known_family():
 
 def test_an_unknown_family_is_refused_with_where_to_look():
     class Misnamed(SyncMethod):
-        collective = "tree"
+        traits = Traits(family="tree")
 
-    with pytest.raises(ValueError, match="Misnamed.collective = 'tree'.*families.py"):
+    with pytest.raises(ValueError, match="Misnamed.traits.family = 'tree'.*families.py"):
         family_of(Misnamed)
     assert family_of(SyncMethod) is None
 
@@ -92,7 +95,8 @@ def test_the_sharded_families_price_each_collective_apart():
                                                              ("all-gather", "before the next forward")]
     assert [p.compressed for p in rs.collectives()] == [True, False]  # the gather carries the parameters as they are
     assert [p.time(8 * MB, Layout(4, 2), NET) for p in rs.collectives()] == pytest.approx([half, half])
-    assert rs.time(8 * MB, Layout(4, 2), NET) == pytest.approx(FAMILIES["ring"].time(8 * MB, Layout(4, 2), NET))
+    ring = FAMILIES["ring_allreduce"]
+    assert rs.time(8 * MB, Layout(4, 2), NET) == pytest.approx(ring.time(8 * MB, Layout(4, 2), NET))
     layerwise = FAMILIES["layerwise_gather"]
     assert [p.when for p in layerwise.collectives()] == ["in forward", "with the message", "with the message"]
     assert layerwise.time(8 * MB, Layout(4, 2), NET) == pytest.approx(3 * half)
@@ -101,7 +105,7 @@ def test_the_sharded_families_price_each_collective_apart():
     assert then.time(8 * MB, Layout(4, 2), NET) == pytest.approx(600e-6 + 12 * MB / 125e6 + 800e-6 + 16 * MB / 125e6)
     assert all(family.time(8 * MB, Layout(1, 1), NET) == 0 for family in (rs, layerwise, then))
     # a one-collective family is one allreduce that goes with the message
-    assert [(p.name, p.when) for p in FAMILIES["ring"].collectives()] == [("allreduce", "with the message")]
+    assert [(p.name, p.when) for p in FAMILIES["ring_allreduce"].collectives()] == [("allreduce", "with the message")]
 
 
 def test_measured_collectives_price_the_sharded_families_as_the_backend_ran_them():
@@ -121,7 +125,7 @@ def test_measured_collectives_price_the_sharded_families_as_the_backend_ran_them
     # one host: the measured step latency and factor on the intra-host link (1 GB/s)
     assert zero.collectives()[0].time(8 * MB, Layout(4, 4), measured) == pytest.approx(6e-3 + 3.0 * 6 * MB / 1e9)
     # the allreduce and ZeRO-1's families are not the sharded collectives: unchanged
-    for name in ("ring", "ring_then_broadcast"):
+    for name in ("ring_allreduce", "ring_then_broadcast"):
         assert FAMILIES[name].time(8 * MB, Layout(4, 2), measured) == FAMILIES[name].time(8 * MB, Layout(4, 2), NET)
     # zero's own ring reduce-scatter (Gloo), where the calibration timed it, prices zero's and not fsdp's: 1 ms a step
     # and 1.1x a ring's bytes
@@ -131,3 +135,9 @@ def test_measured_collectives_price_the_sharded_families_as_the_backend_ran_them
     # the network keeps them through a cap and without a straggler, and through its dict form
     assert capped(measured, "100mbit").collectives == measured.collectives == measured.without_slow().collectives
     assert Network.from_dict(measured.as_dict()) == measured and "collectives" not in NET.as_dict()
+
+
+def test_a_family_is_named_apart_from_the_methods_and_a_stored_method_name_reads_back():
+    assert not set(FAMILIES) & set(SYNC_METHODS)
+    assert family_named("ring") is FAMILIES["ring_allreduce"] and family_named("hierarchical") is FAMILIES["two_level"]
+    assert family_named("reduce_scatter") is FAMILIES["reduce_scatter"]

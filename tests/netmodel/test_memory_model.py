@@ -7,9 +7,10 @@ from torch import nn
 from mpi_train.config import TrainConfig
 from mpi_train.memory import held_bytes
 from mpi_train.netmodel.memory import largest_unit_bytes, predict_memory, shard_bytes
-from mpi_train.sync import SYNC_METHODS, SyncMethod
+from mpi_train.sync import SYNC_METHODS, SyncMethod, build_method
 from mpi_train.sync.base import EVERYTHING, GRADIENTS_AND_STATE, OPTIMIZER_STATE, REPLICATED
 from mpi_train.sync.messages import BUCKETS
+from mpi_train.sync.traits import Traits
 
 
 def small() -> nn.Module:
@@ -18,7 +19,7 @@ def small() -> nn.Module:
 
 
 def sharding(what: str, messages: str = "one buffer") -> SyncMethod:
-    return type("Sharding", (SyncMethod,), {"shards": what, "messages": messages})()
+    return type("Sharding", (SyncMethod,), {"traits": Traits(shards=what, messages=messages)})()
 
 
 def test_replicated_holds_everything_and_momentum_doubles_the_state():
@@ -57,14 +58,14 @@ def test_largest_unit_is_the_largest_modules_own_parameters():
 
 @pytest.mark.parametrize("name", list(SYNC_METHODS))
 def test_every_method_is_predicted_by_what_it_shards(name):
-    method = SYNC_METHODS[name].from_config(TrainConfig(sync=name))
+    method = build_method(name, TrainConfig(sync=name))
     whole = predict_memory(sharding(REPLICATED), small(), 4, state_slots=1)
     predicted = predict_memory(method, small(), 4, state_slots=1)
     sharded = {REPLICATED: set(), OPTIMIZER_STATE: {"optimizer"}, GRADIENTS_AND_STATE: {"gradients", "optimizer"},
-               EVERYTHING: {"parameters", "gradients", "optimizer"}}[method.shards]
+               EVERYTHING: {"parameters", "gradients", "optimizer"}}[method.traits.shards]
     for kind in ("parameters", "gradients", "optimizer"):
         mine, full = getattr(predicted, kind), getattr(whole, kind)
-        if kind == "parameters" and getattr(method, "keeps_parameter_shard", False):  # whole, plus its own shard
+        if kind == "parameters" and method.traits.keeps_parameter_shard:  # whole, plus its own shard
             assert full + full / 4 <= mine <= full + full / 4 + 17 * 4, kind
             continue
         assert (mine < full) if kind in sharded else (mine == full), kind

@@ -1,4 +1,6 @@
-"""A method's messages priced on a network, by its class attributes: per tensor, one buffer, buckets behind backward."""
+"""A method's messages priced on a network, by its traits: per tensor, one buffer, buckets behind backward."""
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,18 +19,21 @@ from mpi_train.netmodel import (
     message_plan,
     predict,
     tensor_units,
+    wire_bytes,
+    wire_ratio,
     with_codec,
 )
-from mpi_train.sync import SYNC_METHODS, SyncMethod
+from mpi_train.sync import SYNC_METHODS, SyncMethod, build_method
 from mpi_train.sync.fsdp import units
 from mpi_train.sync.messages import BUCKETS, ONE_BUFFER, PER_TENSOR, PER_UNIT, message_groups
+from mpi_train.sync.traits import Traits
 
 MB = 1e6
 NET = Network(intra=Link(alpha=10e-6, beta=1 / 1e9), inter=Link(alpha=100e-6, beta=1 / 125e6))  # 1 GB/s, 1 Gbit/s
 
 
 def method(name: str, **options) -> SyncMethod:
-    return SYNC_METHODS[name].from_config(TrainConfig(sync=name, **options))
+    return build_method(name, TrainConfig(sync=name, **options))
 
 
 def test_per_tensor_methods_pay_one_latency_per_tensor_and_flat_one():
@@ -139,31 +144,23 @@ def test_a_model_average_every_h_steps_costs_one_hth_of_one_and_two_levels_add_t
     every_8 = predict(method("localsgd"), tensors, layout, NET)  # the default period
     assert every_8.comm_s == pytest.approx(flat.comm_s / 8) and every_8.wire_bytes == pytest.approx(8 * MB / 8)
     assert predict(method("diloco", period=1), tensors, layout, NET).comm_s == pytest.approx(flat.comm_s)
-    # two levels: the hosts' leaders every 8 steps (hierarchical), each host's own ring of 2 at steps 2, 4, 6
+    # two levels: the hosts' leaders every 8 steps (two_level), each host's own ring of 2 at steps 2, 4, 6
     two = predict(method("localsgd", host_period=2), tensors, layout, NET)
     leaders = predict(method("hierarchical"), tensors, layout, NET).comm_s
     host = 2 * (2 - 1) * 10e-6 + 2 * (2 - 1) / 2 * 8 * MB / 1e9
-    assert two.collective == "hierarchical" and two.comm_s == pytest.approx(leaders / 8 + 3 / 8 * host)
+    assert two.collective == "two_level" and two.comm_s == pytest.approx(leaders / 8 + 3 / 8 * host)
 
 
 class ReduceScatterBuckets(SyncMethod):
     """ZeRO-2's schedule as the model sees it: buckets reduce-scattered in backward, parameters gathered after."""
 
-    collective = "reduce_scatter"
-    messages = BUCKETS
-    sends = "during backward"
-
-    def bucket_caps(self):
-        return 2 * MB, 2 * MB
+    traits = Traits(family="reduce_scatter", messages=BUCKETS, sends="during backward", bucket_caps=(2 * MB, 2 * MB))
 
 
 class LayerwiseGathers(ReduceScatterBuckets):
     """FSDP's schedule with one tensor per unit."""
 
-    collective = "layerwise_gather"
-
-    def bucket_caps(self):
-        return 1 * MB, 1 * MB
+    traits = replace(ReduceScatterBuckets.traits, family="layerwise_gather", bucket_caps=(1 * MB, 1 * MB))
 
 
 def test_zeros_gathers_hide_behind_the_next_forward_but_the_first_and_a_barrier_waits_for_them_whole():
@@ -276,3 +273,11 @@ def test_a_bucket_s_codec_after_backward_runs_while_another_bucket_s_sum_is_on_t
     plan = predict(powersgd, [1 * MB] * 2, Layout(2, 1), Network(NET.intra, Link(0.0, 1 / 4e6)), backward_s=1.0,
                    later=0.5).plan
     assert [message.later for message in plan] == [False, False, True, True]
+
+
+def test_a_methods_bytes_on_the_wire_follow_its_compressor_and_its_fragments():
+    params = list(build_model("mnist_cnn").parameters())
+    whole = sum(p.numel() * p.element_size() for p in params)
+    assert wire_bytes(method("flat"), params) == whole and wire_ratio(method("flat"), params) == 1.0
+    assert wire_ratio(method("flat", compression="fp16"), params) == 0.5 == wire_ratio(method("ddp_fp16"), params)
+    assert wire_bytes(method("localsgd", period=8, fragments=4), params) == whole / 4

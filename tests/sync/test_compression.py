@@ -7,7 +7,7 @@ from torch import nn
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.models import build_model
-from mpi_train.sync import COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label
+from mpi_train.sync import COMPRESSORS, SYNC_METHODS, backend_error, build_method, combination_error, label
 from mpi_train.sync.compression.powersgd import PowerSGD
 
 # A conv kernel (32 x 72) and a linear layer (40 x 60) that rank 2 shrinks more than tenfold, biases, and a small
@@ -170,9 +170,10 @@ def test_impossible_combinations_are_refused_with_the_way_out():
 
 
 def test_old_names_keep_their_meaning_and_runs_are_labelled_by_both_halves():
-    assert SYNC_METHODS["flat_fp16"].compression_name("none") == "fp16"
-    assert SYNC_METHODS["flat_fp16"].from_config(TrainConfig(sync="flat_fp16")).wire_dtype == torch.float16
-    assert SYNC_METHODS["flat"].from_config(TrainConfig(sync="flat", compression="bf16")).wire_dtype == torch.bfloat16
+    assert SYNC_METHODS["flat_fp16"].traits.compression_name("none") == "fp16"
+    assert build_method("flat_fp16", TrainConfig(sync="flat_fp16")).traits.wire_dtype == torch.float16
+    bf16 = build_method("flat", TrainConfig(sync="flat", compression="bf16"))
+    assert bf16.traits.wire_dtype == torch.bfloat16
     assert label("bucketed", "powersgd") == "bucketed+powersgd" and label("flat_fp16", "fp16") == "flat_fp16"
     assert TrainConfig(sync="ring", compression="fp16").default_run_name(4) == "ring+fp16-np4-seed42"
 

@@ -1,4 +1,4 @@
-"""A sync method is one file and one registry entry: everything else learns about it from its class attributes."""
+"""A sync method is one file and one registry entry: everything else learns about it from its traits."""
 
 import importlib.util
 import textwrap
@@ -20,12 +20,11 @@ import torch.distributed as dist
 
 from mpi_train.sync.base import EVERY_COMPRESSION, SyncMethod
 from mpi_train.sync.messages import ONE_BUFFER
+from mpi_train.sync.traits import ROOT, Traits
 
 
 class Throwaway(SyncMethod):
-    collective = "root"
-    messages = ONE_BUFFER
-    compressions = EVERY_COMPRESSION
+    traits = Traits(family=ROOT, messages=ONE_BUFFER, compressions=EVERY_COMPRESSION)
 
     def sync(self, model):
         for p in model.parameters():

@@ -14,6 +14,7 @@ from conftest import forked_ranks
 from mpi_train.lr_schedule import OptimizerDefaults
 from mpi_train.models import INPUT_SHAPES, build_model
 from mpi_train.optimizers import AdamW
+from mpi_train.sync import WHOLE_VIEW
 from mpi_train.sync.flat import padded_length
 from mpi_train.sync.fsdp import units
 from mpi_train.sync.zero import Zero, shard_bounds
@@ -76,7 +77,7 @@ def test_zero_steps_as_the_optimizer_does_and_gives_its_state_in_its_layout(one_
     assert sorted(method.gathering) == list(range(len(method.buckets)))
     time.sleep(0.2)  # (one rank's all-gathers finish at once)
     waited_from = now()
-    whole = method.whole_parameters(model)  # waits for them
+    whole = method.tensors(model, WHOLE_VIEW)  # waits for them
     assert not method.gathering
     # the timeline's messages: each bucket's reduce-scatter, then the all-gathers in forward order (the first
     # layers' bucket, the last, first), each of the bucket's bytes
@@ -90,7 +91,7 @@ def test_zero_steps_as_the_optimizer_does_and_gives_its_state_in_its_layout(one_
     for ours, theirs in zip(whole, reference.parameters()):
         assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
         assert ours.grad is None  # the full gradient is not kept between steps
-    whole, expected = method.optimizer_state(optimizer, model), plain.state_dict()
+    whole, expected = method.save(model, optimizer)["optimizer"], plain.state_dict()
     assert sorted(whole["state"]) == sorted(expected["state"])
     for index, entry in expected["state"].items():
         # SGD's momentum buffer; AdamW's two moments and its step count (3.0 for every parameter)
@@ -103,7 +104,7 @@ def test_zero_steps_as_the_optimizer_does_and_gives_its_state_in_its_layout(one_
     again = Zero(bucket_mb=0.01)
     again.wrap(model)
     fresh = again.make_optimizer(model, build)
-    again.load_optimizer_state(fresh, whole, model)
+    again.load(model, fresh, {"optimizer": whole})
     held = optimizer.state_dict()["state"]
     for number, shard in enumerate(again.shard_params):
         assert sorted(fresh.state[shard]) == sorted(held[number])
@@ -111,7 +112,7 @@ def test_zero_steps_as_the_optimizer_does_and_gives_its_state_in_its_layout(one_
             assert torch.equal(fresh.state[shard][key], value), key
     # a checkpoint's weights reach the slices the optimizer steps, not only the model
     weights = {key: value + 1 for key, value in reference.state_dict().items()}
-    again.load_model_state(model, weights)
+    again.load(model, fresh, {"model": weights})
     assert torch.equal(again.shard_params[0][:1], weights[[n for n, _ in model.named_parameters()][-1]].reshape(-1)[:1])
 
 
@@ -145,7 +146,7 @@ def test_fsdp_reshards_the_roots_parameters_after_an_evaluation(one_rank_group):
         model(torch.zeros(2, 8, dtype=torch.long))
         assert not isinstance(model.token_embedding.weight, DTensor)  # gathered by the forward: what needs undoing
     assert all(isinstance(param, DTensor) for param in model.parameters())
-    assert [tuple(p.shape) for p in method.whole_parameters(model)] == [tuple(p.shape) for p in model.parameters()]
+    assert [tuple(p.shape) for p in method.tensors(model, WHOLE_VIEW)] == [tuple(p.shape) for p in model.parameters()]
 
 
 def ring_messages(rank: int, store: str, queue) -> None:

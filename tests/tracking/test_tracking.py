@@ -15,12 +15,10 @@ import pytest
 import torch
 from conftest import MPI_ENV, REPO, client_for, free_port, job_runs, losses, mpirun, train, wait_for
 
-from mpi_train.config import JobInfo, TrainConfig, field_kinds, redact_uri
+from mpi_train.config import TrainConfig, redact_uri
 from mpi_train.errors import UserError
 from mpi_train.lab import mpirun as launch
 from mpi_train.models import build_model
-from mpi_train.tracking.runs import PARAMS as RUN_PARAMS
-from mpi_train.tracking.runs import run_params, save_model_files
 from mpi_train.tracking.sampler import HostSampler
 from mpi_train.tracking.sender import BatchSender
 from mpi_train.tracking.server import main as server_main
@@ -176,30 +174,6 @@ def test_the_saved_model_loads_with_the_trained_weights_and_the_registry_takes_i
                                                                            tmp_path)
 
 
-class Branchy(torch.nn.Module):
-    """A forward torch.export cannot trace: which way it goes depends on the data."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        y = self.linear(x)
-        return y if y.sum() > 0 else -y
-
-
-def test_a_model_torch_export_cannot_trace_is_saved_pickled_and_loads(tmp_path, capsys):
-    import mlflow.pytorch
-
-    model = Branchy().eval()
-    assert save_model_files(model, torch.zeros(2, 4).numpy(), tmp_path / "model", "run-id") == "pickle"
-    assert "torch.export cannot trace the model" in capsys.readouterr().err
-    batch = torch.randn(3, 4)
-    with torch.no_grad():
-        torch.testing.assert_close(mlflow.pytorch.load_model(str(tmp_path / "model"))(batch), model(batch))
-        torch.testing.assert_close(mlflow.pytorch.load_model(str(tmp_path / "model"))(-batch), model(-batch))
-
-
 @pytest.mark.e2e
 def test_no_secret_reaches_params_tags_or_artifacts(allreduce_runs, tmp_path):
     client, parent, children = allreduce_runs
@@ -222,23 +196,6 @@ def test_the_logged_config_toml_reruns_the_job_to_the_same_losses_bit_for_bit(al
     # the same job but for where it is recorded (its URI from the environment) and its summary
     changed = {key for key, value in first["config"].items() if rerun["config"][key] != value}
     assert changed == {"experiment", "tracking_uri", "summary_json"}, changed
-
-
-def test_every_option_but_the_paths_and_output_switches_is_a_param():
-    """Two runs that differ by any option that changes what they compute, or how fast, differ in their params."""
-    unlogged = {"summary_json", "timeline_dir", "checkpoint_dir", "resume", "calibration",  # paths
-                "tracking_uri", "experiment", "run_name",  # where the run is, as MLflow shows
-                "no_tracking", "save_model", "tracking_spool"}  # output switches
-    config = TrainConfig(sync="localsgd", overlap=True, fragments=2, dropout=0.1, gpt_layers=3, context=64,
-                         loader="dataloader", deterministic=True, synthetic_size=512, bucket_mb=4.0, threads=2,
-                         run_name="x", summary_json="s.json", resume="ckpt", calibration="c.json")
-    job = JobInfo(world_size=2, backend="gloo", hosts=("h1", "h1"), threads=1, rendezvous="h1:1234",
-                  batch_size_per_rank=128, steps_per_epoch=16, total_steps=16)
-    assert {name for name in field_kinds() if name not in RUN_PARAMS} == unlogged
-    params = run_params(config, job, ["h1", "h1"])
-    assert {name for name in field_kinds() if name not in params and getattr(config, name) is not None} <= unlogged
-    assert (params["overlap"], params["fragments"], params["dropout"], params["gpt_layers"], params["loader"],
-            params["bucket_mb"], params["threads"]) == (True, 2, 0.1, 3, "dataloader", 4.0, 1)  # threads: the job's
 
 
 @pytest.mark.e2e

@@ -6,6 +6,9 @@ A compressor decides what is summed across ranks; the sync method's schedule dec
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ..flag_fields import option
 from .base import Compressor
 from .bf16 import BF16
 from .fp16 import FP16
@@ -19,4 +22,15 @@ COMPRESSORS: dict[str, type[Compressor]] = {
     "powersgd": PowerSGD,
 }
 
-__all__ = ["COMPRESSORS", "Compressor"]
+
+@dataclass(frozen=True)
+class CompressionChoice:
+    """--compression, taken by the methods whose `compressions` list it (TrainConfig composes it)."""
+
+    compression: str = option("none", "what the sync method's messages carry: none (float32), fp16 or bf16 (half the "
+                              "bytes), powersgd (rank-r factors of each gradient matrix); taken by allreduce, flat, "
+                              "bucketed, ring, hierarchical, localsgd and diloco, and by zero (fp16, bf16)",
+                              choices="compression")
+
+
+__all__ = ["COMPRESSORS", "CompressionChoice", "Compressor"]

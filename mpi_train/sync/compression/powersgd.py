@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...errors import UserError
+from ..flag_fields import option
 from .base import Compressor
 
 DEFAULT_RANK = 2
@@ -25,6 +27,24 @@ DEFAULT_START_STEP = 100
 # advice); below that, rank r loses much of it and saves little: VGG-11's first conv and classifier.
 MIN_COMPRESSION = 10
 SEED = 20190502  # the first Q of every matrix, drawn alike on every rank
+
+
+@dataclass(frozen=True)
+class PowerSGDOptions:
+    """PowerSGD's flags, read by --compression powersgd and ddp_powersgd (TrainConfig composes it)."""
+
+    powersgd_rank: int = option(DEFAULT_RANK, "rank r of PowerSGD's factors (--compression powersgd, ddp_powersgd): "
+                                "an n x m gradient travels as (n + m)·r numbers")
+    powersgd_start_step: int = option(DEFAULT_START_STEP, "steps of plain (uncompressed) averaging before PowerSGD "
+                                      "starts (ddp_powersgd: at least 2, torch's minimum)")
+
+    def check_powersgd(self) -> None:
+        """Refused before any work starts, like every flag a job cannot run."""
+        if self.powersgd_rank <= 0:
+            raise UserError(f"--powersgd-rank must be positive, got {self.powersgd_rank}. Pass a value greater than "
+                            f"zero.")
+        if self.powersgd_start_step < 0:
+            raise UserError(f"--powersgd-start-step must not be negative, got {self.powersgd_start_step}.")
 
 
 @dataclass

@@ -2,7 +2,7 @@
 to OUT/<name>.json (a job that stops with a UserError on every rank, as a diverged one does: {"error": its message}).
 One mpirun for all: starting ranks (and importing torch on each) costs more than the jobs' few steps.
 
-    mpirun -np 4 python -m tests.jobs_run OUT JOBS.json    # JOBS.json: {"name": [args...], ...}
+    mpirun -np 4 python -m tests.rank_programs.jobs_run OUT JOBS.json    # JOBS.json: {"name": [args...], ...}
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ another in the same ranks, each writing its summary to OUT/<sync>.json (tests/te
 this twice and compares the losses bit for bit). One mpirun for all: starting ranks costs more than
 the jobs' few steps.
 
-    mpirun -np 2 python -m tests.methods_run OUT ARGS...
+    mpirun -np 2 python -m tests.rank_programs.methods_run OUT ARGS...
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from mpi_train.sync import SYNC_METHODS, backend_error
 from mpi_train.train import run
 
 UNCOMPRESSED = [name for name, method in SYNC_METHODS.items()
-                if method.fixed_compression in (None, "none") and not backend_error(name, "gloo")]
+                if method.traits.fixed_compression in (None, "none") and not backend_error(name, "gloo")]
 
 
 def main(out: str, *args: str) -> None:

@@ -36,8 +36,8 @@ from torch import nn
 
 from mpi_train.cluster import Cluster, exit_process
 from mpi_train.config import TrainConfig
-from mpi_train.sync import GRADIENTS, SYNC_METHODS, SyncMethod, backend_error
-from mpi_train.sync.base import REPLICATED
+from mpi_train.sync import GRADIENTS, SYNC_METHODS, WHOLE_VIEW, SyncMethod, backend_error, build_method
+from mpi_train.sync.base import REPLICATED, compressor_for
 from mpi_train.sync.bucketed import Bucketed
 from mpi_train.sync.flat import Flat
 from mpi_train.sync.hierarchical import Hierarchical, host_of_each_rank
@@ -120,8 +120,8 @@ def compressed(sync: str, compression: str, world: int, **options) -> Callable[[
     def make() -> SyncMethod:
         config = TrainConfig(sync=sync, compression=compression, powersgd_rank=1, powersgd_start_step=1, **options)
         if sync == "hierarchical":
-            return Hierarchical(Hierarchical.compressor_from_config(config), hosts=hosts_of_two(world))
-        return SYNC_METHODS[sync].from_config(config)
+            return Hierarchical(compressor_for(Hierarchical, config), hosts=hosts_of_two(world))
+        return build_method(sync, config)
     return make
 
 
@@ -130,8 +130,8 @@ def cases(world: int) -> dict[str, tuple[Callable[[], SyncMethod], Callable[[], 
     tiny_buckets = 64 / 2**20  # 64 bytes: every tensor of these models gets its own bucket
     return {
         **{name: (method_class, make_model) for name, method_class in SYNC_METHODS.items()
-           if not backend_error(name, "gloo") and method_class.averages == GRADIENTS
-           and method_class.shards == REPLICATED},
+           if not backend_error(name, "gloo") and method_class.traits.averages == GRADIENTS
+           and method_class.traits.shards == REPLICATED},
         "bucketed, 64-byte buckets": (lambda: Bucketed(tiny_buckets), make_model),
         "bucketed, 64-byte buckets, shared + unused layers": (lambda: Bucketed(tiny_buckets), make_shared_and_unused),
         "bucketed, one bucket, shared + unused layers": (Bucketed, make_shared_and_unused),
@@ -150,7 +150,7 @@ def cases(world: int) -> dict[str, tuple[Callable[[], SyncMethod], Callable[[], 
 def sharded_cases() -> dict[str, Callable[[], SyncMethod]]:
     """Name -> method factory, for the methods that shard (checked by the parameters they step to)."""
     return {**{name: method_class for name, method_class in SYNC_METHODS.items()
-               if method_class.shards != REPLICATED and not backend_error(name, "gloo")},
+               if method_class.traits.shards != REPLICATED and not backend_error(name, "gloo")},
             "zero, 64-byte buckets": lambda: Zero(64 / 2**20)}
 
 
@@ -181,7 +181,7 @@ def steps_as_sgd_does(make_method: Callable[[], SyncMethod], rank: int, expected
         method.sync(model)
         optimizer.step()
         method.after_step(model)
-    whole = method.whole_parameters(model)
+    whole = method.tensors(model, WHOLE_VIEW)
     return all(torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6) for ours, theirs in zip(whole, expected))
 
 
@@ -231,7 +231,7 @@ def main() -> int:
                 factored = any(method.compressor.residual_of(p) is not None for p in model.parameters())
                 right = factored and keeps_error_feedback(cluster, method, model, previous, per_rank)
             else:
-                right = gradients_are(model, per_rank, method.wire_dtype)
+                right = gradients_are(model, per_rank, method.traits.wire_dtype)
             if not (right and (differs_from_local or world == 1)):
                 failures.append(name)
                 break
@@ -254,8 +254,8 @@ def main() -> int:
         for name, method_class in SYNC_METHODS.items():
             if backend_error(name, "gloo"):
                 print(f"{name}: unavailable on gloo")
-            elif method_class.averages != GRADIENTS:
-                print(f"{name}: averages {method_class.averages}, not gradients (tests/test_averaging.py)")
+            elif method_class.traits.averages != GRADIENTS:
+                print(f"{name}: averages {method_class.traits.averages}, not gradients (tests/test_averaging.py)")
     failed = any(cluster.allgather(bool(failures)))
     dist.destroy_process_group()  # before exit: Gloo's threads must not outlive the interpreter
     return 1 if failed else 0

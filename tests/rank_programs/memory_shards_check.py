@@ -1,10 +1,10 @@
 """Two Gloo ranks in one process pair (torch.multiprocessing): memory per rank of torch's sharded optimizers, measured.
 
-Run by tests/test_memory.py: `python tests/memory_shards_check.py OUT.json`. Rank 0 writes what each rank held after
-one step of momentum SGD: a replicated model (the baseline), ZeroRedundancyOptimizer (ZeRO-1: its optimizer state is
-this rank's shard) and FSDP2's fully_shard (ZeRO-3: parameters, gradients and state are DTensors, each rank's share;
-each module with parameters of its own is a unit). With a model name (`... OUT.json vgg11`) it runs that model of
-mpi_train's registry instead of the small test network, for docs/results.md.
+Run by tests/test_memory.py: `python tests/rank_programs/memory_shards_check.py OUT.json`. Rank 0 writes what each
+rank held after one step of momentum SGD: a replicated model (the baseline), ZeroRedundancyOptimizer (ZeRO-1: its
+optimizer state is this rank's shard) and FSDP2's fully_shard (ZeRO-3: parameters, gradients and state are DTensors,
+each rank's share; each module with parameters of its own is a unit). With a model name (`... OUT.json vgg11`) it
+runs that model of mpi_train's registry instead of the small test network, for docs/results.md.
 """
 
 from __future__ import annotations

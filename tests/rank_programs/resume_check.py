@@ -6,7 +6,7 @@ last two with --resume auto, as a launch line that relaunches itself would run t
 Each writes its summary to OUT/<sync>-<job>.json for tests/test_checkpoint.py to compare.
 One mpirun for all of them: starting a job's processes costs far more than its few steps.
 
-    mpirun -np 2 python -m tests.resume_check OUT TOTAL RESUME_AT ARGS...
+    mpirun -np 2 python -m tests.rank_programs.resume_check OUT TOTAL RESUME_AT ARGS...
 """
 
 from __future__ import annotations

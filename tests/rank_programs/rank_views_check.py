@@ -7,7 +7,7 @@ augmentation from its (seed, rank, epoch) generator), the file that image comes 
 features of a fixed input in training mode (its dropout mask decides them). Rank 0 writes every rank's
 record as JSON to OUT for tests/test_randomness.py.
 
-    mpirun -np 2 python -m tests.rank_views_check DATA_DIR OUT SEED
+    mpirun -np 2 python -m tests.rank_programs.rank_views_check DATA_DIR OUT SEED
 """
 
 from __future__ import annotations

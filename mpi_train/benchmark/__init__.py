@@ -1,0 +1,1 @@
+"""Measuring code the commands call: the bench, the advisor, the GPU check."""

@@ -1,0 +1,40 @@
+"""How the bench and the advisor start, as a training job does: the tracking store checked, the device placed, the
+precision resolved and the process group opened."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from .. import tracking
+from ..cluster import Cluster
+from ..config import TrainConfig
+from ..devices import Placement, place
+from ..step.precision import agreed
+
+
+@dataclass(frozen=True)
+class Job:
+    """Where a rank program runs and what it records to: rank 0's tracking connection (None elsewhere, and under
+    --no-tracking), its placement and the precision it computes in."""
+
+    connection: tracking.Connection | None
+    placement: Placement
+    precision: str
+
+
+def open_job(cluster: Cluster, args: argparse.Namespace, workload: TrainConfig) -> Job:
+    """Rank 0 checks the store before any work; then every rank's device and threads, the precision (auto: what the
+    job would run here) and the process group. Collective."""
+    connection = tracking.connect(workload, cluster)
+    placement = place(cluster, args.backend, args.threads)
+    precision = agreed(args.precision, placement.device, cluster).name
+    cluster.open_process_group(placement.backend, args.master_addr, args.timeout, placement.device)
+    return Job(connection=connection, placement=placement, precision=precision)
+
+
+def rank_zero_print(cluster: Cluster):
+    """print on rank 0, flushed at once (the job's console line order across ranks); nothing on the other ranks."""
+    if cluster.info.is_main:
+        return lambda *text: print(*text, flush=True)
+    return lambda *text: None

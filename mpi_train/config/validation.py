@@ -1,0 +1,170 @@
+"""The checks a job's TrainConfig passes before any work starts; each refusal says what is wrong and how to fix it.
+
+TrainConfig.validate runs them, so they take the config as an argument and this module does
+not import train_config.py back.
+"""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from ..netmodel.links import rate_bytes_per_s
+from ..step.compiling import flags_error as compile_flags_error
+from ..step.gradients import scaled_compression_error
+from ..sync import METHOD_OPTIONS, combination_error, tuned_by
+from ..sync.averaging_options import AveragingOptions
+from ..sync.diloco import OuterStepOptions
+from ..sync.flag_fields import option_names
+from .fields import RESUME_AUTO
+
+
+def validate(config, world_size: int) -> None:
+    """Reject values no run can use, before any work starts."""
+    check_ranges(config)
+    config.validate_optimizer()
+    if config.loader_workers is not None and config.loader_workers < 0:
+        raise UserError(f"--loader-workers must not be negative, got {config.loader_workers}; 0 loads in the "
+                        f"rank's own process.")
+    if config.system_metrics_every < 0:
+        raise UserError(f"--system-metrics-every must not be negative, got {config.system_metrics_every}; 0 turns "
+                        f"system metrics off.")
+    validate_averaging(config)
+    refused = (combination_error(config.sync, config.compression) or compile_flags_error(config)
+               or scaled_compression_error(config.precision, config.sync, config.compression))
+    if refused:
+        raise UserError(refused)
+    check_flag_pairs(config)
+    check_data(config)
+    check_batch_split(config, world_size)
+
+
+def check_ranges(config) -> None:
+    """Numbers that must be positive, or not negative; the methods' options check their own."""
+    positive = {
+        "--batch-size": config.batch_size, "--epochs": config.epochs, "--log-every": config.log_every,
+        "--synthetic-size": config.synthetic_size, "--timeout": config.timeout, "--lr": config.optimizer_settings.lr,
+        "--accumulate": config.accumulate,
+    }
+    for flag, value in {"--eval-every": config.eval_every, "--max-steps": config.max_steps,
+                        "--threads": config.threads, "--checkpoint-every": config.checkpoint_every,
+                        "--clip-grad-norm": config.clip_grad_norm}.items():
+        if value is not None:
+            positive[flag] = value
+    for flag, value in positive.items():
+        if value <= 0:
+            raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
+    optimizer = config.optimizer_settings
+    for flag, value in {"--momentum": optimizer.momentum, "--weight-decay": optimizer.weight_decay,
+                        "--check-every": config.check_every, "--warmup-steps": optimizer.warmup_steps,
+                        "--timing-warmup-steps": config.timing_warmup_steps}.items():
+        if value is not None and value < 0:
+            raise UserError(f"{flag} must not be negative, got {value}.")
+
+
+def validate_averaging(config) -> None:
+    """The flags of the methods that sync less often: only with a method that reads them, then in range."""
+    for name in (*option_names(AveragingOptions), *option_names(OuterStepOptions)):
+        flag, readers = "--" + name.replace("_", "-"), tuned_by(name)  # the methods whose class reads it
+        given = config.overlap if name == "overlap" else getattr(config, name) is not None
+        if given and config.sync not in readers:
+            raise UserError(f"{flag} is read by --sync {' and '.join(readers)} only, and this job runs --sync "
+                            f"{config.sync}, which would ignore it. Drop {flag}, or use --sync {readers[0]}.")
+    for _, check in METHOD_OPTIONS:
+        if check is not None:
+            check(config)
+
+
+def check_flag_pairs(config) -> None:
+    """Flags that need another, or exclude one; and the texts a flag parses (--link, --timeline-steps)."""
+    if config.save_model and config.no_tracking:
+        raise UserError("--save-model stores the weights in the job's MLflow run, which --no-tracking turns off. "
+                        "Drop one of the two flags.")
+    if config.resume == RESUME_AUTO and not config.checkpoint_dir:
+        raise UserError("--resume auto continues from the latest checkpoint under --checkpoint-dir, which is not "
+                        "set. Add --checkpoint-dir (and --checkpoint-every) so the job has checkpoints to "
+                        "continue from.")
+    if config.reshard and not config.resume:
+        raise UserError("--reshard continues a checkpoint on another number of ranks, and there is no --resume to "
+                        "continue. Add --resume PATH (or --resume auto with --checkpoint-dir), or drop --reshard.")
+    if config.checkpoint_every is not None and not config.checkpoint_dir:
+        raise UserError(f"--checkpoint-every {config.checkpoint_every} needs --checkpoint-dir to say where "
+                        f"checkpoints go.")
+    if config.link is not None:
+        try:
+            rate_bytes_per_s(config.link)
+        except ValueError as error:
+            raise UserError(f"--link: {error}.") from None
+    try:
+        config.timeline_window  # noqa: B018 - parses --timeline-steps
+    except ValueError as error:
+        raise UserError(f"{error}.") from None
+
+
+def check_data(config) -> None:
+    """The model takes the data set's samples, along the data path chosen."""
+    shape = config.validate_model()
+    if len(shape) == 1 and config.loader == "dataloader":
+        raise UserError(f"--loader dataloader reads images one by one, and --model {config.model_name} trains on "
+                        f"text, which is always held resident (a uint8 tensor of its bytes). Drop --loader.")
+    if config.dropout is not None and not 0 <= config.dropout < 1:
+        raise UserError(f"--dropout must be in [0, 1), got {config.dropout}.")
+
+
+def check_batch_split(config, world_size: int) -> None:
+    """The global batch splits evenly across the ranks, and each rank's share into --accumulate micro-batches."""
+    batch_size, accumulate = config.batch_size, config.accumulate
+    if config.reshard and batch_size % (world_size * accumulate):
+        raise UserError(reshard_split_error(config, world_size))
+    if batch_size % world_size:
+        lower = max(world_size, batch_size - batch_size % world_size)
+        raise UserError(
+            f"--batch-size {batch_size} is the global batch and must split evenly across "
+            f"the {world_size} ranks of this job. Use a multiple of {world_size} "
+            f"(e.g. {lower} or {lower + world_size}), or change the number of ranks."
+        )
+    if batch_size % (world_size * accumulate):
+        share = world_size * accumulate
+        raise UserError(
+            f"--accumulate {accumulate} splits each rank's {batch_size // world_size} samples of a step "
+            f"(--batch-size {batch_size} over {world_size} ranks) into {accumulate} equal micro-batches, "
+            f"which they do not make. Use a --batch-size that is a multiple of {share} (ranks x K), e.g. "
+            f"{max(share, batch_size - batch_size % share)}, or another --accumulate."
+        )
+
+
+def reshard_split_error(config, world_size: int) -> str:
+    """Why the global batch does not split across this job's ranks under --reshard, and fixes that work: the
+    checkpoint continues only with the global batch it was written with, so a multiple of the ranks is a fix
+    only for a job started afresh."""
+    batch_size, accumulate = config.batch_size, config.accumulate
+    share = world_size * accumulate
+    lower = max(share, batch_size - batch_size % share)
+    ranks = ranks_advice(batch_size, world_size, accumulate)
+    into = f" in {accumulate} micro-batches each (--accumulate)" if accumulate > 1 else ""
+    fixes = [f"relaunch on {ranks}, which split it"] if ranks else []
+    if accumulate > 1 and not batch_size % world_size:
+        fixes.append(f"keep the ranks with an --accumulate that divides each rank's "
+                     f"{batch_size // world_size} samples")
+    elsewhere = " in another --checkpoint-dir" if config.checkpoint_dir else ""
+    fixes.append(f"start afresh: drop --resume and --reshard and use a --batch-size that is a multiple of {share} "
+                 f"(e.g. {lower} or {lower + share}){elsewhere}")
+    advice = "; or ".join(fixes)
+    return (f"--reshard continues a checkpoint with the global batch it was written with, and --batch-size "
+            f"{batch_size} does not split evenly across the {world_size} ranks of this job{into}. "
+            f"{advice[0].upper()}{advice[1:]}.")
+
+
+def ranks_that_split(batch_size: int, world_size: int, accumulate: int = 1) -> list[int]:
+    """The rank counts nearest `world_size`, the next fewer and the next more, across which `batch_size` splits into
+    equal shares of `accumulate` equal micro-batches: where a job that keeps its global batch (--reshard) can run."""
+    fits = [ranks for ranks in range(1, batch_size // accumulate + 1) if not batch_size % (ranks * accumulate)]
+    return [ranks for ranks in fits if ranks < world_size][-1:] + [ranks for ranks in fits if ranks > world_size][:1]
+
+
+def ranks_advice(batch_size: int, world_size: int, accumulate: int = 1) -> str | None:
+    """Where a global batch that must stay (--reshard) and does not split across `world_size` ranks does split, as
+    "2 or 4 ranks (mpirun -np 2 or -np 4)"; None where it splits already, or across no rank count."""
+    counts = ranks_that_split(batch_size, world_size, accumulate)
+    if not batch_size % (world_size * accumulate) or not counts:
+        return None
+    return f"{' or '.join(map(str, counts))} ranks (mpirun -np {' or -np '.join(map(str, counts))})"
+

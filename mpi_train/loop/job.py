@@ -1,0 +1,214 @@
+"""Setting a job up on every rank: checks before any work, data, the process group, identical replicas wrapped by
+their sync method, the optimizer, and a checkpoint's state when the job resumes one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import tracking
+from ..checkpoint import Checkpointer, Resume, load_for_resume
+from ..cluster import Cluster
+from ..config import JobInfo, TrainConfig
+from ..data import Loaders, load_datasets, make_loaders
+from ..data.text import zero_windows
+from ..devices import Placement, place, run_shapes, warm_autotuner
+from ..errors import UserError
+from ..failpoints import injected, overflowing, slowed
+from ..lr_schedule import LearningRate
+from ..memory import count_peak_from_here
+from ..netmodel import JobModel, bytes_sent_per_sync, job_model, layout_params
+from ..optimizers import OPTIMIZERS
+from ..preemption import Preemption, StepAgreement
+from ..randomness import seed_rank_streams
+from ..reporter import check_outputs
+from ..step.compiling import compile_net, shared_sizes, toolchain_error, wants_channels_last
+from ..step.gradients import OptimizerGradients
+from ..step.precision import Precision
+from ..step.precision import agreed as agreed_precision
+from ..sync import SYNC_METHODS, SyncMethod, backend_error, build_method
+from ..timeline import Alignment, StepRecorder, align_clocks
+from .replicas import check_replicas_agree, seed_everything
+
+
+@dataclass(frozen=True)
+class Job:
+    """What setup builds on every rank, ready for the loop."""
+
+    info: JobInfo
+    device: torch.device
+    model: nn.Module  # the replica whose weights are checked, checkpointed and synced
+    net: nn.Module  # what the forward pass runs: the model, or the sync method's wrapper around it
+    method: SyncMethod
+    optimizer: torch.optim.Optimizer
+    learning_rate: LearningRate
+    sync_model: JobModel | None  # the sync time the alpha-beta model expects (None on one host)
+    train_loader: Any
+    sampler: Any
+    test_loader: Any
+    checkpoints: Checkpointer
+    resume: Resume | None
+    preemption: Preemption  # SIGUSR1: checkpoint at the next step boundary and stop for requeue
+    agreement: StepAgreement  # what every rank decides alike after each step: SIGUSR1, a loss or weights gone inf/NaN
+    connection: tracking.Connection | None
+    fault: Any
+    slow: Any  # a simulated straggler ($MPI_TRAIN_SLOW), or nothing
+    recorder: StepRecorder  # each step's arrival, sync region and messages; a timeline's everything
+    alignments: list[Alignment] | None  # every rank's clock offset to rank 0's (on rank 0)
+    sent_per_sync: dict  # bytes this rank sends per sync, by what the step synced (Synced.scope)
+    memory_before: int  # CUDA bytes allocated when the job began (0 on a CPU)
+    precision: Precision  # --precision as it runs on this device (auto resolved)
+    gradients: OptimizerGradients  # between sync and optimizer step: 16-mixed's loss scale, --clip-grad-norm
+    overflow: Any  # a forced float16 overflow ($MPI_TRAIN_OVERFLOW_AT, 16-mixed only), or nothing
+
+
+@dataclass(frozen=True)
+class Replica:
+    """This rank's copy of the model, as its sync method wraps it for the forward pass."""
+
+    model: nn.Module
+    method: SyncMethod
+    net: nn.Module
+    compile_s: float | None  # under --compile: the slowest rank's compile
+
+
+def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) -> Job:
+    """Tracking store, threads and device, data, process group, identical replicas, sync method, optimizer, resume.
+    `advised`: the advice --sync auto followed (advice.resolve), reported with the job."""
+    info = cluster.info
+    config.validate(info.world_size)
+    # rank 0 checks every path the job writes, and the tracking store, before any work
+    check_outputs(config, cluster)
+    connection = tracking.connect(config, cluster)
+    # no-ops unless a test names a failure to inject, or a rank to slow down
+    fault, slow = injected(), slowed()
+    fault.at(info.rank, "start")
+    placement, precision = placed(config, cluster)
+    device = placement.device
+    # this job's own CUDA peak, in a process that runs several
+    memory_before = count_peak_from_here(device)
+
+    train_set, test_set = load_datasets(config, cluster)
+    loaders = make_loaders(train_set, test_set, config, cluster, device, placement.threads)
+    fault.at(info.rank, "rendezvous")
+    rendezvous = cluster.open_process_group(placement.backend, config.master_addr, config.timeout, device)
+    replica = build_replica(config, cluster, device, precision, loaders)
+    model, method = replica.model, replica.method
+    recorder, alignments = recording(config, cluster, device, replica)
+    sync_model = job_model(config, cluster, model, method, device)
+    # the flags given, else the model's defaults
+    settings = config.optimizer_settings
+    optimizer = method.make_optimizer(model, lambda params: OPTIMIZERS[settings.optimizer].build(params, settings))
+
+    # optimizer steps, of --accumulate micro-batches each
+    steps_per_epoch = len(loaders.train) // config.accumulate
+    total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
+    checkpoints = Checkpointer(config, cluster)
+    resume = load_for_resume(config, cluster, total_steps)
+    gradients = OptimizerGradients(precision=precision, method=method, optimizer=optimizer,
+                                   max_norm=config.clip_grad_norm, device=device, world_size=info.world_size)
+    if resume:
+        resume_state(resume, replica, optimizer, gradients)
+    # the whole run's schedule, so that --max-steps and resuming keep the same curve
+    learning_rate = LearningRate(optimizer=optimizer, peak=settings.lr, kind=config.lr_schedule,
+                                 warmup_steps=settings.warmup_steps, total_steps=config.epochs * steps_per_epoch,
+                                 steps_done=resume.position.step if resume else 0)
+    job_info = JobInfo(
+        world_size=info.world_size, backend=placement.backend, hosts=tuple(cluster.hosts), threads=placement.threads,
+        rendezvous=rendezvous, batch_size_per_rank=config.per_rank(info.world_size), steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps, compression=SYNC_METHODS[config.sync].traits.compression_name(config.compression),
+        **layout_params(cluster.hosts), resumed_from=resumed_from(resume), advice=advised,
+        data_path=loaders.describe(), compile_s=replica.compile_s, precision=precision.name,
+    )
+    preemption = Preemption(config.checkpoint_dir is not None, info.world_size)
+    agreement = StepAgreement(preemption, info.rank, info.world_size, device)
+    return Job(
+        info=job_info, device=device, model=model, net=replica.net, method=method, optimizer=optimizer,
+        learning_rate=learning_rate, sync_model=sync_model, train_loader=loaders.train, sampler=loaders.sampler,
+        test_loader=loaders.test, checkpoints=checkpoints, resume=resume, preemption=preemption, agreement=agreement,
+        connection=connection, fault=fault, slow=slow, recorder=recorder, alignments=alignments,
+        sent_per_sync=bytes_sent_per_sync(method, model, list(cluster.hosts), info.rank),
+        memory_before=memory_before, precision=precision, gradients=gradients,
+        overflow=overflowing(model, precision.scaled),
+    )
+
+
+def placed(config: TrainConfig, cluster: Cluster) -> tuple[Placement, Precision]:
+    """This rank's threads, backend and device, and the precision every rank runs at (auto resolved); a backend the
+    sync method cannot use, a device without the precision, or a toolchain --compile lacks, refused alike."""
+    placement = place(cluster, config.backend, config.threads, config.deterministic)
+    # before any collective: torch's own failure would abort the process
+    unsupported = backend_error(config.sync, placement.backend)
+    if unsupported:
+        raise UserError(unsupported)
+    precision = agreed_precision(config.precision, placement.device, cluster)
+    # every rank's own toolchain, refused alike before any data is read
+    if config.compile:
+        cluster.agree(toolchain_error(placement.device, config.compile_mode), "--compile cannot build its kernels")
+    return placement, precision
+
+
+def build_replica(config: TrainConfig, cluster: Cluster, device: torch.device, precision: Precision,
+                  loaders: Loaders) -> Replica:
+    """The model from one seed on every rank, checked identical, its kernels tuned or compiled, wrapped by its sync
+    method; each rank's own random streams from here on (dropout, the DataLoader path's augmentation)."""
+    seed_everything(config.seed)
+    model = config.make_model().to(device)
+    check_replicas_agree(cluster, model, "at start")
+    tokens = torch.int64 if config.language_model else None
+    # Under the job's autocast: a bfloat16 convolution is another kernel to tune than a float32 one (an H200's
+    # CIFAR-10 epoch in bf16-mixed paid 2.7 s of tuning mid-epoch when the warm-up ran in float32). A compiled job's
+    # warm-up meets every shape instead, in the layout its graphs run.
+    if not config.compile:
+        warm_autotuner(model, config.input_shape, *loaders.batch_sizes, device, tokens,
+                       computing=lambda: precision.autocast(device))
+    seed_rank_streams(config.seed, cluster.info.rank)
+    method = build_method(config.sync, config)
+    # before a wrapper lays out its buckets or shards
+    if config.compile and wants_channels_last(model, device, method):
+        model.to(memory_format=torch.channels_last)
+    net = method.wrap(model)
+    if not config.compile:
+        return Replica(model=model, method=method, net=net, compile_s=None)
+    # every rank runs the same shapes, so that a wrapper's collectives in the warm-up pair up
+    windows = partial(zero_windows, context=config.input_shape[0], device=device) if config.language_model else None
+    shapes = partial(run_shapes, net, model, config.input_shape, *shared_sizes(cluster, loaders.batch_sizes),
+                     device, tokens, scoring=method.evaluated(model), make_input=windows,
+                     computing=partial(precision.autocast, device))
+    compiled_s = compile_net(net, model, method, config.compile_mode, device, shapes)
+    return Replica(model=model, method=method, net=net, compile_s=max(cluster.allgather(compiled_s)))
+
+
+def recording(config: TrainConfig, cluster: Cluster, device: torch.device,
+              replica: Replica) -> tuple[StepRecorder, list[Alignment]]:
+    """The recorder of every step's phases and messages, on a clock aligned to rank 0's; every rank's alignment."""
+    if cluster.info.world_size > 1:
+        alignment, alignments = align_clocks(cluster, device)
+    else:
+        alignment, alignments = Alignment(), [Alignment()]
+    recorder = StepRecorder(alignment, replica.method.traits.overlapped(), config.timeline_window,
+                            gpu=device.type == "cuda")
+    recorder.watch(replica.model)
+    replica.method.record_into(recorder)
+    return recorder, alignments
+
+
+def resume_state(resume: Resume, replica: Replica, optimizer: torch.optim.Optimizer,
+                 gradients: OptimizerGradients) -> None:
+    """The checkpoint's weights, optimizer state (a sharding method keeps its shard), the method's step count and
+    16-mixed's loss scale, the same on every rank; each rank's random state comes right before its first batch."""
+    replica.method.load(replica.model, optimizer, {"model": resume.model_state, "optimizer": resume.optimizer_state},
+                        resume.position.step)
+    gradients.load_state_dict(resume.loss_scaler)
+
+
+def resumed_from(resume: Resume | None) -> dict | None:
+    """The checkpoint a resumed job continues, as its JobInfo reports it."""
+    if resume is None:
+        return None
+    return {"checkpoint": str(resume.path), "step": resume.position.step, "run_id": resume.parent_run_id,
+            "world_size": resume.world_size}

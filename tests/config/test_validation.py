@@ -1,0 +1,66 @@
+"""The checks a job passes before any work starts, each refusal one paragraph naming the values and the fix."""
+
+import re
+
+import pytest
+
+from mpi_train.config import TrainConfig
+from mpi_train.errors import UserError, format_error
+
+
+def test_indivisible_batch_names_values_and_fix():
+    with pytest.raises(UserError) as error:
+        TrainConfig(batch_size=250).validate(world_size=4)
+    message = str(error.value)
+    assert "--batch-size 250" in message and "4 ranks" in message and "248" in message and "252" in message
+
+
+@pytest.mark.parametrize("world_size,accumulate", [(3, 1), (2, 3), (3, 3), (300, 1)])
+def test_reshard_advice_for_a_batch_that_does_not_split_is_advice_the_checks_accept(world_size, accumulate):
+    """--reshard keeps the checkpoint's global batch: each rank count, --accumulate and fresh --batch-size the
+    message suggests passes the same check (a multiple of the ranks alone would be refused at resume)."""
+    job = {"dataset": "synthetic", "batch_size": 256, "accumulate": accumulate, "checkpoint_dir": "ck"}
+    with pytest.raises(UserError) as error:
+        TrainConfig(**job, resume="auto", reshard=True).validate(world_size)
+    message = " ".join(str(error.value).split())
+    assert "--batch-size 256" in message and "drop --resume and --reshard" in message
+    ranks = [int(n) for n in re.findall(r"-np (\d+)", message)]
+    assert ranks == {(3, 1): [2, 4], (2, 3): [], (3, 3): [], (300, 1): [256]}[world_size, accumulate]
+    for count in ranks:
+        TrainConfig(**job, resume="auto", reshard=True).validate(count)
+    share = f"an --accumulate that divides each rank's {256 // world_size} samples"
+    assert (share in message) == (not 256 % world_size)  # offered where the ranks split it and K does not
+    if share in message:
+        for k in (k for k in range(1, 257) if not 256 // world_size % k):
+            TrainConfig(**{**job, "accumulate": k}, resume="auto", reshard=True).validate(world_size)
+    fresh = re.search(r"multiple of \d+ \(e\.g\. (\d+) or (\d+)\) in another --checkpoint-dir", message)
+    assert len(set(fresh.groups())) == 2
+    for batch_size in map(int, fresh.groups()):
+        TrainConfig(**{**job, "batch_size": batch_size, "checkpoint_dir": "ck2"}).validate(world_size)
+
+
+@pytest.mark.parametrize("field,value", [("batch_size", 0), ("epochs", -1), ("lr", 0.0), ("max_steps", 0),
+                                         ("log_every", 0), ("threads", 0), ("timeout", -5.0), ("momentum", -0.1),
+                                         ("bucket_mb", 0.0), ("powersgd_rank", 0), ("powersgd_start_step", -1)])
+def test_zero_or_negative_numbers_are_rejected(field, value):
+    with pytest.raises(UserError) as error:
+        TrainConfig(**{field: value}).validate(world_size=1)
+    assert str(value) in str(error.value)
+
+
+def test_errors_print_as_one_paragraph():
+    text = format_error("x " * 200)
+    assert text.startswith("mpi_train: error:") and "\n\n" not in text
+
+
+@pytest.mark.parametrize("dataset,model", [("cifar10", "mnist_cnn"), ("mnist", "vgg11")])
+def test_a_model_that_cannot_take_the_data_sets_images_is_refused(dataset, model):
+    with pytest.raises(UserError, match=f"--model {model} takes images of .* and {dataset}'s are"):
+        TrainConfig(dataset=dataset, model=model).validate(1)
+    TrainConfig(dataset="synthetic", model=model).validate(1)  # synthetic images take the model's shape
+
+
+def test_the_data_path_flags_are_checked():
+    assert TrainConfig().loader == "auto"
+    with pytest.raises(UserError, match="--loader-workers must not be negative"):
+        TrainConfig(loader="dataloader", loader_workers=-1).validate(1)
