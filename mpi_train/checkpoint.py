@@ -452,7 +452,9 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
         except UserError as error:
             outcome = str(error)
     cluster.agree(outcome, "cannot resume")
-    if not cluster.bcast(path is not None):  # --resume auto with no checkpoint yet: a fresh start
+    # --resume auto with no checkpoint yet: a fresh start
+    found = cluster.bcast(path is not None)
+    if not found:
         return None
     shared = None
     if cluster.info.is_main:
@@ -471,8 +473,9 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
         ranks = [ranks[rank] if rank < len(ranks) else None for rank in range(cluster.info.world_size)]
     rank_state = cluster.scatter(ranks)
     return Resume(path=Path(shared["path"]),
-                  position=Position(shared["epoch"], shared["step"], shared["step_in_epoch"], shared["elapsed_s"],
-                                    shared["sent_bytes"]),
+                  position=Position(epoch=shared["epoch"], step=shared["step"],
+                                    step_in_epoch=shared["step_in_epoch"], elapsed_s=shared["elapsed_s"],
+                                    sent_bytes=shared["sent_bytes"]),
                   model_state=shared["model_state"], optimizer_state=shared["optimizer_state"],
                   rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"], method=shared["method"],
                   world_size=shared["world_size"], unsent_metrics=unsent, loss_scaler=shared["loss_scaler"])

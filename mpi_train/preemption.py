@@ -175,4 +175,5 @@ class StepAgreement:
         if not loss_ranks:
             self.last_finite = (step, statistics.fmean(losses))
         if loss_ranks or weight_ranks:
-            self.diverged = Divergence(step, loss_ranks, weight_ranks, tuple(losses), self.last_finite)
+            self.diverged = Divergence(step=step, loss_ranks=loss_ranks, weight_ranks=weight_ranks,
+                                       losses=tuple(losses), last_finite=self.last_finite)

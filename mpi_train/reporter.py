@@ -104,8 +104,7 @@ class SilentReporter:
     def start(self, job: JobInfo) -> None: ...
     def advance(self, epoch: int, step: int) -> None: ...
     def end_progress(self) -> None: ...
-    def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict],
-                 lr: float | None = None) -> None: ...
+    def log_step(self, epoch: int, step: int, per_rank: list[dict], lr: float | None = None) -> None: ...
     def log_epoch(self, epoch: int, step: int, test_loss: float, test_accuracy: float,
                   epoch_time_s: float) -> None: ...
     def log_eval(self, step: int, test_loss: float, test_accuracy: float, elapsed_s: float, sent_bytes: float,
@@ -153,8 +152,8 @@ class Reporter(SilentReporter):
         """The training loop is over (or failed): the progress bar, if drawn, ends; lines still print."""
         self.outputs.close()
 
-    def log_step(self, epoch: int, step: int, total_steps: int, per_rank: list[dict], lr: float | None = None) -> None:
-        """A step's figures, means over the ranks; `total_steps` is the job's, which the console took at start."""
+    def log_step(self, epoch: int, step: int, per_rank: list[dict], lr: float | None = None) -> None:
+        """A step's figures, means over the ranks."""
         times = {key: mean_over_ranks(per_rank, key) for key in PHASES}
         splits = timeline.split([record.pop("steps") for record in per_rank])
         if splits and splits[0]:  # each rank's wait for the last to arrive, apart from its transfer

@@ -209,7 +209,7 @@ class StepRecorder(Recorder):
     def message(self, name, start, end=None, nbytes=0.0, bucket=None):
         if not self.wants_messages:
             return None
-        message = Message(name, start, end, nbytes, bucket)
+        message = Message(name=name, start=start, end=end, nbytes=nbytes, bucket=bucket)
         with self.lock:
             self.current.messages.append(message)
         return message

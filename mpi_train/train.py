@@ -95,8 +95,8 @@ def make_reporter(config: TrainConfig, cluster: Cluster, job: Job, tracker: trac
     if not cluster.info.is_main:
         return SilentReporter()
     first_step = job.resume.position.step if job.resume else 0
-    return Reporter(config.as_dict(), config.batch_size, config.summary_json, tracker=tracker,
-                    sync_model=job.sync_model, steady_from=first_step + config.timing_warmup_steps,
+    return Reporter(config_dict=config.as_dict(), global_batch=config.batch_size, summary_path=config.summary_json,
+                    tracker=tracker, sync_model=job.sync_model, steady_from=first_step + config.timing_warmup_steps,
                     name=config.default_run_name(cluster.info.world_size), alignments=job.alignments,
                     throughput=Throughput.of(config.make_model, config.input_shape, job.device,
                                              tokens=config.language_model, precision=job.precision.name))

@@ -211,8 +211,9 @@ def predicted(candidate: Candidate, model: StepModel) -> Predicted:
     method = candidate.method()
     prediction = predict(method, model.tensor_bytes, model.layout, model.network, label=candidate.label,
                          backward_s=model.backward_s, backward=model.backward, units=model.units)
-    return Predicted(candidate, model.baseline_step_s + prediction.sync_s, prediction.sync_s, prediction.comm_s,
-                     prediction.messages, binding(candidate, model, method))
+    return Predicted(candidate=candidate, step_s=model.baseline_step_s + prediction.sync_s,
+                     exposed_s=prediction.sync_s, comm_s=prediction.comm_s,
+                     messages=prediction.messages, binds=binding(candidate, model, method))
 
 
 def ranked(found: Sequence[Candidate], model: StepModel) -> list[Predicted]:

@@ -20,9 +20,10 @@ def step_model(per_rank: list[dict], tensor_bytes: Sequence[float], layout: netm
                units: Sequence[int] | None = None) -> StepModel:
     """The step without sync as measured (slowest rank per step, median), with the links and backward's profile
     (and each tensor's layer block, `units`: fsdp's messages)."""
-    return StepModel(tuple(tensor_bytes), layout, network, backward,
-                     statistics.median(slowest(per_rank, NO_SYNC, "compute")),
-                     statistics.median(slowest(per_rank, NO_SYNC, "step")), tuple(units) if units else None)
+    return StepModel(tensor_bytes=tuple(tensor_bytes), layout=layout, network=network, backward=backward,
+                     compute_s=statistics.median(slowest(per_rank, NO_SYNC, "compute")),
+                     baseline_step_s=statistics.median(slowest(per_rank, NO_SYNC, "step")),
+                     units=tuple(units) if units else None)
 
 
 def measured_steps(per_rank: list[dict]) -> dict[str, dict]:

@@ -108,7 +108,8 @@ class Boxes:
     flips: torch.Tensor
 
     def __getitem__(self, where: slice) -> Boxes:
-        return Boxes(self.tops[where], self.lefts[where], self.heights[where], self.widths[where], self.flips[where])
+        return Boxes(tops=self.tops[where], lefts=self.lefts[where], heights=self.heights[where],
+                     widths=self.widths[where], flips=self.flips[where])
 
 
 def draw_boxes(count: int, side: int, generator: torch.Generator, device: torch.device) -> Boxes:
@@ -130,7 +131,7 @@ def draw_boxes(count: int, side: int, generator: torch.Generator, device: torch.
     tops = (offsets[0] * (side - height + 1)).long().clamp_(max=side - height)
     lefts = (offsets[1] * (side - width + 1)).long().clamp_(max=side - width)
     flips = torch.randint(0, 2, (count,), generator=generator, device=device)
-    return Boxes(tops, lefts, height, width, flips)
+    return Boxes(tops=tops, lefts=lefts, heights=height, widths=width, flips=flips)
 
 
 class ResizedCropFlip:

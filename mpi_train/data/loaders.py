@@ -94,8 +94,9 @@ def resident_split(config: TrainConfig, split: Dataset, cluster: Cluster, device
     if isinstance(split, SyntheticImages):  # made in memory already, as float
         return ResidentSplit(split.images, split.labels, device, None)
     decoded = decoded_split(config, split, cluster)
-    return ResidentSplit(decoded.images, decoded.labels, device, NORMALISATION[config.dataset],
-                         view(config, decoded.images.shape[-1], device, train))
+    return ResidentSplit(images=decoded.images, labels=decoded.labels, device=device,
+                         normalise=NORMALISATION[config.dataset],
+                         view=view(config, decoded.images.shape[-1], device, train))
 
 
 def check_images(config: TrainConfig, split: Dataset, cluster: Cluster) -> None:
@@ -220,12 +221,14 @@ def text_loaders(train: text.TextSplit, test: text.TextSplit, config: TrainConfi
     info, context = cluster.info, config.gpt_shape.context
     micro_batch = config.micro_batch(info.world_size)
     steps = max(1, len(train) // (config.batch_size * context))  # an epoch: the training bytes once, in expectation
-    loader = text.TextTrainLoader(train, device, context, micro_batch, steps * config.accumulate, config.seed,
-                                  info.rank)
+    loader = text.TextTrainLoader(split=train, device=device, context=context, batch_size=micro_batch,
+                                  batches=steps * config.accumulate, seed=config.seed, rank=info.rank)
     test_batch = config.per_rank(info.world_size)
-    scored = text.TextTestLoader(test, device, context, test_batch, info.rank, info.world_size)
+    scored = text.TextTestLoader(split=test, device=device, context=context, batch_size=test_batch, rank=info.rank,
+                                 world_size=info.world_size)
     sizes = ({micro_batch}, {len(scored.starts) % test_batch or test_batch, test_batch} - {0})
-    return Loaders(loader, loader.sampler, scored, "resident", sizes, loader.nbytes + scored.nbytes)
+    return Loaders(train=loader, sampler=loader.sampler, test=scored, path="resident", batch_sizes=sizes,
+                   resident_bytes=loader.nbytes + scored.nbytes)
 
 
 def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cluster, device: torch.device,
@@ -248,9 +251,11 @@ def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cl
     if path == "resident":
         train_split = resident_split(config, train, cluster, device, train=True)
         test_split = resident_split(config, test, cluster, device, train=False)
-        return Loaders(ResidentTrainLoader(train_split, sampler, micro_batch, config.seed, info.rank), sampler,
-                       ResidentTestLoader(test_split, info.rank, info.world_size, test_batch), path, sizes,
-                       train_split.nbytes + test_split.nbytes)
+        train_loader = ResidentTrainLoader(split=train_split, sampler=sampler, batch_size=micro_batch,
+                                           seed=config.seed, rank=info.rank)
+        test_loader = ResidentTestLoader(test_split, info.rank, info.world_size, test_batch)
+        return Loaders(train=train_loader, sampler=sampler, test=test_loader, path=path, batch_sizes=sizes,
+                       resident_bytes=train_split.nbytes + test_split.nbytes)
     count = workers(config, device, threads)
     if why and info.is_main:
         print(f"mpi_train: {why}: it is read through torch's DataLoader instead (--loader auto), with {count} "
@@ -261,5 +266,6 @@ def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cl
         check_images(config, split, cluster)
     options = {"num_workers": count, "pin_memory": device.type == "cuda", "persistent_workers": count > 0}
     named = lambda split: NamedFaults(split) if hasattr(split, "samples") else split
-    return Loaders(Batches(named(train), batch_size=micro_batch, sampler=sampler, **options), sampler,
-                   Batches(Subset(named(test), shard), batch_size=test_batch, **options), path, sizes)
+    return Loaders(train=Batches(named(train), batch_size=micro_batch, sampler=sampler, **options), sampler=sampler,
+                   test=Batches(Subset(named(test), shard), batch_size=test_batch, **options), path=path,
+                   batch_sizes=sizes)

@@ -265,7 +265,9 @@ def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Datas
     except OSError as error:  # a folder this user may not enter: downloading into it would fail too
         present, outcome = True, _unreadable(root, error)
     cluster.agree(outcome, what)
-    if not all(cluster.allgather(present)):  # every rank takes part, even on hosts that have the data
+    # every rank takes part, even on hosts that have the data
+    everywhere = all(cluster.allgather(present))
+    if not everywhere:
         cluster.run_per_host(lambda: _present(config.dataset, root) or _download(config.dataset, root), what)
     try:
         splits = OPENERS[config.dataset](root, True), OPENERS[config.dataset](root, False)

@@ -160,4 +160,5 @@ def launch(command: list[str], folder: Path, timeout_s: float, damaged: Containe
             time.sleep(0.2)
         end_processes(left)
         reader.join(5)  # a process left behind may hold the pipe open until it is ended
-    return Run(code, "".join(lines), seconds, left, half_written(folder, before, damaged))
+    return Run(exit=code, output="".join(lines), seconds=seconds, left=left,
+               half_written=half_written(folder, before, damaged))

@@ -75,10 +75,12 @@ def measure(args: argparse.Namespace) -> dict:
     prepared_s = time.perf_counter() - began
     began = time.perf_counter()
     decoded = cache.load(path)
-    resident = ResidentSplit(decoded.images, decoded.labels, cpu, NORMALISATION[args.dataset],
-                             view(config, decoded.images.shape[-1], cpu, train=True))
+    resident = ResidentSplit(images=decoded.images, labels=decoded.labels, device=cpu,
+                             normalise=NORMALISATION[args.dataset],
+                             view=view(config, decoded.images.shape[-1], cpu, train=True))
     mapped_s = time.perf_counter() - began
-    resident_images, resident_s = timed_pass(ResidentTrainLoader(resident, sampler, args.batch_size, 42, 0))
+    resident_images, resident_s = timed_pass(ResidentTrainLoader(split=resident, sampler=sampler,
+                                                                 batch_size=args.batch_size, seed=42, rank=0))
 
     loader = DataLoader(split, batch_size=args.batch_size, sampler=sampler, num_workers=0)
     folder_images, folder_s = timed_pass(loader, args.batches)

@@ -106,7 +106,7 @@ class AfterStep:
         per_rank = self.cluster.gather({"loss": loss.item(), **self.window.means(), **self.tracker.host_sample(),
                                         **self.method_figures, **job.gradients.figures(),
                                         "steps": job.recorder.take()})
-        self.reporter.log_step(position.epoch, position.step, job.info.total_steps, per_rank, lr=lr)
+        self.reporter.log_step(position.epoch, position.step, per_rank, lr=lr)
         self.window, self.method_figures = PhaseTotals(), {}
 
     def checkpoint(self, position: Position) -> None:

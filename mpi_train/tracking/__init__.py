@@ -80,7 +80,7 @@ def start(connection: Connection | None, config: TrainConfig, cluster, job: JobI
     info = cluster.info
     ranks = cluster.gather({"rank": info.rank, "local_rank": info.local_rank, "host": info.host, "pid": os.getpid()})
     if info.is_main:
-        return MlflowTracker(connection, config, cluster, job, ranks)
+        return MlflowTracker(connection=connection, config=config, cluster=cluster, job=job, ranks=ranks)
     samples_host = info.local_rank == 0 and config.system_metrics_every > 0
     return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None,
                        signalled_together=cluster.environment.name != "mpi",

@@ -113,7 +113,8 @@ class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
         spool = self.client.spool.path if isinstance(self.client, SpoolingClient) else None
         from .guard import RunGuard  # here, not at the top: the guard's own process imports this package first
 
-        self.guard = RunGuard(connection.uri, self.parent_id, self.child_ids, spool, config.experiment)
+        self.guard = RunGuard(uri=connection.uri, parent_id=self.parent_id, child_ids=self.child_ids, spool=spool,
+                              experiment=config.experiment)
         self.sender = BatchSender(self.client, on_handled=self.guard.handled)
         self.sampler = HostSampler(config.system_metrics_every) if config.system_metrics_every else None
         if self.holding:  # a job that may restart, maybe on fewer ranks: each attempt's ranks, from its first step

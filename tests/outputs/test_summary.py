@@ -28,7 +28,7 @@ def test_the_summary_holds_every_record_in_its_parts_order_and_the_console_print
     reporter = Reporter(CONFIG, 64, str(path), print_fn=lines.append)
     reporter.start(JOB)
     for step in (1, 2):
-        reporter.log_step(1, step, 2, [rank_record(step, rank) for rank in range(2)], lr=0.1)
+        reporter.log_step(1, step, [rank_record(step, rank) for rank in range(2)], lr=0.1)
     reporter.note_stall(Stall("h2", (1,), 2, 3.5))
     reporter.log_eval(1, 1.2, 0.4, 1.0, 2e6)
     reporter.log_epoch(1, 2, 1.0, 0.5, 4.0)

@@ -81,8 +81,9 @@ class BucketMemory:
             orthogonalise(q)
             qt = self.second[q_at:q_at + cols * r].view(r, cols)
             qt.copy_(q.t())
-            self.matrices.append(Matrix(i, rows, cols, self.first[p_at:p_at + rows * r].view(rows, r), qt,
-                                        torch.zeros(rows, cols, dtype=like.dtype, device=like.device)))
+            p = self.first[p_at:p_at + rows * r].view(rows, r)
+            residual = torch.zeros(rows, cols, dtype=like.dtype, device=like.device)
+            self.matrices.append(Matrix(index=i, rows=rows, cols=cols, p=p, qt=qt, residual=residual))
             p_at, q_at = p_at + rows * r, q_at + cols * r
         self.whole_slots = []
         for i in self.whole:
