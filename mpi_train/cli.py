@@ -46,7 +46,7 @@ SUBCOMMANDS = {  # name: the module whose main(argv) runs it, its line in --help
     "replay": Subcommand("mpi_train.tracking.replay", "send to MLflow what jobs spooled while its server was "
                          "unreachable"),
     "supervise": Subcommand("mpi_train.lab.supervise", "relaunch a failed job from its last checkpoint, into the same "
-                            "MLflow run"),
+                            "MLflow run; shrink it off a host gone and grow it back"),
     "gpu-check": Subcommand("mpi_train.commands.gpu_check", "a GPU machine's check: every method under NCCL, the "
                             "step against a bare loop, exact resumption, one real epoch", rank=True),
     "soak": Subcommand("mpi_train.lab.soak", "short jobs on test hosts, one random fault each, and what it did",

@@ -1,5 +1,6 @@
 """What a network does to a job, made real on two test hosts: a link that goes down for good (the job ends naming
-the host, and the supervisor carries it on without it), rank 0's own link cut, and a link that blinks.
+the host, the supervisor carries it on without it and grows it back when the link returns), rank 0's own link cut,
+and a link that blinks.
 
 Each host's link is a veth cable to a bridge here; `ip link set ... down` on the bridge's end
 cuts the host off as a pulled cable would (no reset reaches either side). The links are
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.e2e
 PREFIX, SUBNET = "netfault", "10.88.0"
 TIMEOUT_S = 15
 STEPS = 12
+GROW_STEPS = 24  # the grow test's: enough left after the shrink for growing to pay
 RUN_NAME = "allreduce-np4-seed42"  # the job's default run name
 JOB = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "1",
        "--max-steps", str(STEPS), "--timeout", str(TIMEOUT_S), "--sync", "allreduce"]
@@ -147,29 +149,42 @@ def test_a_link_that_blinks_costs_a_stall_not_the_job(hosts, uninterrupted, tmp_
     assert [(m.step, round(m.value, 3)) for m in history] == [(stalls[0]["step"], round(stalls[0]["seconds"], 3))]
 
 
-def test_a_host_that_loses_its_link_for_good_is_named_and_the_supervisor_goes_on_without_it(hosts, tmp_path):
-    """python -m mpi_train supervise --min-ranks 2: host 2's link is cut for good at step 5. The job ends within the
-    timeout naming the host; host 2 does not answer the supervisor either, so the job is relaunched on host 1 alone
-    with 2 ranks and the same global batch, and finishes in the same MLflow run, which logs the change."""
-    checkpoints, uri = tmp_path / "checkpoints", hosts.server.uri()
-    line, env = mpirun_launch(4, [*JOB, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2",
-                                  "--tracking-uri", uri, "--experiment", "gone", "--summary-json",
-                                  str(tmp_path / "gone.json")], **hosts.mpirun_options())
+def test_a_host_gone_for_good_is_named_the_job_goes_on_without_it_and_grows_back_when_it_returns(hosts, tmp_path):
+    """python -m mpi_train supervise --min-ranks 2: host 2's link is cut at step 5. The job ends within the timeout
+    naming the host; host 2 does not answer the supervisor either, so the job is relaunched on host 1 alone with 2
+    ranks and the same global batch. Then the link returns: host 2 answers for --host-cooldown, the job stops at a
+    step boundary and goes on on 4 ranks again, and finishes in the same MLflow run, ranks 2 and 3 back in theirs.
+    Rank 0 straggles 0.3 s a step, so that the shrunk job is still running when host 2 is ready."""
+    checkpoints, uri, steps = tmp_path / "checkpoints", hosts.server.uri(), GROW_STEPS
+    placed = hosts.mpirun_options()
+    line, env = mpirun_launch(4, [*JOB, "--max-steps", str(steps), "--epochs", "3", "--checkpoint-dir",
+                                  str(checkpoints), "--checkpoint-every", "2", "--tracking-uri", uri, "--experiment",
+                                  "gone", "--summary-json", str(tmp_path / "gone.json")],
+                              hostfile=placed["hostfile"], env={**placed["env"], "MPI_TRAIN_SLOW": "0:0.3"})
     command = [sys.executable, "-m", "mpi_train", "supervise", "--max-restarts", "1", "--backoff", "0.5",
-               "--host-wait", "3", "--min-ranks", "2", "--", *line]
+               "--host-wait", "3", "--min-ranks", "2", "--host-cooldown", "1", "--relaunch-cost", "2", "--", *line]
     lines: list[tuple[float, str]] = []  # each with when it came
+
+    def said(pattern: str) -> re.Match | None:
+        return re.search(pattern, "".join(text for _, text in lines))
+
     with launch.launched(command, env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True) as supervisor:
         reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), text) for text in supervisor.stdout),
                                   daemon=True)
         reader.start()
         try:
-            wait_for(lambda: re.search(rf"step\s+5/{STEPS}\b", "".join(text for _, text in lines)), 120, "step 5")
+            wait_for(lambda: said(rf"step\s+5/{steps}\b"), 120, "step 5")
             hosts.link(2, "down")
             cut = time.monotonic()
-            code = supervisor.wait(TIMEOUT_S + 120)
+            wait_for(lambda: said("going on without them"), TIMEOUT_S + 60, "the shrink")
+            # back, and unshaped: the grown job's steps cost the sleep and little more
+            hosts.link(2, "up")
+            hosts.script("unshape")
+            code = supervisor.wait(180)
         finally:
             hosts.link(2, "up")
+            hosts.script("shape", "50mbit")
         reader.join(10)
     output = "".join(text for _, text in lines)
     assert code == 0, output
@@ -180,26 +195,36 @@ def test_a_host_that_loses_its_link_for_good_is_named_and_the_supervisor_goes_on
     first, second = f"{SUBNET}.2", f"{SUBNET}.3"  # the hosts as the hostfile names them
     assert (f"host(s) {second} did not answer for 3 s: going on without them on {first} with 2 ranks (was 4), the "
             f"global batch of 64 resharded") in output, output
+    assert re.search(rf"Host\(s\) {second} returned ready: step [\d.]+ s on 2 ranks, about [\d.]+ s on 4; \d+ steps "
+                     r"left save about \d+ s against a relaunch of 2 s \(stated: --relaunch-cost\): growing\.",
+                     output), output
+    grown_at = int(re.search(r"the job stopped at step (\d+) to grow: relaunching on "
+                             rf"{first}, {second} with 4 ranks \(was 2\)", output).group(1))
     time.sleep(2)
     assert left_behind(str(checkpoints)) == []
 
     summary = json.loads((tmp_path / "gone.json").read_text())
-    assert summary["world_size"] == 2 and summary["batch_size_per_rank"] == 32
-    assert summary["resumed_from"]["world_size"] == 4 and summary["steps"][-1]["step"] == STEPS
+    assert summary["world_size"] == 4 and summary["batch_size_per_rank"] == 16
+    assert summary["resumed_from"] == {**summary["resumed_from"], "world_size": 2, "step": grown_at}
+    assert summary["steps"][-1]["step"] == steps
     client = client_for(uri)
-    parent, children = job_runs(client, "gone", RUN_NAME)  # one parent run for both attempts
-    assert parent.info.status == "FINISHED" and parent.data.tags["mpi_train.world_size"] == "2"
+    parent, children = job_runs(client, "gone", RUN_NAME)  # one parent run for the three attempts
+    assert parent.info.status == "FINISHED" and parent.data.tags["mpi_train.world_size"] == "4"
     assert "mpi_train.unreachable_hosts" not in parent.data.tags  # the failed attempt's end is in its cause now
-    resumed_at = summary["resumed_from"]["step"]
-    assert resumed_at >= 4
+    sizes = sorted((m.step, m.value) for m in client.get_metric_history(parent.info.run_id, "time/world_size"))
+    shrunk_at = sizes[1][0]
+    assert sizes == [(0, 4), (shrunk_at, 2), (grown_at, 4)] and 4 <= shrunk_at < grown_at
     assert parent.data.tags["mpi_train.restart.1"] == (
         f"attempt 1 ended FAILED (unreachable: host(s) {hosts.host(2)}, ranks 2,3); attempt 2 resumed from step "
-        f"{resumed_at} on 2 ranks (was 4)")
-    sizes = client.get_metric_history(parent.info.run_id, "time/world_size")
-    assert sorted((m.step, m.value) for m in sizes) == [(0, 4), (resumed_at, 2)]
-    steps = sorted(m.step for m in client.get_metric_history(parent.info.run_id, "learning/loss"))
-    assert steps == list(range(1, STEPS + 1))  # each step once, across both attempts
+        f"{shrunk_at} on 2 ranks (was 4)")
+    assert parent.data.tags["mpi_train.restart.2"] == (
+        f"attempt 2 ended KILLED (stopped by the supervisor at step {grown_at} to grow); attempt 3 resumed from step "
+        f"{grown_at} on 4 ranks (was 2): host(s) {second} returned")
+    logged = sorted(m.step for m in client.get_metric_history(parent.info.run_id, "learning/loss"))
+    assert logged == list(range(1, steps + 1))  # each step once, across the three attempts
+    # ranks 2 and 3 came back into the runs they had: four rank runs in all, every one finished
     by_rank = {c.data.tags["rank"]: c for c in children}
-    assert [by_rank[r].info.status for r in "01"] == ["FINISHED", "FINISHED"]
-    assert by_rank["3"].data.tags["mpi_train.left"].startswith(f"the job went on without this rank from step "
-                                                               f"{resumed_at}")
+    assert sorted(by_rank) == ["0", "1", "2", "3"] and len(children) == 4
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert "mpi_train.left" not in by_rank["3"].data.tags
+    assert by_rank["3"].data.tags["mpi_train.rejoined"] == f"rejoined from step {grown_at} (attempt 3)"

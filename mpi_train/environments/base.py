@@ -112,6 +112,17 @@ class ClusterEnvironment(ABC):
         """The torch store the ranks share from the start (env://), or None if the process group must open one."""
         return None
 
+    @property
+    def resizes_on_restart(self) -> bool:
+        """True where the launcher itself may restart the job at another world size, adding no flag (torchrun's
+        agent): --resume auto then continues a checkpoint of any world size, as --reshard does."""
+        return False
+
+    def resized_split_error(self, batch_size: int, accumulate: int) -> str | None:
+        """Under a launcher that resizes the job: why the global batch does not split across this attempt's ranks,
+        said in the launcher's terms; None where it splits (or the launcher never resizes)."""
+        return None
+
     def end_daemon_if_cut_off(self, delay_s: float) -> None:
         """End this host's launch daemon `delay_s` from now if it can no longer reach the launcher (mpi.py)."""
 

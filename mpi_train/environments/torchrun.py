@@ -4,6 +4,13 @@ The ranks meet through torch's env:// rendezvous at MASTER_ADDR:MASTER_PORT (und
 torchrun that is the agent's own store), and the job's object collectives go through
 that store, so MPI is never initialised. With --max-restarts, each attempt's keys live under
 a prefix of their own, and --resume auto continues from the last checkpoint.
+
+Elastic: torchrun's agent (every torchrun launch; it sets TORCHELASTIC_RUN_ID) restarts the
+workers at a new WORLD_SIZE when a node joins a `--nnodes MIN:MAX` job or one is lost. It
+tells the workers neither MIN nor MAX, so under it --resume auto continues a checkpoint of any
+world size, as --reshard does under mpirun: the global batch and the data order stay the
+checkpoint's. For the agents to meet again when a node joins, every node's torchrun needs
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (ELASTIC_LAUNCH_ENV).
 """
 
 from __future__ import annotations
@@ -18,6 +25,11 @@ from .base import ClusterEnvironment, ObjectChannel
 from .store import StoreChannel
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+ELASTIC_AGENT = "TORCHELASTIC_RUN_ID"  # set by torchrun's agent, which may restart the workers at another world size
+# What torchrun's agents need to meet again when a node joins (torch 2.14): with the store they share by default, the
+# node that joins waits for the new rendezvous round's MASTER_ADDR key, which the node already serving the store never
+# writes, and its agent fails after 60 s. Unshared, each round's rank 0 worker serves a store of its own.
+ELASTIC_LAUNCH_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 class TorchrunEnvironment(ClusterEnvironment):
@@ -38,12 +50,19 @@ class TorchrunEnvironment(ClusterEnvironment):
 
         store, _, _ = next(dist.rendezvous("env://", rank=self.global_rank(), world_size=self.world_size(),
                                            timeout=self._timeout))
-        # torchrun --max-restarts relaunches the workers on the same agent store: the keys of an earlier attempt
-        # (its ranks' addresses, a failure report) must not be read by the next one
-        attempt = self.env.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = dist.PrefixStore(f"mpi_train/attempt{attempt}/", store)
+        store = dist.PrefixStore(self.attempt_prefix(), store)
         self._store = store
         self._channel = StoreChannel(store, self.global_rank(), self.world_size())
+
+    def attempt_prefix(self) -> str:
+        """Where this attempt's keys live in the store. The agent's own store outlives an attempt, and the agent
+        restarts the workers on it after a failure (the restart count grows) or a node's joining (the world grows):
+        an earlier attempt's keys (its ranks' addresses, a failure report) must not be read by the next one. A store
+        of the attempt's own (rank 0's, under ELASTIC_LAUNCH_ENV) starts empty, and there the restart count, which a
+        node that joined later counts apart, must not split the ranks."""
+        if self.env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            return "mpi_train/"
+        return f"mpi_train/attempt{self.env.get('TORCHELASTIC_RESTART_COUNT', '0')}/world{self.world_size()}/"
 
     @staticmethod
     def detect(env: Mapping[str, str] = os.environ) -> bool:
@@ -62,6 +81,16 @@ class TorchrunEnvironment(ClusterEnvironment):
         return ("node", self.env["GROUP_RANK"]) if "GROUP_RANK" in self.env else None  # None: grouped by host name
 
     @property
+    def resizes_on_restart(self) -> bool:
+        return ELASTIC_AGENT in self.env
+
+    def resized_split_error(self, batch_size: int, accumulate: int) -> str | None:
+        if not batch_size % (self.world_size() * accumulate):
+            return None
+        return elastic_split_error(batch_size, accumulate, nodes=int(self.env.get("GROUP_WORLD_SIZE", "1")),
+                                   per_node=int(self.env["LOCAL_WORLD_SIZE"]))
+
+    @property
     def main_address(self) -> str | None:
         return self.env["MASTER_ADDR"]
 
@@ -76,3 +105,21 @@ class TorchrunEnvironment(ClusterEnvironment):
     @property
     def store(self):
         return self._store
+
+
+def elastic_split_error(batch_size: int, accumulate: int, nodes: int, per_node: int) -> str:
+    """Why a job that torchrun's agent started on `nodes` x `per_node` ranks cannot keep its global batch there, and
+    the node counts near `nodes` across which it splits (an --nnodes range must hold only such counts)."""
+    world = nodes * per_node
+    share = per_node * accumulate
+    fits = [count for count in range(1, batch_size // share + 1) if not batch_size % (count * share)]
+    near = [count for count in fits if count < nodes][-1:] + [count for count in fits if count > nodes][:1]
+    into = f" in {accumulate} micro-batches each (--accumulate)" if accumulate > 1 else ""
+    counts = (f"the node counts nearest {nodes} that split it are {' and '.join(map(str, near))}"
+              if near else f"no node count splits it with {per_node} process(es) a node")
+    return (f"torchrun's agent started this attempt on {nodes} node(s) x {per_node} process(es) (WORLD_SIZE={world}), "
+            f"and --batch-size {batch_size}, the global batch every attempt of the job keeps (--resume auto continues "
+            f"its checkpoints on any number of ranks, as --reshard does), does not split evenly across {world} "
+            f"ranks{into}. Relaunch torchrun with an --nnodes MIN:MAX range whose every node count splits it "
+            f"({counts}), or with another --nproc-per-node; or start afresh in another --checkpoint-dir with a "
+            f"--batch-size that every world size of the range splits.")

@@ -1,15 +1,18 @@
-"""An mpirun launch line's hosts: which still answer, and the same line on the hosts left.
+"""An mpirun launch line's hosts: which still answer, and the same line on other hosts.
 
 The supervisor reads where a line puts its ranks (-np, --hostfile or --host), asks each host
 to run one process through mpirun itself (so through whatever reaches the hosts: ssh, a
-launch agent, the test hosts' namespaces), and, when a host is gone for good and the user
-allows fewer ranks, writes the line again on the hosts left: a hostfile without the host,
--np lowered to a number of ranks that splits the global batch, and --reshard.
+launch agent, the test hosts' namespaces), and writes the line again on another set of hosts:
+without a host gone for good, when the user allows fewer ranks, or with hosts that returned or
+joined, up to --max-ranks: a hostfile of those hosts, -np set to a number of ranks that splits
+the global batch, and --reshard.
 """
 
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +50,22 @@ class Placement:
                 return Placement(left, ranks, self.batch_size, self.accumulate)
         return None
 
+    def most_ranks(self, slots: int, cap: int) -> int:
+        """The most ranks, at most `slots` and `cap`, that split the global batch into equal shares of equal
+        micro-batches (0 if none)."""
+        return next((ranks for ranks in range(min(slots, cap), 0, -1)
+                     if self.batch_size % (ranks * self.accumulate) == 0), 0)
+
+    def more(self, offered: tuple[tuple[str, int], ...], max_ranks: int) -> Placement | None:
+        """These hosts and the `offered` ones (a host already here takes its offered slots), with the most ranks up to
+        `max_ranks` that split the global batch; None when that is no more ranks than this placement runs."""
+        slots = dict(self.hosts)
+        slots.update(offered)
+        ranks = self.most_ranks(sum(slots.values()), max_ranks)
+        if ranks <= self.ranks:
+            return None
+        return Placement(tuple(slots.items()), ranks, self.batch_size, self.accumulate)
+
 
 def _value(line: list[str], flags: tuple[str, ...]) -> tuple[int, str] | None:
     """(index of the value, value) of the first of `flags` in the line, as `-f V` or `-f=V`."""
@@ -71,6 +90,12 @@ def read_hostfile(path: Path) -> tuple[tuple[str, int], ...]:
     return tuple(slots.items())
 
 
+def hostfile_of(line: list[str]) -> Path | None:
+    """The hostfile the line names, if it names one."""
+    found = _value(line, HOSTFILE_FLAGS)
+    return Path(found[1]) if found else None
+
+
 def parse_hosts(spec: str) -> tuple[tuple[str, int], ...]:
     """--host a:2,b:2 (or a,a,b: each name once per slot)."""
     slots: dict[str, int] = {}
@@ -80,8 +105,9 @@ def parse_hosts(spec: str) -> tuple[tuple[str, int], ...]:
     return tuple(slots.items())
 
 
-def placement(line: list[str]) -> Placement | None:
-    """Where an mpirun line puts its ranks; None for other launchers (torchrun, srun) or one host only."""
+def placement(line: list[str], hosts_at_least: int = 2) -> Placement | None:
+    """Where an mpirun line puts its ranks; None for other launchers (torchrun, srun) or fewer named hosts than
+    `hosts_at_least` (one host has none to leave out; a job that may grow can start on one)."""
     if not line or Path(line[0]).name not in LAUNCHERS:
         return None
     try:
@@ -96,19 +122,24 @@ def placement(line: list[str]) -> Placement | None:
     except (OSError, ValueError) as error:
         raise UserError(f"the launch line's hosts could not be read ({error}). Check its -np, --hostfile or --host, "
                         f"--batch-size and --accumulate.") from None
-    return Placement(named, ranks, batch_size, accumulate) if len(named) > 1 else None
+    return Placement(named, ranks, batch_size, accumulate) if len(named) >= max(1, hosts_at_least) else None
 
 
-def answering(line: list[str], hosts: list[str], env: dict) -> set[str]:
-    """The hosts that start a process through the line's own launcher within PROBE_TIMEOUT_S, asked at once."""
+def answering(line: list[str], hosts: list[str], env: dict, cancel: threading.Event | None = None) -> set[str]:
+    """The hosts that start a process through the line's own launcher within PROBE_TIMEOUT_S, asked at once (a
+    `cancel` set meanwhile ends every probe, none answering)."""
 
     def answers(host: str) -> bool:
         with mpirun.own_tmpdir() as tmpdir:
             probe = mpirun.start([line[0], "-np", "1", "--host", f"{host}:1", "true"],
                                  {**env, **tmpdir}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + PROBE_TIMEOUT_S
             try:
-                return probe.wait(PROBE_TIMEOUT_S) == 0
-            except subprocess.TimeoutExpired:
+                while time.monotonic() < deadline and not (cancel and cancel.is_set()):
+                    try:
+                        return probe.wait(0.2) == 0
+                    except subprocess.TimeoutExpired:
+                        continue
                 return False
             finally:
                 mpirun.stop(probe, grace_s=2)
@@ -123,20 +154,20 @@ def _set(line: list[str], found: tuple[int, str], value: str) -> None:
     line[index] = value if line[index] == old else line[index].split("=", 1)[0] + f"={value}"
 
 
-def on_fewer_hosts(line: list[str], smaller: Placement, folder: Path) -> list[str]:
-    """The line on `smaller`: a hostfile of the hosts left written to `folder` (or --host rewritten), -np lowered,
+def on_hosts(line: list[str], where: Placement, folder: Path) -> list[str]:
+    """The line on `where`: a hostfile of its hosts written to `folder` (or --host rewritten), -np set to its ranks,
     and --reshard added once."""
     out = list(line)
     hostfile = _value(out, HOSTFILE_FLAGS)
     if hostfile:
         path = folder / "hostfile"
-        path.write_text("".join(f"{host} slots={slots}\n" for host, slots in smaller.hosts))
+        path.write_text("".join(f"{host} slots={slots}\n" for host, slots in where.hosts))
         _set(out, hostfile, str(path))
     else:
-        _set(out, _value(out, HOST_FLAGS), ",".join(f"{host}:{slots}" for host, slots in smaller.hosts))
+        _set(out, _value(out, HOST_FLAGS), ",".join(f"{host}:{slots}" for host, slots in where.hosts))
     np_ = _value(out, NP_FLAGS)
     if np_:
-        _set(out, np_, str(smaller.ranks))
+        _set(out, np_, str(where.ranks))
     else:
-        out[1:1] = ["-np", str(smaller.ranks)]
+        out[1:1] = ["-np", str(where.ranks)]
     return out if "--reshard" in out else [*out, "--reshard"]

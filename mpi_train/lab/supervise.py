@@ -19,20 +19,29 @@ Before relaunching an mpirun line that spans hosts, it asks each host to start a
 --host-wait seconds (a link that comes back); a host still gone stops the supervision, unless
 --min-ranks N allows going on without it: then the line is relaunched on the hosts left, with
 as many ranks (at least N) as split the same global batch, and --reshard, which continues the
-checkpoint on that number of ranks (the MLflow run logs the change in time/world_size). SIGINT and
-SIGTERM are passed on to the launcher and end the supervision; nothing of the job is left
-running when it exits.
+checkpoint on that number of ranks (the MLflow run logs the change in time/world_size).
+
+A job on fewer ranks than it may have (--max-ranks, the line's -np by default) grows back: the
+hosts it left, those of its hostfile (re-read) and those a --host-discovery-script prints are
+asked every few seconds (host_watch.py), and once some have answered for --host-cooldown and
+the steps left save more than a relaunch costs (growth.py), the job is asked to stop at its next
+step boundary (SIGUSR1, the agreed stop Slurm's requeue uses: every rank checkpoints the same
+step) and is relaunched on the larger hostfile with --reshard. A grow is not a restart: it
+counts against no --max-restarts.
+
+When a rank says the job is stopping and the launcher is still up LINGER_GRACE_S later (mpirun
+waiting on a daemon on a host that is cut off), the launcher is ended, so that a shrink or a
+grow never waits on it. SIGINT and SIGTERM are passed on to the launcher and end the
+supervision; nothing of the job is left running when it exits.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
+import json
 import os
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,13 +52,17 @@ from pathlib import Path
 from ..checkpoint import list_checkpoints
 from ..config import RESUME_AUTO
 from ..errors import UserError, format_error
+from ..preemption import REQUEUE_EXIT
+from ..tracking.attempts import RELAUNCH_FILE
 from . import launchline, mpirun
+from .growth import GrowthCase
+from .host_watch import Candidates, HostWatch, check_script
+from .supervised_launch import Launch, say
 
 BAD_INPUT = 2  # UserError's exit status: the job refused its flags, files or checkpoint
-# a rank's own error (rankguard.guarded): `mpi_train: rank 1 on h2 failed (ValueError: ...); stopping every rank.`
-OWN_ERROR = re.compile(r"^mpi_train: rank \d+ on \S+ failed \((.*)\); stopping every rank\.")
-KEPT_LINES = 400  # of the job's output, to find why it failed
 HOST_RETRY_S = 5.0  # between two askings of a host that did not answer
+DEFAULT_RELAUNCH_S = 60.0  # what a relaunch is taken to cost before one is measured
+GROW_POLL_S = 2.0  # between two askings of the hosts a job may grow onto (sooner when one ends its cooldown)
 
 
 @dataclass(frozen=True)
@@ -104,38 +117,6 @@ def latest_step(folder: Path) -> int | None:
     return int(found[-1].stem.split("-")[1]) if found else None
 
 
-class Launch:
-    """One run of the launch line: output passed through and its last lines kept; stopped as a whole."""
-
-    def __init__(self, line: list[str], env: dict):
-        self.lines: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
-        self.process = mpirun.start(line, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    errors="replace", bufsize=1)
-        self.readers = [threading.Thread(target=self._relay, args=(stream, out), daemon=True)
-                        for stream, out in ((self.process.stdout, sys.stdout), (self.process.stderr, sys.stderr))]
-        for reader in self.readers:
-            reader.start()
-
-    def _relay(self, stream, out) -> None:
-        for text in stream:
-            self.lines.append(text.rstrip("\n"))
-            out.write(text)
-            out.flush()
-
-    def wait(self) -> int:
-        status = self.process.wait()
-        for reader in self.readers:
-            reader.join(5)
-        return status
-
-    def own_error(self) -> str | None:
-        for text in self.lines:
-            found = OWN_ERROR.match(text)
-            if found:
-                return found.group(1)
-        return None
-
-
 def hosts_gone(line: list[str], where: launchline.Placement, wait_s: float, stopping: list[int]) -> set[str]:
     """The hosts of `where` that still do not answer after up to `wait_s` (asked again every HOST_RETRY_S)."""
     down = set(where.names) - launchline.answering(line, where.names, dict(os.environ))
@@ -149,93 +130,264 @@ def hosts_gone(line: list[str], where: launchline.Placement, wait_s: float, stop
     return down
 
 
-def supervise(line: list[str], max_restarts: int, backoff_s: float, min_ranks: int | None = None,
-              host_wait_s: float = 60.0) -> int:
-    folder = checkpoint_dir(line)
-    where = launchline.placement(line)  # None: not an mpirun line across hosts, whose hosts are not asked
-    if min_ranks is not None and where is None:
-        raise UserError("--min-ranks lets a job go on without a host that is gone, and the launch line names no "
-                        "hosts to leave out. Use it with an mpirun line with --hostfile or --host over 2 or more "
-                        "hosts, or drop --min-ranks.")
-    command = relaunch_line(line) if "--resume" not in " ".join(line) else line
-    stopping: list[int] = []  # a signal this process received: pass it on, restart no more
-    launch: Launch | None = None
+@dataclass(frozen=True)
+class SuperviseOptions:
+    """The supervisor's flags."""
 
-    def forward(number, frame) -> None:
-        stopping.append(number)
-        if launch is not None and launch.process.poll() is None:
-            launch.process.send_signal(number)
+    max_restarts: int = 3
+    backoff_s: float = 5.0
+    min_ranks: int | None = None
+    host_wait_s: float = 60.0
+    max_ranks: int | None = None  # None: the launch line's ranks
+    discovery_script: str | None = None
+    cooldown_s: float = 10.0
+    relaunch_cost_s: float | None = None  # None: measured, DEFAULT_RELAUNCH_S until a relaunch has been
 
-    previous_handlers = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    previous: Attempt | None = None
-    scratch = Path(tempfile.mkdtemp(prefix="mpi_train-supervise-"))  # the hostfile of the hosts left, if any
-    try:
-        for attempt in range(1, max_restarts + 2):
-            started = time.monotonic()
-            with mpirun.own_tmpdir() as tmpdir:
-                launch = Launch(command, {**os.environ, **tmpdir})
-                try:
-                    status = launch.wait()
-                finally:
-                    mpirun.stop(launch.process)  # whatever of it is left: its ranks too
-            ended = Attempt(status, latest_step(folder), launch.own_error(), time.monotonic() - started)
+
+@dataclass(frozen=True)
+class Growth:
+    """A grow the supervisor asked for: where the job goes, and why (for the run's restart tag)."""
+
+    where: launchline.Placement
+    reason: str
+
+
+class GrowWatch(threading.Thread):
+    """While a launch runs on fewer ranks than it may: the candidate hosts asked every GROW_POLL_S and, once some
+    are ready and growing pays, the job asked to stop at its next step boundary (the supervisor's `growing`)."""
+
+    def __init__(self, supervisor: Supervisor, launch: Launch):
+        super().__init__(daemon=True)
+        self.supervisor, self.launch = supervisor, launch
+        self.done = threading.Event()
+        self.said: set = set()  # the decisions printed, each once
+
+    def run(self) -> None:
+        wait_s = GROW_POLL_S
+        while not self.done.wait(wait_s) and self.launch.process.poll() is None:
+            asked = self.ask()
+            cooling = self.supervisor.watch.next_ready_in(asked)
+            wait_s = GROW_POLL_S if cooling is None else min(GROW_POLL_S, cooling + 0.05)
+
+    def ask(self) -> set[str]:
+        """One round: the candidates asked, their answers noted, the job asked to stop when growing pays; the hosts
+        asked."""
+        outside = self.outside()
+        if outside and not self.done.is_set():
+            self.consider(outside)
+        return set(outside)
+
+    def outside(self) -> dict[str, int]:
+        sup = self.supervisor
+        return {host: slots for host, slots in sup.candidates.offered(say).items() if host not in sup.where.names}
+
+    def consider(self, outside: dict[str, int]) -> None:
+        sup = self.supervisor
+        answering = launchline.answering(sup.line, sorted(outside), dict(os.environ), cancel=self.done)
+        if self.done.is_set():
+            return
+        sup.watch.observe(set(outside), answering)
+        ready = sorted(sup.watch.ready(set(outside)))
+        grown = sup.where.more(tuple((host, outside[host]) for host in ready), sup.max_ranks) if ready else None
+        progress = self.launch.progress.now()
+        if grown is None or progress is None or self.done.is_set():
+            return
+        step, total, step_s = progress
+        cost, source = sup.relaunch_cost()
+        case = GrowthCase(step=step, total_steps=total, step_s=step_s, ranks=sup.where.ranks,
+                          grown_ranks=grown.ranks, relaunch_s=cost, cost_source=source)
+        offered_slots = sum(slots for _, slots in grown.hosts)
+        split = (f" ({offered_slots} slots offered, {grown.ranks} ranks used: as many as split the global batch of "
+                 f"{grown.batch_size})" if grown.ranks < min(offered_slots, sup.max_ranks) else "")
+        reason = sup.why_grown(ready)
+        if (tuple(ready), case.pays) not in self.said:
+            self.said.add((tuple(ready), case.pays))
+            say(case.line(reason[0].upper() + reason[1:]) + split)
+        if case.pays:
+            sup.growing = Growth(grown, reason)
+            self.done.set()
+            self.launch.ask_to_stop()
+
+
+class Supervisor:
+    """The launches of one supervised job: relaunched after a failure a restart can fix, shrunk when a host is gone
+    for good (--min-ranks), grown when hosts return or join (up to --max-ranks)."""
+
+    def __init__(self, line: list[str], options: SuperviseOptions):
+        self.options, self.line = options, line
+        self.folder = checkpoint_dir(line)
+        first = launchline.placement(line, hosts_at_least=1)
+        # None: not an mpirun line that names its hosts, whose hosts are not asked
+        self.where = first if first is not None and len(first.hosts) > 1 else None
+        check_growth_flags(options, first)
+        self.max_ranks = options.max_ranks or (first.ranks if first else 0)
+        if first is not None and (options.max_ranks or options.discovery_script):
+            self.where = first
+        self.candidates = Candidates(first, launchline.hostfile_of(line), options.discovery_script) if first else None
+        self.watch = HostWatch(options.cooldown_s)
+        self.used: set[str] = set(first.names) if first else set()  # hosts the job has run on
+        self.stopping: list[int] = []  # a signal this process received: pass it on, restart no more
+        self.launch: Launch | None = None
+        self.growing: Growth | None = None
+        self.relaunch_s: float | None = None  # the last relaunch's cost, from its stop (or launch) to its first step
+        self.relaunch_began: float | None = None  # when the launch running began to be relaunched (None: the first)
+        self.scratch = Path(tempfile.mkdtemp(prefix="mpi_train-supervise-"))  # the hostfiles of later placements
+
+    def forward(self, number, frame) -> None:
+        self.stopping.append(number)
+        if self.launch is not None:
+            self.launch.pass_on(number)
+
+    def why_grown(self, hosts: list[str]) -> str:
+        back, new = [h for h in hosts if h in self.used], [h for h in hosts if h not in self.used]
+        return "; ".join(([f"host(s) {', '.join(back)} returned"] if back else [])
+                         + ([f"new host(s) {', '.join(new)} joined"] if new else []))
+
+    def relaunch_cost(self) -> tuple[float, str]:
+        """What a relaunch costs, and whence: --relaunch-cost when given, else the last relaunch's (the running
+        launch's, once it has stepped), else DEFAULT_RELAUNCH_S."""
+        if self.options.relaunch_cost_s is not None:
+            return self.options.relaunch_cost_s, "stated: --relaunch-cost"
+        first_step = self.launch.progress.first_at() if self.launch is not None else None
+        if self.relaunch_began is not None and first_step is not None:
+            return first_step - self.relaunch_began, "measured"
+        if self.relaunch_s is not None:
+            return self.relaunch_s, "measured"
+        return DEFAULT_RELAUNCH_S, "assumed"
+
+    def launch_once(self, command: list[str], relaunch_began: float | None) -> Attempt:
+        """One launch to its end (its ranks stopped whatever happened), watched for a grow when it may have one."""
+        self.growing, self.relaunch_began = None, relaunch_began
+        with mpirun.own_tmpdir() as tmpdir:
+            self.launch = launch = Launch(command, {**os.environ, **tmpdir})
+            watcher = None
+            if self.candidates is not None and self.where is not None and self.where.ranks < self.max_ranks:
+                watcher = GrowWatch(self, launch)
+                watcher.start()
+            try:
+                status = launch.wait()
+            finally:
+                if watcher is not None:
+                    watcher.done.set()
+                    watcher.join()
+                mpirun.stop(launch.process)  # whatever of it is left: its ranks too
+        first_step = launch.progress.first_at()
+        if relaunch_began is not None and first_step is not None:
+            self.relaunch_s = first_step - relaunch_began
+        return Attempt(status, latest_step(self.folder), launch.own_error(), time.monotonic() - launch.launched_at)
+
+    def run(self) -> int:
+        options = self.options
+        command = relaunch_line(self.line) if "--resume" not in " ".join(self.line) else self.line
+        previous: Attempt | None = None
+        attempt, restarts, relaunch_began = 0, 0, None
+        while True:
+            attempt += 1
+            ended = self.launch_once(command, relaunch_began)
+            status = ended.status
             if status == 0:
                 say(f"the job finished (attempt {attempt}, {ended.seconds:.0f} s).")
                 return 0
-            if stopping:
-                say(f"stopped by {signal.Signals(stopping[0]).name}; not relaunching.")
-                return 128 + stopping[0]
+            if self.stopping:
+                say(f"stopped by {signal.Signals(self.stopping[0]).name}; not relaunching.")
+                return 128 + self.stopping[0]
+            if status == REQUEUE_EXIT and self.growing is not None:
+                relaunch_began = self.launch.stop_asked_at
+                command = self.grow(self.growing, ended)
+                continue
             reason = ended.verdict(previous)
             latest = f"latest checkpoint: step {ended.checkpoint_step}" if ended.checkpoint_step else "no checkpoint"
             if reason:
                 say(f"attempt {attempt} failed (exit status {status}, {latest}) and is not relaunched: {reason}.")
                 return status
-            if attempt > max_restarts:
-                say(f"attempt {attempt} failed (exit status {status}, {latest}); --max-restarts {max_restarts} "
-                    f"reached, giving up.")
+            if restarts >= options.max_restarts:
+                say(f"attempt {attempt} failed (exit status {status}, {latest}); --max-restarts "
+                    f"{options.max_restarts} reached, giving up.")
                 return status
-            wait_s = backoff_s * 2 ** (attempt - 1)
+            restarts += 1
+            wait_s = options.backoff_s * 2 ** (restarts - 1)
             say(f"attempt {attempt} failed (exit status {status}, {latest}) after {ended.seconds:.0f} s; relaunching "
-                f"with --resume auto in {wait_s:g} s (restart {attempt} of {max_restarts}).")
-            command = relaunch_line(line)
+                f"with --resume auto in {wait_s:g} s (restart {restarts} of {options.max_restarts}).")
             previous = ended
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and not stopping:
-                time.sleep(0.1)
-            gone = hosts_gone(line, where, host_wait_s, stopping) if where else set()
-            if stopping:
-                say(f"stopped by {signal.Signals(stopping[0]).name}; not relaunching.")
-                return 128 + stopping[0]
-            if gone:
-                smaller = where.fewer(gone, min_ranks) if min_ranks else None
-                if smaller is None:
-                    say(f"host(s) {', '.join(sorted(gone))} did not answer for {host_wait_s:g} s; not relaunching: "
-                        + (f"the hosts left cannot run {min_ranks} or more ranks that split the global batch of "
-                           f"{where.batch_size}. " if min_ranks else "a job on them would fail again. ")
-                        + "Relaunch once they are back, or give --min-ranks N to go on without them.")
-                    return status
-                line = launchline.on_fewer_hosts(line, smaller, scratch)
-                say(f"host(s) {', '.join(sorted(gone))} did not answer for {host_wait_s:g} s: going on without them "
-                    f"on {', '.join(smaller.names)} with {smaller.ranks} ranks (was {where.ranks}), the global batch "
-                    f"of {where.batch_size} resharded (--reshard).")
-                where = launchline.placement(line)
-                command = relaunch_line(line)
-        return 1  # not reached
+            command = self.after_failure(wait_s, status)
+            if not isinstance(command, list):
+                return command
+            relaunch_began = time.monotonic()
+
+    def after_failure(self, wait_s: float, status: int) -> list[str] | int:
+        """The back-off, then the hosts asked: the command to relaunch, on the hosts left if some are gone for good
+        and --min-ranks allows it; or the exit status when the supervision ends here."""
+        options = self.options
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not self.stopping:
+            time.sleep(0.1)
+        where = self.where
+        gone = hosts_gone(self.line, where, options.host_wait_s, self.stopping) if where else set()
+        if self.stopping:
+            say(f"stopped by {signal.Signals(self.stopping[0]).name}; not relaunching.")
+            return 128 + self.stopping[0]
+        if gone:
+            self.watch.lost(gone)
+            smaller = where.fewer(gone, options.min_ranks) if options.min_ranks else None
+            if smaller is None:
+                say(f"host(s) {', '.join(sorted(gone))} did not answer for {options.host_wait_s:g} s; not relaunching: "
+                    + (f"the hosts left cannot run {options.min_ranks} or more ranks that split the global batch of "
+                       f"{where.batch_size}. " if options.min_ranks else "a job on them would fail again. ")
+                    + "Relaunch once they are back, or give --min-ranks N to go on without them.")
+                return status
+            self.line = launchline.on_hosts(self.line, smaller, self.scratch)
+            say(f"host(s) {', '.join(sorted(gone))} did not answer for {options.host_wait_s:g} s: going on without "
+                f"them on {', '.join(smaller.names)} with {smaller.ranks} ranks (was {where.ranks}), the global batch "
+                f"of {where.batch_size} resharded (--reshard).")
+            self.where = smaller
+        return relaunch_line(self.line)
+
+    def grow(self, growth: Growth, ended: Attempt) -> list[str]:
+        """The job stopped at a checkpoint for the grow: the command on the larger placement, and the reason left
+        beside the checkpoints for the run's restart tag."""
+        say(f"the job stopped at step {ended.checkpoint_step} to grow: relaunching on "
+            f"{', '.join(growth.where.names)} with {growth.where.ranks} ranks (was {self.where.ranks}), the global "
+            f"batch of {growth.where.batch_size} resharded (--reshard).")
+        (self.folder / RELAUNCH_FILE).write_text(json.dumps({"reason": growth.reason, "grow": True}))
+        self.line = launchline.on_hosts(self.line, growth.where, self.scratch)
+        self.where = growth.where
+        self.used |= set(growth.where.names)
+        return relaunch_line(self.line)
+
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def check_growth_flags(options: SuperviseOptions, first: launchline.Placement | None) -> None:
+    """Refuse flags that cannot work with this launch line, before anything starts."""
+    if options.min_ranks is not None and (first is None or len(first.hosts) < 2):
+        raise UserError("--min-ranks lets a job go on without a host that is gone, and the launch line names no "
+                        "hosts to leave out. Use it with an mpirun line with --hostfile or --host over 2 or more "
+                        "hosts, or drop --min-ranks.")
+    if (options.max_ranks or options.discovery_script) and first is None:
+        raise UserError("--max-ranks and --host-discovery-script grow a job onto more hosts, and the launch line "
+                        "names none to grow from. Use them with an mpirun line with --hostfile or --host.")
+    if options.discovery_script:
+        check_script(options.discovery_script)
+
+
+def supervise(line: list[str], options: SuperviseOptions) -> int:
+    supervisor = Supervisor(line, options)
+    previous_handlers = {sig: signal.signal(sig, supervisor.forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return supervisor.run()
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        supervisor.close()
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
-
-
-def say(message: str) -> None:
-    print(f"mpi_train supervise: {message}", file=sys.stderr, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m mpi_train supervise",
         description="Run a training launch line; when it fails for a reason a restart can fix, relaunch it with "
-                    "--resume auto from its last checkpoint (into the same MLflow run).",
+                    "--resume auto from its last checkpoint (into the same MLflow run), on the hosts left if one is "
+                    "gone (--min-ranks), and grow it back when hosts return or join (--max-ranks).",
         epilog="example: python -m mpi_train supervise --max-restarts 3 -- mpirun -np 4 python -m mpi_train "
                "--checkpoint-dir ckpt --checkpoint-every 50")
     parser.add_argument("--max-restarts", type=int, default=3, help="relaunches at most (default 3)")
@@ -248,6 +400,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host-wait", type=float, default=60.0, metavar="SECONDS",
                         help="before a relaunch, how long a host of an mpirun line that does not answer is waited "
                              "for (default 60)")
+    parser.add_argument("--max-ranks", type=int, default=None, metavar="M",
+                        help="grow the job back up to M ranks when hosts it left return, or hosts of its hostfile or "
+                             "the discovery script's answer for --host-cooldown, and the steps left save more than a "
+                             "relaunch costs (default: the launch line's -np)")
+    parser.add_argument("--host-discovery-script", default=None, metavar="SCRIPT",
+                        help="an executable that prints `host:slots` lines, the hosts the job may grow onto (run "
+                             f"every {GROW_POLL_S:g} s while the job runs on fewer ranks than --max-ranks)")
+    parser.add_argument("--host-cooldown", type=float, default=10.0, metavar="SECONDS",
+                        help="how long a host must answer steadily before the job grows onto it, doubled each time "
+                             "it is lost again (default 10)")
+    parser.add_argument("--relaunch-cost", type=float, default=None, metavar="SECONDS",
+                        help="what a relaunch costs, against the time the steps left would save by growing (default: "
+                             f"the job's last relaunch, from its stop to its first step; {DEFAULT_RELAUNCH_S:g} s "
+                             "before one)")
     parser.add_argument("line", nargs=argparse.REMAINDER, help="-- then the launch line")
     return parser
 
@@ -259,12 +425,21 @@ def main(argv: list[str] | None = None) -> int:
     if not line:
         parser.error("no launch line: put it after `--`, e.g. -- mpirun -np 4 python -m mpi_train --checkpoint-dir "
                      "ckpt --checkpoint-every 50")
-    if args.max_restarts < 0 or args.backoff < 0 or args.host_wait < 0:
-        parser.error("--max-restarts, --backoff and --host-wait must not be negative")
+    if min(args.max_restarts, args.backoff, args.host_wait, args.host_cooldown, args.relaunch_cost or 0) < 0:
+        parser.error("--max-restarts, --backoff, --host-wait, --host-cooldown and --relaunch-cost must not be "
+                     "negative")
     if args.min_ranks is not None and args.min_ranks < 1:
         parser.error(f"--min-ranks must be at least 1, got {args.min_ranks}")
+    if args.max_ranks is not None and args.max_ranks < max(1, args.min_ranks or 1):
+        parser.error(f"--max-ranks {args.max_ranks} is below --min-ranks {args.min_ranks}: the job could never "
+                     f"grow to what it may shrink to. Give --max-ranks at least --min-ranks."
+                     if args.min_ranks else f"--max-ranks must be at least 1, got {args.max_ranks}")
+    options = SuperviseOptions(max_restarts=args.max_restarts, backoff_s=args.backoff, min_ranks=args.min_ranks,
+                               host_wait_s=args.host_wait, max_ranks=args.max_ranks,
+                               discovery_script=args.host_discovery_script, cooldown_s=args.host_cooldown,
+                               relaunch_cost_s=args.relaunch_cost)
     try:
-        return supervise(line, args.max_restarts, args.backoff, args.min_ranks, args.host_wait)
+        return supervise(line, options)
     except UserError as error:
         print(format_error(str(error), prog="mpi_train supervise"), file=sys.stderr)
         return BAD_INPUT

@@ -3,7 +3,7 @@ their sync method, the optimizer, and a checkpoint's state when the job resumes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -13,10 +13,11 @@ from torch import nn
 from .. import tracking
 from ..checkpoint import Checkpointer, Resume, load_for_resume
 from ..cluster import Cluster
-from ..config import JobInfo, TrainConfig
+from ..config import RESUME_AUTO, JobInfo, TrainConfig
 from ..data import Loaders, load_datasets, make_loaders
 from ..data.text import zero_windows
 from ..devices import Placement, place, run_shapes, warm_autotuner
+from ..environments import ClusterEnvironment
 from ..errors import UserError
 from ..failpoints import injected, overflowing, slowed
 from ..lr_schedule import LearningRate
@@ -80,6 +81,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     """Tracking store, threads and device, data, process group, identical replicas, sync method, optimizer, resume.
     `advised`: the advice --sync auto followed (advice.resolve), reported with the job."""
     info = cluster.info
+    config = resized_by_launcher(config, cluster.environment)
     config.validate(info.world_size)
     # rank 0 checks every path the job writes, and the tracking store, before any work
     check_outputs(config, cluster)
@@ -135,6 +137,18 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         memory_before=memory_before, precision=precision, gradients=gradients,
         overflow=overflowing(model, precision.scaled),
     )
+
+
+def resized_by_launcher(config: TrainConfig, environment: ClusterEnvironment) -> TrainConfig:
+    """Under a launcher that restarts the job at another world size by itself (torchrun's agent, --nnodes MIN:MAX),
+    --resume auto continues a checkpoint of any world size, as --reshard does under mpirun: no flag is added on such
+    a restart. A global batch these ranks do not split is refused in the launcher's terms."""
+    if config.resume != RESUME_AUTO or not environment.resizes_on_restart:
+        return config
+    refused = environment.resized_split_error(config.batch_size, config.accumulate)
+    if refused:
+        raise UserError(refused)
+    return replace(config, reshard=True)
 
 
 def placed(config: TrainConfig, cluster: Cluster) -> tuple[Placement, Precision]:

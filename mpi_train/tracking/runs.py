@@ -20,7 +20,7 @@ from ..config import RESUME_AUTO, JobInfo, TrainConfig, job_file, redact_uri
 from ..errors import UserError, raised_in_collective
 from ..files import write_json_atomically
 from . import links, names, signals
-from .attempts import ATTEMPTS_TAG, DIVERGED_TAG, RUN_FILE, WORLD_SIZE_TAG, AttemptRuns, started_run
+from .attempts import ATTEMPTS_TAG, DIVERGED_TAG, RUN_FILE, WORLD_SIZE_TAG, AttemptRuns
 from .run_facts import CONFIG_FILE, PARAMS_PER_BATCH, describe_environment, run_params
 from .sampler import HostSampler
 from .saved_model import ModelSaving
@@ -83,12 +83,8 @@ class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
         self.resumed_step = job.resumed_from["step"] if job.resumed_from else 0
         if self.holding:
             tags.update({ATTEMPTS_TAG: "1", WORLD_SIZE_TAG: str(len(ranks))})
-        continued = None
-        if self.holding and job.resumed_from:
-            resumed = job.resumed_from
-            continued = self._reopen(connection, resumed["run_id"], resumed.get("world_size", len(ranks)))
-        elif self.holding:  # a first checkpoint never came: continue the run of the attempt that failed before it
-            continued = self._reopen(connection, started_run(config.checkpoint_dir), len(ranks), unfinished=True)
+        continued = (self._previous_attempt(connection, config.checkpoint_dir, job.resumed_from, len(ranks))
+                     if self.holding else None)
         if job.resumed_from and not continued:  # the run this job continues, and where
             resumed = job.resumed_from
             tags.update({"resumed_from": self._continued_run(connection, resumed["run_id"]),

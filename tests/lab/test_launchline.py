@@ -46,15 +46,15 @@ def test_the_line_is_written_again_on_the_hosts_left(tmp_path):
     hostfile.write_text("a slots=2\nb slots=2\n")
     line = ["mpirun", "-np", "4", "--hostfile", str(hostfile), *TRAIN, "--resume", "auto"]
     smaller = launchline.placement(line).fewer({"b"}, 1)
-    again = launchline.on_fewer_hosts(line, smaller, tmp_path)
+    again = launchline.on_hosts(line, smaller, tmp_path)
     assert again[:5] == ["mpirun", "-np", "2", "--hostfile", str(tmp_path / "hostfile")]
     assert again[5:] == [*TRAIN, "--resume", "auto", "--reshard"]
     assert (tmp_path / "hostfile").read_text() == "a slots=2\n"
     assert hostfile.read_text() == "a slots=2\nb slots=2\n"  # the user's own file is left as it was
-    assert launchline.on_fewer_hosts(again, smaller, tmp_path).count("--reshard") == 1
+    assert launchline.on_hosts(again, smaller, tmp_path).count("--reshard") == 1
 
     listed = ["mpirun", "--host=a:2,b:2", *TRAIN]
-    assert launchline.on_fewer_hosts(listed, launchline.placement(listed).fewer({"a"}, 1), tmp_path)[:4] == \
+    assert launchline.on_hosts(listed, launchline.placement(listed).fewer({"a"}, 1), tmp_path)[:4] == \
         ["mpirun", "-np", "2", "--host=b:2"]
 
 

@@ -90,7 +90,20 @@ def test_bad_input_a_rank_error_and_a_repeated_failure_are_not_retried(mlflow_se
     assert parent.data.tags["mpi_train.restart.1"].endswith("attempt 2 started again (no checkpoint yet)")
     assert client.get_metric_history(parent.info.run_id, "learning/loss") == []  # no step is covered by a checkpoint
 
-    missing = subprocess.run([sys.executable, "-m", "mpi_train", "supervise", "--", "mpirun", "-np", "2", "python",
-                              "-m", "mpi_train"], capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert missing.returncode == 2 and "has no --checkpoint-dir" in missing.stderr
+    def refused(*flags: str, line: tuple[str, ...] = ("mpirun", "-np", "2", "python", "-m", "mpi_train")) -> str:
+        done = subprocess.run([sys.executable, "-m", "mpi_train", "supervise", *flags, "--", *line],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 2, done.stderr
+        return " ".join(done.stderr.split())
+
+    assert "has no --checkpoint-dir" in refused()
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=2\nb slots=2\n")
+    on_hosts = ("mpirun", "-np", "4", "--hostfile", str(hostfile), "python", "-m", "mpi_train", "--checkpoint-dir",
+                "ck")
+    assert "--max-ranks 1 is below --min-ranks 2" in refused("--min-ranks", "2", "--max-ranks", "1", line=on_hosts)
+    here_only = ("mpirun", "-np", "2", "python", "-m", "mpi_train", "--checkpoint-dir", "ck")
+    assert "names none to grow from" in refused("--max-ranks", "4", line=here_only)
+    assert "--host-discovery-script nowhere.sh: no such file" in refused("--host-discovery-script", "nowhere.sh",
+                                                                         line=on_hosts)

@@ -1,0 +1,160 @@
+"""The hosts a supervised job may grow onto, and when each is ready.
+
+Candidates are the hosts the job was launched on and left behind, the hosts of the launch
+line's hostfile (re-read each time: a host added there is offered), and those a discovery
+command prints (--host-discovery-script, Horovod's contract: `host:slots` lines, a bare host
+being one slot). A candidate is ready once it has answered every asking for --host-cooldown
+seconds. Each time a host is lost (it stopped answering, or a job failed for want of it) its
+cooldown doubles, so a host that flaps is held back longer each time and the job never
+thrashes between sizes.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from . import launchline
+
+DISCOVERY_TIMEOUT_S = 30.0
+HOST_SLOTS = re.compile(r"^([A-Za-z0-9_.-]+|\[[0-9A-Fa-f:]+\])(?::(\d+))?$")  # host or host:slots ([IPv6]:slots)
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What one run of the discovery command gave: hosts with slots, and what could not be read (None: all)."""
+
+    hosts: tuple[tuple[str, int], ...]
+    problem: str | None = None
+
+
+def check_script(script: str) -> None:
+    """Refuse a discovery command that cannot be run at all, before any job starts."""
+    path = Path(script)
+    if not path.is_file():
+        raise UserError(f"--host-discovery-script {script}: no such file. Give the path of an executable that prints "
+                        f"one `host:slots` line per host that may take ranks (Horovod's contract).")
+    if not path.stat().st_mode & 0o111:
+        raise UserError(f"--host-discovery-script {script} is not executable. Make it so (chmod +x {script}); it "
+                        f"prints one `host:slots` line per host that may take ranks.")
+
+
+def parse_discovered(text: str) -> Discovered:
+    """`host:slots` lines (blank lines and # comments skipped); a malformed line is left out and named."""
+    hosts: dict[str, int] = {}
+    bad: list[str] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        found = HOST_SLOTS.match(line)
+        slots = int(found.group(2) or 1) if found else 0
+        if not found or slots < 1:
+            bad.append(f"line {number} {raw.strip()!r}")
+            continue
+        hosts[found.group(1)] = slots
+    problem = (f"{'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} of its output is not `host:slots` (a host "
+               f"name and a positive number of slots) and was skipped") if bad else None
+    return Discovered(tuple(hosts.items()), problem)
+
+
+def discover(script: str) -> Discovered:
+    """Run the discovery command once; a failure is a problem to report, never the job's end."""
+    try:
+        done = subprocess.run([script], capture_output=True, text=True, timeout=DISCOVERY_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return Discovered((), f"it did not finish within {DISCOVERY_TIMEOUT_S:g} s")
+    except OSError as error:
+        return Discovered((), f"it could not be run ({error.strerror})")
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["nothing on stderr"])[-1][:200]
+        return Discovered((), f"it exited with status {done.returncode} ({said})")
+    return parse_discovered(done.stdout)
+
+
+@dataclass
+class HostRecord:
+    answering_since: float | None = None
+    losses: int = 0
+
+
+@dataclass
+class HostWatch:
+    """When each candidate host began answering steadily, and how often it was lost."""
+
+    cooldown_s: float
+    records: dict[str, HostRecord] = field(default_factory=dict)
+
+    def cooldown(self, host: str) -> float:
+        """--host-cooldown, doubled for each loss after the first."""
+        losses = self.records[host].losses if host in self.records else 0
+        return self.cooldown_s * 2 ** max(0, losses - 1)
+
+    def lost(self, hosts: set[str]) -> None:
+        """These hosts failed a job or stopped answering."""
+        for host in hosts:
+            record = self.records.setdefault(host, HostRecord())
+            record.losses += 1
+            record.answering_since = None
+
+    def observe(self, asked: set[str], answering: set[str], now: float | None = None) -> None:
+        """One round of asking: a host that answered starts (or keeps) its steady time; one that had been answering
+        and does not is lost."""
+        now = time.monotonic() if now is None else now
+        for host in asked:
+            record = self.records.setdefault(host, HostRecord())
+            if host in answering:
+                record.answering_since = record.answering_since if record.answering_since is not None else now
+            elif record.answering_since is not None:
+                self.lost({host})
+
+    def next_ready_in(self, hosts: set[str], now: float | None = None) -> float | None:
+        """Seconds until the first of `hosts` that answers and is cooling down is ready (None: none is)."""
+        now = time.monotonic() if now is None else now
+        waits = [self.records[host].answering_since + self.cooldown(host) - now for host in hosts
+                 if host in self.records and self.records[host].answering_since is not None]
+        waits = [wait for wait in waits if wait > 0]
+        return min(waits) if waits else None
+
+    def ready(self, hosts: set[str], now: float | None = None) -> set[str]:
+        """Of `hosts`, those that have answered steadily for their cooldown."""
+        now = time.monotonic() if now is None else now
+        return {host for host in hosts if host in self.records and self.records[host].answering_since is not None
+                and now - self.records[host].answering_since >= self.cooldown(host)}
+
+
+@dataclass
+class Candidates:
+    """Where the hosts to grow onto come from: the job's first placement, the line's hostfile, a discovery command.
+    Each problem with the command is said once."""
+
+    first: launchline.Placement
+    hostfile: Path | None
+    script: str | None
+    said: set[str] = field(default_factory=set)
+
+    def offered(self, say) -> dict[str, int]:
+        """Every host that may take ranks, with its slots (the discovery command's word last)."""
+        slots = dict(self.first.hosts)
+        if self.hostfile is not None:
+            try:
+                slots.update(launchline.read_hostfile(self.hostfile))
+            except (OSError, ValueError) as error:
+                self._once(say, f"the hostfile {self.hostfile} could not be read again ({error}); the job keeps "
+                                f"running, and the hosts it named before are still asked.")
+        if self.script:
+            found = discover(self.script)
+            slots.update(found.hosts)
+            if found.problem:
+                self._once(say, f"the host discovery script {self.script}: {found.problem}. The job keeps running; "
+                                f"the script is run again every few seconds (fix it to offer hosts).")
+        return slots
+
+    def _once(self, say, message: str) -> None:
+        if message not in self.said:
+            self.said.add(message)
+            say(message)
