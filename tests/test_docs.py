@@ -109,12 +109,13 @@ PROGRAM = re.compile(r"(?:python )?-m mpi_train\b|\bmpi-train\b|\bslurm/train\.s
                      r"|(?:python )?(?:scripts|tests)/[\w./-]+")
 SEPARATOR = re.compile(r"\s#|\s\(|;|&&|\|\|?|\s>|\s--\s")  # what ends a command: a comment, prose, the next one
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`*(\[])")
+QUOTED = re.compile(r'"([^"]*)"')  # a script's argument in quotes: training flags it passes on (grow_check.py)
 TOP_LEVEL = {"--help", "--version"}  # `mpi-train --version`: the command's own, before any subcommand
 # The flags of the other programs, as the documents use them; the repository's scripts are read for their own
 OTHER_PROGRAMS = {
     "mpirun": {"--allow-run-as-root", "--bind-to", "--hostfile", "--host", "--oversubscribe", "--mca", "--prtemca"},
     "torchrun": {"--standalone", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
-                 "--max-restarts"},
+                 "--max-restarts", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id"},
     "sbatch": {"--wait", "--ntasks-per-node", "--signal", "--requeue"},
     "srun": {"--mpi", "--kill-on-bad-exit", "--gpus-per-task"},
     "pytest": {"--durations"},
@@ -223,9 +224,14 @@ def misattributed_flags(text: str, options: dict[str, set[str]], name: str = "")
                         wrong += [f"{name}:{line}: {flag} ({program})" for flag in flags
                                   if flag not in OTHER_PROGRAMS[program]]
                     elif program is not None:
+                        # a script's own flags are in its source; a quoted value passes training flags on
                         script = REPO / program
                         source = script.read_text() if script.is_file() else ""
-                        wrong += [f"{name}:{line}: {flag} ({program})" for flag in flags if f'"{flag}"' not in source]
+                        own = FLAG.findall(QUOTED.sub("", words))
+                        passed = FLAG.findall(" ".join(QUOTED.findall(words)))
+                        wrong += [f"{name}:{line}: {flag} ({program})" for flag in own if f'"{flag}"' not in source]
+                        wrong += [f"{name}:{line}: {flag} ({DEFAULT})" for flag in passed
+                                  if flag not in options[DEFAULT]]
                     elif not code:
                         wrong += [f"{name}:{line}: {flag} ({subject or DEFAULT})" for flag in flags
                                   if flag not in allowed]

@@ -5,8 +5,9 @@ line's hostfile (re-read each time: a host added there is offered), and those a 
 command prints (--host-discovery-script, Horovod's contract: `host:slots` lines, a bare host
 being one slot). A candidate is ready once it has answered every asking for --host-cooldown
 seconds. Each time a host is lost (it stopped answering, or a job failed for want of it) its
-cooldown doubles, so a host that flaps is held back longer each time and the job never
-thrashes between sizes.
+cooldown doubles, up to MAX_COOLDOWN_FACTOR times --host-cooldown, so a host that flaps is held
+back longer each time and the job never thrashes between sizes, and one that has settled
+still comes back.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..errors import UserError
 from . import launchline
 
 DISCOVERY_TIMEOUT_S = 30.0
+MAX_COOLDOWN_FACTOR = 16  # a host lost again and again waits at most this many --host-cooldown
 HOST_SLOTS = re.compile(r"^([A-Za-z0-9_.-]+|\[[0-9A-Fa-f:]+\])(?::(\d+))?$")  # host or host:slots ([IPv6]:slots)
 
 
@@ -90,9 +92,9 @@ class HostWatch:
     records: dict[str, HostRecord] = field(default_factory=dict)
 
     def cooldown(self, host: str) -> float:
-        """--host-cooldown, doubled for each loss after the first."""
+        """--host-cooldown, doubled for each loss after the first, at most MAX_COOLDOWN_FACTOR times."""
         losses = self.records[host].losses if host in self.records else 0
-        return self.cooldown_s * 2 ** max(0, losses - 1)
+        return self.cooldown_s * min(MAX_COOLDOWN_FACTOR, 2 ** max(0, losses - 1))
 
     def lost(self, hosts: set[str]) -> None:
         """These hosts failed a job or stopped answering."""

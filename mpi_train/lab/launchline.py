@@ -25,7 +25,7 @@ LAUNCHERS = ("mpirun", "mpiexec", "prterun")
 NP_FLAGS = ("-np", "--np", "-n", "-c")
 HOSTFILE_FLAGS = ("--hostfile", "-hostfile", "--machinefile", "-machinefile")
 HOST_FLAGS = ("--host", "-host", "-H")
-PROBE_TIMEOUT_S = 20.0  # a host whose probe takes longer does not answer
+PROBE_TIMEOUT_S = 10.0  # a host whose probe takes longer does not answer (asked again until --host-wait)
 
 
 @dataclass(frozen=True)
@@ -125,15 +125,16 @@ def placement(line: list[str], hosts_at_least: int = 2) -> Placement | None:
     return Placement(named, ranks, batch_size, accumulate) if len(named) >= max(1, hosts_at_least) else None
 
 
-def answering(line: list[str], hosts: list[str], env: dict, cancel: threading.Event | None = None) -> set[str]:
-    """The hosts that start a process through the line's own launcher within PROBE_TIMEOUT_S, asked at once (a
+def answering(line: list[str], hosts: list[str], env: dict, cancel: threading.Event | None = None,
+              timeout_s: float = PROBE_TIMEOUT_S) -> set[str]:
+    """The hosts that start a process through the line's own launcher within `timeout_s`, asked at once (a
     `cancel` set meanwhile ends every probe, none answering)."""
 
     def answers(host: str) -> bool:
         with mpirun.own_tmpdir() as tmpdir:
             probe = mpirun.start([line[0], "-np", "1", "--host", f"{host}:1", "true"],
                                  {**env, **tmpdir}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + PROBE_TIMEOUT_S
+            deadline = time.monotonic() + timeout_s
             try:
                 while time.monotonic() < deadline and not (cancel and cancel.is_set()):
                     try:

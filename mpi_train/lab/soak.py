@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--restart", action="store_true",
                         help="the restart soak: each job under python -m mpi_train supervise --max-restarts 2 with "
                              "checkpoints, which must carry on to its last step with the faultless job's weights "
-                             "(faults: kill, stop, link, term; see mpi_train/lab/restart_soak.py)")
+                             "(faults: kill, stop, link, term, return, flap; see mpi_train/lab/restart_soak.py)")
     parser.add_argument("--bad-input", action="store_true",
                         help="the probe of user-caused faults: each case a real np 2 job on this host, held to the "
                              "standard (non-zero exit, no traceback, the cause named, nothing left running or "
@@ -109,8 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "mpi_train/lab/bad_input.py)")
     parser.add_argument("--trials", type=int, default=10, help="jobs to run, one fault each (default: 10)")
     parser.add_argument("--faults", default=None,
-                        help=f"faults to draw from (default: {','.join(FAULTS)}; with --restart: kill,stop,link,term; "
-                             f"with --bad-input: the cases to run, e.g. lr-inf,full-disk-cache, default all)")
+                        help=f"faults to draw from (default: {','.join(FAULTS)}; with --restart: "
+                             f"kill,stop,link,term,return,flap; with --bad-input: the cases to run, e.g. "
+                             f"lr-inf,full-disk-cache, default all)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the draws: faults, ranks, hosts, steps (default: 0)")
     parser.add_argument("--hosts", type=int, default=2, help="test hosts (default: 2)")

@@ -63,6 +63,9 @@ BAD_INPUT = 2  # UserError's exit status: the job refused its flags, files or ch
 HOST_RETRY_S = 5.0  # between two askings of a host that did not answer
 DEFAULT_RELAUNCH_S = 60.0  # what a relaunch is taken to cost before one is measured
 GROW_POLL_S = 2.0  # between two askings of the hosts a job may grow onto (sooner when one ends its cooldown)
+# a host the job may grow onto that takes longer to answer does not answer: a probe sent while its link was down must
+# not be taken for an answer, nor hold the next asking, once the link is back
+GROW_PROBE_TIMEOUT_S = 6.0
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,8 @@ class GrowWatch(threading.Thread):
 
     def consider(self, outside: dict[str, int]) -> None:
         sup = self.supervisor
-        answering = launchline.answering(sup.line, sorted(outside), dict(os.environ), cancel=self.done)
+        answering = launchline.answering(sup.line, sorted(outside), dict(os.environ), cancel=self.done,
+                                         timeout_s=GROW_PROBE_TIMEOUT_S)
         if self.done.is_set():
             return
         sup.watch.observe(set(outside), answering)
@@ -409,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
                              f"every {GROW_POLL_S:g} s while the job runs on fewer ranks than --max-ranks)")
     parser.add_argument("--host-cooldown", type=float, default=10.0, metavar="SECONDS",
                         help="how long a host must answer steadily before the job grows onto it, doubled each time "
-                             "it is lost again (default 10)")
+                             "it is lost again, up to 16 times (default 10)")
     parser.add_argument("--relaunch-cost", type=float, default=None, metavar="SECONDS",
                         help="what a relaunch costs, against the time the steps left would save by growing (default: "
                              f"the job's last relaunch, from its stop to its first step; {DEFAULT_RELAUNCH_S:g} s "

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from mpi_train.errors import UserError
-from mpi_train.lab.host_watch import Candidates, HostWatch, check_script, discover, parse_discovered
+from mpi_train.lab.host_watch import (
+    MAX_COOLDOWN_FACTOR,
+    Candidates,
+    HostWatch,
+    check_script,
+    discover,
+    parse_discovered,
+)
 from mpi_train.lab.launchline import Placement
 
 
@@ -63,4 +70,7 @@ def test_a_host_is_ready_after_answering_for_its_cooldown_which_doubles_each_tim
     watch.lost({"h"})
     watch.observe({"h"}, {"h"}, now=100)
     assert watch.cooldown("h") == 40 and watch.ready({"h"}, now=139) == set()
+    for _ in range(10):
+        watch.lost({"h"})
+    assert watch.cooldown("h") == 10 * MAX_COOLDOWN_FACTOR  # a host that settles after many flaps still returns
     assert watch.ready({"never-asked"}, now=1000) == set()
