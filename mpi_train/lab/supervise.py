@@ -221,12 +221,11 @@ class Supervisor:
         self.options, self.line = options, line
         self.folder = checkpoint_dir(line)
         first = launchline.placement(line, hosts_at_least=1)
-        # None: not an mpirun line that names its hosts, whose hosts are not asked
-        self.where = first if first is not None and len(first.hosts) > 1 else None
         check_growth_flags(options, first)
+        # None: a line whose hosts are not asked (it names none, or one that it could neither leave nor grow from)
+        growing = bool(options.max_ranks or options.discovery_script)
+        self.where = first if first is not None and (len(first.hosts) > 1 or growing) else None
         self.max_ranks = options.max_ranks or (first.ranks if first else 0)
-        if first is not None and (options.max_ranks or options.discovery_script):
-            self.where = first
         self.candidates = Candidates(first, launchline.hostfile_of(line), options.discovery_script) if first else None
         self.watch = HostWatch(options.cooldown_s)
         self.used: set[str] = set(first.names) if first else set()  # hosts the job has run on
