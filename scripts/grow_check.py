@@ -31,6 +31,7 @@ from pathlib import Path
 
 from mpi_train.errors import UserError, format_error
 from mpi_train.lab import mpirun
+from mpi_train.lab.growth import STEP_LINE
 from mpi_train.lab.restart_soak import launch_env
 from mpi_train.lab.soakparts import end_leftovers, hosts_and_server, processes_of
 from mpi_train.tracking import names
@@ -39,7 +40,6 @@ from mpi_train.tracking.store import mlflow_client
 EXPERIMENT = "grow-check"
 SCENARIOS = ("a", "b", "c")
 BANNER = re.compile(r"^mpi_train: (\d+) rank\(s\) on ")  # each attempt's first line: its world size
-STEP_LINE = re.compile(r"step\s+(\d+)/(\d+)\b")
 # the supervisor's decision: `Host(s) H returned ready: ...; against a relaunch of Y s (measured): growing.`
 DECISION = re.compile(r"mpi_train supervise: .+? ready: step .*?\b(growing|not growing)\.")
 RELAUNCH_COST = re.compile(r"relaunch of ([\d.]+) s \((measured|stated|assumed)")
@@ -399,7 +399,8 @@ FLAGS = (  # (flag, type, default, meaning)
     ("--prefix", str, "grx", "the test hosts' names: grx1..grx3"),
     ("--subnet", str, "10.93.0", "the test hosts' /24 network"),
     ("--out", str, "grow-check", "folder for the jobs' output, the MLflow store and the table"),
-    ("--train-flags", str, "", "more training flags for every job, e.g. '--model mnist_cnn --dropout 0'"),
+    ("--train-flags", str, "", ("more training flags for every job, e.g. '--model mnist_cnn --dropout 0', or "
+                                "--train-flags=--sync-bn (one flag alone after =)")),
 )
 
 

@@ -6,7 +6,8 @@ The np 2 list of jobs also carries the step's precision and clipping end to end 
 has their units): under bf16-mixed every lossless method equals allreduce; with --clip-grad-norm clipping every step,
 zero and fsdp (norms from shards) and bucketed equal allreduce; under 16-mixed an overflow forced on rank 1 at one
 step is skipped on every rank, under allreduce, zero, fsdp and local SGD alike, and a resume right after it scales
-as the uninterrupted job does."""
+as the uninterrupted job does; and a model with BatchNorm under --sync-bn trains alike under allreduce, DDP and FSDP,
+otherwise than with each rank's own BatchNorm statistics."""
 
 import pytest
 from conftest import losses, train_several
@@ -29,6 +30,9 @@ LOSSLESS = ("gather_scatter", "allreduce", "flat", "bucketed", "ring", "hierarch
 CLIPPED = ("allreduce", "zero", "fsdp", "bucketed")  # zero's and fsdp's norms are their shards' (one all-reduce)
 OVERFLOWED = ("allreduce", "zero", "fsdp", "localsgd")  # the inf lands in one rank's shard, or one rank's own model
 OVERFLOW_STEP = 2  # rank 1's float16 gradients overflow here (MPI_TRAIN_OVERFLOW_AT); a checkpoint right after it
+# BatchNorm over the global batch through each kind of wrapper: our hooks, torch's DDP, FSDP2's shards
+SYNC_BN_JOB = [*job(), "--model", "tests.user_model:build_batchnorm"]
+SYNC_BN = ("allreduce", "ddp", "fsdp")
 
 
 def relative_gap(a: list[float], b: list[float]) -> float:
@@ -47,7 +51,8 @@ def step_jobs(checkpoints) -> dict[str, list[str]]:
     fp16["allreduce-16"] += ["--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(OVERFLOW_STEP)]
     resumed = {"allreduce-16-resumed": [*FLOAT16_JOB, "--sync", "allreduce", "--precision", "16-mixed", "--resume",
                                         str(checkpoints / f"step-{OVERFLOW_STEP:08d}.pt")]}
-    return {**bf16, **clipped, **fp16, **resumed}
+    sync_bn = {f"{method}-sync-bn": [*SYNC_BN_JOB, "--sync", method, "--sync-bn"] for method in SYNC_BN}
+    return {**bf16, **clipped, **fp16, **resumed, **sync_bn, "allreduce-bn": [*SYNC_BN_JOB, "--sync", "allreduce"]}
 
 
 def check_step_jobs(runs: dict[str, dict]) -> None:
@@ -70,6 +75,11 @@ def check_step_jobs(runs: dict[str, dict]) -> None:
         assert [s["skipped_steps"] for s in steps] == [0, 1, 1, 1], method
         assert [s["grad_scale"] for s in steps] == [2.0**16, 2.0**15, 2.0**15, 2.0**15], method
         assert relative_gap(losses(runs[f"{method}-16"]), losses(runs["allreduce-16"])) <= 1e-5, method
+    sync_bn = losses(runs["allreduce-sync-bn"])
+    for method in SYNC_BN:  # tests/models/test_sync_batchnorm.py: what one process computes on the whole batch
+        assert runs[f"{method}-sync-bn"]["config"]["sync_bn"]
+        assert relative_gap(losses(runs[f"{method}-sync-bn"]), sync_bn) <= 1e-5, f"{method} --sync-bn"
+    assert relative_gap(losses(runs["allreduce-bn"]), sync_bn) > 1e-4  # each rank's own statistics: other losses
     resumed = runs["allreduce-16-resumed"]["steps"]
     assert [s["step"] for s in resumed] == [3, 4]
     assert [(s["loss"], s["grad_scale"], s["skipped_steps"]) for s in resumed] == [

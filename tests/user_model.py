@@ -1,5 +1,6 @@
 """A model of the user's own, as --model tests.user_model:build names it in the end-to-end jobs (tests/test_train.py):
-what docs/training.md's contract asks, built for the data set's classes and image shape."""
+what docs/training.md's contract asks, built for the data set's classes and image shape; and a small one with
+BatchNorm (tests/test_accumulate.py's --sync-bn jobs)."""
 
 from torch import nn
 
@@ -8,3 +9,12 @@ def build(num_classes: int, input_shape: tuple[int, int, int]) -> nn.Module:
     channels = input_shape[0]
     return nn.Sequential(nn.Conv2d(channels, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
                          nn.Linear(8 * 4 * 4, num_classes))
+
+
+def build_batchnorm(num_classes: int, input_shape: tuple[int, int, int]) -> nn.Module:
+    """Both kinds of BatchNorm: over images (statistics of many pixels a channel) and over features (of the samples
+    alone, where how the batch is split shows most)."""
+    channels = input_shape[0]
+    return nn.Sequential(nn.Conv2d(channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                         nn.Flatten(), nn.Linear(8 * 2 * 2, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                         nn.Linear(16, num_classes))

@@ -102,6 +102,10 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
                                         "clipping is logged as learning/grad_norm); the same norm under every "
                                         "lossless method; under model averaging each rank clips its own",
                                         metavar="MAX")
+    sync_bn: bool = _opt(False, "BatchNorm over the global batch: each BatchNorm layer adds up every rank's "
+                         "statistics in forward (and their gradients in backward), so a step computes what one "
+                         "process on the whole global batch would, on any number of ranks (a job that shrinks or "
+                         "grows keeps its losses); one small allreduce per layer each way")
 
     # Learning-rate schedule and timing warm-up (the course's plain SGD: --lr-schedule constant --warmup-steps 0).
     lr_schedule: str = _opt("cosine", "learning rate after warm-up: constant, cosine decay to 0 over the run, or step "

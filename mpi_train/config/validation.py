@@ -6,11 +6,14 @@ not import train_config.py back.
 
 from __future__ import annotations
 
+import torch
+
 from ..errors import UserError
+from ..models.sync_batchnorm import has_batchnorm
 from ..netmodel.links import rate_bytes_per_s
 from ..step.compiling import flags_error as compile_flags_error
 from ..step.gradients import scaled_compression_error
-from ..sync import METHOD_OPTIONS, combination_error, tuned_by
+from ..sync import METHOD_OPTIONS, PARAMETERS, SYNC_METHODS, combination_error, tuned_by
 from ..sync.averaging_options import AveragingOptions
 from ..sync.diloco import OuterStepOptions
 from ..sync.flag_fields import option_names
@@ -78,6 +81,11 @@ def check_flag_pairs(config) -> None:
     if config.save_model and config.no_tracking:
         raise UserError("--save-model stores the weights in the job's MLflow run, which --no-tracking turns off. "
                         "Drop one of the two flags.")
+    if config.sync_bn and SYNC_METHODS[config.sync].traits.averages == PARAMETERS:
+        raise UserError(f"--sync-bn adds up the ranks' BatchNorm statistics at every step, and --sync {config.sync} "
+                        f"lets each rank train on its own between model averages: together each rank's steps would "
+                        f"depend on the others' at every step all the same. Drop --sync-bn, or use a method that "
+                        f"averages gradients (e.g. --sync ddp).")
     if config.resume == RESUME_AUTO and not config.checkpoint_dir:
         raise UserError("--resume auto continues from the latest checkpoint under --checkpoint-dir, which is not "
                         "set. Add --checkpoint-dir (and --checkpoint-every) so the job has checkpoints to "
@@ -105,6 +113,12 @@ def check_data(config) -> None:
     if len(shape) == 1 and config.loader == "dataloader":
         raise UserError(f"--loader dataloader reads images one by one, and --model {config.model_name} trains on "
                         f"text, which is always held resident (a uint8 tensor of its bytes). Drop --loader.")
+    if config.sync_bn:
+        with torch.device("meta"):  # no memory, no compute
+            model = config.make_model()
+        if not has_batchnorm(model):
+            raise UserError(f"--sync-bn makes BatchNorm layers normalise over the global batch, and --model "
+                            f"{config.model_name} has none. Drop --sync-bn.")
     if config.dropout is not None and not 0 <= config.dropout < 1:
         raise UserError(f"--dropout must be in [0, 1), got {config.dropout}.")
 

@@ -4,10 +4,11 @@ Candidates are the hosts the job was launched on and left behind, the hosts of t
 line's hostfile (re-read each time: a host added there is offered), and those a discovery
 command prints (--host-discovery-script, Horovod's contract: `host:slots` lines, a bare host
 being one slot). A candidate is ready once it has answered every asking for --host-cooldown
-seconds. Each time a host is lost (it stopped answering, or a job failed for want of it) its
+seconds. Each time a host is lost (it stopped answering, or did not answer when a job failed) its
 cooldown doubles, up to MAX_COOLDOWN_FACTOR times --host-cooldown, so a host that flaps is held
 back longer each time and the job never thrashes between sizes, and one that has settled
-still comes back.
+still comes back. A host lost more than once that answers again when a job fails is left out
+of the relaunch all the same (when --min-ranks allows), and rejoins by growing.
 """
 
 from __future__ import annotations
@@ -103,16 +104,23 @@ class HostWatch:
             record.losses += 1
             record.answering_since = None
 
-    def observe(self, asked: set[str], answering: set[str], now: float | None = None) -> None:
+    def flapping(self, hosts: set[str]) -> set[str]:
+        """Of `hosts`, those lost more than once: answering now does not make them steady."""
+        return {host for host in hosts if host in self.records and self.records[host].losses > 1}
+
+    def observe(self, asked: set[str], answering: set[str], now: float | None = None) -> list[str]:
         """One round of asking: a host that answered starts (or keeps) its steady time; one that had been answering
-        and does not is lost."""
+        and does not is lost. The hosts lost, sorted."""
         now = time.monotonic() if now is None else now
-        for host in asked:
+        lost = []
+        for host in sorted(asked):
             record = self.records.setdefault(host, HostRecord())
             if host in answering:
                 record.answering_since = record.answering_since if record.answering_since is not None else now
             elif record.answering_since is not None:
                 self.lost({host})
+                lost.append(host)
+        return lost
 
     def next_ready_in(self, hosts: set[str], now: float | None = None) -> float | None:
         """Seconds until the first of `hosts` that answers and is cooling down is ready (None: none is)."""

@@ -50,6 +50,7 @@ from ..failpoints import SLOW_ENV
 from ..tracking import names
 from ..tracking.store import mlflow_client
 from . import mpirun
+from .growth import STEP_LINE
 from .network import NetworkSetting
 from .soakparts import Server, end_leftovers, hosts_and_server, processes_of, rank_pid
 from .testhosts import TestHosts
@@ -71,7 +72,6 @@ LOSS_RTOL = 1e-3  # a resharded job's final loss against the reference's: float 
 STRAGGLER = "0:0.3"
 SLACK_S = 2.0  # of the time-lost bound: the jitter of a relaunch's start-up
 EXPERIMENT = "soak-restart"
-STEP_LINE = re.compile(r"step\s+(\d+)/(\d+)\b")
 STEP_TIME = re.compile(r"step\s+\d+/\d+\b.*?\sstep (\d+(?:\.\d+)?)s\b")
 START_LINE = re.compile(r"mpi_train: (\d+) rank\(s\) on \d+ host\(s\)")  # rank 0's first line, once per launch
 GROWING = re.compile(r"ready: .*:\s+growing\.")  # the supervisor's decision to grow ("not growing." is not)

@@ -19,7 +19,9 @@ Before relaunching an mpirun line that spans hosts, it asks each host to start a
 --host-wait seconds (a link that comes back); a host still gone stops the supervision, unless
 --min-ranks N allows going on without it: then the line is relaunched on the hosts left, with
 as many ranks (at least N) as split the same global batch, and --reshard, which continues the
-checkpoint on that number of ranks (the MLflow run logs the change in time/world_size).
+checkpoint on that number of ranks (the MLflow run logs the change in time/world_size). A host
+that did not answer at first and has been lost before is left out the same way, though it
+answers again: a flapping host would fail the relaunch too, and rejoins by growing instead.
 
 A job on fewer ranks than it may have (--max-ranks, the line's -np by default) grows back: the
 hosts it left, those of its hostfile (re-read) and those a --host-discovery-script prints are
@@ -120,17 +122,19 @@ def latest_step(folder: Path) -> int | None:
     return int(found[-1].stem.split("-")[1]) if found else None
 
 
-def hosts_gone(line: list[str], where: launchline.Placement, wait_s: float, stopping: list[int]) -> set[str]:
-    """The hosts of `where` that still do not answer after up to `wait_s` (asked again every HOST_RETRY_S)."""
-    down = set(where.names) - launchline.answering(line, where.names, dict(os.environ))
-    if down:
-        say(f"host(s) {', '.join(sorted(down))} do not answer; asking again every {HOST_RETRY_S:g} s for up to "
+def hosts_gone(line: list[str], where: launchline.Placement, wait_s: float,
+               stopping: list[int]) -> tuple[set[str], set[str]]:
+    """The hosts of `where` that did not answer when first asked, and those that still do not after up to `wait_s`
+    (asked again every HOST_RETRY_S)."""
+    missed = set(where.names) - launchline.answering(line, where.names, dict(os.environ))
+    if missed:
+        say(f"host(s) {', '.join(sorted(missed))} do not answer; asking again every {HOST_RETRY_S:g} s for up to "
             f"{wait_s:g} s.")
-    deadline = time.monotonic() + wait_s
+    down, deadline = set(missed), time.monotonic() + wait_s
     while down and not stopping and time.monotonic() < deadline:
         time.sleep(min(HOST_RETRY_S, max(0.0, deadline - time.monotonic())))
         down -= launchline.answering(line, sorted(down), dict(os.environ))
-    return down
+    return missed, down
 
 
 @dataclass(frozen=True)
@@ -190,7 +194,9 @@ class GrowWatch(threading.Thread):
                                          timeout_s=GROW_PROBE_TIMEOUT_S)
         if self.done.is_set():
             return
-        sup.watch.observe(set(outside), answering)
+        for host in sup.watch.observe(set(outside), answering):
+            say(f"host {host} stopped answering while it cooled down (no answer within {GROW_PROBE_TIMEOUT_S:g} s); "
+                f"it is asked again, and ready once it has answered for {sup.watch.cooldown(host):g} s.")
         ready = sorted(sup.watch.ready(set(outside)))
         grown = sup.where.more(tuple((host, outside[host]) for host in ready), sup.max_ranks) if ready else None
         progress = self.launch.progress.now()
@@ -325,23 +331,32 @@ class Supervisor:
         while time.monotonic() < deadline and not self.stopping:
             time.sleep(0.1)
         where = self.where
-        gone = hosts_gone(self.line, where, options.host_wait_s, self.stopping) if where else set()
+        missed, gone = hosts_gone(self.line, where, options.host_wait_s, self.stopping) if where else (set(), set())
         if self.stopping:
             say(f"stopped by {signal.Signals(self.stopping[0]).name}; not relaunching.")
             return 128 + self.stopping[0]
-        if gone:
-            self.watch.lost(gone)
-            smaller = where.fewer(gone, options.min_ranks) if options.min_ranks else None
+        self.watch.lost(missed)
+        # a host lost more than once would likely fail the relaunch too: when the job can go on without it, it
+        # rejoins by growing, once it has answered for its (doubled) cooldown
+        flapping = self.watch.flapping(missed - gone) if options.min_ranks else set()
+        if flapping and where.fewer(gone | flapping, options.min_ranks) is None:
+            flapping = set()
+        if gone | flapping:
+            smaller = where.fewer(gone | flapping, options.min_ranks) if options.min_ranks else None
             if smaller is None:
                 say(f"host(s) {', '.join(sorted(gone))} did not answer for {options.host_wait_s:g} s; not relaunching: "
                     + (f"the hosts left cannot run {options.min_ranks} or more ranks that split the global batch of "
                        f"{where.batch_size}. " if options.min_ranks else "a job on them would fail again. ")
                     + "Relaunch once they are back, or give --min-ranks N to go on without them.")
                 return status
+            why = [f"host(s) {', '.join(sorted(gone))} did not answer for {options.host_wait_s:g} s"] if gone else []
+            if flapping:
+                why.append(f"host(s) {', '.join(sorted(flapping))} answered again but have been lost "
+                           f"{max(self.watch.records[h].losses for h in flapping)} times (asked again until they have "
+                           f"answered for {max(self.watch.cooldown(h) for h in flapping):g} s)")
             self.line = launchline.on_hosts(self.line, smaller, self.scratch)
-            say(f"host(s) {', '.join(sorted(gone))} did not answer for {options.host_wait_s:g} s: going on without "
-                f"them on {', '.join(smaller.names)} with {smaller.ranks} ranks (was {where.ranks}), the global batch "
-                f"of {where.batch_size} resharded (--reshard).")
+            say(f"{'; '.join(why)}: going on without them on {', '.join(smaller.names)} with {smaller.ranks} ranks "
+                f"(was {where.ranks}), the global batch of {where.batch_size} resharded (--reshard).")
             self.where = smaller
         return relaunch_line(self.line)
 

@@ -22,6 +22,7 @@ from ..errors import UserError
 from ..failpoints import injected, overflowing, slowed
 from ..lr_schedule import LearningRate
 from ..memory import count_peak_from_here
+from ..models.sync_batchnorm import globalise_batchnorm
 from ..netmodel import JobModel, bytes_sent_per_sync, job_model, layout_params
 from ..optimizers import OPTIMIZERS
 from ..preemption import Preemption, StepAgreement
@@ -172,6 +173,8 @@ def build_replica(config: TrainConfig, cluster: Cluster, device: torch.device, p
     method; each rank's own random streams from here on (dropout, the DataLoader path's augmentation)."""
     seed_everything(config.seed)
     model = config.make_model().to(device)
+    if config.sync_bn:
+        globalise_batchnorm(model)
     check_replicas_agree(cluster, model, "at start")
     tokens = torch.int64 if config.language_model else None
     # Under the job's autocast: a bfloat16 convolution is another kernel to tune than a float32 one (an H200's

@@ -62,10 +62,13 @@ def test_a_host_is_ready_after_answering_for_its_cooldown_which_doubles_each_tim
     assert watch.ready({"h"}, now=9) == set() and watch.ready({"h"}, now=10) == {"h"}
     assert watch.next_ready_in({"h"}, now=4) == 6
     watch.lost({"h"})  # the job failed for want of it: the first loss keeps --host-cooldown
+    assert watch.flapping({"h", "never-lost"}) == set()  # answering again after one loss, it stays in the job
     watch.observe({"h"}, {"h"}, now=20)
     assert watch.ready({"h"}, now=30) == {"h"}
-    watch.observe({"h"}, set(), now=31)  # it stops answering: lost again, cooldown doubled
+    assert watch.observe({"h"}, set(), now=31) == ["h"]  # it stops answering: lost again, cooldown doubled
+    assert watch.observe({"h"}, set(), now=33) == []  # still silent: lost once
     watch.observe({"h"}, {"h"}, now=40)
+    assert watch.flapping({"h"}) == {"h"}  # after a failure it would be left out, to rejoin by growing
     assert watch.ready({"h"}, now=55) == set() and watch.ready({"h"}, now=60) == {"h"}
     watch.lost({"h"})
     watch.observe({"h"}, {"h"}, now=100)
