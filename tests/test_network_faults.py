@@ -39,7 +39,7 @@ pytestmark = pytest.mark.e2e
 PREFIX, SUBNET = "netfault", "10.88.0"
 TIMEOUT_S = 15
 STEPS = 12
-GROW_STEPS = 40  # the grow test's: enough left after the shrink for growing to pay
+GROW_STEPS = 50  # the grow test's: enough left after the shrink for growing to pay, after one lost probe too
 GROW_TIMEOUT_S = 10  # the grow test's, whose steps take half a second
 RUN_NAME = "allreduce-np4-seed42"  # the job's default run name
 JOB = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "1",
@@ -159,7 +159,8 @@ def test_a_host_gone_for_good_is_named_the_job_goes_on_without_it_and_grows_back
     either size, so the cut lands mid-training and the shrunk job still runs when host 2 is ready."""
     checkpoints, uri, steps = tmp_path / "checkpoints", hosts.server.uri(), GROW_STEPS
     placed = hosts.mpirun_options()
-    line, env = mpirun_launch(4, [*JOB, "--max-steps", str(steps), "--epochs", "3", "--timeout", str(GROW_TIMEOUT_S),
+    line, env = mpirun_launch(4, [*JOB, "--synthetic-size", "1088", "--max-steps", str(steps), "--epochs", "3",
+                                  "--timeout", str(GROW_TIMEOUT_S),
                                   "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2", "--tracking-uri",
                                   uri, "--experiment", "gone", "--summary-json", str(tmp_path / "gone.json")],
                               hostfile=placed["hostfile"], env={**placed["env"], "MPI_TRAIN_SLOW": "0:0.3"})
