@@ -159,6 +159,7 @@ def test_a_host_gone_for_good_is_named_the_job_goes_on_without_it_and_grows_back
     either size, so the cut lands mid-training and the shrunk job still runs when host 2 is ready."""
     checkpoints, uri, steps = tmp_path / "checkpoints", hosts.server.uri(), GROW_STEPS
     placed = hosts.mpirun_options()
+    # --synthetic-size 1088 replaces JOB's 1024: 17 steps an epoch, so three epochs hold GROW_STEPS
     line, env = mpirun_launch(4, [*JOB, "--synthetic-size", "1088", "--max-steps", str(steps), "--epochs", "3",
                                   "--timeout", str(GROW_TIMEOUT_S),
                                   "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2", "--tracking-uri",

@@ -195,7 +195,8 @@ class GrowWatch(threading.Thread):
         if self.done.is_set():
             return
         for host in sup.watch.observe(set(outside), answering):
-            say(f"host {host} stopped answering while it cooled down (no answer within {GROW_PROBE_TIMEOUT_S:g} s); "
+            say(f"host {host} stopped answering while it cooled down (an asking failed or went unanswered for "
+                f"{GROW_PROBE_TIMEOUT_S:g} s); "
                 f"it is asked again, and ready once it has answered for {sup.watch.cooldown(host):g} s.")
         ready = sorted(sup.watch.ready(set(outside)))
         grown = sup.where.more(tuple((host, outside[host]) for host in ready), sup.max_ranks) if ready else None
