@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -342,6 +343,17 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
+class PlainQueue:
+    """A queue whose items travel as bytes. A tensor put on a torch-registered queue travels as a handle to shared
+    memory that the parent fetches from the sender, and a rank that has exited by then resets that connection."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def put(self, item) -> None:
+        self.queue.put(pickle.dumps(item))
+
+
 def forked_ranks(target, world: int, store: str, *args) -> dict:
     """`target(rank, store, queue, *args)` on `world` ranks, each a process forked from this one (the ranks inherit
     torch, imported already): rank -> what it put on the queue, a rank's traceback failing the test."""
@@ -349,10 +361,10 @@ def forked_ranks(target, world: int, store: str, *args) -> dict:
 
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    ranks = [context.Process(target=target, args=(rank, store, queue, *args)) for rank in range(world)]
+    ranks = [context.Process(target=target, args=(rank, store, PlainQueue(queue), *args)) for rank in range(world)]
     for process in ranks:
         process.start()
-    got = dict(queue.get(timeout=120) for _ in ranks)
+    got = dict(pickle.loads(queue.get(timeout=120)) for _ in ranks)
     for process in ranks:
         process.join(timeout=30)
     for rank, result in got.items():

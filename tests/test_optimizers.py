@@ -117,7 +117,7 @@ def average_on_rank(rank: int, store: str, queue) -> None:
             param.grad = torch.arange(1.0, 4.0)
             optimizer.step()  # the step after the average
             results[choice + " step"] = (before, param.tolist())
-        queue.put((rank, results))  # as lists: a tensor in a queue is shared memory, gone once this process ends
+        queue.put((rank, results))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the parent reports it
         queue.put((rank, traceback.format_exc()))
