@@ -12,6 +12,12 @@ requeued job continues the same run with --resume auto. Only a job with --checkp
 (it has somewhere to go on from); elsewhere SIGUSR1 keeps its default action. Its handlers go through
 tracking/signals.py, which holds every signal handler a rank installs.
 
+Under torchrun's agent SIGTERM most often means the same: a node joined or left, and the agent stops the workers to
+restart them at the new world size, killing them 30 s later. A job that checkpoints takes that SIGTERM as SIGUSR1,
+so the restart loses no step. What SIGTERM does elsewhere (the run recorded KILLED, the rank gone) is done only if
+the ranks have not agreed to stop TERMINATE_GRACE_S after it: a rank held in a collective by a lost node never
+reaches a step boundary.
+
 Divergence: a rate too high for the model makes the loss, then the weights, overflow to inf or NaN, and training
 would go on computing NaNs. The ranks hold different losses (their own batches) and, under the model-averaging
 methods, different weights, so each rank puts its loss and the norm of the weights it holds into the same
@@ -27,7 +33,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,30 +47,57 @@ from .tracking import signals
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL: stopped to be run again, from its checkpoint
 SIGNAL = signals.REQUEUE
+# torchrun's agent sends SIGKILL 30 s after SIGTERM: this leaves the run's end time to be recorded
+TERMINATE_GRACE_S = 15.0
 
 
 class Preemption:
-    """Whether SIGUSR1 has reached this rank (StepAgreement shares it with the others)."""
+    """Whether SIGUSR1 (or, with `terminate_at_boundary`, SIGTERM) has reached this rank (StepAgreement shares it
+    with the others)."""
 
-    def __init__(self, listening: bool, world_size: int):
+    def __init__(self, listening: bool, world_size: int, terminate_at_boundary: bool = False):
         self.listening = listening and signals.on_main_thread()
         self.world_size = world_size
-        self.received = False
+        self.received: str | None = None  # the name of the first signal that asked for the stop
+        self.agreed = False  # the ranks have agreed to stop at a step boundary (StepAgreement)
+        self.terminate_at_boundary = terminate_at_boundary and self.listening
+        # what SIGTERM does if the ranks have not agreed to stop in time; a run's tracker puts its own here
+        self.late_terminate: Callable[[], None] = lambda: signals.exit_as_killed(signals.TERMINATE)
+        self.timer: threading.Timer | None = None
+        self.previous = {}
         if self.listening:
             self.previous = signals.install((SIGNAL,), self._note)
+        if self.terminate_at_boundary:
+            self.previous |= signals.install((signals.TERMINATE,), lambda number, frame: self.terminated())
 
     def _note(self, number, frame) -> None:
-        self.received = True
+        self.received = self.received or signals.name(number)
+
+    def terminated(self) -> None:
+        """SIGTERM under a launcher that restarts the workers (any thread): stop at the next step boundary, or as
+        SIGTERM would if the ranks have not agreed to within TERMINATE_GRACE_S."""
+        self.received = self.received or signals.name(signals.TERMINATE)
+        if self.timer is None:
+            self.timer = threading.Timer(TERMINATE_GRACE_S, self._too_late)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _too_late(self) -> None:
+        if not self.agreed:
+            self.late_terminate()
 
     def leave_together(self) -> None:
         """Collective, once the run's end is recorded: from here a launcher's SIGTERM is ignored, so that srun
         --kill-on-bad-exit, seeing the first rank leave with REQUEUE_EXIT, does not turn the others' status
         into 143 and the batch script's requeue into a failure."""
         signals.ignore(signals.TERMINATE)
+        self.previous.pop(signals.TERMINATE, None)  # close() leaves it ignored
         if self.world_size > 1:
             dist.barrier()
 
     def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
         if self.listening:
             signals.restore(self.previous)
             self.listening = False
@@ -130,7 +164,7 @@ class StepAgreement:
         self.preemption, self.rank, self.world_size, self.device = preemption, rank, world_size, device
         self.lagged = device.type == "cuda" if lagged is None else lagged  # a step read once the next is posted
         self.pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None]] = []  # (step, values, copied back)
-        self.signalled = False  # SIGUSR1 reached some rank
+        self.signalled = False  # SIGUSR1 (or a SIGTERM taken as it) reached some rank
         self.diverged: Divergence | None = None
         self.last_finite: tuple[int, float] | None = None  # step and mean loss of the last step read all finite
 
@@ -167,6 +201,7 @@ class StepAgreement:
 
     def _take(self, step: int, values: list[float]) -> None:
         self.signalled = self.signalled or values[0] > 0
+        self.preemption.agreed = self.signalled
         if self.diverged:  # the first divergence is the one to report
             return
         losses, norms = values[1::2], values[2::2]

@@ -42,7 +42,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
     compiled_at_setup = graphs_compiled() if config.compile else 0
     if job.resume and job.resume.finished(job.info.total_steps):
         return nothing_left(job, cluster)
-    tracker = tracking.start(job.connection, config, cluster, job.info)
+    tracker = tracking.start(job.connection, config, cluster, job.info, job.preemption)
     reporter = make_reporter(config, cluster, job, tracker)
     # a host that went silent and came back, when the job spans hosts
     cluster.liveness.on_stall(reporter.note_stall)

@@ -3,6 +3,8 @@ Gloo group, and read a step late as on a GPU."""
 
 import math
 import os
+import signal
+import time
 import traceback
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import torch
 import torch.distributed as dist
 from conftest import forked_ranks
 
+from mpi_train import preemption as preemption_module
 from mpi_train.preemption import SIGNAL, Divergence, Preemption, StepAgreement, held_norm
 
 CPU = torch.device("cpu")
@@ -76,13 +79,37 @@ def test_on_a_gpu_a_step_is_read_once_the_next_is_posted_unless_the_host_waits_f
 def test_a_signal_read_a_step_late_reads_the_step_it_checkpoints_too():
     preemption = Preemption(listening=False, world_size=1)
     agreement = StepAgreement(preemption, 0, 1, CPU, lagged=True)
-    preemption.received = True  # what the SIGUSR1 handler does
+    preemption.received = "SIGUSR1"  # what the SIGUSR1 handler does
     agreement.post(1, torch.tensor(2.0), [torch.ones(4)])
     agreement.read(wait=False)
     assert not agreement.signalled
     agreement.post(2, torch.tensor(2.0), [torch.tensor([math.nan])])
     agreement.read(wait=False)  # step 1's signal: step 2 is checkpointed next, so its weights are read first
     assert agreement.signalled and agreement.diverged.step == 2 and agreement.diverged.weight_ranks == (0,)
+
+
+def test_under_torchrun_sigterm_stops_at_the_next_boundary_and_acts_as_sigterm_only_if_no_stop_is_agreed(monkeypatch):
+    """torchrun's agent stops the workers with SIGTERM to restart them at a new size: the job takes it as SIGUSR1, and
+    what SIGTERM does otherwise (the tracker's handling) comes only if the ranks have not agreed to stop in time."""
+    monkeypatch.setattr(preemption_module, "TERMINATE_GRACE_S", 0.2)
+    late = []
+    for stops in (True, False):
+        preemption = Preemption(listening=True, world_size=1, terminate_at_boundary=True)
+        preemption.late_terminate = lambda stops=stops: late.append(stops)
+        agreement = StepAgreement(preemption, 0, 1, CPU)
+        os.kill(os.getpid(), signal.SIGTERM)  # this process lives on: its handler notes it
+        assert preemption.received == "SIGTERM" and not late
+        if stops:
+            agreement.post(1, torch.tensor(2.0), [])
+            agreement.read(wait=True)
+            assert agreement.signalled
+        time.sleep(0.6)
+        preemption.close()
+    assert late == [False]  # the job that stopped at its boundary was not also ended as SIGTERM would
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # closed: the handler this process had is back
+    elsewhere = Preemption(listening=True, world_size=1)  # mpirun, srun: SIGTERM is the trackers' (a stop, now)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    elsewhere.close()
 
 
 def test_the_weights_norm_is_finite_only_when_every_weight_is():

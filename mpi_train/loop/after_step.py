@@ -15,6 +15,7 @@ from ..config import TrainConfig
 from ..preemption import REQUEUE_EXIT, Divergence
 from ..reporter import SilentReporter
 from ..sync import REPLICATED_VIEW, Synced
+from ..tracking import signals
 from ..tracking.names import PHASES
 from .job import Job
 from .replicas import check_replicas_agree
@@ -123,14 +124,19 @@ class AfterStep:
             self.final_checkpoint = taken
 
     def stop_for_requeue(self, position: Position, checkpointed: bool) -> None:
-        """SIGUSR1 reached some rank: every rank checkpoints here, if the step was not, and stops for requeue."""
+        """SIGUSR1 (or torchrun's SIGTERM) reached some rank: every rank checkpoints here, if the step was not, and
+        stops for requeue."""
         job = self.job
         if not checkpointed:
             job.checkpoints.save(job.model, job.optimizer, job.method, position, self.tracker.parent_id,
                                  self.tracker.unsent(), job.gradients.state_dict())
             self.tracker.commit()
-        self.requeued = (f"{preemption.SIGNAL.name} received: checkpointed at step {position.step} and stopped for "
-                         f"requeue (exit status {REQUEUE_EXIT}); --resume auto continues from there")
+        if job.preemption.received == signals.name(signals.TERMINATE):
+            why = (f"{job.preemption.received} from torchrun's agent received (a node joined or left, or torchrun is "
+                   f"stopping): checkpointed at step {position.step} and stopped")
+        else:
+            why = f"{preemption.SIGNAL.name} received: checkpointed at step {position.step} and stopped for requeue"
+        self.requeued = f"{why} (exit status {REQUEUE_EXIT}); --resume auto continues from there"
 
     def count(self, read: list[StepTimes]) -> None:
         """Steps' phase times into the run's, the steady state's and the logging window's totals."""

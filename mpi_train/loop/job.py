@@ -54,7 +54,7 @@ class Job:
     test_loader: Any
     checkpoints: Checkpointer
     resume: Resume | None
-    preemption: Preemption  # SIGUSR1: checkpoint at the next step boundary and stop for requeue
+    preemption: Preemption  # SIGUSR1 (torchrun's SIGTERM): checkpoint at the next step boundary and stop
     agreement: StepAgreement  # what every rank decides alike after each step: SIGUSR1, a loss or weights gone inf/NaN
     connection: tracking.Connection | None
     fault: Any
@@ -127,7 +127,8 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         **layout_params(cluster.hosts), resumed_from=resumed_from(resume), advice=advised,
         data_path=loaders.describe(), compile_s=replica.compile_s, precision=precision.name,
     )
-    preemption = Preemption(config.checkpoint_dir is not None, info.world_size)
+    preemption = Preemption(config.checkpoint_dir is not None, info.world_size,
+                            terminate_at_boundary=cluster.environment.resizes_on_restart)
     agreement = StepAgreement(preemption, info.rank, info.world_size, device)
     return Job(
         info=job_info, device=device, model=model, net=replica.net, method=method, optimizer=optimizer,

@@ -73,15 +73,18 @@ def connect(config: TrainConfig, cluster) -> Connection | None:
     return connection
 
 
-def start(connection: Connection | None, config: TrainConfig, cluster, job: JobInfo) -> NullTracker:
-    """The tracker for this rank; collective (rank 0 learns each rank's identity for its child run)."""
+def start(connection: Connection | None, config: TrainConfig, cluster, job: JobInfo, preemption=None) -> NullTracker:
+    """The tracker for this rank; collective (rank 0 learns each rank's identity for its child run). `preemption`:
+    the job's (preemption.Preemption), which runs the tracker's SIGTERM handling late, or not at all, when SIGTERM
+    stops the job at a step boundary."""
     if config.no_tracking:
         return NullTracker()
     info = cluster.info
     ranks = cluster.gather({"rank": info.rank, "local_rank": info.local_rank, "host": info.host, "pid": os.getpid()})
     if info.is_main:
-        return MlflowTracker(connection=connection, config=config, cluster=cluster, job=job, ranks=ranks)
+        return MlflowTracker(connection=connection, config=config, cluster=cluster, job=job, ranks=ranks,
+                             preemption=preemption)
     samples_host = info.local_rank == 0 and config.system_metrics_every > 0
     return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None,
                        signalled_together=cluster.environment.name != "mpi",
-                       cut_off=lambda: cluster.liveness.cut_off_s())
+                       cut_off=lambda: cluster.liveness.cut_off_s(), preemption=preemption)

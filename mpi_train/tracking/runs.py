@@ -49,8 +49,10 @@ def checked_failure(posted: bytes) -> dict:
 class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
     """Rank 0: the job's parent run and one child run per rank; ends them in exactly one terminal status."""
 
-    def __init__(self, connection: Connection, config: TrainConfig, cluster, job: JobInfo, ranks: list[dict]):
+    def __init__(self, connection: Connection, config: TrainConfig, cluster, job: JobInfo, ranks: list[dict],
+                 preemption=None):
         self.client, self.cluster, self.config = connection.client, cluster, config
+        self.preemption = preemption  # SIGTERM may stop the job at a step boundary (preemption.py)
         self.info, self.hosts = cluster.info, list(cluster.hosts)
         self.lock = threading.Lock()
         self.status: str | None = None
@@ -278,7 +280,7 @@ class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
         if self.info.world_size > 1 and self.cluster.store is not None:
             self._thread(self._watch_failures, "mpi_train-failure-watch")
         if signals.on_main_thread():
-            self.stop_watch = signals.StopWatch(self._stopped)
+            self.stop_watch = signals.StopWatch(self._signalled)
         return self
 
     def __exit__(self, kind, error, trace) -> bool:
@@ -408,6 +410,14 @@ class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
             self.end("FAILED", failure=failure)
             store.set(ACK_KEY, "1")
             return
+
+    def _signalled(self, number: int) -> None:
+        """SIGTERM or SIGINT, on the signal watch's thread: stopped now, or SIGTERM at the next step boundary."""
+        if number == signals.TERMINATE and self.preemption is not None and self.preemption.terminate_at_boundary:
+            self.preemption.late_terminate = lambda: self._stopped(number)
+            self.preemption.terminated()
+        else:
+            self._stopped(number)
 
     def _stopped(self, number: int) -> None:
         """SIGTERM or SIGINT, on the signal watch's thread: record the end, then abort the MPI job."""

@@ -3,7 +3,8 @@
 - SIGTERM and SIGINT on rank 0: the job's runs end KILLED, from a helper thread (StopWatch).
 - SIGTERM on the other ranks under srun or torchrun: wait for rank 0 to record the end (tracker.RankTracker).
 - SIGUSR1 with --checkpoint-dir: checkpoint at the next step boundary and stop for requeue (preemption.py); once
-  the end is recorded, SIGTERM is ignored so that the ranks leave together.
+  the end is recorded, SIGTERM is ignored so that the ranks leave together. Under torchrun's agent, SIGTERM too
+  (the agent restarts the workers at a new size); the handlers above then act only if the ranks do not stop in time.
 - SIGINT in the guard process: ignored, so that a Ctrl-C meant for the job leaves the guard to record its end.
 
 It lives in tracking/ because what a signal changes first is how the job's runs end. One module shows which handler a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 
@@ -41,6 +43,14 @@ def restore(previous: dict) -> None:
 def ignore(number: int) -> None:
     """Ignore `number` from here on in this process."""
     signal.signal(number, signal.SIG_IGN)
+
+
+def exit_as_killed(number: int) -> None:
+    """What `number`'s default action would do, from any thread (a handler can be changed from the main one only):
+    this process ends at once, with the status a shell gives a process `number` killed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + number)
 
 
 def name(number: int) -> str:

@@ -74,8 +74,9 @@ class RankTracker(NullTracker):
     """A rank other than 0: samples its host if it is that host's first rank, and reports its own failure."""
 
     def __init__(self, store, info, sampler: HostSampler | None, signalled_together: bool = False,
-                 cut_off: Callable[[], float] = lambda: 0.0):
+                 cut_off: Callable[[], float] = lambda: 0.0, preemption=None):
         self.store, self.info, self.sampler = store, info, sampler
+        self.preemption = preemption
         self.cut_off = cut_off  # seconds rank 0's host has not answered this rank's heartbeat (liveness.py)
         self.signalled_together = signalled_together  # srun, torchrun: SIGTERM reaches every rank at once
         self.previous: dict = {}  # the SIGTERM handler this rank had, while it waits on rank 0 (__enter__)
@@ -85,7 +86,10 @@ class RankTracker(NullTracker):
         launcher kill rank 0 before it has recorded the run: wait for rank 0 to say it has (ENDED_KEY),
         or for its store to go away, then exit. mpirun signals only rank 0 first."""
         if self.signalled_together and self.store is not None and signals.on_main_thread():
-            self.previous = signals.install((signals.TERMINATE,), self._await_rank0)
+            if self.preemption is not None and self.preemption.terminate_at_boundary:
+                self.preemption.late_terminate = lambda: self._await_rank0(signals.TERMINATE, None)
+            else:
+                self.previous = signals.install((signals.TERMINATE,), self._await_rank0)
         return self
 
     def _await_rank0(self, number, frame) -> None:

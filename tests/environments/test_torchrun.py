@@ -29,7 +29,7 @@ from mpi_train.loop.job import resized_by_launcher
 ENDS_WITHIN_S = 60
 PREFIX, SUBNET = "tre", "10.91.0"
 RENDEZVOUS_PORT = 29400  # inside host 1's namespace, where no other job listens
-GROWN_STEPS = 8
+GROWN_STEPS, GROWN_STEP_S = 20, 0.4  # rank 0's steps slowed: the first attempt lasts 8 s or more
 
 
 @pytest.fixture
@@ -223,23 +223,24 @@ class Agent:
 
 
 @pytest.mark.e2e
-def test_an_elastic_torchrun_job_grows_to_the_node_that_joins_in_one_run(tmp_path, no_mpi):
-    """Node 1's agent starts the job alone, which checkpoints at step 2 and then hangs (in its first attempt only)
-    until node 2's agent joins: torchrun's agents stop the worker, meet again and start both at WORLD_SIZE 2, and the
-    job resumes from step 2, resharded with no flag added, into the same MLflow run."""
+def test_an_elastic_torchrun_job_grows_to_the_node_that_joins_in_one_run_and_trains_no_step_twice(tmp_path, no_mpi):
+    """Node 1's agent starts the job alone, rank 0 slowed to leave node 2's agent time to join mid-job: torchrun's
+    agents stop the worker with SIGTERM, which the job takes at its next step boundary, checkpointing there (its only
+    checkpoint before the end); they meet again and start both at WORLD_SIZE 2, and the job resumes from that very
+    step, resharded with no flag added, into the same MLflow run."""
     summary, uri = tmp_path / "grown.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    job = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "1",
-           "--max-steps", str(GROWN_STEPS), "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
+    job = ["--dataset", "synthetic", "--synthetic-size", "1280", "--batch-size", "64", "--log-every", "1",
+           "--max-steps", str(GROWN_STEPS), "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "100",
            "--resume", "auto", "--timeout", "60", "--tracking-uri", uri, "--experiment", "tests-torchrun",
            "--run-name", "grown", "--summary-json", str(summary)]
     env = {**os.environ, "PYTHONPATH": f"{no_mpi}:{REPO}", "PYTHONUNBUFFERED": "1", **ELASTIC_LAUNCH_ENV,
-           "MPI_TRAIN_FAIL_AT": "0:3:hang", "MPI_TRAIN_FAIL_ONCE": str(tmp_path / "hung")}
+           "MPI_TRAIN_SLOW": f"0:{GROWN_STEP_S}"}
     with hosts_brought_up(tmp_path, PREFIX, SUBNET, count=2, slots=1) as hosts:
         first = Agent(hosts, 1, job, env)
         second = None
         try:
             deadline = time.monotonic() + 120
-            while not first.first(r"injecting 'hang' on rank 0 at 3"):
+            while not first.first(rf"step\s+1/{GROWN_STEPS}\b"):
                 assert first.process.poll() is None and time.monotonic() < deadline, first.output
                 time.sleep(0.05)
             second = Agent(hosts, 2, job, env)
@@ -255,17 +256,26 @@ def test_an_elastic_torchrun_job_grows_to_the_node_that_joins_in_one_run(tmp_pat
     def printed(pattern: str, after: float) -> float | None:  # rank 0 prints, on whichever node it is
         return min(filter(None, (agent.first(pattern, after) for agent in (first, second))), default=None)
 
+    stop = re.search(r"SIGTERM from torchrun's agent received \(a node joined or left, or torchrun is stopping\): "
+                     r"checkpointed at step (\d+) and stopped", output)
+    assert stop, output
+    stopped = int(stop.group(1))
+    assert 1 <= stopped < GROWN_STEPS
+    # each step trained once: printed once, by one attempt or the other
+    steps = sorted(int(found) for found in re.findall(rf"step\s+(\d+)/{GROWN_STEPS}\b", output))
+    assert steps == list(range(1, GROWN_STEPS + 1)), output
     grown_at = printed(r"2 rank\(s\) on 2 host\(s\)", after=second.started)
     assert grown_at is not None, output
-    stepped_at = printed(rf"step\s+3/{GROWN_STEPS}\b", after=grown_at)
-    print(f"node 2's agent started; the first step at world size 2 came {stepped_at - second.started:.1f} s later")
+    stepped_at = printed(rf"step\s+{stopped + 1}/{GROWN_STEPS}\b", after=grown_at)
+    print(f"node 2's agent started; the job stopped at step {stopped}, and its next step at world size 2 came "
+          f"{stepped_at - second.started:.1f} s after the agent started")
     grown = json.loads(summary.read_text())
     assert grown["world_size"] == 2
-    assert grown["resumed_from"]["world_size"] == 1 and grown["resumed_from"]["step"] == 2
+    assert grown["resumed_from"]["world_size"] == 1 and grown["resumed_from"]["step"] == stopped
     client = client_for(uri)
     parent, children = job_runs(client, "tests-torchrun", "grown")
     assert parent.info.status == "FINISHED" and parent.data.tags["mpi_train.attempts"] == "2"
-    assert "resumed from step 2 on 2 ranks (was 1)" in parent.data.tags["mpi_train.restart.1"]
+    assert f"resumed from step {stopped} on 2 ranks (was 1)" in parent.data.tags["mpi_train.restart.1"]
     assert [child.data.tags["rank"] for child in children] == ["0", "1"]
     history = client.get_metric_history(parent.info.run_id, "learning/loss")
     assert sorted(m.step for m in history) == list(range(1, GROWN_STEPS + 1))
