@@ -5,13 +5,14 @@ Each job trains VGG-11 on synthetic data (1 thread a rank) under `python -m mpi_
 hosts' bridge. The same job uninterrupted on 3 ranks gives the reference losses; then host 3's link is cut:
   a  after the first checkpoint; back once the job trains on 2 ranks: on 3 ranks again within the cooldown + the
      grow's relaunch + 5 s of the link coming up, FINISHED in one run with each loss once, the final loss the
-     reference's to 1e-3 relative, nothing left running
+     reference's to 1e-3 relative (beside it, how far the reference itself moves with --sync ring: float rounding
+     alone), nothing left running
   b  before the first checkpoint: on 2 ranks from step 0 within --timeout + --host-wait + 30 s of the cut
   c  as in a, then the link flaps (up 5 s, down 5 s, ten times) while the job runs on 2 ranks: at most 2 grows
 One row per check (measured, target, verdict); each job's timed output stays in --out. Needs root, ip and tc
 (docs/network-lab.md, "Test hosts"); hosts, server and jobs are removed on every way out, Ctrl-C included.
 
-    PYTHONPATH=. python scripts/grow_check.py --out /tmp/grow-check     # about 16 minutes on 2 cores
+    PYTHONPATH=. python scripts/grow_check.py --out /tmp/grow-check     # about 19 minutes on 2 cores
     PYTHONPATH=. python scripts/grow_check.py --scenarios ""            # the hosts and the reference alone
 """
 
@@ -184,14 +185,14 @@ def supervisor_line(args, line: list[str]) -> list[str]:
             "--host-cooldown", str(args.cooldown), "--max-restarts", "2", "--backoff", str(args.backoff), "--", *line]
 
 
-def run_reference(args, hosts, setting, server, folder: Path) -> dict:
-    """The job on 3 ranks with nothing going wrong: its summary (losses, step time)."""
+def run_reference(args, hosts, setting, server, folder: Path, *flags: str) -> dict:
+    """The job on 3 ranks with nothing going wrong, `flags` added: its summary (losses, step time)."""
     folder.mkdir(parents=True, exist_ok=True)
-    line = job_line(args, hosts.hostfile(3, 1), folder, server.uri, "reference")
+    line = [*job_line(args, hosts.hostfile(3, 1), folder, server.uri, folder.name), *flags]
     done = mpirun.run(line, launch_env(setting), timeout=JOB_LIMIT_S, cwd=folder)
     (folder / "output.txt").write_text(done.stdout + done.stderr)
     if done.returncode:
-        raise RuntimeError(f"the reference job failed (exit {done.returncode}); see {folder / 'output.txt'}")
+        raise RuntimeError(f"the {folder.name} job failed (exit {done.returncode}); see {folder / 'output.txt'}")
     return json.loads((folder / "summary.json").read_text())
 
 
@@ -287,8 +288,10 @@ def losses_once(losses: dict[int, list[float]], total_steps: int) -> str:
                                    f"missing {missing}" if missing else ""))) or "ok"
 
 
-def run_checks(scenario: Scenario, run: Tracked, final_loss: float | None, reference: dict, args) -> list[Check]:
-    """What every scenario must show: one FINISHED run, each loss once, the reference's final loss, nothing left."""
+def run_checks(scenario: Scenario, run: Tracked, final_loss: float | None, reference: dict, rounding: float | None,
+               args) -> list[Check]:
+    """What every scenario must show: one FINISHED run, each loss once, the reference's final loss, nothing left.
+    `rounding`: how far the reference's final loss moves with another order of the same sum."""
     name, steps = scenario.name, scenario_steps(scenario.name, args)
     sizes = " ".join(f"{step}:{ranks}" for step, ranks in run.world_sizes) or "-"
     reference_losses = {s["step"]: s["loss"] for s in reference["steps"]}
@@ -307,11 +310,13 @@ def run_checks(scenario: Scenario, run: Tracked, final_loss: float | None, refer
         Check(scenario=name, what="processes left", measured=str(scenario.left), target="0", ok=scenario.left == 0),
     ]
     if steps == args.steps:  # the reference's length: the same losses are due
+        notes = [f"steps 1-{on_three}, 3 ranks in both: at most {max(before_cut):.1e}" if before_cut else "",
+                 f"the reference with --sync {args.rounding_sync}, uninterrupted: {rounding:.2e}"
+                 if rounding is not None else ""]
         checks.insert(2, Check(scenario=name, what="final loss against the reference's (relative)", measured=final,
                                target=f"<= {LOSS_RTOL:g}",
                                ok=final_loss is not None and relative(final_loss, reference["final_loss"]) <= LOSS_RTOL,
-                               note=f"steps 1-{on_three}, 3 ranks in both: at most {max(before_cut):.1e}"
-                               if before_cut else ""))
+                               note="; ".join(filter(None, notes))))
     return checks
 
 
@@ -362,13 +367,14 @@ def flap_check(scenario: Scenario, args) -> Check:
                  note="the job ended before the flapping did" if "up" not in scenario.events else "")
 
 
-def checks_of(scenario: Scenario, reference: dict, uri: str, folder: Path, args) -> list[Check]:
+def checks_of(scenario: Scenario, reference: dict, rounding: float | None, uri: str, folder: Path,
+              args) -> list[Check]:
     summary = folder / "summary.json"
     final_loss = json.loads(summary.read_text())["final_loss"] if summary.exists() else None
     own = [restart_check(scenario, args), flap_check(scenario, args) if scenario.name == "c" else
            grow_check(scenario, args)]
     scenario.run = tracked(uri, scenario.name)
-    return [*own, *run_checks(scenario, scenario.run, final_loss, reference, args)]
+    return [*own, *run_checks(scenario, scenario.run, final_loss, reference, rounding, args)]
 
 
 def pids_on_hosts(prefix: str) -> list[int]:
@@ -401,6 +407,9 @@ FLAGS = (  # (flag, type, default, meaning)
     ("--out", str, "grow-check", "folder for the jobs' output, the MLflow store and the table"),
     ("--train-flags", str, "", ("more training flags for every job, e.g. '--model mnist_cnn --dropout 0', or "
                                 "--train-flags=--sync-bn (one flag alone after =)")),
+    ("--rounding-sync", str, "ring", ("the reference run again with this --sync, a lossless method that sums in "
+                                      "another order: how far float rounding alone moves its final loss; empty: "
+                                      "not run")),
 )
 
 
@@ -431,27 +440,35 @@ def check_args(args) -> list[str]:
     return scenarios
 
 
-def measure(args, scenarios: list[str], out: Path) -> tuple[list[Check], dict, dict]:
+def measure(args, scenarios: list[str], out: Path) -> tuple[list[Check], dict, float | None, dict]:
     checks: list[Check] = []
     runs: dict[str, Scenario] = {}
+    rounding = None
     with hosts_and_server(args, out, "scripts/grow_check.py") as (hosts, setting, server):
         print("grow_check: the reference job, 3 ranks, nothing going wrong", flush=True)
         started = time.monotonic()
         reference = run_reference(args, hosts, setting, server, out / "reference")
         print(f"grow_check:   {time.monotonic() - started:.1f} s", flush=True)
+        if args.rounding_sync:
+            print(f"grow_check: the reference again with --sync {args.rounding_sync}", flush=True)
+            again = run_reference(args, hosts, setting, server, out / "reference-rounding", "--sync",
+                                  args.rounding_sync)
+            rounding = relative(again["final_loss"], reference["final_loss"])
+            print(f"grow_check:   final loss {again['final_loss']:.6f}, {rounding:.2e} from the reference's",
+                  flush=True)
         for name in scenarios:
             print(f"grow_check: scenario {name}", flush=True)
             started = time.monotonic()
             runs[name] = Scenario(name)
             run_scenario(runs[name], args, hosts, setting, server, out / name)
-            found = checks_of(runs[name], reference, server.uri, out / name, args)
+            found = checks_of(runs[name], reference, rounding, server.uri, out / name, args)
             checks += found
             print(f"grow_check:   {time.monotonic() - started:.1f} s: "
                   + "; ".join(f"{c.what}: {c.measured} {c.verdict}" for c in found), flush=True)
     left = namespaces_left(args.prefix)
     checks.append(Check(scenario="all", what="test hosts left", measured=" ".join(left) or "none", target="none",
                         ok=not left))
-    return checks, reference, runs
+    return checks, reference, rounding, runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -459,11 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scenarios = check_args(args)
         out = Path(args.out).resolve()
-        checks, reference, runs = measure(args, scenarios, out)
+        checks, reference, rounding, runs = measure(args, scenarios, out)
     except UserError as error:
         print(format_error(str(error), prog="grow_check"), file=sys.stderr)
         return 2
-    return report(args, checks, reference, runs, out)
+    return report(args, checks, reference, rounding, runs, out)
 
 
 def evidence(runs: dict[str, Scenario]) -> list[str]:
@@ -480,7 +497,8 @@ def evidence(runs: dict[str, Scenario]) -> list[str]:
     return out
 
 
-def report(args, checks: list[Check], reference: dict, runs: dict[str, Scenario], out: Path) -> int:
+def report(args, checks: list[Check], reference: dict, rounding: float | None, runs: dict[str, Scenario],
+           out: Path) -> int:
     table = format_table(checks)
     step_s = reference["mean_times_after_warmup"]["step_time_s"]
     flags = f"--model vgg11 {args.train_flags}".strip()
@@ -488,7 +506,8 @@ def report(args, checks: list[Check], reference: dict, runs: dict[str, Scenario]
                f"{args.batch_size}, {args.steps} steps "
                f"(c: {args.flap_steps}), a checkpoint every {args.checkpoint_every}, --timeout {args.timeout}, "
                f"--host-wait {args.host_wait:g}, --host-cooldown {args.cooldown:g}; reference {step_s:.3f} s a step "
-               f"on 3 ranks, final loss {reference['final_loss']:.6f}")
+               f"on 3 ranks, final loss {reference['final_loss']:.6f}"
+               + (f" ({rounding:.2e} apart with --sync {args.rounding_sync})" if rounding is not None else ""))
     lines = "\n".join(evidence(runs))
     print(f"\n{heading}\n{table}\n\n{lines}")
     out.mkdir(parents=True, exist_ok=True)

@@ -89,3 +89,18 @@ def test_flags_that_cannot_hold_both_world_sizes_or_both_cuts_are_refused(grow_c
     with pytest.raises(UserError, match="--early-cut-step 6 < --checkpoint-every 5"):
         grow_check.check_args(parser.parse_args(["--early-cut-step", "6"]))
     assert grow_check.check_args(parser.parse_args(["--scenarios", "c,a"])) == ["c", "a"]
+
+
+def test_the_final_loss_is_judged_against_the_target_with_what_rounding_alone_does_beside_it(grow_check):
+    args = grow_check.build_parser().parse_args(["--steps", "10"])
+    reference = {"final_loss": 2.0, "steps": [{"step": s, "loss": 3.0 - 0.1 * s} for s in range(1, 11)]}
+    losses = {s: [3.0 - 0.1 * s] for s in range(1, 11)}
+    run = grow_check.Tracked(runs=1, status="FINISHED", losses=losses, world_sizes=[(0, 3), (5, 2)], restarts={})
+    scenario = grow_check.Scenario("a", exit=0)
+    close, far = (grow_check.run_checks(scenario, run, final, reference, 0.4, args)[2] for final in (2.001, 2.8))
+    assert (close.measured, close.ok) == ("5.00e-04", True)
+    assert (far.measured, far.ok) == ("4.00e-01", False)
+    assert far.verdict == ("MISSED (steps 1-5, 3 ranks in both: at most 0.0e+00; the reference with --sync ring, "
+                           "uninterrupted: 4.00e-01)")
+    alone = grow_check.run_checks(scenario, run, 2.8, reference, None, args)[2]
+    assert alone.note == "steps 1-5, 3 ranks in both: at most 0.0e+00"
