@@ -164,9 +164,13 @@ class StepAgreement:
         self.preemption, self.rank, self.world_size, self.device = preemption, rank, world_size, device
         self.lagged = device.type == "cuda" if lagged is None else lagged  # a step read once the next is posted
         self.pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None]] = []  # (step, values, copied back)
-        self.signalled = False  # SIGUSR1 (or a SIGTERM taken as it) reached some rank
         self.diverged: Divergence | None = None
         self.last_finite: tuple[int, float] | None = None  # step and mean loss of the last step read all finite
+
+    @property
+    def signalled(self) -> bool:
+        """SIGUSR1 (or a SIGTERM taken as it) reached some rank: the ranks stop at this boundary."""
+        return self.preemption.agreed
 
     def post(self, step: int, loss: torch.Tensor, weights: Iterable[torch.Tensor]) -> None:
         """Share this step's signal, loss and weights' norm (collective; no weights: a norm of 0, not checked).
@@ -200,8 +204,7 @@ class StepAgreement:
             self.read(wait=True)
 
     def _take(self, step: int, values: list[float]) -> None:
-        self.signalled = self.signalled or values[0] > 0
-        self.preemption.agreed = self.signalled
+        self.preemption.agreed = self.preemption.agreed or values[0] > 0
         if self.diverged:  # the first divergence is the one to report
             return
         losses, norms = values[1::2], values[2::2]
