@@ -222,7 +222,9 @@ class Reporter(SilentReporter):
         """The job's trace (Chrome-trace JSON) and its swimlane picture under --timeline-dir, and in MLflow."""
         config = self.context.config
         about = {"run": self.context.name, "sync": config["sync"], "compression": config["compression"],
-                 "steps": list(recorder.window)}
+                 "steps": list(recorder.window),
+                 **({"overlap_lost_to_compile": self.job["overlap_lost_to_compile"]}
+                    if self.job.get("overlap_lost_to_compile") else {})}
         saved = timeline_files.save(Path(config["timeline_dir"]), about, self.job, per_rank_events, alignments,
                                     recorder, method, self.context.sync_model)
         self.summary.timeline = saved.part

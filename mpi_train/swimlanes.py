@@ -8,6 +8,7 @@ part is where the model's link, latency or CPU picture is wrong, bucket by bucke
 from __future__ import annotations
 
 import statistics
+import textwrap
 from pathlib import Path
 
 from .netmodel import Backward, message_plan
@@ -102,7 +103,9 @@ def draw(document: dict, path: Path, plan: dict | None = None) -> Path:
     ax.set_xlabel("ms (rank 0's clock)")
     about = document.get("otherData", {})
     ax.set_title(f"{about.get('run', '')}: steps {', '.join(map(str, steps))}, {about.get('sync', '')}"
-                 + (f"+{about['compression']}" if about.get("compression", "none") != "none" else ""))
+                 + (f"+{about['compression']}" if about.get("compression", "none") != "none" else "")
+                 + ("\n" + textwrap.fill(f"compiled: {about['overlap_lost_to_compile']}", 110)
+                    if about.get("overlap_lost_to_compile") else ""))
     handles = [Patch(color=colour, label=name) for name, colour in PHASE_COLOURS.items()]
     handles += [Patch(color="#756bb1", label="message (measured)"), Patch(color="#fdae6b", label="compressor"),
                 Patch(color="#bcbddc", label="message in the background"),

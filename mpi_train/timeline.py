@@ -332,7 +332,9 @@ def step_events(rank: int, steps: list[Step], offset_s: float, tensor_names: lis
 
 
 def trace(per_rank_events: list[list[dict]], hosts: list[str], alignment: list[Alignment], about: dict) -> dict:
-    """The job's Chrome-trace JSON: a process per rank (named by rank and host), a named track per kind."""
+    """The job's Chrome-trace JSON: a process per rank (named by rank and host), a named track per kind; where
+    --compile costs the method its overlap (about's `overlap_lost_to_compile`), a mark across every track at the
+    first kept step that says so, where the messages it explains are seen."""
     metadata = []
     for rank, host in enumerate(hosts):
         metadata.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} ({host})"}})
@@ -340,6 +342,11 @@ def trace(per_rank_events: list[list[dict]], hosts: list[str], alignment: list[A
         for track, tid in TRACKS.items():
             metadata.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": track}})
     events = [event for events in per_rank_events for event in events]
+    if about.get("overlap_lost_to_compile") and events:
+        first = min(events, key=lambda event: event["ts"])
+        events.append({"name": f"compiled: {about['sync']}: {about['overlap_lost_to_compile']}", "cat": "compile",
+                       "ph": "i", "s": "g", "pid": 0, "tid": TRACKS["messages"], "ts": first["ts"],
+                       "args": {"step": first["args"]["step"]}})
     return {"traceEvents": metadata + sorted(events, key=lambda e: e["ts"]), "displayTimeUnit": "ms",
             "otherData": {**about, "clock_alignment": [{"rank": r, "offset_s": a.offset_s, "error_s": a.error_s}
                                                        for r, a in enumerate(alignment)]}}

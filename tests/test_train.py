@@ -1,5 +1,6 @@
 """End-to-end: real `mpirun` jobs training on small data; results checked against each other."""
 
+import json
 import re
 from pathlib import Path
 
@@ -175,9 +176,9 @@ QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "
 def np2(tmp_path_factory):
     """Short jobs at np 2, all in one mpirun: two identical ones, two seeds, MNIST's IDX files, several epochs, an
     image folder of 5 classes and mixed sizes and modes (resnet18 held resident; a user's model through the
-    DataLoader; the same folder with a corrupt file, which ends with its message), 20 steps eager and the same
-    compiled (the suite's one compile), and one whose rate makes it diverge (last: it ends with its message in place
-    of a summary)."""
+    DataLoader; the same folder with a corrupt file, which ends with its message), 20 steps of bucketed eager and
+    the same compiled with a timeline (the suite's one compile), and one whose rate makes it diverge (last: it ends
+    with its message in place of a summary)."""
     tmp = tmp_path_factory.mktemp("np2")
     write_mnist(tmp / "data", train=256, test=64)
     folder = write_image_folder(tmp / "folder", classes=5, train=4, evaluation=2)
@@ -194,8 +195,9 @@ def np2(tmp_path_factory):
         "folder_users_model": [*images, "--data-dir", str(folder), "--model", "tests.user_model:build",
                                "--image-size", "40", "--loader", "dataloader"],
         "folder_damaged": [*images, "--data-dir", str(damaged)],
-        "eager20": [*QUICK, "--synthetic-size", "1280", "--max-steps", "20"],  # an epoch of 20 steps, scored once
-        "compiled20": [*QUICK, "--synthetic-size", "1280", "--max-steps", "20", "--compile"],
+        "eager20": [*QUICK, "--synthetic-size", "1280", "--max-steps", "20", "--sync", "bucketed"],  # scored once
+        "compiled20": [*QUICK, "--synthetic-size", "1280", "--max-steps", "20", "--sync", "bucketed", "--compile",
+                       "--timeline-steps", "4:5", "--timeline-dir", str(tmp / "timelines")],
         "diverged": [*QUICK, "--max-steps", "8", "--lr", "1e6", "--checkpoint-dir", str(tmp / "diverged"),
                      "--checkpoint-every", "1"],
     })
@@ -235,13 +237,26 @@ def test_an_image_folder_of_any_classes_trains_resnet18_and_a_users_model_and_st
     assert "damaged/train/class2/broken.jpg" in message
 
 
-def test_a_compiled_job_follows_the_eager_one_and_compiles_at_setup_only(np2):
+def test_a_compiled_job_follows_the_eager_one_compiles_at_setup_only_and_says_what_overlap_it_loses(np2):
     eager, compiled = np2["eager20"], np2["compiled20"]
     assert [step["step"] for step in compiled["steps"]] == list(range(2, 21, 2))
     assert relative_gap(losses(compiled), losses(eager)) <= 1e-3  # dropout draws as eager does (compiling.py)
     assert compiled["compile_s"] > 0 and "compile_s" not in eager
     assert compiled["graphs_compiled_after_setup"] == 0  # no step (nor the scoring) compiled anything
     assert max(step["step_time_s"] for step in compiled["steps"]) < compiled["compile_s"]
+    # bucketed's hooks fire at the compiled backward's end: the summary and the timeline say so, and the trace shows
+    # every gradient of the kept steps handed over in the last part of backward
+    lost = compiled["overlap_lost_to_compile"]
+    assert lost.startswith("its buckets leave at the end of backward") and "overlap_lost_to_compile" not in eager
+    events = json.loads(Path(compiled["timeline"]["trace"]).read_text())["traceEvents"]
+    (mark,) = [e for e in events if e.get("cat") == "compile"]
+    assert mark["name"] == f"compiled: bucketed: {lost}" and mark["s"] == "g"
+    backward = {(e["pid"], e["args"]["step"]): (e["ts"], e["ts"] + e["dur"]) for e in events
+                if e.get("cat") == "phase" and e["name"] == "backward"}
+    assert {step for _, step in backward} == {4, 5} and len(backward) == 4
+    for e in (e for e in events if e.get("cat") == "gradient"):
+        start, end = backward[e["pid"], e["args"]["step"]]
+        assert e["ts"] >= start + 0.5 * (end - start), e
 
 
 def test_a_diverging_job_stops_at_that_step_keeping_only_finite_checkpoints(np2):

@@ -47,10 +47,11 @@ class Candidate:
         """What to add to `python -m mpi_train` to run it."""
         return ["--sync", self.sync] + ([] if self.bucket_mb is None else ["--bucket-mb", f"{self.bucket_mb:g}"])
 
-    def method(self) -> SyncMethod:
-        """The method as a job with these flags configures it."""
+    def method(self, precision: str = "32-true") -> SyncMethod:
+        """The method as a job with these flags configures it, at --precision `precision` (fsdp's gathers follow
+        it)."""
         bucket = DEFAULT_BUCKET_MB if self.bucket_mb is None else self.bucket_mb
-        return build_method(self.sync, TrainConfig(sync=self.sync, bucket_mb=bucket))
+        return build_method(self.sync, TrainConfig(sync=self.sync, bucket_mb=bucket, precision=precision))
 
     def as_dict(self) -> dict:
         return {"label": self.label, "sync": self.sync, "bucket_mb": self.bucket_mb, "flags": self.flags}
@@ -72,6 +73,7 @@ class StepModel:
     compute_s: float
     baseline_step_s: float
     units: tuple | None = None  # each tensor's layer block (netmodel.tensor_units): fsdp's messages
+    precision: str = "32-true"  # what the step computes in, resolved: fsdp gathers its parameters in it
 
     @property
     def backward_s(self) -> float:
@@ -186,7 +188,7 @@ def candidates(names: Sequence[str], tensor_bytes: Sequence[float], order: Seque
 def binding(candidate: Candidate, model: StepModel, method: SyncMethod | None = None) -> str:
     """What holds the candidate's step up: nothing when backward hides its communication, else the link whose cost
     weighs most in it (its time with that link made free falls furthest)."""
-    method = method or candidate.method()
+    method = method or candidate.method(model.precision)
 
     def exposed(network: Network) -> float:
         return predict(method, model.tensor_bytes, model.layout, network, backward_s=model.backward_s,
@@ -208,7 +210,7 @@ def binding(candidate: Candidate, model: StepModel, method: SyncMethod | None = 
 
 def predicted(candidate: Candidate, model: StepModel) -> Predicted:
     """The candidate's predicted step on the model's network."""
-    method = candidate.method()
+    method = candidate.method(model.precision)
     prediction = predict(method, model.tensor_bytes, model.layout, model.network, label=candidate.label,
                          backward_s=model.backward_s, backward=model.backward, units=model.units)
     return Predicted(candidate=candidate, step_s=model.baseline_step_s + prediction.sync_s,

@@ -201,11 +201,11 @@ def network_for(args: argparse.Namespace, calibrated: netmodel.Network | None) -
 
 def registered_methods(bucket_mb: float = TrainConfig.bucket_mb, labels: Sequence[str] | None = None,
                        period: int | None = None, host_period: int | None = None, overlap: bool = False,
-                       fragments: int | None = None) -> dict[str, SyncMethod]:
+                       fragments: int | None = None, precision: str = "32-true") -> dict[str, SyncMethod]:
     """Every registered method (or each of `labels`, like `localsgd+powersgd`) as a job with its default options would
     configure it (ddp_powersgd: PowerSGD at the default rank; bucketed: `bucket_mb`; localsgd and diloco: averaging
     every `period` steps, and inside each host every `host_period`; with `overlap` in the background, `fragments` at
-    a time)."""
+    a time), at `precision` (resolved: fsdp gathers its parameters in it)."""
     methods = {}
     for text in labels or list(SYNC_METHODS):
         name, compression = split_label(text)
@@ -213,7 +213,7 @@ def registered_methods(bucket_mb: float = TrainConfig.bucket_mb, labels: Sequenc
         methods[text] = build_method(name, TrainConfig(
             sync=name, compression=compression, bucket_mb=bucket_mb, period=period if averaging else None,
             host_period=host_period if averaging else None, overlap=overlap and averaging,
-            fragments=fragments if averaging else None))
+            fragments=fragments if averaging else None, precision=precision))
     return methods
 
 
@@ -263,6 +263,7 @@ class Compute:
     ready: what every method's predicted step is built on."""
 
     per_sample: float  # seconds
+    precision: str  # what it was timed in, resolved (the job's, which fsdp gathers its parameters in)
     source: str
     backward: netmodel.Backward
     when: str  # how the gradients' ready times were found, for the assumptions printed
@@ -317,16 +318,22 @@ def compute_of(args: argparse.Namespace, workload: TrainConfig, bench: dict | No
     """The compute per sample from --compute-per-sample, else the bench's no-sync baseline, else the model timed
     here; the gradients' ready times from the bench's backward where it has one, else from the model timed here."""
     backward = netmodel.ASSUMED_BACKWARD
+    benched = bench.get("precision", UNNAMED_PRECISION) if bench is not None else None
+    if args.precision != PRECISION_AUTO:
+        precision = args.precision
+    elif benched is not None:
+        precision = benched
+    else:
+        import torch  # here, not at the top: as measured_compute
+
+        precision = resolve(args.precision, torch.device("cpu")).name
     if args.compute_per_sample is not None:
         per_sample, source = args.compute_per_sample, "--compute-per-sample" + (
             f", {args.precision}" if args.precision != PRECISION_AUTO else "")
     elif bench is not None:
         per_sample = compute_from_bench(bench)
-        source = f"in {bench.get('precision', UNNAMED_PRECISION)}, the no-sync baseline of {args.calibration}"
+        source = f"in {benched}, the no-sync baseline of {args.calibration}"
     else:
-        import torch  # here, not at the top: as measured_compute
-
-        precision = resolve(args.precision, torch.device("cpu")).name
         per_sample, backward = measured_compute(workload, precision=precision)
         source = f"in {precision}, timed here (batch 16, one process, this machine's CPU)"
     if bench is not None:
@@ -334,7 +341,7 @@ def compute_of(args: argparse.Namespace, workload: TrainConfig, bench: dict | No
     when = ("gradients ready as the calibration's no-sync backward had them" if bench is not None and backward.ready
             else "gradients ready as the model's backward had them here" if backward.ready is not None
             else "gradients produced at a constant rate, last layer first")
-    return Compute(per_sample=per_sample, source=source, backward=backward, when=when)
+    return Compute(per_sample=per_sample, precision=precision, source=source, backward=backward, when=when)
 
 
 def per_rank_batch(args: argparse.Namespace, ranks: int) -> float:
@@ -409,7 +416,8 @@ def run(args: argparse.Namespace) -> None:
     tensor_bytes = [p.numel() * p.element_size() for p in params]
     compute = compute_of(args, workload, bench, len(tensor_bytes))
     labels = parse_labels(args.methods) if args.methods else None
-    methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period, args.overlap, args.fragments)
+    methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period, args.overlap, args.fragments,
+                                 compute.precision)
     steps_to_accuracy = parse_steps(args.steps_to_accuracy, list(methods))
     ratios = {name: (netmodel.wire_ratio(method, params), netmodel.later_share(method, params))
               for name, method in methods.items()}

@@ -48,7 +48,8 @@ def advice_result(args: argparse.Namespace, *, cluster: Cluster, placement: Plac
                   chosen: Sequence[Candidate], per_rank: list[dict], advised_s: float, full: tuple | None) -> dict:
     """Rank 0: the advice, its step model made of the short bench's no-sync steps and the profile's backward."""
     world, layout, backward = cluster.info.world_size, profiled.layout, profiled.backward
-    model = step_model(per_rank, profiled.tensor_bytes, layout, profiled.network, backward, profiled.units)
+    model = step_model(per_rank, profiled.tensor_bytes, layout, profiled.network, backward, profiled.units,
+                       precision)
     ranking = search.ranked(list(dict.fromkeys([*searched.found, *chosen])), model)
     measured = measured_steps(per_rank)
     shown = {one.candidate.label for one in search.best_of_each(ranking)} | {c.label for c in chosen}

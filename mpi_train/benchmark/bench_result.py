@@ -44,6 +44,6 @@ def bench_result(args: argparse.Namespace, *, cluster: Cluster, placement: Place
         "layout": {"hosts": layout.hosts, "ranks_per_host": layout.ranks_per_host, "host_of_rank": list(cluster.hosts)},
         "network_link": args.link, "bucket_mb": args.bucket_mb, "calibration": calibration,
         "methods": summarise(per_rank, gradient_bytes(model), world, link["bandwidth_bytes_per_s"], sent,
-                             cluster.hosts, inputs, later),
+                             cluster.hosts, inputs, later, precision),
         "per_rank_times": per_rank,
     }

@@ -41,22 +41,25 @@ def contender(name: str, method: SyncMethod, template: nn.Module) -> Contender:
                      overlapped=method.traits.overlapped())
 
 
-def configured(text: str, bucket_mb: float, powersgd_rank: int = TrainConfig.powersgd_rank) -> SyncMethod:
-    """The method a label names, as the bench runs it: PowerSGD compresses from the first step (the steady state is
-    measured)."""
+def configured(text: str, bucket_mb: float, powersgd_rank: int = TrainConfig.powersgd_rank,
+               precision: str = "32-true") -> SyncMethod:
+    """The method a label names, as the bench runs it at --precision `precision` (resolved: fsdp gathers its
+    parameters in it): PowerSGD compresses from the first step (the steady state is measured)."""
     if text == NO_SYNC:
         return NoSync()
     name, compression = split_label(text)
     config = TrainConfig(sync=name, compression=compression, bucket_mb=bucket_mb, powersgd_rank=powersgd_rank,
-                         powersgd_start_step=0, period=1)  # a model-averaging method: one average a step, its cost
+                         powersgd_start_step=0, period=1,  # a model-averaging method: one average a step, its cost
+                         precision=precision)
     return build_method(name, config)
 
 
 def contenders(workload: TrainConfig, device: torch.device, bucket_mb: float, labels: list[str] | None = None,
                backend: str = "gloo",
-               powersgd_rank: int = TrainConfig.powersgd_rank) -> tuple[list[Contender], list[tuple[str, str]]]:
-    """The no-sync baseline and each method, each with an identical replica of the model `workload` names; and the
-    methods the backend cannot run, with the reason."""
+               powersgd_rank: int = TrainConfig.powersgd_rank,
+               precision: str = "32-true") -> tuple[list[Contender], list[tuple[str, str]]]:
+    """The no-sync baseline and each method at `precision`, each with an identical replica of the model `workload`
+    names; and the methods the backend cannot run, with the reason."""
     torch.manual_seed(0)
     template = workload.make_model().to(device)
     entries, unavailable = [], []
@@ -65,7 +68,7 @@ def contenders(workload: TrainConfig, device: torch.device, bucket_mb: float, la
         if refused:
             unavailable.append((text, refused))
             continue
-        entries.append(contender(text, configured(text, bucket_mb, powersgd_rank), template))
+        entries.append(contender(text, configured(text, bucket_mb, powersgd_rank, precision), template))
     return entries, unavailable
 
 

@@ -27,14 +27,15 @@ class ModelInputs:
 
 def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: float,
               sent: dict[str, float] | None = None, hosts: tuple[str, ...] | None = None,
-              model_of: ModelInputs | None = None, later: dict[str, float] | None = None) -> list[dict]:
+              model_of: ModelInputs | None = None, later: dict[str, float] | None = None,
+              precision: str = "32-true") -> list[dict]:
     """One row per method: medians over steps of the slowest rank, bytes and floor from its collective family, and
     the alpha-beta model's prediction when `model_of` gives the links, layout and tensor sizes.
 
     `sent` is S per method label as it sends it (default: the gradients' bytes in its wire dtype); `hosts` each
     rank's host, for the families that depend on placement; `later` the share of S each method sums after its
-    first round (netmodel.later_share: PowerSGD's Qs). A compressed method's codec is the median over steps of
-    the slowest rank's."""
+    first round (netmodel.later_share: PowerSGD's Qs); `precision` the one the bench ran at (resolved: fsdp gathers
+    its parameters in it). A compressed method's codec is the median over steps of the slowest rank's."""
     names = list(per_rank[0])
     bucket_mb = model_of.bucket_mb if model_of else TrainConfig.bucket_mb
 
@@ -43,7 +44,7 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
     steps = {name: slowest(per_rank, name, "step") for name in names}
     rows = []
     for name in names:
-        method = configured(name, bucket_mb)
+        method = configured(name, bucket_mb, precision=precision)
         compute = statistics.median(slowest(per_rank, name, "compute"))
         sync = statistics.median(slowest(per_rank, name, "sync"))
         differences = [s - b for s, b in zip(steps[name], steps[NO_SYNC])]
@@ -68,8 +69,9 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
             comm = None if overlapped else sync
             size = gradient_bytes * ratio if ratio is not None else gradient_bytes * (
                 method.traits.wire_dtype.itemsize / 4 if method.traits.wire_dtype is not None else 1.0)
-            traffic = [family.traffic(size, world, rank, hosts) for rank in range(world)]
-            floor = family.floor(size, world, bandwidth, hosts) if world > 1 else 0.0
+            moved = netmodel.traffic_size(family, size, gradient_bytes * netmodel.gathered_share(method))
+            traffic = [family.traffic(moved, world, rank, hosts) for rank in range(world)]
+            floor = family.floor(moved, world, bandwidth, hosts) if world > 1 else 0.0
             row.update({
                 "collective": family.name, "comm_s": comm, "overlapped": overlapped, "wire_bytes": size,
                 "sent_bytes": [sent_ for sent_, _ in traffic], "received_bytes": [received for _, received in traffic],

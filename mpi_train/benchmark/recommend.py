@@ -17,13 +17,13 @@ NOISE_FLOOR = 0.03  # the least share by which a measurement overturns the model
 
 def step_model(per_rank: list[dict], tensor_bytes: Sequence[float], layout: netmodel.Layout,
                network: netmodel.Network, backward: netmodel.Backward,
-               units: Sequence[int] | None = None) -> StepModel:
+               units: Sequence[int] | None = None, precision: str = "32-true") -> StepModel:
     """The step without sync as measured (slowest rank per step, median), with the links and backward's profile
-    (and each tensor's layer block, `units`: fsdp's messages)."""
+    (and each tensor's layer block, `units`: fsdp's messages), at the precision it was timed in."""
     return StepModel(tensor_bytes=tuple(tensor_bytes), layout=layout, network=network, backward=backward,
                      compute_s=statistics.median(slowest(per_rank, NO_SYNC, "compute")),
                      baseline_step_s=statistics.median(slowest(per_rank, NO_SYNC, "step")),
-                     units=tuple(units) if units else None)
+                     units=tuple(units) if units else None, precision=precision)
 
 
 def measured_steps(per_rank: list[dict]) -> dict[str, dict]:

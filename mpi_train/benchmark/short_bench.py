@@ -39,8 +39,8 @@ class ShortBench:
 
     def time(self, candidates: Sequence[Candidate], steps: int, progress: Progress) -> dict:
         """This rank's times of `candidates` beside a no-sync baseline, round robin."""
-        entries = [contender(NO_SYNC, NoSync(), self.template)] + [contender(c.label, c.method(), self.template)
-                                                                  for c in candidates]
+        entries = [contender(NO_SYNC, NoSync(), self.template)] + [
+            contender(c.label, c.method(self.precision), self.template) for c in candidates]
         times, _ = measure(entries, self.images, self.labels, steps, self.warmup, self.device, progress,
                            self.precision)
         return times

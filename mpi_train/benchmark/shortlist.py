@@ -42,13 +42,14 @@ def searched(backend: str, template: nn.Module, order: tuple[int, ...] | None, w
 
 
 def profiled_model(profile: list[dict], order: tuple[int, ...] | None, links: dict, template: nn.Module,
-                   hosts: tuple[str, ...]) -> StepModel:
-    """Rank 0: the step model of the profile, with backward's timing pooled over every rank's steps, as the bench's."""
+                   hosts: tuple[str, ...], precision: str) -> StepModel:
+    """Rank 0: the step model of the profile (timed at `precision`), with backward's timing pooled over every rank's
+    steps, as the bench's."""
     backward = pooled_backward(profile, order)
     network = netmodel.Network.from_dict(links["network"])
     layout = netmodel.Layout.of_hosts(list(hosts))
     return step_model(profile, netmodel.tensor_sizes(template), layout, network, backward,
-                      netmodel.tensor_units(template))
+                      netmodel.tensor_units(template), precision)
 
 
 def shortlist(cluster: Cluster, candidates: Searched, profiled: StepModel | None, count: int) -> list[Candidate]:

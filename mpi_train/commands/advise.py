@@ -144,7 +144,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
     times, order = bench.profile(progress("no-sync"))
     profile = cluster.gather(times)
     found = shortlist.searched(backend, template, order, world, workload.optimizer_settings, args.memory_limit)
-    profiled = shortlist.profiled_model(profile, order, links, template, cluster.hosts) if info.is_main else None
+    profiled = (shortlist.profiled_model(profile, order, links, template, cluster.hosts, job.precision)
+                if info.is_main else None)
     chosen = shortlist.shortlist(cluster, found, profiled, args.measure)
     say(f"advise: predicted {len(found.found)} lossless configurations; measuring "
         f"{', '.join(c.label for c in chosen)} ({args.steps} timed step(s) after {args.warmup} warm-up)")

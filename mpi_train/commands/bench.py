@@ -138,7 +138,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
 
     # Set up: a replica per method, what each sends, then the links they cross
     entries, unavailable = contenders(settings, device, args.bucket_mb, parse_labels(args.methods), backend,
-                                      args.powersgd_rank)
+                                      args.powersgd_rank, job.precision)
     sent_and_later = traffic(entries)
     largest = gradient_bytes(entries[0].model)
     if world > 1:

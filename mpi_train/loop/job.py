@@ -126,6 +126,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         total_steps=total_steps, compression=SYNC_METHODS[config.sync].traits.compression_name(config.compression),
         **layout_params(cluster.hosts), resumed_from=resumed_from(resume), advice=advised,
         data_path=loaders.describe(), compile_s=replica.compile_s, precision=precision.name,
+        overlap_lost_to_compile=method.traits.lost_when_compiled if config.compile else None,
     )
     preemption = Preemption(config.checkpoint_dir is not None, info.world_size,
                             terminate_at_boundary=cluster.environment.resizes_on_restart)
@@ -185,7 +186,8 @@ def build_replica(config: TrainConfig, cluster: Cluster, device: torch.device, p
         warm_autotuner(model, config.input_shape, *loaders.batch_sizes, device, tokens,
                        computing=lambda: precision.autocast(device))
     seed_rank_streams(config.seed, cluster.info.rank)
-    method = build_method(config.sync, config)
+    # auto resolved: fsdp gathers its parameters in the precision every rank agreed on
+    method = build_method(config.sync, replace(config, precision=precision.name))
     # before a wrapper lays out its buckets or shards
     if config.compile and wants_channels_last(model, device, method):
         model.to(memory_format=torch.channels_last)

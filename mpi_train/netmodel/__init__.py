@@ -19,7 +19,7 @@ from .calibration import (
            ping_pong,
            with_collective_costs,
 )
-from .families import FAMILIES, Family, bus_bandwidth, family_named, family_of
+from .families import FAMILIES, Family, bus_bandwidth, family_named, family_of, traffic_size
 from .job import JobModel, bytes_sent_per_sync, job_model, layout_params
 from .links import (
            ALL_GATHER,
@@ -44,6 +44,7 @@ from .prediction import (
            PlannedMessage,
            Prediction,
            averaging_every,
+           gathered_share,
            later_share,
            message_plan,
            overlapped_exposed,
@@ -85,6 +86,7 @@ __all__ = [
            "exposed_time",
            "family_named",
            "family_of",
+           "gathered_share",
            "job_model",
            "later_share",
            "layout_params",
@@ -98,6 +100,7 @@ __all__ = [
            "rate_bytes_per_s",
            "tensor_sizes",
            "tensor_units",
+           "traffic_size",
            "wire_bytes",
            "wire_ratio",
            "with_codec",

@@ -47,7 +47,8 @@ Without one (nominal links, a job's own ping-pong) they are priced at a ring's b
   forward, again before its backward (they are freed after forward), and its gradients
   reduce-scattered in backward: 3(N-1)/N·S per rank, floor 3(N-1)/N·S/B, time
   3(N-1)·alpha + 3(N-1)/N·S·beta in three parts: the forward's gathers, the backward's gathers
-  and the reduce-scatters (the last two go with the message, during backward).
+  and the reduce-scatters (the last two go with the message, during backward). Under a mixed
+  precision the gathers carry half-size copies of the parameters (traffic_size): 2(N-1)/N·S.
 - `ring_then_broadcast` (ZeRO-1, `zero_torch`: ZeroRedundancyOptimizer under DDP): DDP's ring
   allreduce during backward, then after the step each shard's owner broadcasts its updated
   parameters: (N-1)/N·S more per rank (3(N-1)/N·S in all), floor 3(N-1)/N·S/B. Gloo broadcasts
@@ -88,7 +89,9 @@ class Part:
     when: str  # WITH_MESSAGE, IN_FORWARD, NEXT_FORWARD or AFTER_STEP
     time: Callable[..., float]  # (S, layout, network) -> seconds, for a message of S bytes
     measured: tuple[str, ...] = ()  # the collectives a calibration measures that price it, the first found wins
-    compressed: bool = True  # it carries the compressor's bytes; False: the parameters in their own type
+    # it carries the compressor's bytes; False: the parameters, in their own type or the one they are gathered in
+    compressed: bool = True
+    share: float = 1.0  # bytes each rank sends per byte it carries, in (N-1)/N: 1 for a half ring, 2 for an allreduce
 
 
 @dataclass(frozen=True)
@@ -237,10 +240,12 @@ def _sum_of(parts: tuple[Part, ...]) -> Callable[..., float]:
 ZERO_REDUCE_SCATTER = (RING_REDUCE_SCATTER, REDUCE_SCATTER)
 REDUCE_SCATTER_PARTS = (Part("reduce-scatter", WITH_MESSAGE, _half_ring(*ZERO_REDUCE_SCATTER), ZERO_REDUCE_SCATTER),
                         Part("all-gather", NEXT_FORWARD, _half_ring(ALL_GATHER), (ALL_GATHER,), compressed=False))
-LAYERWISE_GATHER_PARTS = (Part("all-gather (forward)", IN_FORWARD, _half_ring(ALL_GATHER), (ALL_GATHER,)),
-                          Part("all-gather (backward)", WITH_MESSAGE, _half_ring(ALL_GATHER), (ALL_GATHER,)),
+LAYERWISE_GATHER_PARTS = (Part("all-gather (forward)", IN_FORWARD, _half_ring(ALL_GATHER), (ALL_GATHER,),
+                               compressed=False),
+                          Part("all-gather (backward)", WITH_MESSAGE, _half_ring(ALL_GATHER), (ALL_GATHER,),
+                               compressed=False),
                           Part("reduce-scatter", WITH_MESSAGE, _half_ring(REDUCE_SCATTER), (REDUCE_SCATTER,)))
-RING_THEN_BROADCAST_PARTS = (Part("allreduce", WITH_MESSAGE, _ring_time),
+RING_THEN_BROADCAST_PARTS = (Part("allreduce", WITH_MESSAGE, _ring_time, share=2),
                              Part("broadcast", AFTER_STEP, _owners_broadcast_time))
 
 
@@ -264,6 +269,17 @@ FAMILIES: dict[str, Family] = {
 }
 # a stored result (a bench JSON) may name a family by the method that uses it: these read back as the family
 STORED_NAMES = {"ring": RING_ALLREDUCE, "hierarchical": TWO_LEVEL}
+
+
+def traffic_size(family: Family, wire: float, gathered: float | None = None) -> float:
+    """The S at which `family`'s traffic and floor count one message of `wire` bytes whose parts that carry the
+    parameters (compressed=False: zero's and fsdp's all-gathers) move `gathered` bytes instead: the parts' mean,
+    weighted by what each moves per byte (zero+fp16's reduce-scatter carries half what its all-gather does; fsdp's
+    all-gathers under bf16-mixed half what its reduce-scatter does). `wire` itself for a family of one collective."""
+    if gathered is None or not family.parts:
+        return wire
+    return (sum(part.share * (wire if part.compressed else gathered) for part in family.parts)
+            / sum(part.share for part in family.parts))
 
 
 def family_named(name: str) -> Family:

@@ -9,13 +9,14 @@ from .. import stragglers
 from ..sync import label
 from ..sync.traits import RING_ALLREDUCE
 from .calibration import calibrate, load_backward, load_calibration
-from .families import FAMILIES, family_of
+from .families import FAMILIES, family_of, traffic_size
 from .links import Network, capped
 from .prediction import (
     ASSUMED_BACKWARD,
     Backward,
     Layout,
     Prediction,
+    gathered_share,
     later_share,
     predict,
     tensor_sizes,
@@ -67,6 +68,12 @@ class JobModel:
         return self.sync_time(compute_s) - self.sync_time(compute_s, self.network.without_slow())
 
 
+def compiled(backward: Backward, tensors: int) -> Backward:
+    """When a compiled backward hands each of its gradients over: all at its end, together (a graph's backward is one
+    autograd node), so a method whose hooks no graph break serves (traits' lost_when_compiled) sends them all there."""
+    return Backward(share=backward.share, ready=(1.0,) * tensors)
+
+
 def job_model(config, cluster, model, method, device) -> JobModel | None:
     """The prediction a training job logs beside its measured sync time; None on one host or for an unmodelled method.
 
@@ -90,6 +97,8 @@ def job_model(config, cluster, model, method, device) -> JobModel | None:
     network = capped(network, config.link)
     straggler = stragglers.Straggler.from_dict(measured["straggler"]) if measured.get("straggler") else None
     layout = Layout.of_hosts(hosts)
+    if config.compile and method.traits.lost_when_compiled:
+        backward = compiled(backward, len(sizes))
     ratio = wire_ratio(method, list(model.parameters()))  # what its compressor sends
     later = later_share(method, list(model.parameters()))
     units = tuple(tensor_units(model))
@@ -117,6 +126,7 @@ def bytes_sent_per_sync(method, model, hosts: Sequence[str], rank: int) -> dict[
     full = float(sum(p.numel() * p.element_size() for p in params))
     family = family_of(method)
     local = list(hosts).count(hosts[rank])
-    return {"all": family.traffic(wire_bytes(method, params), world, rank, list(hosts))[0] if family else 0.0,
+    sent = traffic_size(family, wire_bytes(method, params), full * gathered_share(method)) if family else 0.0
+    return {"all": family.traffic(sent, world, rank, list(hosts))[0] if family else 0.0,
             "gradients": ring.traffic(full, world, rank)[0],
             "host": ring.traffic(full, local, 0)[0]}

@@ -11,7 +11,8 @@ of on each rank (its traits' `shards`, sync/traits.py):
       (ZeRO-2)                                                       equal shards, at most N-1 elements more;
                                                                      + P/N where the method steps a shard of
                                                                      its own, `keeps_parameter_shard`: zero)
-    everything (ZeRO-3, FSDP)           P/N + U + G/N   + O/N      (U: one unit's gathered parameters)
+    everything (ZeRO-3, FSDP)           P/N + U + G/N   + O/N      (U: one unit's gathered parameters,
+                                                                     half-size under fsdp's mixed precision)
 
 U is the largest unit's parameters, gathered whole around its forward and backward. Which modules
 form a unit is the method's choice; the model takes each module that holds parameters of its own
@@ -32,6 +33,7 @@ from torch import nn
 
 from ..sync.messages import BUCKETS, message_groups
 from ..sync.traits import EVERYTHING, GRADIENTS_AND_STATE, OPTIMIZER_STATE, REPLICATED
+from .prediction import gathered_share
 
 SHARDED = {  # what each `shards` value keeps 1/N of
     REPLICATED: (), OPTIMIZER_STATE: ("optimizer",), GRADIENTS_AND_STATE: ("gradients", "optimizer"),
@@ -104,5 +106,7 @@ def predict_memory(method, model: nn.Module, world: int, state_slots: int) -> Me
             figures[kind] = float(per_rank)
     if traits.keeps_parameter_shard and world > 1:  # its own shard, stepped apart, then gathered
         figures["parameters"] += float(per_rank)
-    gathered = float(largest_unit_bytes(model)) if "parameters" in sharded and world > 1 else 0.0
+    # gathered in the dtype the method's all-gathers carry (fsdp under a mixed precision: half-size copies)
+    gathered = (float(largest_unit_bytes(model)) * gathered_share(method)
+                if "parameters" in sharded and world > 1 else 0.0)
     return MemoryPrediction(figures["parameters"], figures["gradients"], figures["optimizer"], gathered)

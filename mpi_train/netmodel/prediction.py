@@ -113,7 +113,8 @@ class Prediction:
 class PlannedMessage:
     """One message of a step as the model sees it: which tensors, its bytes on the wire, when its last gradient is
     ready and when it starts and ends (seconds from the start of backward), and its tensors' own bytes, which a
-    part that carries the parameters uncompressed moves (zero's all-gather; 0 for a later round's message), and
+    part that carries the parameters uncompressed moves (zero's all-gather; fsdp's, in the dtype its policy gathers
+    them in: gathered_share; 0 for a later round's message), and
     whether it is such a later round, sent after backward (`later`)."""
 
     tensors: tuple[int, ...]
@@ -140,6 +141,13 @@ def wire_ratio(method, params: Sequence) -> float:
     """Bytes on the wire per gradient byte for these parameters (fp16: 0.5; PowerSGD: its factors)."""
     gradient_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     return wire_bytes(method, params) / gradient_bytes if gradient_bytes else 1.0
+
+
+def gathered_share(method) -> float:
+    """Bytes a method's all-gathers move per byte of the parameters they carry: 1, or what its gathered dtype takes
+    of float32's 4 bytes (fsdp under bf16-mixed or 16-mixed gathers bfloat16 or float16 copies: 0.5)."""
+    dtype = method.traits.gathered_dtype
+    return dtype.itemsize / 4 if dtype is not None else 1.0
 
 
 def later_share(method, params: Sequence) -> float:
@@ -179,7 +187,7 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
     def sent(size: float) -> float:
         return sum(part.time(size, layout, network) for part in with_message)
 
-    latency = sent(0.0)
+    latency, gathered = sent(0.0), gathered_share(method)
     deferred = rounds > 1 and traits.overlapped() and traits.later_rounds_after_backward
     first_share = 1.0 - later if deferred else 1.0
     plan, finish = [], 0.0
@@ -190,7 +198,7 @@ def message_plan(method, tensor_bytes: Sequence[float], layout: Layout, network,
         start = max(finish, at)
         finish = start + seconds
         plan.append(PlannedMessage(tensors=tuple(group), nbytes=size * first_share, ready_s=at, start_s=start,
-                                   end_s=finish, plain_bytes=sum(tensor_bytes[i] for i in group)))
+                                   end_s=finish, plain_bytes=sum(tensor_bytes[i] for i in group) * gathered))
     if deferred:  # the later rounds: sync() sends them once backward is over and each first round's sum is in
         for group in groups:
             size = sum(tensor_bytes[i] for i in group) * ratio * later

@@ -68,6 +68,9 @@ class Console:
             self.print(f"mpi_train: compiled (torch.compile, --compile-mode {self.context.config['compile_mode']}) "
                        f"in {job.compile_s:.1f}s at setup, every batch size the job trains and scores; no step's time "
                        f"holds it")
+        if job.overlap_lost_to_compile:
+            self.print(f"mpi_train: compiled, --sync {self.context.config['sync']} loses overlap: "
+                       f"{job.overlap_lost_to_compile}")
         if job.advice:  # --sync auto: what it took, from which advice, and why
             self.print(f"mpi_train: {described(job.advice)}")
         resumed = job.resumed_from

@@ -92,7 +92,10 @@ class Bucketed(SyncMethod):
     # the same bytes as one allreduce, sent in buckets that follow --bucket-mb; Gloo and NCCL run each
     # bandwidth-optimally; sync() runs a compressor's later rounds (above)
     traits = Traits(family=RING_ALLREDUCE, tunables=option_names(BucketOptions), messages=BUCKETS,
-                    sends=DURING_BACKWARD, later_rounds_after_backward=True, compressions=EVERY_COMPRESSION)
+                    sends=DURING_BACKWARD, later_rounds_after_backward=True, compressions=EVERY_COMPRESSION,
+                    lost_when_compiled="its buckets leave at the end of backward, not as backward fills them (a "
+                                       "compiled backward hands over every gradient at its end): backward no longer "
+                                       "hides their messages")
 
     def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, compressor=None):
         super().__init__(compressor)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..step.precision import PRECISION_AUTO, resolve
+from ..step.precision import PRECISION_AUTO, PRECISIONS, resolve
 from .base import EVERYTHING, INSIDE_FSDP, SyncMethod, compressor_for
 from .messages import PER_UNIT
 from .traits import LAYERWISE_GATHER, Traits
@@ -65,7 +65,8 @@ class FSDP(SyncMethod):
     are ready, so every rank ends backward with the mean gradient of its own shard, which
     the job's optimizer (built over the sharded parameters) steps. Bytes per rank: up to
     3(N-1)/N·S a step (two all-gathers and one reduce-scatter), against a ring allreduce's
-    2(N-1)/N·S; memory per rank (P+G+O)/N plus one unit's gathered parameters.
+    2(N-1)/N·S, and 2(N-1)/N·S under a mixed precision, whose all-gathers carry half-size
+    copies (traits' gathered_dtype); memory per rank (P+G+O)/N plus one unit's gathered parameters.
 
     Everything travels inside torch's hooks during forward and backward, so sync() has
     nothing left to do, and the messages are not noted in a timeline. Checkpoints gather
@@ -85,7 +86,10 @@ class FSDP(SyncMethod):
 
     def __init__(self, compressor=None, precision: str = "32-true"):
         super().__init__(compressor)
-        self.precision = precision  # --precision, resolved on the model's device when it is wrapped
+        self.precision = precision  # --precision; `auto` is resolved on the model's device when it is wrapped
+        gathered = PRECISIONS[precision].autocast_dtype if precision in PRECISIONS else None
+        if gathered is not None:  # the policy's all-gathers: half the parameters' bytes (what the cost model prices)
+            self.traits = self.traits.configured(gathered_dtype=gathered)
 
     @classmethod
     def _from_config(cls, config) -> FSDP:

@@ -79,6 +79,8 @@ class Traits:
     compressions: tuple[str, ...] = ("none",)  # the --compression values its schedule can carry
     fixed_compression: str | None = None  # a name that stands for one schedule with one compression (flat_fp16)
     wire_dtype: torch.dtype | None = None  # what its messages carry, when not the gradients' own dtype
+    # what its all-gathers carry the parameters in, when not their own dtype (fsdp's mixed-precision policy)
+    gathered_dtype: torch.dtype | None = None
     # the TrainConfig fields it reads: the advisor searches them, training refuses them for a method that ignores them
     tunables: tuple[str, ...] = ()
     # (model, compression) -> its test accuracy against allreduce's, as measured: the advisor lists it beside a lossy
@@ -92,6 +94,10 @@ class Traits:
     keeps_parameter_shard: bool = False  # steps a flat 1/N of the parameters beside the whole ones (zero)
     bucket_caps: tuple[float, float] = DDP_BUCKET_CAPS  # bytes of its first bucket and the others (BUCKETS)
     cadence: Cadence | None = None  # a model-averaging method's, once configured
+    # what --compile takes from its overlap, in words, where it does (docs/sync-methods.md, "Under --compile"): a
+    # compiled backward hands over every gradient at its end, so hooks of our own fire there (torch's DDPOptimizer
+    # cuts the graph at DDP's buckets only); the job's console, summary, timeline and cost model say it
+    lost_when_compiled: str | None = None
 
     def overlapped(self) -> bool:
         """Communicates while backward runs: only what outlasts backward costs the step (its exposed time)."""
@@ -108,7 +114,8 @@ class Traits:
         return self.fixed_compression or requested
 
     def configured(self, **options) -> Traits:
-        """These traits with what a configured method's options set (bucket_caps, cadence, wire_dtype, family)."""
+        """These traits with what a configured method's options set (bucket_caps, cadence, wire_dtype, family,
+        gathered_dtype)."""
         return replace(self, **options)
 
 

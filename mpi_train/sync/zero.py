@@ -136,7 +136,10 @@ class Zero(Bucketed):
     traits = replace(Bucketed.traits, family=REDUCE_SCATTER_FAMILY, shards=GRADIENTS_AND_STATE,
                      keeps_parameter_shard=True,
                      compressions=("none", "fp16", "bf16"),
-                     no_compression_because="PowerSGD's factors are summed whole, not reduce-scattered")
+                     no_compression_because="PowerSGD's factors are summed whole, not reduce-scattered",
+                     lost_when_compiled="its buckets' reduce-scatters leave at the end of backward (a compiled "
+                                        "backward hands over every gradient at its end), and every all-gather is "
+                                        "waited for before forward's graph starts: neither hides behind compute")
 
     def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, compressor=None, timeout_s: float | None = None):
         super().__init__(bucket_mb, compressor)

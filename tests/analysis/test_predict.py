@@ -1,6 +1,7 @@
 """python -m mpi_train predict: the table, the winner, the scaling plot, and its refusals."""
 
 import json
+import re
 
 import pytest
 
@@ -171,6 +172,14 @@ def test_the_compute_of_a_bench_is_taken_in_its_precision_and_another_precision_
             f"--precision 32-true" in err and "python -m mpi_train bench --precision 32-true --json PATH" in err)
     assert predict.main([*flags, "--precision", "32-true", "--compute-per-sample", "0.001"]) == 0  # its own compute
     assert "compute 1.00 ms per sample (--compute-per-sample, 32-true)" in capsys.readouterr().out
+    # fsdp's all-gathers carry the parameters in the bench's bfloat16, half 32-true's bytes
+    gathers = {}
+    for precision in (["--compute-per-sample", "0.002", "--precision", "32-true"], []):
+        assert predict.main([*flags[:-1], "fsdp", *precision]) == 0
+        out = capsys.readouterr().out
+        gathers[len(precision)] = float(re.search(r"all-gather \(forward\) ([\d.]+) ms", out).group(1))
+        assert re.search(r"reduce-scatter ([\d.]+) ms", out)
+    assert 0.45 < gathers[0] / gathers[4] < 0.55  # half the bytes; the latencies alike
     older = tmp_path / "older.json"  # a bench JSON that names no precision timed float32
     older.write_text(bench.read_text().replace('"precision": "bf16-mixed", ', ""))
     assert predict.main([*flags[:-4], "--calibration", str(older), "--methods", "ddp", "--precision", "16-mixed"]) == 2

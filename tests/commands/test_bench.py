@@ -74,12 +74,13 @@ def test_bench_at_np2_reports_every_method_with_closed_form_bytes(tmp_path):
             size = data["gradient_bytes"] // 2 if narrow else data["gradient_bytes"]
         assert row["wire_bytes"] == pytest.approx(size), row["method"]
         # each rank's bytes at N = 2, per S: an allreduce's 2(N-1)/N (on one host, two_level is plain allreduce;
-        # a reduce-scatter and an all-gather are one), FSDP's third collective and ZeRO-1's broadcasts 3(N-1)/N
-        per_rank = {"ring_allreduce": 1.0, "two_level": 1.0, "reduce_scatter": 1.0, "layerwise_gather": 1.5,
-                    "ring_then_broadcast": 1.5}
+        # a reduce-scatter and an all-gather are one), FSDP's third collective and ZeRO-1's broadcasts 3(N-1)/N;
+        # zero's all-gather carries the float32 parameters whatever its reduce-scatter's compression
+        per_rank = {"ring_allreduce": size, "two_level": size, "reduce_scatter": (size + data["gradient_bytes"]) / 2,
+                    "layerwise_gather": 1.5 * size, "ring_then_broadcast": 1.5 * size}
         if model in per_rank:
-            expected = [per_rank[model] * size] * 2
-            assert row["floor_s"] == pytest.approx(per_rank[model] * size / bandwidth)
+            expected = [per_rank[model]] * 2
+            assert row["floor_s"] == pytest.approx(per_rank[model] / bandwidth)
         else:
             expected = [(2 - 1) * size, size]
             assert row["floor_s"] == pytest.approx(2 * (2 - 1) * size / bandwidth)

@@ -17,6 +17,7 @@ from mpi_train.netmodel import (
     capped,
     family_named,
     family_of,
+    traffic_size,
 )
 from mpi_train.sync import SYNC_METHODS, SyncMethod
 from mpi_train.sync.traits import Traits
@@ -85,6 +86,21 @@ def test_the_sharded_families_move_two_or_three_halves_of_a_ring():
     assert broadcast.traffic(8 * MB, 4, 3) == (18 * MB, 18 * MB)  # allreduce 12 MB, then the owners' 6 MB
     assert rs.floor(8 * MB, 4, 1e9) == pytest.approx(0.012)
     assert layerwise.floor(8 * MB, 4, 1e9) == pytest.approx(0.018) == broadcast.floor(8 * MB, 4, 1e9)
+
+
+def test_what_the_parts_carry_sets_the_bytes_a_sharded_family_moves():
+    rs, layerwise, broadcast, ring = (FAMILIES[name] for name in ("reduce_scatter", "layerwise_gather",
+                                                                   "ring_then_broadcast", "ring_allreduce"))
+    # fsdp gathering bfloat16 copies (4 MB) of 8 MB of float32 parameters, reduce-scattering float32 gradients:
+    # 2 x 4 + 8 = 16 MB in halves of a ring, against 24 MB all in float32
+    moved = traffic_size(layerwise, 8 * MB, 4 * MB)
+    assert layerwise.traffic(moved, 4, 0) == (12 * MB, 12 * MB)
+    assert layerwise.floor(moved, 4, 1e9) == pytest.approx(0.012)
+    # zero+fp16: a 4 MB reduce-scatter, the float32 parameters' 8 MB all-gather
+    assert rs.traffic(traffic_size(rs, 4 * MB, 8 * MB), 4, 1) == (9 * MB, 9 * MB)
+    assert traffic_size(layerwise, 8 * MB, 8 * MB) == traffic_size(layerwise, 8 * MB) == 8 * MB
+    assert traffic_size(broadcast, 8 * MB, 4 * MB) == 8 * MB  # none of its parts carries the parameters apart
+    assert traffic_size(ring, 8 * MB, 1 * MB) == 8 * MB  # one collective: the wire's bytes
 
 
 def test_the_sharded_families_price_each_collective_apart():

@@ -41,6 +41,9 @@ def test_each_zero_stage_divides_its_part_by_n_with_the_last_shard_padded():
     assert (stage3.parameters, stage3.gradients, stage3.optimizer, stage3.gathered) == (112, 112, 112, 220)
     assert stage3.total == 3 * 112 + 220
     assert predict_memory(sharding(EVERYTHING), small(), 1, state_slots=1).total == 876  # one rank: nothing to shard
+    # fsdp under a mixed precision gathers each unit as half-size copies; its shards stay float32
+    mixed = predict_memory(build_method("fsdp", TrainConfig(sync="fsdp", precision="bf16-mixed")), small(), 3, 1)
+    assert (mixed.parameters, mixed.gradients, mixed.optimizer, mixed.gathered) == (112, 112, 112, 110)
 
 
 def test_zero2_buckets_pad_each_shard_by_less_than_n_elements():

@@ -247,6 +247,22 @@ def test_fsdp_sends_a_message_per_layer_block_and_each_pays_its_collectives_meas
     assert apart.messages == 4 and apart.comm_s - fsdp.comm_s == pytest.approx(2 * 3 * 10e-3)
 
 
+def test_fsdp_under_a_mixed_precision_gathers_half_the_bytes_and_reduce_scatters_float32():
+    tensors, layout = [1 * MB] * 4, Layout(2, 1)
+    full = predict(method("fsdp", precision="32-true"), tensors, layout, NET, units=[0, 0, 1, 1])
+    for precision in ("bf16-mixed", "16-mixed"):
+        mixed = predict(method("fsdp", precision=precision), tensors, layout, NET, units=[0, 0, 1, 1])
+        # each all-gather: 2 latencies of 100 us and half of 2 MB in half-size copies on the 1 Gbit/s link
+        for gather in ("all-gather (forward)", "all-gather (backward)"):
+            assert mixed.parts[gather] == pytest.approx(2 * (100e-6 + 0.5 * 1 * MB / 125e6))
+            assert full.parts[gather] == pytest.approx(2 * (100e-6 + 0.5 * 2 * MB / 125e6))
+        assert mixed.parts["reduce-scatter"] == pytest.approx(full.parts["reduce-scatter"])
+        assert mixed.wire_bytes == full.wire_bytes == 4 * MB  # the gradients' own message
+    # `auto` resolves on a device, when the job wraps the model: until then nothing is assumed halved
+    assert method("fsdp").traits.gathered_dtype is None
+    assert method("zero", precision="bf16-mixed").traits.gathered_dtype is None  # zero keeps float32 parameters
+
+
 def test_a_model_s_layer_blocks_are_the_units_fsdp_shards():
     with torch.device("meta"):
         vgg = build_model("vgg11")
