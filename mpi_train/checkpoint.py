@@ -6,6 +6,8 @@ renamed over (os.replace is atomic on POSIX), so a crash mid-write leaves at mos
 stray `.step-*.partial` file and never touches the last good checkpoint.
 
 What a checkpoint holds, and why that is enough for an exact continuation:
+- the job's identity, which check_compatible holds a resumed job to: the model and its shape (model_shape: each
+  sample's, gpt's layers, heads and width), the data set, ranks, global batch and optimizer;
 - the weights and the optimizer state (SGD's momentum, AdamW's moments and step) and the optimizer's name (a state
   loads only into the optimizer that kept it), from rank 0: every sync method
   leaves them identical on all ranks (the replica check at the end verifies it); a
@@ -199,6 +201,7 @@ def checkpoint_payload(config: TrainConfig, world_size: int, position: Position,
     return {
         "format": FORMAT_VERSION, "model": config.model_name, "dataset": config.dataset,
         "train_size": config.synthetic_size if config.dataset == "synthetic" else None,
+        "model_shape": model_shape(config),
         "world_size": world_size, "batch_size": config.batch_size, "sync": config.sync,
         "compression": config.compression, "seed": config.seed, "optimizer": config.optimizer_settings.optimizer,
         "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
@@ -393,18 +396,75 @@ def optimizer_of(payload: dict) -> str | None:
     return told[0] if len(told) == 1 else None
 
 
-def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size: int, total_steps: int) -> None:
-    """The checkpoint must come from the same model, optimizer, ranks, global batch and data, and leave steps to do
-    (under --resume auto, a checkpoint of the last step is a job that finished: see Resume.finished). The optimizer
-    is compared as the job resolved it: its default depends on the model, so leaving out a flag can change it."""
+def model_shape(config: TrainConfig) -> dict:
+    """What shapes the model and its samples beyond --model and --dataset, resolved from the flags: each sample's
+    shape (--image-size, --context) and gpt's layers, heads and width."""
+    shape = {"sample": list(config.input_shape)}
+    if config.language_model:
+        gpt = config.gpt_shape
+        shape.update(layers=gpt.layers, heads=gpt.heads, width=gpt.width)
+    return shape
+
+
+def shape_words(shape: dict | None) -> str:
+    """A model_shape as a person reads it: `samples 3x64x64`, `4 layers, 4 heads, width 128, context 128`."""
+    if not shape:
+        return ""
+    if "width" in shape:
+        return f"{shape['layers']} layers, {shape['heads']} heads, width {shape['width']}, context {shape['sample'][0]}"
+    return "samples " + "x".join(map(str, shape["sample"]))
+
+
+def shape_flags(shape: dict) -> str:
+    """The flags that give a model_shape: gpt's four, or --image-size (an image folder's)."""
+    if "width" in shape:
+        return (f"--gpt-layers {shape['layers']} --gpt-heads {shape['heads']} --gpt-width {shape['width']} "
+                f"--context {shape['sample'][0]}")
+    return f"--image-size {shape['sample'][-1]}"
+
+
+def shape_error(payload: dict, path: Path, config: TrainConfig, shapes: dict[str, tuple]) -> str | None:
+    """Why the checkpoint's weights cannot load into this job's model (`shapes`: each state tensor's), in one
+    paragraph; None when every tensor is there with its shape. A user's model, or a checkpoint that kept no shape
+    flags, is told apart here rather than by load_state_dict's list of every tensor."""
+    held = {name: tuple(tensor.shape) for name, tensor in payload["model_state"].items()}
+    differing = [name for name in shapes if name in held and held[name] != shapes[name]]
+    missing, extra = [name for name in shapes if name not in held], [name for name in held if name not in shapes]
+    if not (differing or missing or extra):
+        return None
+
+    def size(shape: tuple) -> str:
+        return "x".join(map(str, shape)) or "a scalar"
+    found = [f"{len(differing)} of its {len(held)} tensors differ in shape ("
+             + "; ".join(f"{name}: {size(held[name])} there, {size(shapes[name])} here" for name in differing[:3])
+             + ("; ..." if len(differing) > 3 else "") + ")"] if differing else []
+    found += [f"this model has {len(missing)} tensor(s) it lacks ({', '.join(missing[:3])})"] if missing else []
+    found += [f"it has {len(extra)} tensor(s) this model lacks ({', '.join(extra[:3])})"] if extra else []
+    return (f"--resume {path} holds step {payload['step']} of a {payload['model']} whose weights do not fit this "
+            f"job's: {', and '.join(found)}. A checkpoint continues only the model that wrote it. Relaunch with the "
+            f"flags that shaped it (--gpt-size, --gpt-layers, --gpt-heads, --gpt-width, --context, --image-size, or "
+            f"your model function's own settings; its run's params in MLflow and its config.toml list them), or "
+            f"drop --resume to start afresh.")
+
+
+def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size: int, total_steps: int,
+                     shapes: dict[str, tuple] | None = None) -> None:
+    """The checkpoint must come from the same model (given `shapes`, its state tensors' shapes: with the same
+    shapes), optimizer, ranks, global batch and data, and leave steps to do (under --resume auto, a checkpoint of the
+    last step is a job that finished: see Resume.finished). The optimizer is compared as the job resolved it: its
+    default depends on the model, so leaving out a flag can change it."""
     train_size = config.synthetic_size if config.dataset == "synthetic" else None
     optimizer = config.optimizer_settings.optimizer
+    shaped = payload.get("model_shape")
     held = {"model": payload["model"], "optimizer": optimizer_of(payload), "ranks": payload["world_size"],
             "global batch": payload["batch_size"], "data set": payload["dataset"],
-            "training samples": payload.get("train_size")}
+            "training samples": payload.get("train_size"), "shape": shape_words(shaped)}
     asked = {"model": config.model_name, "optimizer": optimizer, "ranks": world_size,
-             "global batch": config.batch_size, "data set": config.dataset, "training samples": train_size}
-    skipped = {"ranks": config.reshard, "optimizer": held["optimizer"] is None}  # allowed, or cannot be told
+             "global batch": config.batch_size, "data set": config.dataset, "training samples": train_size,
+             "shape": shape_words(model_shape(config)) if shaped else ""}
+    # allowed, or cannot be told (a checkpoint from before shapes were kept: its tensors' shapes tell, below)
+    skipped = {"ranks": config.reshard, "optimizer": held["optimizer"] is None,
+               "shape": held["model"] != asked["model"]}
     differing = [key for key in held if held[key] != asked[key] and not skipped.get(key)]
     # under --reshard the global batch stays the checkpoint's, so where it does not split across these ranks, the fix
     # names rank counts it splits across
@@ -414,7 +474,8 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
                  "ranks": f"mpirun -np {held['ranks']}",
                  "global batch": f"--batch-size {held['global batch']}" + (f" on {ranks}" if ranks else ""),
                  "data set": f"--dataset {held['data set']}",
-                 "training samples": f"--synthetic-size {held['training samples']}"}
+                 "training samples": f"--synthetic-size {held['training samples']}",
+                 "shape": shape_flags(shaped) if shaped else ""}
         default = "" if config.optimizer else f" (the default for {config.model_name})"
         shown = {**asked, "optimizer": f"{optimizer}{default}"}
         raise UserError(
@@ -422,19 +483,24 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
             + ", ".join(f"{key} {held[key]}" for key in differing)
             + ", but this job has " + ", ".join(f"{key} {shown[key]}" for key in differing)
             + ". A checkpoint stores each rank's random state, its place in the data and the optimizer's state, so "
-              "it continues only the same model and optimizer on the same number of ranks with the same global "
-              "batch and data. Relaunch with "
+              "it continues only the same model (and its shape) and optimizer on the same number of ranks with the "
+              "same global batch and data. Relaunch with "
             + " and ".join(fixes[key] for key in differing)
             + f", or drop --resume{' and --reshard' if config.reshard else ''} to start afresh."
             + (" (--reshard continues it on another number of ranks.)" if differing == ["ranks"] else "")
         )
+    unfit = shape_error(payload, path, config, shapes) if shapes is not None else None
+    if unfit:
+        raise UserError(unfit)
     if payload["step"] >= total_steps and config.resume != RESUME_AUTO:
         raise UserError(f"--resume {path} is at step {payload['step']}, and this job trains {total_steps} steps in "
                         f"all, so nothing is left to do. Raise --max-steps or --epochs to train further.")
 
 
-def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> Resume | None:
-    """Collective: rank 0 finds, reads and checks --resume; each rank receives the shared part and its own."""
+def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int,
+                    shapes: dict[str, tuple] | None = None) -> Resume | None:
+    """Collective: rank 0 finds, reads and checks --resume (against `shapes`, the job's model's state tensors'); each
+    rank receives the shared part and its own."""
     if not config.resume:
         return None
     payload, outcome, path = None, None, None
@@ -443,12 +509,12 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int) -> 
             path = find_checkpoint(config.resume, config.checkpoint_dir)
             if path is not None and config.resume == RESUME_AUTO:  # damaged ones give way to the newest intact
                 path, payload, damaged = read_newest_intact(path.parent)
-                check_compatible(payload, path, config, cluster.info.world_size, total_steps)
+                check_compatible(payload, path, config, cluster.info.world_size, total_steps, shapes)
                 if damaged:
                     print(set_aside(damaged, path), flush=True)
             elif path is not None:
                 payload = read_checkpoint(path)
-                check_compatible(payload, path, config, cluster.info.world_size, total_steps)
+                check_compatible(payload, path, config, cluster.info.world_size, total_steps, shapes)
         except UserError as error:
             outcome = str(error)
     cluster.agree(outcome, "cannot resume")

@@ -212,6 +212,34 @@ def refusal(payload: dict, path, **flags) -> str:
     return " ".join(str(caught.value).split())
 
 
+def test_a_checkpoint_of_another_shape_is_refused_naming_both_shapes_and_the_flags_that_give_its(tmp_path):
+    gpt = {"model": "gpt", "gpt_size": "tiny"}
+    path = written(tmp_path, 3, **gpt)
+    payload = read_checkpoint(path)
+    assert payload["model_shape"] == {"sample": [128], "layers": 4, "heads": 4, "width": 128}
+    check_compatible(payload, path, TrainConfig(**SMALL, **gpt, gpt_width=128), world_size=1, total_steps=20)
+    message = refusal(payload, path, **gpt, gpt_width=64)
+    assert ("shape 4 layers, 4 heads, width 128, context 128, but this job has shape 4 layers, 4 heads, width 64, "
+            "context 128" in message)
+    assert "Relaunch with --gpt-layers 4 --gpt-heads 4 --gpt-width 128 --context 128, or drop --resume" in message
+
+
+def test_weights_that_do_not_fit_the_model_are_refused_in_one_paragraph(tmp_path):
+    # a user's model built with other settings, or a checkpoint that kept no shape: its tensors tell
+    path = written(tmp_path, 3)
+    payload = read_checkpoint(path)
+    del payload["model_shape"]
+    shapes = {"weight": (3, 4), "bias": (3,), "scale": ()}
+    with pytest.raises(UserError) as caught:
+        check_compatible(payload, path, TrainConfig(**SMALL), world_size=1, total_steps=20, shapes=shapes)
+    message = " ".join(str(caught.value).split())
+    assert (f"--resume {path} holds step 3 of a mnist_cnn whose weights do not fit this job's: 2 of its 2 tensors "
+            "differ in shape (weight: 2x4 there, 3x4 here; bias: 2 there, 3 here), and this model has 1 tensor(s) it "
+            "lacks (scale). A checkpoint continues only the model that wrote it." in message)
+    check_compatible(payload, path, TrainConfig(**SMALL), world_size=1, total_steps=20,
+                     shapes={"weight": (2, 4), "bias": (2,)})
+
+
 def test_a_checkpoint_of_another_optimizer_is_refused_naming_both_and_the_fix(tmp_path):
     path = written(tmp_path, 3, optimizer="adamw")
     payload = read_checkpoint(path)
