@@ -118,6 +118,11 @@ class SilentReporter:
     def compiled_after_setup(self, graphs: int) -> None: ...
     def save_timeline(self, per_rank_events: list | None, alignments, recorder, method) -> None: ...
 
+    def unwritten(self) -> str | None:
+        """Why files of the job's end could not be written (a disk that filled as it trained), in one paragraph;
+        None when they all were."""
+        return None
+
 
 class Reporter(SilentReporter):
     """Rank 0: turns what the ranks gathered into records and hands each to the console, the summary file and the
@@ -134,6 +139,7 @@ class Reporter(SilentReporter):
         self.console = Console(self.context, print_fn, echo=self.tracker.console)
         self.summary = SummaryFile(self.context, summary_path)
         self.outputs = Outputs(self.console, self.summary, Tracked(self.tracker, global_batch))
+        self.timeline_unwritten: str | None = None
 
     def print(self, line: str) -> None:
         self.console.print(line)
@@ -225,8 +231,13 @@ class Reporter(SilentReporter):
                  "steps": list(recorder.window),
                  **({"overlap_lost_to_compile": self.job["overlap_lost_to_compile"]}
                     if self.job.get("overlap_lost_to_compile") else {})}
-        saved = timeline_files.save(Path(config["timeline_dir"]), about, self.job, per_rank_events, alignments,
-                                    recorder, method, self.context.sync_model)
+        try:
+            saved = timeline_files.save(Path(config["timeline_dir"]), about, self.job, per_rank_events, alignments,
+                                        recorder, method, self.context.sync_model)
+        except OSError as error:  # the job's exit tells (unwritten); the summary and the runs still follow
+            self.timeline_unwritten = (f"the timeline (--timeline-dir {config['timeline_dir']}: "
+                                       f"{error.strerror or error})")
+            return
         self.summary.timeline = saved.part
         for line in saved.lines:
             self.print(line)
@@ -238,3 +249,11 @@ class Reporter(SilentReporter):
         uri = self.tracker.save_weights(state)
         if uri:
             self.print(f"mpi_train: trained model saved: mlflow.pytorch.load_model(\"{uri}\") loads it")
+
+    def unwritten(self) -> str | None:
+        files = [text for text in (self.timeline_unwritten, self.summary.unwritten) if text]
+        if not files:
+            return None
+        return (f"the job trained to its end, and its console lines and MLflow run (unless --no-tracking) hold its "
+                f"figures, but {' and '.join(files)} could not be written. Free space there, or name another place "
+                f"for the next run.")

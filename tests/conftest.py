@@ -114,6 +114,21 @@ def listening_on(port: int, namespace: str | None = None) -> set[str]:
 
 
 @pytest.fixture
+def small_disk(tmp_path):
+    """A real 64 KiB tmpfs: a disk that fills up (mounting one needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
+                             check=False)
+    if mounted.returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.fixture
 def quick_args() -> list[str]:
     """A run of a few seconds: small synthetic MNIST-shaped data, not recorded in MLflow."""
     return ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "64", "--log-every", "2",

@@ -1,7 +1,6 @@
 """Checkpoint and resume: atomic writes, clear refusals, and exact continuation for every sync method."""
 
 import json
-import subprocess
 
 import pytest
 import torch
@@ -266,21 +265,6 @@ def test_a_checkpoint_that_does_not_name_its_optimizer_is_told_by_its_state(tmp_
     message = refusal(payload, path, optimizer=other, momentum=None)
     assert f"optimizer {optimizer}, but this job has optimizer {other}" in message
     assert f"--optimizer {optimizer}" in message
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 64 KiB tmpfs: a disk that fills up (mounting one needs root)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
-                             check=False)
-    if mounted.returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_a_full_disk_is_one_message_naming_the_file_and_keeps_the_previous_checkpoint(small_disk, one_rank):

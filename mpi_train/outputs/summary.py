@@ -55,6 +55,7 @@ class SummaryFile:
         self.held: dict = {}  # memory per rank, measured (memory.py) beside the model's (netmodel/memory.py)
         self.timeline: dict = {}  # the recorded window's per-message figures beside the model's
         self.recompiled: int | None = None  # under --compile: graphs compiled once training began
+        self.unwritten: str | None = None  # why the file could not be written at the end (a disk that filled)
 
     def log(self, metrics: Metrics, step: int) -> None:
         if metrics.kind == STEP:
@@ -69,7 +70,10 @@ class SummaryFile:
         elif metrics.kind == STALL:
             self.stalls.append(metrics.values)
         elif metrics.kind == SUMMARY and self.path:
-            write_json_atomically(self.path, metrics.values)
+            try:
+                write_json_atomically(self.path, metrics.values)
+            except OSError as error:  # the other outputs still take the summary; the job's exit tells (train.py)
+                self.unwritten = f"the summary (--summary-json {self.path}: {error.strerror or error})"
 
     def close(self) -> None: ...
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,13 +46,24 @@ def predicted_plan(sync_model, recorder, method) -> dict | None:
 
 def save(folder: Path, about: dict, job: dict, per_rank_events: list | None, alignments, recorder, method,
          sync_model) -> SavedTimeline:
-    """Writes the trace and the picture of `recorder`'s window into `folder`; `about` names the run in both."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Writes the trace and the picture of `recorder`'s window into `folder`; `about` names the run in both. Where
+    the system refuses (a disk that filled), neither is left behind, nor the folder if this made it."""
     document = timeline.trace(per_rank_events, job["hosts"], alignments, about)
-    path = folder / f"{about['run']}.trace.json"
-    write_json_atomically(str(path), document)
-    plan = predicted_plan(sync_model, recorder, method)
-    picture = swimlanes.draw(document, folder / f"{about['run']}.swimlanes.png", plan)
+    path, picture = folder / f"{about['run']}.trace.json", folder / f"{about['run']}.swimlanes.png"
+    made = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(str(path), document)
+        plan = predicted_plan(sync_model, recorder, method)
+        swimlanes.draw(document, picture, plan)
+    except OSError:
+        for written in (path, picture):
+            with contextlib.suppress(OSError):
+                written.unlink(missing_ok=True)
+        if made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     wire = {name: statistics.fmean(steps) for name, steps in timeline.wire_per_step(document["traceEvents"]).items()}
     predicted = sync_model.prediction.parts if sync_model else {}
     part = {"steps": [recorder.kept[0].step, recorder.kept[-1].step] if recorder.kept else [],

@@ -10,6 +10,7 @@ from mpi_train.liveness import Stall
 from mpi_train.netmodel.memory import MemoryPrediction
 from mpi_train.outputs.summary import Ending
 from mpi_train.reporter import PHASES, Reporter
+from mpi_train.timeline import Alignment, StepRecorder
 
 JOB = JobInfo(world_size=2, backend="gloo", hosts=("h1", "h2"), threads=1, rendezvous="h1:1234",
               batch_size_per_rank=32, steps_per_epoch=2, total_steps=2)
@@ -72,3 +73,32 @@ def test_a_job_without_a_file_named_writes_none_and_leaves_out_what_it_lacks(tmp
         assert absent not in summary, absent
     assert summary["final_loss"] is None and summary["network_stalls"] == []
 
+
+
+def filled(disk):
+    """`disk` with no byte left: a file grown until the system refuses."""
+    with open(disk / "filler", "wb", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return disk
+
+
+def test_a_disk_that_filled_leaves_no_half_file_and_the_end_says_what_is_missing_in_one_paragraph(small_disk):
+    disk, lines = filled(small_disk), []
+    config = {**CONFIG, "compression": "none", "timeline_dir": str(disk / "timelines")}
+    reporter = Reporter(config, 64, str(disk / "summary.json"), print_fn=lines.append)
+    reporter.start(JOB)
+    assert reporter.unwritten() is None
+    # no traceback: the timeline leaves nothing, nor the folder it made, and the run's other outputs still follow
+    reporter.save_timeline([[], []], [Alignment(), Alignment()], StepRecorder(Alignment(), False, (1, 2)), None)
+    reporter.finish([dict.fromkeys(PHASES, 0.5)] * 2, 9.0)
+    assert lines[-1].startswith("done in 9.0s")
+    assert sorted(path.name for path in disk.iterdir()) == ["filler"]
+    message = " ".join(reporter.unwritten().split())
+    assert message == (f"the job trained to its end, and its console lines and MLflow run (unless --no-tracking) "
+                       f"hold its figures, but the timeline (--timeline-dir {disk / 'timelines'}: No space left on "
+                       f"device) and the summary (--summary-json {disk / 'summary.json'}: No space left on device) "
+                       f"could not be written. Free space there, or name another place for the next run.")
