@@ -56,7 +56,7 @@ from torch import nn
 
 from .cluster import Cluster
 from .config import RESUME_AUTO, TrainConfig, ranks_advice
-from .errors import UserError, folder_write_error, system_error
+from .errors import UserError, system_error
 from .files import write_atomically
 from .optimizers import AdamW, Sgd
 from .sync import SyncMethod, label
@@ -154,12 +154,9 @@ class Checkpointer:
     """Saves a checkpoint every `--checkpoint-every` steps and at the end; a no-op without --checkpoint-dir."""
 
     def __init__(self, config: TrainConfig, cluster: Cluster):
+        # the folder was checked before any work (reporter.check_outputs); it is made by the first checkpoint
         self.config, self.cluster = config, cluster
         self.folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
-        outcome = None
-        if self.folder is not None and cluster.info.is_main:
-            outcome = check_folder(self.folder)
-        cluster.agree(outcome, "cannot write checkpoints")
 
     def due(self, step: int, total_steps: int) -> bool:
         """Every --checkpoint-every steps, and the last step; the last step's is written only after the final
@@ -218,6 +215,7 @@ def write_checkpoint(payload: dict, folder: Path, step: int) -> str | None:
     by the system error behind it whatever its type; a failure with none behind it is a bug, and raised."""
     target = folder / checkpoint_name(step)
     try:
+        folder.mkdir(parents=True, exist_ok=True)
         save_atomically(payload, target)
     except Exception as error:
         cause = system_error(error)
@@ -232,14 +230,6 @@ def write_checkpoint(payload: dict, folder: Path, step: int) -> str | None:
         except OSError as error:
             return (f"deleting the old checkpoint {old} failed ({error.strerror or error}) after {target} was "
                     f"written. Make {folder} writable, then relaunch with --resume {folder} to continue.")
-    return None
-
-
-def check_folder(folder: Path) -> str | None:
-    """None if checkpoints can be written to `folder` (created if missing), else why not."""
-    reason = folder_write_error(folder)
-    if reason:
-        return f"--checkpoint-dir {folder} is not a writable folder ({reason}). Create it or choose another folder."
     return None
 
 
