@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import textwrap
@@ -28,6 +29,14 @@ class UserError(Exception):
 def format_error(message: str, prog: str = "mpi_train") -> str:
     """`PROG: error: MESSAGE` as one paragraph wrapped at 100 columns, for stderr."""
     return textwrap.fill(f"{prog}: error: {message}", width=100, break_long_words=False, break_on_hyphens=False)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal of a flag is one paragraph (what is wrong, and where every flag is listed)
+    rather than the whole usage, dozens of lines, above argparse's one line."""
+
+    def error(self, message: str):
+        self.exit(2, format_error(f"{message}. `{self.prog} --help` lists every flag.", prog=self.prog) + "\n")
 
 
 def raised_in_collective(error: BaseException) -> bool:

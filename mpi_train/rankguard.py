@@ -14,10 +14,10 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from .cluster import Cluster
-from .errors import UserError, format_error, raised_in_collective
+from .errors import ArgumentParser, UserError, format_error, raised_in_collective
 
 
-class RankAwareParser(argparse.ArgumentParser):
+class RankAwareParser(ArgumentParser):
     """An ArgumentParser that stays silent on ranks other than 0, so errors and --help print once."""
 
     def __init__(self, *args, quiet: bool = False, **kwargs):

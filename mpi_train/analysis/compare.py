@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import redact_uri
-from ..errors import UserError, format_error
+from ..errors import ArgumentParser, UserError, format_error
 from ..sync import BASELINE, SYNC_METHODS, split_label
 from ..tracking import check_uri, mlflow_client, probe_server, resolve_uri
 from ..tracking import names as metric_names
@@ -256,7 +256,7 @@ def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train compare", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m mpi_train compare", description=__doc__.split("\n")[0])
     parser.add_argument("--experiment", default="mpi_train",
                         help="experiment whose finished jobs are compared (default: mpi_train)")
     parser.add_argument("--tracking-uri",

@@ -36,7 +36,7 @@ from ..benchmark.clocks import BackwardClock
 from ..clock import Clock
 from ..config import TrainConfig, add_config_arguments, add_model_arguments, model_config, model_flags
 from ..data import synthetic_batch
-from ..errors import UserError, format_error
+from ..errors import ArgumentParser, UserError, format_error
 from ..netmodel.memory import predict_memory
 from ..optimizers import describe_state, state_slots
 from ..step.precision import PRECISION_AUTO, PRECISIONS, UNNAMED_PRECISION, resolve
@@ -56,7 +56,7 @@ from .predict_tables import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train predict", description=__doc__.split("\n")[0],
+    parser = ArgumentParser(prog="python -m mpi_train predict", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     add_model_arguments(parser)  # the model whose gradients are synced, as training names it

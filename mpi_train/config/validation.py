@@ -6,6 +6,9 @@ not import train_config.py back.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import torch
 
 from ..errors import UserError
@@ -18,6 +21,8 @@ from ..sync.averaging_options import AveragingOptions
 from ..sync.diloco import OuterStepOptions
 from ..sync.flag_fields import option_names
 from .fields import RESUME_AUTO
+
+UNBOUNDED = ("clip_grad_norm", "bucket_mb")  # float flags to which infinity means something (check_numbers)
 
 
 def validate(config, world_size: int) -> None:
@@ -40,8 +45,21 @@ def validate(config, world_size: int) -> None:
     check_batch_split(config, world_size)
 
 
+def check_numbers(config) -> None:
+    """A float flag holds a number (nan none), and a finite one, but where infinity means something: no clipping
+    that still logs the norm (--clip-grad-norm inf), one bucket for every gradient (--bucket-mb inf)."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value) and field.name not in UNBOUNDED):
+            kind = "a number" if field.name in UNBOUNDED else "a finite number"
+            raise UserError(f"--{field.name.replace('_', '-')} must be {kind}, got {value}.")
+    if not 0 <= config.seed < 2**32:
+        raise UserError(f"--seed must be in [0, 2**32), the seeds numpy and torch take alike, got {config.seed}.")
+
+
 def check_ranges(config) -> None:
     """Numbers that must be positive, or not negative; the methods' options check their own."""
+    check_numbers(config)
     positive = {
         "--batch-size": config.batch_size, "--epochs": config.epochs, "--log-every": config.log_every,
         "--synthetic-size": config.synthetic_size, "--timeout": config.timeout, "--lr": config.optimizer_settings.lr,
@@ -61,6 +79,9 @@ def check_ranges(config) -> None:
                         "--timing-warmup-steps": config.timing_warmup_steps}.items():
         if value is not None and value < 0:
             raise UserError(f"{flag} must not be negative, got {value}.")
+    if optimizer.momentum is not None and optimizer.momentum >= 1:
+        raise UserError(f"--momentum must be in [0, 1), got {optimizer.momentum}: at 1 or above the momentum buffer "
+                        f"never forgets a gradient and the steps grow without bound. 0.9 is the usual value.")
 
 
 def validate_averaging(config) -> None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import UserError, format_error
+from ..errors import ArgumentParser, UserError, format_error
 from ..sync import BASELINE
 from . import mpirun
 from .network import NetworkPlan, NetworkSetting
@@ -34,7 +34,7 @@ SPEED_TARGET_S = 180.0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train advise-check", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m mpi_train advise-check", description=__doc__.split("\n")[0])
     parser.add_argument("--hosts", default="2,4", help="numbers of test hosts, comma-separated (default: 2,4)")
     parser.add_argument("--links", default="1gbit,100mbit", help="link rates, comma-separated (default: "
                                                                  "1gbit,100mbit)")

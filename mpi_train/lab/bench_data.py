@@ -28,13 +28,13 @@ from ..data.loaders import NORMALISATION, cache_name, view
 from ..data.resident import ResidentSplit, ResidentTrainLoader
 from ..data.sampler import ResumableSampler
 from ..data.sets import _open_cifar10, image_size
-from ..errors import UserError, format_error
+from ..errors import ArgumentParser, UserError, format_error
 
 TITLES = {"cifar10": "CIFAR-10", "imagefolder": "image folder"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train bench-data", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m mpi_train bench-data", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", required=True, help="CIFAR-10: an image folder (train/<class>/*) or "
                         "cifar-10-batches-py/; imagefolder: train/<class>/* and val/<class>/* (or test/)")
     parser.add_argument("--dataset", choices=tuple(TITLES), default="cifar10", help="the data set and its "

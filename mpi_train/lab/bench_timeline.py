@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import TrainConfig
+from ..errors import ArgumentParser
 from ..failpoints import SLOW_ENV
 from ..sync import BASELINE
 from . import mpirun
@@ -36,7 +37,7 @@ STRAGGLER_S = 0.3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train bench-timeline", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m mpi_train bench-timeline", description=__doc__.split("\n")[0])
     parser.add_argument("--np", type=int, default=4, help="ranks per job (default: 4)")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per job (default: 40)")
     parser.add_argument("--repeats", type=int, default=2, help="pairs of jobs without and with --timeline (default: 2)")

@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import ArgumentParser
 from ..tracking import names
 from ..tracking.probe import wait_for_server
 from ..tracking.store import mlflow_client
@@ -34,7 +35,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train bench-tracking", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m mpi_train bench-tracking", description=__doc__.split("\n")[0])
     parser.add_argument("--np", type=int, default=2, help="ranks per job (default: 2)")
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per job (default: 60)")
     parser.add_argument("--log-every", type=int, default=1, help="log every N steps; 1 is the worst case (default: 1)")

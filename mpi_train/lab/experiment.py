@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import UserError, format_error
+from ..errors import ArgumentParser, UserError, format_error
 from ..tracking import check_uri, probe_server, resolve_uri
 from .experiment_file import Sweep, load
 from .sweep_launch import Launch, Progress, duration, execute
@@ -45,7 +45,7 @@ from .testhosts import TestHosts, check_can_run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train experiment", description=__doc__.split("\n")[0],
+    parser = ArgumentParser(prog="python -m mpi_train experiment", description=__doc__.split("\n")[0],
                                      epilog="Example: python -m mpi_train experiment experiments/smoke.toml")
     parser.add_argument("file", help="experiment file (.toml), e.g. experiments/compare_sync.toml")
     parser.add_argument("--dry-run", action="store_true",

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import TrainConfig
-from ..errors import UserError, format_error
+from ..errors import ArgumentParser, UserError, format_error
 from ..tracking import names
 from ..tracking.store import mlflow_client
 from . import bad_input, mpirun
@@ -95,7 +95,7 @@ class Trial:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train soak", description=__doc__.split("\n")[0],
+    parser = ArgumentParser(prog="python -m mpi_train soak", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--restart", action="store_true",

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from ..checkpoint import list_checkpoints
 from ..config import RESUME_AUTO
-from ..errors import UserError, format_error
+from ..errors import ArgumentParser, UserError, format_error
 from ..preemption import REQUEUE_EXIT
 from ..tracking.attempts import RELAUNCH_FILE
 from . import launchline, mpirun
@@ -402,7 +402,7 @@ def supervise(line: list[str], options: SuperviseOptions) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m mpi_train supervise",
         description="Run a training launch line; when it fails for a reason a restart can fix, relaunch it with "
                     "--resume auto from its last checkpoint (into the same MLflow run), on the hosts left if one is "

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import redact_uri
-from ..errors import UserError, format_error
+from ..errors import ArgumentParser, UserError, format_error
 from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, first_line
 from .store import SERVER_SCHEMES, check_uri, given_uri, mlflow_client
@@ -30,7 +30,7 @@ WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train replay", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m mpi_train replay", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", default=[str(SPOOL_DIR)], metavar="SPOOL",
                         help=f"spool files (*.jsonl) or folders holding them (default: {SPOOL_DIR})")
     parser.add_argument("--tracking-uri", help="MLflow server (or database) to send to (default: "

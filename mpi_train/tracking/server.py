@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import UserError, format_error
+from ..errors import ArgumentParser, UserError, format_error
 from ..files import write_private
 from .probe import wait_for_server
 from .store import DEFAULT_STORE_DIR, check_database, check_store_dir
@@ -40,7 +40,7 @@ MOVE_OR_START_ELSEWHERE = ("Move it aside (`mv {where} {where}.damaged`) and the
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mpi_train server", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m mpi_train server", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on; name another only to open the UI to other machines "
                              "(default: 127.0.0.1)")

@@ -48,6 +48,25 @@ def test_zero_or_negative_numbers_are_rejected(field, value):
     assert str(value) in str(error.value)
 
 
+@pytest.mark.parametrize("field,value,says", [
+    ("lr", float("nan"), "--lr must be a finite number, got nan"), ("lr", float("inf"), "--lr must be a finite"),
+    ("momentum", float("nan"), "--momentum must be a finite"), ("momentum", 1.0, "--momentum must be in [0, 1)"),
+    ("timeout", float("inf"), "--timeout must be a finite"), ("weight_decay", float("nan"), "--weight-decay must"),
+    ("clip_grad_norm", float("nan"), "--clip-grad-norm must be a number, got nan"),
+    ("bucket_mb", float("nan"), "--bucket-mb must be a number"), ("seed", -1, "--seed must be in [0, 2**32)"),
+    ("seed", 2**32, "--seed must be in [0, 2**32)")])
+def test_numbers_no_run_can_use_are_refused_before_any_work(field, value, says):
+    with pytest.raises(UserError) as error:
+        TrainConfig(**{field: value}).validate(world_size=1)
+    assert says in str(error.value)
+
+
+def test_infinity_where_it_means_something_is_taken():
+    TrainConfig(clip_grad_norm=float("inf")).validate(world_size=1)  # the norm logged, nothing clipped
+    TrainConfig(sync="bucketed", bucket_mb=float("inf")).validate(world_size=1)  # one bucket
+    TrainConfig(seed=2**32 - 1, momentum=0.99).validate(world_size=1)
+
+
 def test_errors_print_as_one_paragraph():
     text = format_error("x " * 200)
     assert text.startswith("mpi_train: error:") and "\n\n" not in text
