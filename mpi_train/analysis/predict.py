@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -276,8 +277,8 @@ def check_numbers(args: argparse.Namespace) -> None:
     for flag, value in {"--batch-size": args.batch_size, "--ranks-per-host": args.ranks_per_host,
                         "--bucket-mb": args.bucket_mb, "--per-rank-batch": args.per_rank_batch,
                         "--compute-per-sample": args.compute_per_sample}.items():
-        if value is not None and value <= 0:
-            raise UserError(f"{flag} must be positive, got {value}.")
+        if value is not None and not 0 < value < math.inf:  # (nan is neither)
+            raise UserError(f"{flag} must be a positive number, got {value}.")
     if args.link:
         try:
             netmodel.rate_bytes_per_s(args.link)

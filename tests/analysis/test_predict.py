@@ -191,3 +191,11 @@ def test_timed_here_the_model_runs_in_the_precision_asked(capsys):
     assert predict.main([*tiny, "--ranks", "4", "--link", "1gbit", "--methods", "ddp",
                          "--precision", "bf16-mixed"]) == 0
     assert "per sample (in bf16-mixed, timed here (batch 16, one process" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag,value", [("--compute-per-sample", "inf"), ("--compute-per-sample", "nan"),
+                                        ("--bucket-mb", "0"), ("--per-rank-batch", "-2")])
+def test_a_number_no_prediction_can_use_is_refused_in_one_line(flag, value, capsys):
+    assert predict.main(["--ranks", "4", "--link", "1gbit", flag, value]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said == f"mpi_train predict: error: {flag} must be a positive number, got {float(value)}."
