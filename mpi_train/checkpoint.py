@@ -413,7 +413,7 @@ def shape_flags(shape: dict) -> str:
     return f"--image-size {shape['sample'][-1]}"
 
 
-def shape_error(payload: dict, path: Path, config: TrainConfig, shapes: dict[str, tuple]) -> str | None:
+def shape_error(payload: dict, path: Path, shapes: dict[str, tuple]) -> str | None:
     """Why the checkpoint's weights cannot load into this job's model (`shapes`: each state tensor's), in one
     paragraph; None when every tensor is there with its shape. A user's model, or a checkpoint that kept no shape
     flags, is told apart here rather than by load_state_dict's list of every tensor."""
@@ -479,7 +479,7 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
             + f", or drop --resume{' and --reshard' if config.reshard else ''} to start afresh."
             + (" (--reshard continues it on another number of ranks.)" if differing == ["ranks"] else "")
         )
-    unfit = shape_error(payload, path, config, shapes) if shapes is not None else None
+    unfit = shape_error(payload, path, shapes) if shapes is not None else None
     if unfit:
         raise UserError(unfit)
     if payload["step"] >= total_steps and config.resume != RESUME_AUTO:

@@ -58,8 +58,8 @@ from .predict_tables import (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m mpi_train predict", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=__doc__.split("\n\n", 1)[1])
     add_model_arguments(parser)  # the model whose gradients are synced, as training names it
     parser.add_argument("--batch-size", type=int, default=256,
                         help="global batch, split across the ranks (default: 256)")

@@ -46,7 +46,7 @@ from .testhosts import TestHosts, check_can_run
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m mpi_train experiment", description=__doc__.split("\n")[0],
-                                     epilog="Example: python -m mpi_train experiment experiments/smoke.toml")
+                            epilog="Example: python -m mpi_train experiment experiments/smoke.toml")
     parser.add_argument("file", help="experiment file (.toml), e.g. experiments/compare_sync.toml")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the file and list the planned runs and their commands; launch nothing")

@@ -96,8 +96,8 @@ class Trial:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m mpi_train soak", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--restart", action="store_true",
                         help="the restart soak: each job under python -m mpi_train supervise --max-restarts 2 with "
                              "checkpoints, which must carry on to its last step with the faultless job's weights "
