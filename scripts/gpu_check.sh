@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # A GPU machine's whole check in one go, as docs/results.md records it: the machine, the collectives under NCCL; the
 # GPU check on VGG-11 under bf16-mixed (ddp compiled against a bare loop compiled alike, the speed-up over 32-true
-# eager, channels_last on and off, one real CIFAR-10 epoch, every method and compression, a few under 16-mixed);
+# eager, channels_last on and off, one real CIFAR-10 epoch, the step again under CUDA graphs, every method and
+# compression, a few under 16-mixed);
 # the GPU check on gpt small (tokens/s and MFU compiled, against 32-true eager); nanoGPT's own train.py beside ours
 # (scripts/nanogpt_side_by_side.py, when .gpu/nanogpt/ holds it and its data).
 #
 #   scripts/gpu_check.sh CIFAR10_JPEG_TARBALL_OR_FOLDER [LOG_DIR]
 #
-# Every stage has its own time limit, so one that hangs cannot starve the next (their sum is 8 minutes; on an H100 or
-# H200 with inductor's cache empty the whole check, compiles included, should take about 7); each stage's whole log
+# Every stage has its own time limit, so one that hangs cannot starve the next (their sum is 9 minutes; on an H100 or
+# H200 with inductor's cache empty the whole check, compiles included, should take about 8); each stage's whole log
 # goes to LOG_DIR (default: a temporary folder), its table to the console, and the rows a stage had printed when its
 # limit cut it. BACKEND=gloo DRY=1 dry-runs every stage on CPUs with tiny sizes and 6x the limits. Exit status: the
 # number of stages that failed.
@@ -57,6 +58,10 @@ stage collectives 15 python -m mpi_train collectives --backend "$backend" --size
 # every method and compression in bf16-mixed, a few in 16-mixed, the overlapped averages and the resumes
 stage vgg11 140 python -m mpi_train gpu-check --backend "$backend" --data-dir "$data" --precision bf16-mixed \
     --compile --parts step,epoch,channels_last "${vgg[@]}" --json "$logs/vgg11.json"
+if [ -z "${DRY:-}" ]; then  # the same step under CUDA graphs, which take the host's launches out of both loops
+    stage vgg11-graphs 70 python -m mpi_train gpu-check --backend "$backend" --precision bf16-mixed --compile \
+        --compile-mode reduce-overhead --parts step "${vgg[@]}" --json "$logs/vgg11-graphs.json"
+fi
 stage vgg11-methods 100 python -m mpi_train gpu-check --backend "$backend" --precision bf16-mixed \
     --parts methods,float16,overlap,resume "${vgg[@]}" --json "$logs/vgg11-methods.json"
 stage gpt-small 95 python -m mpi_train gpu-check --backend "$backend" --model gpt "${gpt[@]}" --precision bf16-mixed \
