@@ -56,18 +56,16 @@ from torch import nn
 
 from .cluster import Cluster
 from .config import RESUME_AUTO, TrainConfig, ranks_advice
+from .config.model_shape import model_shape, shape_flags, shape_words, unfit_weights
 from .errors import UserError, system_error
 from .files import write_atomically
-from .optimizers import AdamW, Sgd
+from .optimizers import told_by_state
 from .sync import SyncMethod, label
 
 FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"^step-(\d{8})\.pt$")
 KEEP_LAST = 3  # older checkpoints are deleted once a newer one is safely on disk
 DAMAGED_SUFFIX = ".damaged"  # a damaged checkpoint set aside by --resume auto: NAME_PATTERN no longer matches it
-# What tells the optimizers' states apart in a checkpoint that does not name its optimizer: the state each keeps
-# per parameter, or a setting of its parameter groups only it has (SGD without momentum keeps no state at all).
-TELLTALES = {Sgd.name: {*Sgd.moments, "nesterov"}, AdamW.name: {*AdamW.moments, "betas"}}
 
 
 def checkpoint_name(step: int) -> str:
@@ -377,64 +375,7 @@ def set_aside(damaged: list[tuple[Path, str]], used: Path) -> str:
 def optimizer_of(payload: dict) -> str | None:
     """The optimizer whose state the checkpoint holds: the name it records, else told by that state (None when it
     cannot be told)."""
-    if payload.get("optimizer"):
-        return payload["optimizer"]
-    state = payload.get("optimizer_state") or {}
-    keys = {key for entry in (state.get("state") or {}).values() if isinstance(entry, dict) for key in entry}
-    keys |= {key for group in state.get("param_groups") or () if isinstance(group, dict) for key in group}
-    told = [name for name, telltale in TELLTALES.items() if keys & telltale]
-    return told[0] if len(told) == 1 else None
-
-
-def model_shape(config: TrainConfig) -> dict:
-    """What shapes the model and its samples beyond --model and --dataset, resolved from the flags: each sample's
-    shape (--image-size, --context) and gpt's layers, heads and width."""
-    shape = {"sample": list(config.input_shape)}
-    if config.language_model:
-        gpt = config.gpt_shape
-        shape.update(layers=gpt.layers, heads=gpt.heads, width=gpt.width)
-    return shape
-
-
-def shape_words(shape: dict | None) -> str:
-    """A model_shape as a person reads it: `samples 3x64x64`, `4 layers, 4 heads, width 128, context 128`."""
-    if not shape:
-        return ""
-    if "width" in shape:
-        return f"{shape['layers']} layers, {shape['heads']} heads, width {shape['width']}, context {shape['sample'][0]}"
-    return "samples " + "x".join(map(str, shape["sample"]))
-
-
-def shape_flags(shape: dict) -> str:
-    """The flags that give a model_shape: gpt's four, or --image-size (an image folder's)."""
-    if "width" in shape:
-        return (f"--gpt-layers {shape['layers']} --gpt-heads {shape['heads']} --gpt-width {shape['width']} "
-                f"--context {shape['sample'][0]}")
-    return f"--image-size {shape['sample'][-1]}"
-
-
-def shape_error(payload: dict, path: Path, shapes: dict[str, tuple]) -> str | None:
-    """Why the checkpoint's weights cannot load into this job's model (`shapes`: each state tensor's), in one
-    paragraph; None when every tensor is there with its shape. A user's model, or a checkpoint that kept no shape
-    flags, is told apart here rather than by load_state_dict's list of every tensor."""
-    held = {name: tuple(tensor.shape) for name, tensor in payload["model_state"].items()}
-    differing = [name for name in shapes if name in held and held[name] != shapes[name]]
-    missing, extra = [name for name in shapes if name not in held], [name for name in held if name not in shapes]
-    if not (differing or missing or extra):
-        return None
-
-    def size(shape: tuple) -> str:
-        return "x".join(map(str, shape)) or "a scalar"
-    found = [f"{len(differing)} of its {len(held)} tensors differ in shape ("
-             + "; ".join(f"{name}: {size(held[name])} there, {size(shapes[name])} here" for name in differing[:3])
-             + ("; ..." if len(differing) > 3 else "") + ")"] if differing else []
-    found += [f"this model has {len(missing)} tensor(s) it lacks ({', '.join(missing[:3])})"] if missing else []
-    found += [f"it has {len(extra)} tensor(s) this model lacks ({', '.join(extra[:3])})"] if extra else []
-    return (f"--resume {path} holds step {payload['step']} of a {payload['model']} whose weights do not fit this "
-            f"job's: {', and '.join(found)}. A checkpoint continues only the model that wrote it. Relaunch with the "
-            f"flags that shaped it (--gpt-size, --gpt-layers, --gpt-heads, --gpt-width, --context, --image-size, or "
-            f"your model function's own settings; its run's params in MLflow and its config.toml list them), or "
-            f"drop --resume to start afresh.")
+    return payload.get("optimizer") or told_by_state(payload.get("optimizer_state") or {})
 
 
 def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size: int, total_steps: int,
@@ -479,7 +420,8 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
             + f", or drop --resume{' and --reshard' if config.reshard else ''} to start afresh."
             + (" (--reshard continues it on another number of ranks.)" if differing == ["ranks"] else "")
         )
-    unfit = shape_error(payload, path, shapes) if shapes is not None else None
+    unfit = unfit_weights(payload["model_state"], shapes, f"--resume {path} holds step {payload['step']} of a "
+                          f"{payload['model']}") if shapes is not None else None
     if unfit:
         raise UserError(unfit)
     if payload["step"] >= total_steps and config.resume != RESUME_AUTO:

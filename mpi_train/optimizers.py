@@ -59,6 +59,17 @@ class AdamW:
 
 
 OPTIMIZERS = {kind.name: kind for kind in (Sgd, AdamW)}
+# What tells the optimizers' states apart where none is named (a checkpoint of an older version): the state each keeps
+# per parameter, or a setting of its parameter groups only it has (SGD without momentum keeps no state at all).
+TELLTALES = {Sgd.name: {*Sgd.moments, "nesterov"}, AdamW.name: {*AdamW.moments, "betas"}}
+
+
+def told_by_state(state: dict) -> str | None:
+    """The optimizer whose state_dict `state` is, told by its telltales; None when it cannot be told."""
+    keys = {key for entry in (state.get("state") or {}).values() if isinstance(entry, dict) for key in entry}
+    keys |= {key for group in state.get("param_groups") or () if isinstance(group, dict) for key in group}
+    told = [name for name, telltale in TELLTALES.items() if keys & telltale]
+    return told[0] if len(told) == 1 else None
 
 
 def describe_state(optimizer: str, momentum: float | None) -> str:

@@ -14,7 +14,7 @@ one new field: in train_config.py, or in the option class of the method that rea
 - train_config.py: TrainConfig, composing the methods' option classes;
 - validation.py: the checks a job passes before any work starts;
 - flags.py: the fields as flags of a parser; job_file.py: as a TOML job file;
-- job_info.py: what a job turned out to be once set up.
+- job_info.py: what a job turned out to be once set up; model_shape.py: the model's shape a checkpoint keeps.
 """
 
 from __future__ import annotations
