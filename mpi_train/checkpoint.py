@@ -430,13 +430,14 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
 
 
 def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int,
-                    shapes: dict[str, tuple] | None = None) -> Resume | None:
-    """Collective: rank 0 finds, reads and checks --resume (against `shapes`, the job's model's state tensors'); each
-    rank receives the shared part and its own."""
+                    model: nn.Module | None = None) -> Resume | None:
+    """Collective: rank 0 finds, reads and checks --resume (against `model`'s state tensors' shapes); each rank
+    receives the shared part and its own."""
     if not config.resume:
         return None
     payload, outcome, path = None, None, None
     if cluster.info.is_main:
+        shapes = {name: tuple(value.shape) for name, value in model.state_dict().items()} if model else None
         try:
             path = find_checkpoint(config.resume, config.checkpoint_dir)
             if path is not None and config.resume == RESUME_AUTO:  # damaged ones give way to the newest intact

@@ -72,13 +72,13 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
 
     # what rank 0 could not write at the end (a disk that filled): every rank exits with it, the runs FINISHED
     ended = not (loop.after_step.diverged or loop.after_step.requeued)
-    unwritten = next(filter(None, cluster.allgather(reporter.unwritten())), None) if ended else None
+    unwritten = cluster.bcast(reporter.unwritten()) if ended else None
     # a requeued job's ranks leave together; the process group closes last
     if loop.after_step.requeued:
         job.preemption.leave_together()
     job.preemption.close()
     dist.destroy_process_group()
-    # every rank raises it alike, its runs already FAILED: rank 0 prints it, exit status 2
+    # every rank raises it alike, its runs already ended (FAILED for a divergence): rank 0 prints it, exit status 2
     if loop.after_step.diverged or unwritten:
         raise UserError(message if loop.after_step.diverged else unwritten)
     return REQUEUE_EXIT if loop.after_step.requeued else 0

@@ -111,8 +111,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     steps_per_epoch = len(loaders.train) // config.accumulate
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
     checkpoints = Checkpointer(config, cluster)
-    resume = load_for_resume(config, cluster, total_steps,
-                             {name: tuple(value.shape) for name, value in model.state_dict().items()})
+    resume = load_for_resume(config, cluster, total_steps, model)
     gradients = OptimizerGradients(precision=precision, method=method, optimizer=optimizer,
                                    max_norm=config.clip_grad_norm, device=device, world_size=info.world_size)
     if resume:
