@@ -13,8 +13,10 @@ import pytest
 from conftest import losses, train_several
 
 from mpi_train.config import TrainConfig
+from mpi_train.data.sampler import ResumableSampler
 from mpi_train.errors import UserError
 from mpi_train.failpoints import OVERFLOW_ENV
+from mpi_train.loop.job import no_step_error
 
 
 def job(synthetic_size: int = 512, batch_size: int = 64) -> list[str]:
@@ -110,3 +112,16 @@ def test_micro_batches_must_split_each_ranks_share():
     with pytest.raises(UserError, match="--accumulate must be positive"):
         TrainConfig(accumulate=0).validate(world_size=1)
     TrainConfig(batch_size=64, accumulate=4).validate(world_size=4)  # 16 a rank, 4 micro-batches of 4
+
+
+def test_a_pass_too_short_for_one_step_is_one_paragraph_naming_the_split():
+    config = TrainConfig(dataset="synthetic", batch_size=8, accumulate=2)
+    sampler = ResumableSampler(range(4), num_replicas=2, rank=0, batch_size=config.micro_batch(2))
+    assert len(sampler) == 2 and len(sampler) // config.micro_batch(2) // config.accumulate == 0
+    assert no_step_error(config, 2, sampler) == (
+        "synthetic's training set gives each of 2 rank(s) 2 sample(s) a pass, too few for one step of --batch-size 8 "
+        "(4 per rank, in 2 micro-batches of 2): no step could run. Use a smaller --batch-size or --accumulate, fewer "
+        "ranks, or more data.")
+    single = ResumableSampler(range(2), num_replicas=2, rank=0, batch_size=4)  # one sample a rank: left out
+    assert len(single) == 0 and "1 sample(s) a pass (a last batch of one is left out), too few for one step of " \
+        "--batch-size 8 (4 per rank)" in no_step_error(TrainConfig(batch_size=8), 2, single)

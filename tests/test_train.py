@@ -175,13 +175,16 @@ QUICK = ["--dataset", "synthetic", "--synthetic-size", "1024", "--batch-size", "
 @pytest.fixture(scope="module")
 def np2(tmp_path_factory):
     """Short jobs at np 2, all in one mpirun: two identical ones, two seeds, MNIST's IDX files, several epochs, an
-    image folder of 5 classes and mixed sizes and modes (resnet18 held resident; a user's model through the
-    DataLoader; the same folder with a corrupt file, which ends with its message), 20 steps of bucketed eager and
-    the same compiled with a timeline (the suite's one compile), and one whose rate makes it diverge (last: it ends
-    with its message in place of a summary)."""
+    image folder of 5 classes and mixed sizes and modes whose passes would end in a batch of one (resnet18 held
+    resident; a user's model through the DataLoader; the same folder with a corrupt file, which ends with its
+    message), 20 steps of bucketed eager and the same compiled with a timeline (the suite's one compile), a user's
+    model with a layer it never calls under ddp and allreduce, one with nothing to train (refused), and one whose
+    rate makes it diverge (last: it ends with its message in place of a summary)."""
     tmp = tmp_path_factory.mktemp("np2")
     write_mnist(tmp / "data", train=256, test=64)
     folder = write_image_folder(tmp / "folder", classes=5, train=4, evaluation=2)
+    for image in sorted((folder / "train").rglob("000.*"))[:2]:  # 18 left: 9 a rank, batches of 4, 4 and 1
+        image.unlink()
     damaged = write_image_folder(tmp / "damaged", classes=5, train=2, evaluation=1)
     (damaged / "train" / "class2" / "broken.jpg").write_bytes(b"an interrupted copy\n" * 40)
     images = ["--dataset", "imagefolder", "--batch-size", "8", "--max-steps", "2", "--log-every", "1", "--no-tracking"]
@@ -198,6 +201,9 @@ def np2(tmp_path_factory):
         "eager20": [*QUICK, "--synthetic-size", "1280", "--max-steps", "20", "--sync", "bucketed"],  # scored once
         "compiled20": [*QUICK, "--synthetic-size", "1280", "--max-steps", "20", "--sync", "bucketed", "--compile",
                        "--timeline-steps", "4:5", "--timeline-dir", str(tmp / "timelines")],
+        "spare_ddp": [*QUICK, "--max-steps", "4", "--model", "tests.user_model:build_with_spare", "--sync", "ddp"],
+        "spare_allreduce": [*QUICK, "--max-steps", "4", "--model", "tests.user_model:build_with_spare"],
+        "frozen": [*QUICK, "--max-steps", "2", "--model", "tests.user_model:build_frozen"],
         "diverged": [*QUICK, "--max-steps", "8", "--lr", "1e6", "--checkpoint-dir", str(tmp / "diverged"),
                      "--checkpoint-every", "1"],
     })
@@ -229,12 +235,23 @@ def test_an_image_folder_of_any_classes_trains_resnet18_and_a_users_model_and_st
     assert resnet["data_path"].startswith("resident, ") and users["data_path"] == "DataLoader, 0 worker(s)"
     for summary in (resnet, users):
         assert [s["step"] for s in summary["steps"]] == [1, 2] and summary["world_size"] == 2
+        assert summary["steps_per_epoch"] == 2  # a last batch of one sample left out, on either data path
         scored = summary["epochs"][0]["test_accuracy"] * 10  # 10 val images over 2 ranks, each scored once
         assert scored == pytest.approx(round(scored), abs=1e-9) and summary["epochs"][0]["test_loss"] > 0
     assert users["config"]["model"] == "tests.user_model:build"
     message = np2["folder_damaged"]["error"]
     assert "cannot be decoded (no image format recognised in its 800 bytes)" in message
     assert "damaged/train/class2/broken.jpg" in message
+
+
+def test_a_layer_the_forward_never_calls_trains_under_ddp_as_under_allreduce_and_a_frozen_model_is_refused(np2):
+    spare, reference = np2["spare_ddp"], np2["spare_allreduce"]
+    assert [s["step"] for s in spare["steps"]] == [2, 4]  # DDP waited for no gradient of the spare layer
+    assert relative_gap(losses(spare), losses(reference)) <= 1e-4
+    assert spare["untrained_parameters"] == reference["untrained_parameters"] == ["spare.weight", "spare.bias"]
+    assert "untrained_parameters" not in np2["run0"]
+    assert np2["frozen"]["error"].startswith("--model tests.user_model:build_frozen has no parameter that requires a "
+                                             "gradient")
 
 
 def test_a_compiled_job_follows_the_eager_one_compiles_at_setup_only_and_says_what_overlap_it_loses(np2):

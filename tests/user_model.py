@@ -1,6 +1,6 @@
 """A model of the user's own, as --model tests.user_model:build names it in the end-to-end jobs (tests/test_train.py):
-what docs/training.md's contract asks, built for the data set's classes and image shape; and a small one with
-BatchNorm (tests/test_accumulate.py's --sync-bn jobs)."""
+what docs/training.md's contract asks, built for the data set's classes and image shape; a small one with BatchNorm
+(tests/test_accumulate.py's --sync-bn jobs); the first with a layer its forward never calls, and frozen."""
 
 from torch import nn
 
@@ -18,3 +18,23 @@ def build_batchnorm(num_classes: int, input_shape: tuple[int, int, int]) -> nn.M
     return nn.Sequential(nn.Conv2d(channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
                          nn.Flatten(), nn.Linear(8 * 2 * 2, 16), nn.BatchNorm1d(16), nn.ReLU(),
                          nn.Linear(16, num_classes))
+
+
+class WithSpare(nn.Module):
+    """`build`'s model beside a layer its forward never calls: a spare left from an experiment."""
+
+    def __init__(self, num_classes: int, input_shape: tuple[int, int, int]):
+        super().__init__()
+        self.body, self.spare = build(num_classes, input_shape), nn.Linear(8, 8)
+
+    def forward(self, images):
+        return self.body(images)
+
+
+def build_with_spare(num_classes: int, input_shape: tuple[int, int, int]) -> nn.Module:
+    return WithSpare(num_classes, input_shape)
+
+
+def build_frozen(num_classes: int, input_shape: tuple[int, int, int]) -> nn.Module:
+    """`build`'s model with every parameter frozen: nothing to train."""
+    return build(num_classes, input_shape).requires_grad_(False)

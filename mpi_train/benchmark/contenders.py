@@ -4,7 +4,7 @@ the model (a method may hook into its model's backward)."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -42,15 +42,17 @@ def contender(name: str, method: SyncMethod, template: nn.Module) -> Contender:
 
 
 def configured(text: str, bucket_mb: float, powersgd_rank: int = TrainConfig.powersgd_rank,
-               precision: str = "32-true") -> SyncMethod:
+               precision: str = "32-true", workload: TrainConfig | None = None) -> SyncMethod:
     """The method a label names, as the bench runs it at --precision `precision` (resolved: fsdp gathers its
-    parameters in it): PowerSGD compresses from the first step (the steady state is measured)."""
+    parameters in it) for the model `workload` names (DDP's methods ask it for parameters no logit depends on):
+    PowerSGD compresses from the first step (the steady state is measured)."""
     if text == NO_SYNC:
         return NoSync()
     name, compression = split_label(text)
-    config = TrainConfig(sync=name, compression=compression, bucket_mb=bucket_mb, powersgd_rank=powersgd_rank,
-                         powersgd_start_step=0, period=1,  # a model-averaging method: one average a step, its cost
-                         precision=precision)
+    config = replace(workload or TrainConfig(), sync=name, compression=compression, bucket_mb=bucket_mb,
+                     powersgd_rank=powersgd_rank, powersgd_start_step=0,
+                     period=1,  # a model-averaging method: one average a step, its cost
+                     precision=precision)
     return build_method(name, config)
 
 
@@ -68,7 +70,7 @@ def contenders(workload: TrainConfig, device: torch.device, bucket_mb: float, la
         if refused:
             unavailable.append((text, refused))
             continue
-        entries.append(contender(text, configured(text, bucket_mb, powersgd_rank, precision), template))
+        entries.append(contender(text, configured(text, bucket_mb, powersgd_rank, precision, workload), template))
     return entries, unavailable
 
 

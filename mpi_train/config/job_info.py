@@ -27,12 +27,15 @@ class JobInfo:
     precision: str = "32-true"  # the --precision it runs at, auto resolved on its device (step/precision.py)
     compile_s: float | None = None  # under --compile: the setup's compile, the slowest rank's (step/compiling.py)
     overlap_lost_to_compile: str | None = None  # under --compile: what the method's overlap loses (its traits')
+    untrained_parameters: tuple[str, ...] = ()  # the model's trainable parameters no logit depends on (models/)
 
     def as_dict(self) -> dict:
         """The summary's job fields, in this order; `resumed_from` only when resumed, `advice` only under --sync
-        auto, `compile_s` only under --compile, and what that costs the method's overlap only where it costs."""
-        fields = {**dataclasses.asdict(self), "hosts": list(self.hosts)}
-        for optional in ("resumed_from", "advice", "compile_s", "overlap_lost_to_compile"):
+        auto, `compile_s` only under --compile, what that costs the method's overlap only where it costs, and the
+        parameters no step trains only where there are some."""
+        fields = {**dataclasses.asdict(self), "hosts": list(self.hosts),
+                  "untrained_parameters": list(self.untrained_parameters) or None}
+        for optional in ("resumed_from", "advice", "compile_s", "overlap_lost_to_compile", "untrained_parameters"):
             if fields[optional] is None:
                 del fields[optional]
         return fields

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..lr_schedule import LR_SCHEDULES, OptimizerDefaults, optimizer_defaults
-from ..models import GPT_SIZES, TOKENS, GptShape, build_model, resolve
+from ..models import GPT_SIZES, TOKENS, GptShape, build_model, resolve, untrained_parameters
 from ..models import HELP as MODEL_HELP
 from ..models import check as check_model
 from ..optimizers import OPTIMIZERS
@@ -202,6 +202,11 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
         if it cannot take the data set's."""
         shape, classes = self.data_spec
         return check_model(self.model_name, self.dataset, shape, self.gpt_shape, classes)
+
+    @property
+    def untrained_parameters(self) -> tuple[str, ...]:
+        """The model's trainable parameters that no logit depends on (models.untrained_parameters)."""
+        return untrained_parameters(self.model_name, self.input_shape, self.gpt_shape, self.data_spec[1])
 
     @property
     def data_spec(self) -> tuple[tuple[int, ...] | None, int]:

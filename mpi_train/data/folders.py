@@ -73,11 +73,15 @@ def class_names(folder: Path) -> list[str]:
 
 
 def classes(root: Path) -> list[str]:
-    """The classes of the image folder at `root` (train/'s class folders); a UserError when it has none."""
+    """The classes of the image folder at `root` (train/'s class folders); a UserError when it has fewer than two."""
     train, _ = split_folders(root)
     names = class_names(train)
-    if names:
+    if len(names) > 1:
         return names
+    if names:  # one class: every label is 0, so the loss falls to 0 and the accuracy is 100% from the first steps
+        raise UserError(f"{train} has one class folder ({names[0]}): a classifier learns to tell classes apart, and "
+                        f"with one it scores 100% having learnt nothing. Add a folder for each other class, under "
+                        f"train/ and {EVALUATION_FOLDERS[0]}/ (or {EVALUATION_FOLDERS[1]}/) alike.")
     with os.scandir(train) as entries:
         loose = sum(1 for entry in entries if entry.is_file() and entry.name.lower().endswith(EXTENSIONS))
     held = (f"it holds {loose:,} image file(s) directly, and" if loose else "it is empty:") + " a label is the folder"

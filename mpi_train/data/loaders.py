@@ -240,7 +240,12 @@ def make_loaders(train: Dataset, test: Dataset, config: TrainConfig, cluster: Cl
         return text_loaders(train, test, config, cluster, device)
     info = cluster.info
     micro_batch, test_batch = config.micro_batch(info.world_size), max(config.per_rank(info.world_size), 256)
-    sampler = ResumableSampler(train, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=config.seed)
+    sampler = ResumableSampler(train, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=config.seed,
+                               batch_size=micro_batch)
+    if sampler.left_out and len(sampler) and info.is_main:  # none left: setup refuses the job
+        print(f"mpi_train: each pass's last batch would hold 1 sample per rank ({len(train):,} training samples "
+              f"over {info.world_size} rank(s), {micro_batch} a batch): it is left out, as BatchNorm cannot train "
+              f"on one.", flush=True)
     shard = range(info.rank, len(test), info.world_size)
     sizes = tuple({batch, samples % batch or batch} for samples, batch in ((len(sampler), micro_batch),
                                                                            (len(shard), test_batch)))

@@ -84,6 +84,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     info = cluster.info
     config = resized_by_launcher(config, cluster.environment)
     config.validate(info.world_size)
+    untrained = config.untrained_parameters  # a model with nothing to train refused here, before any work
     # rank 0 checks every path the job writes, and the tracking store, before any work
     check_outputs(config, cluster)
     connection = tracking.connect(config, cluster)
@@ -109,6 +110,8 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
 
     # optimizer steps, of --accumulate micro-batches each
     steps_per_epoch = len(loaders.train) // config.accumulate
+    if not steps_per_epoch:
+        raise UserError(no_step_error(config, info.world_size, loaders.sampler))
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
     checkpoints = Checkpointer(config, cluster)
     resume = load_for_resume(config, cluster, total_steps, model)
@@ -127,6 +130,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         **layout_params(cluster.hosts), resumed_from=resumed_from(resume), advice=advised,
         data_path=loaders.describe(), compile_s=replica.compile_s, precision=precision.name,
         overlap_lost_to_compile=method.traits.lost_when_compiled if config.compile else None,
+        untrained_parameters=untrained,
     )
     preemption = Preemption(config.checkpoint_dir is not None, info.world_size,
                             terminate_at_boundary=cluster.environment.resizes_on_restart)
@@ -140,6 +144,17 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         memory_before=memory_before, precision=precision, gradients=gradients,
         overflow=overflowing(model, precision.scaled),
     )
+
+
+def no_step_error(config: TrainConfig, world_size: int, sampler) -> str:
+    """Why a pass over the training set holds no optimizer step, and what gives it one."""
+    per_rank, samples = config.per_rank(world_size), getattr(sampler, "num_samples", len(sampler))
+    left_out = " (a last batch of one is left out)" if getattr(sampler, "left_out", 0) else ""
+    micro = config.micro_batch(world_size)
+    split = f", in {config.accumulate} micro-batches of {micro:,}" if config.accumulate > 1 else ""
+    return (f"{config.dataset}'s training set gives each of {world_size} rank(s) {samples:,} sample(s) a pass"
+            f"{left_out}, too few for one step of --batch-size {config.batch_size} ({per_rank:,} per rank{split}): "
+            f"no step could run. Use a smaller --batch-size or --accumulate, fewer ranks, or more data.")
 
 
 def resized_by_launcher(config: TrainConfig, environment: ClusterEnvironment) -> TrainConfig:

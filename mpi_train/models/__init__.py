@@ -128,9 +128,11 @@ def default_shape(spec: ModelSpec, gpt_shape: GptShape) -> tuple[int, ...]:
     return spec.shape or DEFAULT_IMAGE_SHAPE
 
 
-def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int = NUM_CLASSES) -> str | None:
-    """Why the model cannot take a batch of `shape` and give a logit per class (None: it can), found by building it
-    on the meta device and running two samples through it. The random streams are left as they were."""
+def _probe(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int
+           ) -> tuple[nn.Module, torch.Tensor | str, torch.Tensor]:
+    """The model built on the meta device (no memory, no compute), or a real copy where its builder cannot run there,
+    with what it gives for a batch of two samples of `shape` (or why it fails, in one line) and their labels. The
+    random streams are left as they were."""
     inputs, labels = example(spec, shape, 2, device="meta")
     outputs = num_classes(spec, classes)
     with torch.random.fork_rng(devices=[]):
@@ -142,15 +144,42 @@ def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, class
             model = spec.make(outputs, shape, None, gpt_shape)
             inputs, labels = example(spec, shape, 2)
         try:
-            output = model.train()(inputs)
+            return model, model.train()(inputs), labels
         except Exception as error:  # noqa: BLE001 - whatever the model's forward raises on this shape
             text = str(error).strip().splitlines()
-            return f"{type(error).__name__}: {text[0] if text else ''}"
-    expected = (len(labels), outputs)
+            return model, f"{type(error).__name__}: {text[0] if text else ''}", labels
+
+
+def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int = NUM_CLASSES) -> str | None:
+    """Why the model cannot take a batch of `shape` and give a logit per class (None: it can)."""
+    _, output, labels = _probe(spec, shape, gpt_shape, classes)
+    if isinstance(output, str):
+        return output
+    expected = (len(labels), num_classes(spec, classes))
     if not isinstance(output, torch.Tensor) or tuple(output.shape) != expected:
         got = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
         return f"it returned {got} where the loss needs logits of shape {expected}"
     return None
+
+
+@functools.cache
+def untrained_parameters(name: str, shape: tuple[int, ...], gpt_shape: GptShape, classes: int = NUM_CLASSES
+                         ) -> tuple[str, ...]:
+    """The trainable parameters that no logit depends on, by name: backward from the probe's logits leaves them
+    without a gradient, as every training step would. A user's model may hold layers its forward never calls; a
+    method that sums gradients as they arrive must be told not to wait for theirs (DDP's find_unused_parameters).
+    A UserError for a model with nothing to train. Call it for a model `check` has passed."""
+    model, output, _ = _probe(resolve(name), shape, gpt_shape, classes)
+    trainable = [(path, param) for path, param in model.named_parameters() if param.requires_grad]
+    if not trainable:
+        raise UserError(f"--model {name} has no parameter that requires a gradient (every one has requires_grad "
+                        f"False, or it has none): there is nothing to train. Leave requires_grad on for the layers to "
+                        f"train (a frozen backbone is fine; its head must learn).")
+    try:
+        output.float().sum().backward()
+    except Exception:  # noqa: BLE001 - a backward the meta device cannot run: nothing known, nothing claimed
+        return ()
+    return tuple(path for path, param in trainable if param.grad is None)
 
 
 @functools.cache
@@ -206,4 +235,4 @@ def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape
 
 
 __all__ = ["BUILT_IN", "GPT_SIZES", "HELP", "IMAGES", "INPUT_SHAPES", "TOKENS", "GptShape", "ModelSpec",
-           "build_model", "check", "default_shape", "example", "num_classes", "resolve"]
+           "build_model", "check", "default_shape", "example", "num_classes", "resolve", "untrained_parameters"]

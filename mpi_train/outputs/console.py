@@ -19,6 +19,8 @@ from ..advice.cache import described
 from ..config import JobInfo
 from ..environments import ENVIRONMENTS
 from ..liveness import Stall
+from ..sync import SYNC_METHODS
+from ..sync.traits import INSIDE_DDP
 from .records import EPOCH, EVALUATION, STALL, STEP, SUMMARY, Context, Metrics
 
 # the live bar: "epoch 1  step 37/196 |####      | ETA 01:52, loss 2.0455, 95 samples/s" (tqdm puts the ", "
@@ -36,6 +38,18 @@ def progress_bar(job: JobInfo) -> tqdm | None:
     done = job.resumed_from["step"] if job.resumed_from else 0
     return tqdm(total=job.total_steps, initial=done, desc=f"epoch {done // max(job.steps_per_epoch, 1) + 1}",
                 file=sys.stdout, bar_format=PROGRESS_FORMAT, dynamic_ncols=True)
+
+
+def untrained_line(names: tuple[str, ...], config: dict) -> str:
+    """The model's parameters that no logit depends on, which no step trains, and what a method that runs torch's
+    DistributedDataParallel does about them."""
+    listed = ", ".join(names[:4]) + (f" and {len(names) - 4:,} more" if len(names) > 4 else "")
+    sync = config["sync"]
+    method = SYNC_METHODS.get(sync)
+    looks = (f"; --sync {sync} runs DistributedDataParallel with find_unused_parameters, which walks the graph at "
+             f"every step to find them" if method is not None and method.traits.sends == INSIDE_DDP else "")
+    return (f"mpi_train: {len(names):,} parameter(s) of --model {config['model']} get no gradient ({listed}): no "
+            f"logit depends on them, so they keep their first values{looks}.")
 
 
 def perplexity(test_loss: float) -> float:
@@ -71,6 +85,8 @@ class Console:
         if job.overlap_lost_to_compile:
             self.print(f"mpi_train: compiled, --sync {self.context.config['sync']} loses overlap: "
                        f"{job.overlap_lost_to_compile}")
+        if job.untrained_parameters:
+            self.print(untrained_line(job.untrained_parameters, self.context.config))
         if job.advice:  # --sync auto: what it took, from which advice, and why
             self.print(f"mpi_train: {described(job.advice)}")
         resumed = job.resumed_from

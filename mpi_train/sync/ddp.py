@@ -10,7 +10,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ..timeline import now
-from .base import INSIDE_DDP, SyncMethod
+from .base import INSIDE_DDP, SyncMethod, compressor_for
+from .compression import Compressor
 from .messages import BUCKETS
 from .traits import RING_ALLREDUCE, Traits
 
@@ -33,6 +34,15 @@ class DDP(SyncMethod):
                     no_compression_because="DistributedDataParallel compresses through torch's communication hooks: "
                                            "use --sync ddp_fp16 or --sync ddp_powersgd")
 
+    def __init__(self, compressor: Compressor | None = None, find_unused: bool = False):
+        super().__init__(compressor)
+        # a model with parameters no logit depends on: DDP would wait at every step for gradients that never come
+        self.find_unused = find_unused
+
+    @classmethod
+    def _from_config(cls, config) -> DDP:
+        return cls(compressor_for(cls, config), find_unused=bool(config.untrained_parameters))
+
     def wrap(self, model: nn.Module) -> nn.Module:
         """DDP as its users are told to run it: each gradient a view into its bucket (no copy into the bucket and
         back, each a kernel per tensor on a GPU). On CPUs every bucket's hook is noted; on a GPU plain DDP keeps its
@@ -43,7 +53,8 @@ class DDP(SyncMethod):
         # one rank has nobody to send its buffers to, yet DDP would still broadcast them at every forward: 0.84 ms
         # of host time in a 4.2 ms VGG-11 step on an H200 (scripts/gpu_step_overhead.py)
         wrapped = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None,
-                                          gradient_as_bucket_view=True, **buffers_synced(dist.get_world_size() > 1))
+                                          gradient_as_bucket_view=True, find_unused_parameters=self.find_unused,
+                                          **buffers_synced(dist.get_world_size() > 1))
         state, hook = self.comm_hook()
         if not on_gpu:
             wrapped.register_comm_hook(state, self.noting(hook))

@@ -27,8 +27,8 @@ class DDPPowerSGD(DDP):
 
     traits = replace(DDP.traits, fixed_compression="powersgd", unsupported_backends={"gloo": GLOO_FAILURE})
 
-    def __init__(self, compressor: PowerSGD | None = None):
-        super().__init__(compressor or PowerSGD())
+    def __init__(self, compressor: PowerSGD | None = None, find_unused: bool = False):
+        super().__init__(compressor or PowerSGD(), find_unused)
 
     def comm_hook(self) -> tuple:
         state = powersgd.PowerSGDState(

@@ -122,6 +122,7 @@ def test_a_set_that_does_not_fit_takes_the_dataloader_and_says_so(tmp_path, clus
     ("no images", "5 of the 5 class folders of {data}/val hold no images"),
     ("classes differ", ("the class folders of {data}/val differ from those of {data}/train (5 classes against 5: it "
                         "lacks class4; it has dog, which {data}/train lacks)")),
+    ("one class", "{data}/train has one class folder (class0): a classifier learns to tell classes apart"),
 ])
 def test_a_layout_it_cannot_train_on_is_one_paragraph(tmp_path, cluster, layout, words):
     data = tmp_path / "data"
@@ -142,6 +143,10 @@ def test_a_layout_it_cannot_train_on_is_one_paragraph(tmp_path, cluster, layout,
             image.unlink()
     elif layout == "classes differ":
         (data / "val" / "class4").rename(data / "val" / "dog")
+    elif layout == "one class":
+        for split in ("train", "val"):
+            for extra in range(1, 5):
+                shutil.rmtree(data / split / f"class{extra}")
     with pytest.raises(UserError) as error:
         load_datasets(folder_config(data), cluster)
     message = str(error.value)

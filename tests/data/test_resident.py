@@ -122,3 +122,17 @@ def test_cifar10_pickles_are_decoded_for_the_resident_path_too(tmp_path, cluster
                                                                  tmp_path / ".mpi_train-cache" / "cifar10-train.pt"]
     for (ours, our_labels), (theirs, their_labels) in zip(resident.test, loader.test):
         assert torch.equal(ours, theirs) and torch.equal(our_labels, their_labels)
+
+
+def test_a_pass_that_would_end_in_a_batch_of_one_leaves_it_out_on_every_rank_and_either_path(cluster):
+    # 17 samples over 2 ranks: 9 each (DistributedSampler repeats one), in batches of 4, 4 and 1
+    ranks = [ResumableSampler(range(17), num_replicas=2, rank=rank, shuffle=True, seed=0, batch_size=4)
+             for rank in range(2)]
+    whole = [ResumableSampler(range(17), num_replicas=2, rank=rank, shuffle=True, seed=0) for rank in range(2)]
+    for sampler, unbatched in zip(ranks, whole):
+        assert sampler.left_out == 1 and len(sampler) == 8 and list(sampler) == list(unbatched)[:8]
+    assert ResumableSampler(range(17), num_replicas=2, rank=0, batch_size=3).left_out == 0  # 9 = 3 x 3
+    assert ResumableSampler(range(2), num_replicas=2, rank=0, batch_size=1).left_out == 0  # a batch of one was asked
+    resident, loader = both_paths(TrainConfig(dataset="synthetic", synthetic_size=33, batch_size=16), cluster)
+    for path in (resident, loader):
+        assert len(path.train) == 2 and [len(labels) for _, labels in path.train] == [16, 16]

@@ -17,7 +17,8 @@ import torch
 from mpi_train.data import cache
 from mpi_train.errors import UserError
 from mpi_train.lab import bad_input_judge
-from mpi_train.lab.bad_input import CASES, COLUMNS, Row, Setups, Workspace, chosen, fill, format_table, same_message
+from mpi_train.lab.bad_input import COLUMNS, Row, chosen, format_table
+from mpi_train.lab.bad_input_cases import CASES, Setups, Workspace, fill, same_message
 from mpi_train.lab.bad_input_judge import Run, judge, launch, message, processes_of
 
 FULL_DISK = "mpi_train: error: writing ck/step-00000003.pt failed (No space left on device); nothing of it is left."

@@ -7,8 +7,18 @@ import pytest
 import torch
 
 from mpi_train.config import TrainConfig
+from mpi_train.errors import UserError
 from mpi_train.lr_schedule import MODEL_DEFAULTS, OTHER_MODELS
-from mpi_train.models import BUILT_IN, NEED_LARGER, SQUARE_SIZES, build_model, check, resolve, smallest_square
+from mpi_train.models import (
+    BUILT_IN,
+    NEED_LARGER,
+    SQUARE_SIZES,
+    build_model,
+    check,
+    resolve,
+    smallest_square,
+    untrained_parameters,
+)
 from mpi_train.models.gpt import GPT_SIZES
 
 
@@ -87,6 +97,20 @@ def user_module(tmp_path, monkeypatch):
         def ten_classes():
             return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, 10))
 
+        class WithSpare(nn.Module):
+            def __init__(self, num_classes):
+                super().__init__()
+                self.head, self.spare = nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes)), nn.Linear(2, 2)
+
+            def forward(self, images):
+                return self.head(images)
+
+        def with_spare(num_classes):
+            return WithSpare(num_classes)
+
+        def frozen(num_classes, input_shape):
+            return build(num_classes, input_shape).requires_grad_(False)
+
         NOT_CALLABLE = 3
     """))
     (tmp_path / "broken_models.py").write_text("import torch\nraise ImportError('needs timm')\n")
@@ -94,6 +118,7 @@ def user_module(tmp_path, monkeypatch):
     yield
     resolve.cache_clear()
     check.cache_clear()
+    untrained_parameters.cache_clear()
 
 
 def test_a_users_callable_builds_for_the_data_sets_classes_and_images(user_module):
@@ -102,6 +127,15 @@ def test_a_users_callable_builds_for_the_data_sets_classes_and_images(user_modul
     model = config.make_model()
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     assert resolve("my_models:build").source == "your own"
+
+
+def test_parameters_no_logit_depends_on_are_named_and_a_model_with_nothing_to_train_is_refused(user_module):
+    assert TrainConfig(model="my_models:with_spare", dataset="synthetic").untrained_parameters == ("spare.weight",
+                                                                                                 "spare.bias")
+    for name in ("my_models:build", "vgg11", "gpt", "resnet18"):
+        assert TrainConfig(model=name, dataset="synthetic").untrained_parameters == (), name
+    with pytest.raises(UserError, match=r"^--model my_models:frozen has no parameter that requires a gradient "):
+        _ = TrainConfig(model="my_models:frozen", dataset="synthetic").untrained_parameters
 
 
 @pytest.mark.parametrize("path,words", [

@@ -1,0 +1,396 @@
+"""The faults of `python -m mpi_train soak --bad-input` (bad_input.py runs and judges them): each a fresh folder, as a
+user would start from an empty one, set up with its fault, and the commands that meet it.
+
+An np 2 job (`mpirun --bind-to none -np 2 --hostfile hostfile python -m mpi_train ...`, the hostfile
+`localhost slots=2`) or the real command (replay, experiment), once its fault is set up: a
+checkpoint of another optimizer, a full disk (a 22 MB tmpfs: as root), a corrupt image, a
+flag naming a folder for a file or a file for a folder, a cut spool, a damaged MLflow store,
+a loss that becomes non-finite, a model or an image folder with nothing to learn, and smaller
+ones (CASES).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from PIL import Image
+
+from ..errors import UserError
+from ..tracking.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record
+from .bad_input_judge import Run, launch, message, paragraph
+from .soakparts import Server
+
+DISK = "22m"  # the full disk's size
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+# the smallest job: a few steps of a small model on generated images, each collective bounded; a later flag
+# overrides an earlier one, so a case adds what it changes
+TRACKED = ("--dataset", "synthetic", "--synthetic-size", "512", "--model", "mnist_cnn", "--batch-size", "64",
+           "--log-every", "1", "--timeout", "30")
+SMALL = (*TRACKED, "--no-tracking")
+# checkpoints written at the default global batch (256), so that --reshard on 3 ranks meets a batch it cannot split
+RESUMABLE = ("--dataset", "synthetic", "--synthetic-size", "1024", "--model", "mnist_cnn", "--log-every", "1",
+             "--timeout", "30", "--no-tracking", "--checkpoint-dir", "ck")
+IMAGES = ("--dataset", "cifar10", "--data-dir", "cifar", "--model", "vgg11", "--batch-size", "16", "--log-every",
+          "1", "--timeout", "30", "--no-tracking")
+
+
+class NotRunnable(Exception):
+    """A case whose fault could not be set up here (not root, a setup job that failed): why."""
+
+
+class Setups:
+    """Jobs several cases start from (a checkpoint folder per optimizer), each run once, when a case first needs it."""
+
+    def __init__(self, root: Path):
+        self.root, self.done = root, {}
+        self.locks = {optimizer: threading.Lock() for optimizer in ("sgd", "adamw")}  # cases run side by side
+
+    def checkpoints(self, optimizer: str) -> Path:
+        with self.locks[optimizer]:
+            return self._checkpoints(optimizer)
+
+    def _checkpoints(self, optimizer: str) -> Path:
+        if optimizer not in self.done:
+            folder = self.root / f"setup-{optimizer}"
+            folder.mkdir()
+            (folder / "hostfile").write_text("localhost slots=2\n")
+            flags = () if optimizer == "sgd" else ("--optimizer", optimizer)  # sgd: the model's own
+            run = launch(mpirun_line(*RESUMABLE, "--max-steps", "3", "--checkpoint-every", "1", *flags), folder, 180)
+            self.done[optimizer] = (folder / "ck", None if run.exit == 0 else
+                                    f"its setup job failed (exit {run.exit}): {message(run.output)[:100]}")
+        found, failed = self.done[optimizer]
+        if failed:
+            raise NotRunnable(failed)
+        return found
+
+
+def mpirun_line(*flags: str, np: int = 2) -> list[str]:
+    return ["mpirun", "--bind-to", "none", "-np", str(np), "--hostfile", "hostfile", sys.executable, "-m",
+            "mpi_train", *flags]
+
+
+class Workspace:
+    """A case's fresh folder, and what its faults are made with."""
+
+    def __init__(self, folder: Path, aside: Path, stack: ExitStack, setups: Setups):
+        self.folder, self.aside, self.stack, self.setups = folder, aside, stack, setups
+        self.damaged: dict[Path, bytes] = {}  # files the case broke on purpose (not half-written), and their hash
+        self.kept = b""  # what the case's own check looks for on disk afterwards
+        self.rng = random.Random(folder.name)
+
+    def train(self, *flags: str, np: int = 2) -> list[str]:
+        (self.folder / "hostfile").write_text(f"localhost slots={max(2, np)}\n")
+        return mpirun_line(*flags, np=np)
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "mpi_train", *args]
+
+    def checkpoints(self, optimizer: str) -> Path:
+        """A copy of the setup job's checkpoints (steps 1-3, global batch 256) as ck/."""
+        return Path(shutil.copytree(self.setups.checkpoints(optimizer), self.folder / "ck"))
+
+    def garbage(self, path: Path, size: int) -> Path:
+        """`path` overwritten with `size` random bytes, and left out of the half-written check."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = self.rng.randbytes(size)
+        path.write_bytes(data)
+        self.damaged[path] = hashlib.sha256(data).digest()
+        return path
+
+    def disk(self, name: str = "disk") -> Path:
+        """A 22 MB tmpfs at `name`, unmounted on every way out of the case."""
+        if os.geteuid() != 0:
+            raise NotRunnable("mounting a tmpfs needs root")
+        path = self.folder / name
+        path.mkdir()
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(path)],
+                                 capture_output=True, text=True, check=False)
+        if mounted.returncode:
+            raise NotRunnable(f"mount -t tmpfs failed: {mounted.stderr.strip()[:100]}")
+        self.stack.callback(unmount, path)
+        return path
+
+    def image_folder(self, root: Path, train: int, test: int) -> None:
+        """CIFAR-10 as an image folder of 32x32 JPEGs (train/<class>/*.jpg, test/<class>/*.jpg), `train` and `test`
+        images per class."""
+        draw = np.random.default_rng(0)
+        for split, count in (("train", train), ("test", test)):
+            for label, name in enumerate(CLASSES):
+                (root / split / name).mkdir(parents=True)
+                for index in range(count):
+                    pixels = np.clip(draw.normal(25 * label, 40, (32, 32, 3)), 0, 255).astype(np.uint8)
+                    Image.fromarray(pixels).save(root / split / name / f"{index:04d}.jpg", quality=90)
+
+
+def unmount(path: Path) -> None:
+    if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)  # busy: detached now, freed later
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Take all of `disk`'s free space but `leave` bytes."""
+    status = os.statvfs(disk)
+    with open(disk / "filler", "wb") as handle:
+        handle.write(bytes(max(0, status.f_bavail * status.f_frsize - leave)))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One fault a user can cause: how it is set up, the commands that meet it, and what they must say."""
+
+    name: str
+    prepare: Callable[[Workspace], list[list[str]]]  # sets the fault up; the commands to run, in order
+    causes: tuple[str, ...]  # patterns the output must match, each
+    warning: bool = False  # the job must go on (exit 0) and say so
+    timeout_s: float = 90.0  # of each command
+    check: Callable[[Workspace, list[Run]], list[str]] | None = None  # the case's own rules
+
+
+# ---------------------------------------------------------------------------------------------
+# The cases: each sets its fault up in its folder and returns the commands that meet it.
+
+def resume_other_optimizer(first: str, then: str) -> Callable[[Workspace], list[list[str]]]:
+    def prepare(ws: Workspace) -> list[list[str]]:
+        ws.checkpoints(first)
+        return [ws.train(*RESUMABLE, "--max-steps", "5", "--resume", "auto", "--optimizer", then)]
+    return prepare
+
+
+def full_disk_checkpoint(ws: Workspace) -> list[list[str]]:
+    disk = ws.disk()  # mnist_cnn's checkpoint takes 9.6 MB: the third does not fit
+    return [ws.train(*SMALL, "--max-steps", "5", "--checkpoint-dir", str(disk.relative_to(ws.folder) / "ck"),
+                     "--checkpoint-every", "1")]
+
+
+def full_disk_cache(ws: Workspace) -> list[list[str]]:
+    disk = ws.disk()
+    ws.image_folder(disk / "cifar", 30, 10)  # decoded: 900 KB for training, 300 KB for testing
+    fill(disk, 200 * 1024)
+    return [ws.train(*IMAGES, "--data-dir", "disk/cifar", "--max-steps", "2")]
+
+
+def corrupt_image(loader: str | None) -> Callable[[Workspace], list[list[str]]]:
+    def prepare(ws: Workspace) -> list[list[str]]:
+        ws.image_folder(ws.folder / "cifar", 8, 2)
+        ws.garbage(ws.folder / "cifar/train/cat/0003.jpg", 2048)
+        return [ws.train(*IMAGES, "--max-steps", "5", *(["--loader", loader] if loader else []))]
+    return prepare
+
+
+def summary_json_folder(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "results").mkdir()
+    return [ws.train(*SMALL, "--max-steps", "2", "--summary-json", "results")]
+
+
+def timeline_dir_file(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "traces").write_text("not a folder\n")
+    return [ws.train(*SMALL, "--max-steps", "2", "--timeline", "--timeline-dir", "traces")]
+
+
+SPOOL_NAME = "job-20260101-120000-1.jsonl"  # as a job names its spool; pid 1 is never a job's
+
+
+def cut_spool(ws: Workspace) -> list[list[str]]:
+    """A job's spool, written as the job writes it, its last record cut halfway (a job killed while writing), and an
+    MLflow server that answers (outside the case's folder: it is not the case's leftover)."""
+    server = Server("127.0.0.1", ws.aside / "server")
+    ws.stack.callback(server.stop)
+    try:
+        server.start()
+    except UserError as error:
+        raise NotRunnable(f"the MLflow server did not start: {str(error)[:100]}") from None
+    spool, run_id, now = Spool(ws.folder / "mlruns" / "spool" / SPOOL_NAME), OFFLINE_PREFIX + "0" * 32, 1767268800000
+    spool.add({"kind": "create_run", "local_id": run_id, "experiment": "bad-input", "run_name": "cut-spool",
+               "tags": {OFFLINE_ID_TAG: run_id}, "start_time": now}, server.uri)
+    for step in range(1, 4):
+        loss = SimpleNamespace(key="loss", value=2.3 - 0.1 * step, timestamp=now + step, step=step)
+        spool.add(batch_record(run_id, [loss]), server.uri)
+    spool.add({"kind": "set_terminated", "run_id": run_id, "status": "FINISHED", "end_time": now + 9}, server.uri)
+    data = spool.path.read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    ws.kept = data[:last + (len(data) - last) // 2]
+    spool.path.write_bytes(ws.kept)
+    return [ws.command("replay", "mlruns/spool")]
+
+
+def spool_kept(ws: Workspace, runs: list[Run]) -> list[str]:
+    """The cut record cannot be sent: the spool that holds it must stay (under any name) for the user to see."""
+    spools = [path for path in (ws.folder / "mlruns" / "spool").glob(f"{SPOOL_NAME}*") if path.is_file()]
+    return [] if any(ws.kept in path.read_bytes() for path in spools) else ["SPOOL DELETED"]
+
+
+def damaged_store(ws: Workspace) -> list[list[str]]:
+    ws.garbage(ws.folder / "mlruns" / "mlflow.db", 64 * 1024)
+    return [ws.train(*TRACKED, "--max-steps", "2")]  # tracking on, to the default store
+
+
+def store_kept(ws: Workspace, runs: list[Run]) -> list[str]:
+    """The damaged store is the user's: nothing may replace or delete it."""
+    store = ws.folder / "mlruns" / "mlflow.db"
+    intact = store.is_file() and hashlib.sha256(store.read_bytes()).digest() == ws.damaged[store]
+    return [] if intact else ["STORE CHANGED"]
+
+
+def lr(value: str, steps: str) -> Callable[[Workspace], list[list[str]]]:
+    return lambda ws: [ws.train(*SMALL, "--max-steps", steps, "--lr", value)]
+
+
+def reshard_np3(ws: Workspace) -> list[list[str]]:
+    ws.checkpoints("sgd")
+    return [ws.train(*RESUMABLE, "--max-steps", "5", "--resume", "auto", "--reshard", np=3)]
+
+
+def binary_as_text(ws: Workspace) -> list[list[str]]:
+    ws.garbage(ws.folder / "blob.bin", 64 * 1024)
+    return [ws.train("--dataset", "text", "--data-dir", "blob.bin", "--model", "gpt", "--context", "32",
+                     "--batch-size", "8", "--max-steps", "1", "--timeout", "30", "--no-tracking")]
+
+
+def data_dir_file(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "notes.txt").write_text("not a data set\n")
+    return [ws.train(*IMAGES, "--data-dir", "notes.txt", "--max-steps", "2")]
+
+
+def mnist_download(ws: Workspace) -> list[list[str]]:
+    line = ws.train(*SMALL, "--dataset", "mnist", "--data-dir", "mnist-data", "--max-steps", "2")
+    return [line, line]
+
+
+def same_message(ws: Workspace, runs: list[Run]) -> list[str]:
+    """The second attempt must meet the same clear message, not a trace of the first."""
+    return [] if len(runs) < 2 or paragraph(runs[0].output) == paragraph(runs[1].output) else ["MESSAGE CHANGED"]
+
+
+EXPERIMENT = """[experiment]
+name = "bad-input"
+[launch]
+hostfile = "hostfile"
+mpirun_args = ["--bind-to", "none"]
+timeout = 60
+[train]
+dataset = "synthetic"
+synthetic_size = 256
+batch_size = {batch}
+max_steps = 2
+model = "mnist_cnn"
+[[sweep]]
+sync = "allreduce"
+np = 2
+"""
+
+
+def experiment_unknown_host(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "experiment.toml").write_text(EXPERIMENT.format(batch="32"))
+    (ws.folder / "hosts").write_text("nohost.invalid slots=2\n")
+    return [ws.command("experiment", "experiment.toml", "--hostfile", "hosts", "--no-tracking", "--out", "out")]
+
+
+def experiment_bad_value(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "experiment.toml").write_text(EXPERIMENT.format(batch='"lots"'))
+    return [ws.command("experiment", "experiment.toml", "--dry-run")]
+
+
+def damaged_latest(ws: Workspace) -> list[list[str]]:
+    ck = ws.checkpoints("sgd")
+    ws.garbage(ck / "step-00000003.pt", 1 << 20)
+    return [ws.train(*RESUMABLE, "--max-steps", "5", "--resume", "auto")]
+
+
+def not_a_checkpoint(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "notes.txt").write_text("not a checkpoint\n")
+    return [ws.train(*SMALL, "--max-steps", "2", "--resume", "notes.txt")]
+
+
+USERS_MODELS = """from torch import nn
+
+
+class WithSpare(nn.Module):
+    def __init__(self, num_classes, input_shape):
+        super().__init__()
+        channels, height, width = input_shape
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(channels * height * width, num_classes))
+        self.spare = nn.Linear(16, 16)  # left from an experiment: the forward never calls it
+
+    def forward(self, images):
+        return self.body(images)
+
+
+def frozen(num_classes, input_shape):
+    return WithSpare(num_classes, input_shape).requires_grad_(False)
+"""
+
+
+def users_model(name: str, sync: str) -> Callable[[Workspace], list[list[str]]]:
+    def prepare(ws: Workspace) -> list[list[str]]:
+        (ws.folder / "my_models.py").write_text(USERS_MODELS)  # importable: `python -m` runs from the folder
+        return [ws.train(*SMALL, "--model", f"my_models:{name}", "--sync", sync, "--max-steps", "3")]
+    return prepare
+
+
+def one_class(ws: Workspace) -> list[list[str]]:
+    ws.image_folder(ws.folder / "cifar", 4, 2)
+    for split in ("train", "test"):
+        for name in CLASSES[1:]:
+            shutil.rmtree(ws.folder / "cifar" / split / name)
+    return [ws.train(*IMAGES, "--dataset", "imagefolder", "--model", "resnet18", "--max-steps", "2")]
+
+
+def batch_of_one(ws: Workspace) -> list[list[str]]:
+    """10 images over 2 ranks, 4 a batch: each rank's pass is 4 and 1, and resnet18's BatchNorm cannot train on one
+    value per channel (a 32-pixel image is 1x1 by its last block)."""
+    ws.image_folder(ws.folder / "cifar", 1, 1)
+    return [ws.train(*IMAGES, "--dataset", "imagefolder", "--model", "resnet18", "--image-size", "32",
+                     "--batch-size", "8", "--epochs", "2")]
+
+
+def too_few_for_a_step(ws: Workspace) -> list[list[str]]:
+    return [ws.train(*SMALL, "--synthetic-size", "4", "--batch-size", "8", "--accumulate", "2")]
+
+
+BOTH_OPTIMIZERS = r"\bsgd\b.{0,300}\badamw\b|\badamw\b.{0,300}\bsgd\b"
+NON_FINITE = r"\b(nan|inf|non-finite|not finite)\b"
+CASES = [
+    Case("resume-sgd-as-adamw", resume_other_optimizer("sgd", "adamw"), (BOTH_OPTIMIZERS,)),
+    Case("resume-adamw-as-sgd", resume_other_optimizer("adamw", "sgd"), (BOTH_OPTIMIZERS,)),
+    Case("full-disk-checkpoint", full_disk_checkpoint, (r"no space left",)),
+    Case("full-disk-cache", full_disk_cache, (r"no space left",)),
+    Case("corrupt-image", corrupt_image(None), (r"train/cat/0003\.jpg",)),
+    Case("corrupt-image-dataloader", corrupt_image("dataloader"), (r"train/cat/0003\.jpg",)),
+    Case("summary-json-folder", summary_json_folder, (r"--summary-json\b.{0,200}\b(folder|directory)\b",)),
+    Case("timeline-dir-file", timeline_dir_file, (r"--timeline-dir\b.{0,200}\b(file|not a (folder|directory))\b",)),
+    Case("replay-cut-spool", cut_spool, (re.escape(SPOOL_NAME), r"\b(cut|truncated|incomplete|unfinished|partial)\b"),
+         check=spool_kept),
+    Case("damaged-store", damaged_store, (r"mlflow\.db", r"\b(damaged|corrupt|not a database)\b"), check=store_kept),
+    Case("lr-inf", lr("inf", "2"), (rf"(--lr|learning rate)\b.{{0,200}}{NON_FINITE}",)),
+    Case("lr-1e6", lr("1e6", "6"), (rf"\bloss\b.{{0,200}}{NON_FINITE}|{NON_FINITE}.{{0,200}}\bloss\b",)),
+    Case("reshard-np3-batch256", reshard_np3, (r"\b256\b.{0,200}\b3 ranks\b",)),
+    Case("binary-as-text", binary_as_text, (r"\bwarning\b.{0,300}\b(utf-8|binary|not (a )?text)\b",), warning=True),
+    Case("data-dir-file", data_dir_file, (r"notes\.txt", r"\b(is a file|not a (folder|directory))\b")),
+    Case("mnist-download-twice", mnist_download, (r"\bmnist\b.{0,300}\bdownload", ), check=same_message),
+    Case("experiment-unknown-host", experiment_unknown_host, (r"nohost\.invalid",), timeout_s=120),
+    # auto is what unattended relaunches use: it goes on from the newest intact checkpoint and says so
+    Case("damaged-latest-checkpoint", damaged_latest, (r"step-00000003\.pt.{0,300}\bdamaged\b", r"step-00000002\.pt"),
+         warning=True),
+    Case("resume-not-a-checkpoint", not_a_checkpoint, (r"notes\.txt.{0,200}\bcheckpoint",)),
+    Case("experiment-bad-value", experiment_bad_value, (r"\bbatch_size\b", r"\blots\b")),
+    # a model's layer that no logit depends on: DDP would wait at every step for its gradient
+    Case("unused-layer-ddp", users_model("WithSpare", "ddp"), (r"spare\.weight", r"find_unused_parameters"),
+         warning=True),
+    Case("frozen-model", users_model("frozen", "allreduce"), (r"my_models:frozen\b.{0,100}\bno parameter",)),
+    Case("one-class-folder", one_class, (r"cifar/train\b.{0,100}\bone class folder",)),
+    Case("batch-of-one", batch_of_one, (r"\b1 sample per rank\b.{0,200}\bleft out\b",), warning=True),
+    Case("too-few-for-a-step", too_few_for_a_step, (r"\b2 sample\(s\) a pass\b.{0,100}\btoo few for one step\b",)),
+]
