@@ -213,15 +213,15 @@ def load_image_folder(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, D
 
 
 def load_users(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]:
-    """The user's two splits, each item that raises named by its index. Collective."""
+    """The user's two splits, each item that raises or breaks the contract named by its index. Collective."""
     outcome, data = None, None
     try:
         data = user_data.load(config.dataset, config.data_dir)
     except UserError as error:
         outcome = str(error)
     cluster.agree(outcome, f"cannot load {config.dataset}")
-    return (user_data.Named(data.train, config.dataset, "training"),
-            user_data.Named(data.test, config.dataset, "test"))
+    return (user_data.Named(data.train, config.dataset, "training", data.num_classes, data.shape),
+            user_data.Named(data.test, config.dataset, "test", data.num_classes, data.shape))
 
 
 def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, text.TextSplit]:

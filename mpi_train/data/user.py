@@ -40,33 +40,51 @@ class UserData:
 
 
 class BadSample(Exception):
-    """An item of the user's data set that raised, with where and why: its arguments are all it holds, so it pickles
-    back from a DataLoader worker as a sample (loaders.py)."""
+    """An item of the user's data set that raised or breaks the contract, with where and what: its arguments are all
+    it holds, so it pickles back from a DataLoader worker as a sample (loaders.py)."""
 
-    def __init__(self, path: str, split: str, index: int, why: str):
-        super().__init__(path, split, index, why)
-        self.path, self.split, self.index, self.why = path, split, index, why
+    def __init__(self, path: str, split: str, index: int, what: str):
+        super().__init__(path, split, index, what)
+        self.path, self.split, self.index, self.what = path, split, index, what
 
     def __str__(self) -> str:
-        return (f"--dataset {self.path}: its {self.split} set's item {self.index} raised {self.why}. Run "
+        return (f"--dataset {self.path}: its {self.split} set's item {self.index} {self.what}. Run "
                 f"`{self.split}[{self.index}]` on what the function returns, in Python, to see where.")
 
 
 class Named(Dataset):
-    """The user's split, whose item that raises comes out as its BadSample: raised in a DataLoader worker, it would
-    come back as torch's own error with the worker's traceback in its text."""
+    """The user's split, whose item that raises, or whose label or image the model cannot take (a label outside [0,
+    num_classes) stops a CUDA kernel with a device-side assert; an image of another shape, the batch's stacking),
+    comes out as its BadSample: raised in a DataLoader worker, it would come back as torch's own error with the
+    worker's traceback in its text. The first item of each split was checked whole before the job began."""
 
-    def __init__(self, split: Dataset, path: str, name: str):
+    def __init__(self, split: Dataset, path: str, name: str, num_classes: int, shape: tuple[int, ...]):
         self.split, self.path, self.name = split, path, name
+        self.num_classes, self.shape = num_classes, shape
 
     def __len__(self) -> int:
         return len(self.split)
 
     def __getitem__(self, index: int):
         try:
-            return self.split[index]
+            item = self.split[index]
         except Exception as error:  # noqa: BLE001 - whatever the user's code raises is reported the same way
-            return BadSample(self.path, self.name, index, user_code.why(error))
+            return BadSample(self.path, self.name, index, f"raised {user_code.why(error)}")
+        broken = self._broken(item)
+        return item if broken is None else BadSample(self.path, self.name, index, broken)
+
+    def _broken(self, item) -> str | None:
+        if not isinstance(item, Sequence) or len(item) != 2:
+            return f"is a {type(item).__name__}, not (image, label)"
+        image, label = item
+        if isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point():
+            label = int(label)
+        if isinstance(label, bool) or not isinstance(label, numbers.Integral) or not 0 <= label < self.num_classes:
+            return f"has the label {label!r}, not an int in [0, {self.num_classes}) (its num_classes)"
+        if not isinstance(image, torch.Tensor) or tuple(image.shape) != self.shape:
+            got = f"of shape {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
+            return f"has an image {got}, where item 0's is {self.shape}: a batch stacks images of one shape"
+        return None
 
 
 def _refused(path: str, what: str) -> UserError:

@@ -78,6 +78,26 @@ def users_data(tmp_path, monkeypatch):
         def flaky(data_dir):
             return Flaky(), pictures(4, classes=2), 2
 
+        class Later(Dataset):  # kept at item 0; item 3 breaks the contract as `fault` says
+            def __init__(self, fault):
+                self.fault = fault
+
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, index):
+                if index == 3 and self.fault == "label":
+                    return torch.zeros(1, 12, 10), 7
+                if index == 3 and self.fault == "shape":
+                    return torch.zeros(1, 10, 12), 1
+                return torch.zeros(1, 12, 10), index % 2
+
+        def late_label(data_dir):
+            return Later("label"), pictures(4, classes=2), 2
+
+        def late_shape(data_dir):
+            return Later("shape"), pictures(4, classes=2), 2
+
         def build(num_classes):
             return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(120, num_classes))
     """))
@@ -120,6 +140,21 @@ def test_an_item_that_raises_mid_epoch_is_named_by_its_batch(users_data, tmp_pat
     message = str(error.value)
     assert message.startswith("--dataset my_data:flaky: its training set's item 5 raised KeyError: 'row 5'. Run ")
     assert not error.value.collective
+
+
+@pytest.mark.parametrize("path,words", [
+    ("my_data:late_label", "its training set's item 3 has the label 7, not an int in [0, 2) (its num_classes). Run "),
+    ("my_data:late_shape", ("its training set's item 3 has an image of shape (1, 10, 12), where item 0's is (1, 12, "
+                            "10): a batch stacks images of one shape. Run ")),
+])
+def test_an_item_past_the_first_that_breaks_the_contract_is_named_by_its_batch(users_data, cluster, path, words):
+    # a label out of range would stop a CUDA kernel with a device-side assert; an image of another shape, the stacking
+    config = TrainConfig(dataset=path, model="my_data:build", batch_size=4)
+    loaders = make_loaders(*load_datasets(config, cluster), config, cluster, CPU)
+    with pytest.raises(UserError) as error:
+        for _ in loaders.train:
+            pass
+    assert str(error.value).startswith(f"--dataset {path}: ") and words in str(error.value)
 
 
 @pytest.mark.parametrize("path,words", [
