@@ -340,6 +340,24 @@ def users_model(name: str, sync: str) -> Callable[[Workspace], list[list[str]]]:
     return prepare
 
 
+USERS_DATA = """import torch
+from torch.utils.data import TensorDataset
+
+
+def load():
+    def split(count):
+        labels = torch.arange(count) % 10
+        labels[-1] = 12  # a typo in a label file: kept out of item 0, which the job checks before it starts
+        return TensorDataset(torch.rand(count, 3, 32, 32), labels)
+    return split(64), split(16), 10
+"""
+
+
+def users_label(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "my_data.py").write_text(USERS_DATA)
+    return [ws.train(*IMAGES, "--dataset", "my_data:load", "--model", "resnet18", "--epochs", "1")]
+
+
 def one_class(ws: Workspace) -> list[list[str]]:
     ws.image_folder(ws.folder / "cifar", 4, 2)
     for split in ("train", "test"):
@@ -390,6 +408,7 @@ CASES = [
     Case("unused-layer-ddp", users_model("WithSpare", "ddp"), (r"spare\.weight", r"find_unused_parameters"),
          warning=True),
     Case("frozen-model", users_model("frozen", "allreduce"), (r"my_models:frozen\b.{0,100}\bno parameter",)),
+    Case("users-label-out-of-range", users_label, (r"my_data:load\b.{0,100}\bitem \d+ has the label 12\b",)),
     Case("one-class-folder", one_class, (r"cifar/train\b.{0,100}\bone class folder",)),
     Case("batch-of-one", batch_of_one, (r"\b1 sample per rank\b.{0,200}\bleft out\b",), warning=True),
     Case("too-few-for-a-step", too_few_for_a_step, (r"\b2 sample\(s\) a pass\b.{0,100}\btoo few for one step\b",)),
