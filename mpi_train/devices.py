@@ -104,11 +104,16 @@ def configure_threads(info, threads: int | None) -> int:
     threads crawl."""
     import torch
 
+    usable = len(os.sched_getaffinity(0))
+    shared = usable >= (os.cpu_count() or usable)  # not bound by the launcher: the host's ranks share its cores
+    share = max(1, usable // info.local_world_size if shared else usable)
     if threads is None:
-        usable = len(os.sched_getaffinity(0))
-        if usable >= (os.cpu_count() or usable):  # not bound by the launcher: share the host
-            usable //= info.local_world_size
-        threads = max(1, usable)
+        threads = share
+    elif threads > share and info.local_rank == 0:  # said once a host: each host may have its own core count
+        ranks = info.local_world_size if shared else 1
+        print(f"mpi_train: warning: --threads {threads} for each of {ranks} rank(s) on {info.host} asks for "
+              f"{threads * ranks} threads of {usable} core(s): the threads take turns on the cores, and every step "
+              f"waits for the slowest. Leave --threads out to share the cores ({share} a rank here).", flush=True)
     torch.set_num_threads(threads)
     return threads
 

@@ -64,13 +64,19 @@ def test_auto_backend_without_gpus_is_gloo_on_cpu():
         assert resolve_backend(Cluster.from_mpi(), "auto") == ("gloo", "cpu")
 
 
-def test_ranks_share_the_host_cores():
+def test_ranks_share_the_host_cores_and_more_threads_than_cores_are_warned_of(capsys):
     before = torch.get_num_threads()
     try:
         cores = len(os.sched_getaffinity(0))
         four = RankInfo(rank=0, local_rank=0, world_size=4, local_world_size=4, host="h")
         assert configure_threads(four, None) == max(1, cores // 4) == torch.get_num_threads()
-        assert configure_threads(four, 3) == 3 == torch.get_num_threads()  # --threads wins
+        assert capsys.readouterr().out == ""
+        assert configure_threads(four, cores) == cores == torch.get_num_threads()  # --threads wins, and is warned of
+        assert (f"mpi_train: warning: --threads {cores} for each of 4 rank(s) on h asks for {4 * cores} threads of "
+                f"{cores} core(s)") in capsys.readouterr().out
+        second = RankInfo(rank=1, local_rank=1, world_size=4, local_world_size=4, host="h")
+        assert configure_threads(second, cores) == cores and capsys.readouterr().out == ""  # once a host
+        assert configure_threads(RankInfo(0, 0, 1, 1, "h"), cores) == cores and capsys.readouterr().out == ""
     finally:
         torch.set_num_threads(before)
 
