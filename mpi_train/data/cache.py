@@ -144,7 +144,7 @@ def load(path: Path, expected: str | None = None) -> Decoded:
     if held.get("format") != CACHE_FORMAT or not consistent:
         raise Unusable("of another format")
     if expected is not None and held.get("fingerprint") != expected:
-        raise Unusable("its source files changed")
+        raise Unusable("made from other versions of its source files")
     return Decoded(images, labels)
 
 
