@@ -75,6 +75,18 @@ def test_the_server_will_not_open_the_store_to_a_network_without_authentication(
     assert "Add --auth" in error and "--insecure" in error and not (tmp_path / "mlruns").exists()
 
 
+@pytest.mark.parametrize("flags,words", [
+    (["--port", "99999"], "argument --port: '99999' is not a port, a whole number from 1 to 65535."),
+    (["--workers", "0"], "argument --workers: '0' is not a count of processes, a whole number from 1 to 64."),
+])
+def test_the_server_refuses_a_port_or_worker_count_no_server_can_take_in_one_paragraph(tmp_path, capsys, flags, words):
+    with pytest.raises(SystemExit) as exit_:
+        server_main([*flags, "--root", str(tmp_path / "mlruns")])
+    error = " ".join(capsys.readouterr().err.split())
+    assert exit_.value.code == 2 and words in error and "Traceback" not in error
+    assert not (tmp_path / "mlruns").exists()
+
+
 @pytest.mark.e2e
 def test_the_rendezvous_store_listens_on_loopback_alone_for_a_job_on_one_host(tmp_path):
     job = LiveJob(4, [*QUICK, "--max-steps", "6", "--no-tracking"], tmp_path, 6, env={"MPI_TRAIN_SLOW": "0:0.4"})

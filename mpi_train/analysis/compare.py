@@ -27,7 +27,7 @@ from pathlib import Path
 from ..config import redact_uri
 from ..errors import ArgumentParser, UserError, format_error
 from ..sync import BASELINE, SYNC_METHODS, split_label
-from ..tracking import check_uri, mlflow_client, probe_server, resolve_uri
+from ..tracking import check_store_exists, check_uri, mlflow_client, probe_server, resolve_uri
 from ..tracking import names as metric_names
 from . import time_to_accuracy
 from .accuracy_race import accuracy_runs, carried_to_links, race_target
@@ -281,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if check_uri(uri) in ("http", "https"):
             probe_server(uri)
+        check_store_exists(uri)
         client = mlflow_client(uri)
         experiment = client.get_experiment_by_name(args.experiment)
         if experiment is None:

@@ -39,15 +39,30 @@ MOVE_OR_START_ELSEWHERE = ("Move it aside (`mv {where} {where}.damaged`) and the
                            "place, or pass --root with another folder.")
 
 
+def whole_in(low: int, high: int, what: str):
+    """An argparse type: a whole number in [low, high], else argparse's one-line refusal saying so."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}, a whole number from {low} to {high}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m mpi_train server", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on; name another only to open the UI to other machines "
                              "(default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=5000, help="port to listen on (default: 5000)")
+    parser.add_argument("--port", type=whole_in(1, 65535, "a port"), default=5000,
+                        help="port to listen on (default: 5000)")
     parser.add_argument("--root", default=DEFAULT_STORE_DIR,
                         help=f"folder holding mlflow.db and the artifacts (default: {DEFAULT_STORE_DIR})")
-    parser.add_argument("--workers", type=int, default=2, help="server worker processes (default: 2)")
+    parser.add_argument("--workers", type=whole_in(1, 64, "a count of processes"), default=2,
+                        help="server worker processes (default: 2)")
     parser.add_argument("--auth", action="store_true",
                         help="run MLflow's authentication app: every request needs a user and password (the admin: "
                              "$MLFLOW_TRACKING_USERNAME/$MLFLOW_TRACKING_PASSWORD, else generated into "

@@ -175,6 +175,16 @@ def check_uri(uri: str) -> str:
     return scheme
 
 
+def check_store_exists(uri: str) -> None:
+    """A command that only reads runs names a SQLite store that is not there, rather than leave an empty one where
+    the path was mistyped."""
+    database = sqlite_file(uri)
+    if database is not None and not database.exists():
+        raise UserError(f"There is no tracking store at {database.absolute()} ({redact_uri(uri)}): no "
+                        f"job has recorded there. Point --tracking-uri at the store your jobs wrote (by default "
+                        f"{DEFAULT_STORE_DIR}/mlflow.db under the folder they ran from), or run from that folder.")
+
+
 _URI_FORMS = ("Give a tracking server as http://HOST:PORT (start one with `python -m mpi_train server`), "
               "or a database such as sqlite:///mlruns/mlflow.db; the flag overrides $MLFLOW_TRACKING_URI.")
 

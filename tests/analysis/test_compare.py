@@ -11,6 +11,7 @@ from mpi_train.analysis.compare import (
     format_prediction_table,
     format_table,
     hidden_in_backward,
+    main,
     prediction_rows,
     runs_table,
     speed_up_header,
@@ -172,3 +173,11 @@ def test_every_ddp_variant_is_reported_as_communicating_inside_backward():
     # Their sync call does nothing: a sync time of 0 held against a prediction would be a meaningless error.
     assert [hidden_in_backward(name) for name in ("ddp", "ddp_fp16", "ddp_powersgd")] == [True, True, True]
     assert [hidden_in_backward(name) for name in ("bucketed", "allreduce", "hierarchical", "unknown")] == [False] * 4
+
+
+def test_a_store_that_is_not_there_is_named_and_not_created(tmp_path, capsys):
+    store = tmp_path / "typo" / "mlflow.db"
+    assert main(["--experiment", "x", "--tracking-uri", f"sqlite:///{store}", "--out", str(tmp_path / "out")]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"There is no tracking store at {store} (sqlite:///{store}): no job has recorded there." in error
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "out").exists()
