@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from .. import memory
 from ..advice.cache import described
-from ..config import JobInfo
+from ..config import RESUME_AUTO, JobInfo
 from ..environments import ENVIRONMENTS
 from ..liveness import Stall
 from ..sync import SYNC_METHODS
@@ -95,6 +95,9 @@ class Console:
             self.print(f"mpi_train: resuming from step {resumed['step']} ({resumed['checkpoint']})"
                        + (f", written by {resumed['world_size']} ranks: resharded onto {job.world_size} with the same "
                           f"global batch, compression state started afresh" if reshard else ""))
+        elif self.context.config.get("resume") == RESUME_AUTO:  # a mistyped folder would otherwise pass unseen
+            self.print(f"mpi_train: --resume auto found no checkpoint under {self.context.config['checkpoint_dir']}: "
+                       f"the job starts at step 0")
         if where:
             self.print(f"mpi_train: {where}")
         self.network_lines()

@@ -67,3 +67,20 @@ def test_the_progress_bar_is_drawn_on_a_terminal_only_and_never_under_a_launcher
             assert progress_bar(resumed) is None
     finally:
         os.close(reading)
+
+
+def test_the_opening_lines_say_what_no_step_trains_and_a_resume_that_found_nothing():
+    lines = []
+    config = {**CONFIG, "sync": "ddp", "model": "my_models:build", "resume": "auto", "checkpoint_dir": "ck"}
+    untrained = JobInfo(**{**JOB.__dict__, "untrained_parameters": ("spare.weight", "spare.bias")})
+    Console(Context(config=config, global_batch=64), lines.append).start(untrained, where=None)
+    assert lines[1:] == [
+        ("mpi_train: 2 parameter(s) of --model my_models:build get no gradient (spare.weight, spare.bias): no logit "
+         "depends on them, so they keep their first values; --sync ddp runs DistributedDataParallel with "
+         "find_unused_parameters, which walks the graph at every step to find them."),
+        "mpi_train: --resume auto found no checkpoint under ck: the job starts at step 0"]
+    lines.clear()
+    Console(Context(config={**config, "sync": "allreduce", "resume": None}, global_batch=64),
+            lines.append).start(untrained, where=None)
+    assert lines[1:] == [("mpi_train: 2 parameter(s) of --model my_models:build get no gradient (spare.weight, "
+                          "spare.bias): no logit depends on them, so they keep their first values.")]
