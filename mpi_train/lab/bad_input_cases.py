@@ -5,8 +5,8 @@ An np 2 job (`mpirun --bind-to none -np 2 --hostfile hostfile python -m mpi_trai
 `localhost slots=2`) or the real command (replay, experiment), once its fault is set up: a
 checkpoint of another optimizer, a full disk (a 22 MB tmpfs: as root), a corrupt image, a
 flag naming a folder for a file or a file for a folder, a cut spool, a damaged MLflow store,
-a loss that becomes non-finite, a model or an image folder with nothing to learn, and smaller
-ones (CASES).
+a loss that becomes non-finite, a model or an image folder with nothing to learn, a user's
+data set with a label out of range, and smaller ones (CASES).
 """
 
 from __future__ import annotations
