@@ -39,6 +39,18 @@ class UserData:
     shape: tuple[int, ...]
 
 
+def as_label(label):
+    """An integer tensor of one element as the int it holds; anything else as it is."""
+    if isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point():
+        return int(label)
+    return label
+
+
+def is_label(label, num_classes: int) -> bool:
+    """An int (not a bool) in [0, num_classes): what the loss takes as a class."""
+    return not isinstance(label, bool) and isinstance(label, numbers.Integral) and 0 <= label < num_classes
+
+
 class BadSample(Exception):
     """An item of the user's data set that raised or breaks the contract, with where and what: its arguments are all
     it holds, so it pickles back from a DataLoader worker as a sample (loaders.py)."""
@@ -77,9 +89,8 @@ class Named(Dataset):
         if not isinstance(item, Sequence) or len(item) != 2:
             return f"is a {type(item).__name__}, not (image, label)"
         image, label = item
-        if isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point():
-            label = int(label)
-        if isinstance(label, bool) or not isinstance(label, numbers.Integral) or not 0 <= label < self.num_classes:
+        label = as_label(label)
+        if not is_label(label, self.num_classes):
             return f"has the label {label!r}, not an int in [0, {self.num_classes}) (its num_classes)"
         if not isinstance(image, torch.Tensor) or tuple(image.shape) != self.shape:
             got = f"of shape {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
@@ -113,14 +124,13 @@ def _first_item(path: str, name: str, split, num_classes: int) -> tuple[int, ...
     if not isinstance(item, Sequence) or len(item) != 2:
         raise _refused(path, f"returned a {name} set whose item 0 is a {type(item).__name__}, not (image, label)")
     image, label = item
-    if isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point():
-        label = int(label)
+    label = as_label(label)
     if not isinstance(image, torch.Tensor) or image.dim() != 3 or not image.is_floating_point():
         got = (f"a {image.dtype} tensor of shape {tuple(image.shape)}" if isinstance(image, torch.Tensor) else
                f"a {type(image).__module__}.{type(image).__qualname__}")
         raise _refused(path, f"returned a {name} set whose item 0's image is {got}, not a float tensor (channels, "
                              f"height, width) (torchvision's transforms.ToTensor() makes one from a PIL image)")
-    if isinstance(label, bool) or not isinstance(label, numbers.Integral) or not 0 <= label < num_classes:
+    if not is_label(label, num_classes):
         raise _refused(path, f"returned a {name} set whose item 0's label is {label!r}, not an int in [0, "
                              f"{num_classes})")
     return tuple(image.shape)

@@ -15,6 +15,7 @@ from ..checkpoint import Checkpointer, Resume, load_for_resume
 from ..cluster import Cluster
 from ..config import RESUME_AUTO, JobInfo, TrainConfig
 from ..data import Loaders, load_datasets, make_loaders
+from ..data.sampler import ResumableSampler
 from ..data.text import zero_windows
 from ..devices import Placement, place, run_shapes, warm_autotuner
 from ..environments import ClusterEnvironment
@@ -146,10 +147,10 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     )
 
 
-def no_step_error(config: TrainConfig, world_size: int, sampler) -> str:
-    """Why a pass over the training set holds no optimizer step, and what gives it one."""
-    per_rank, samples = config.per_rank(world_size), getattr(sampler, "num_samples", len(sampler))
-    left_out = " (a last batch of one is left out)" if getattr(sampler, "left_out", 0) else ""
+def no_step_error(config: TrainConfig, world_size: int, sampler: ResumableSampler) -> str:
+    """Why a pass over the training set holds no optimizer step, and what gives it one (text always has one)."""
+    per_rank, samples = config.per_rank(world_size), sampler.num_samples
+    left_out = " (a last batch of one is left out)" if sampler.left_out else ""
     micro = config.micro_batch(world_size)
     split = f", in {config.accumulate} micro-batches of {micro:,}" if config.accumulate > 1 else ""
     return (f"{config.dataset}'s training set gives each of {world_size} rank(s) {samples:,} sample(s) a pass"
