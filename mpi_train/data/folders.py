@@ -129,16 +129,26 @@ def is_image(path: str) -> bool:
 class FolderSplit(Dataset):
     """One split of an image folder as torchvision's ImageFolder holds it (root, classes, samples, targets), with
     train/'s classes, and `prepare`, the stored square, which the resident path's cache decodes once
-    (cache.decode). An image that cannot be read or decoded raises BadImage naming its file."""
+    (cache.decode). An image that cannot be read or decoded raises BadImage naming its file. `passed_over` counts the
+    files of its class folders read as no image by their endings (a .gif, say), so that the job can say so."""
 
     def __init__(self, folder: Path, names: list[str], size: int, train: bool):
         from torchvision.datasets.folder import make_dataset  # here, not at the top: as in transforms()
 
         self.root, self.classes = str(folder), names
         self.class_to_idx = {name: index for index, name in enumerate(names)}
-        self.samples = make_dataset(self.root, self.class_to_idx, is_valid_file=is_image, allow_empty=True)
+        self.passed_over: collections.Counter[str] = collections.Counter()
+        self.samples = make_dataset(self.root, self.class_to_idx, is_valid_file=self._is_image, allow_empty=True)
         self.targets = [target for _, target in self.samples]
         self.transform, self.prepare, self.stored = transforms(size, train), prepared(size), stored_size(size)
+
+    def _is_image(self, path: str) -> bool:
+        if is_image(path):
+            return True
+        name = os.path.basename(path)
+        if not name.startswith("."):
+            self.passed_over[os.path.splitext(name)[1].lower() or "(no ending)"] += 1
+        return False
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -159,6 +169,16 @@ def open_split(folder: Path, size: int, train: bool, names: list[str]) -> Folder
                         f"Images are files ending {', '.join(EXTENSIONS)} (hidden ones left out); add some to each, "
                         f"or remove the class from both splits.")
     return split
+
+
+def passed_over_line(split: FolderSplit) -> str | None:
+    """`left out 6 file(s) of DATA/train whose endings are not an image's (.gif 6): ...`, or None when none was."""
+    if not split.passed_over:
+        return None
+    endings = ", ".join(f"{ending} {count:,}" for ending, count in split.passed_over.most_common())
+    return (f"mpi_train: left out {split.passed_over.total():,} file(s) of {split.root} whose endings are not an "
+            f"image's ({endings}): images are files ending {', '.join(EXTENSIONS)}. Convert the others to one of "
+            f"these to train on them.")
 
 
 def open_splits(root: Path, size: int):

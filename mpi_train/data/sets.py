@@ -209,6 +209,9 @@ def load_image_folder(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, D
     except OSError as error:
         outcome = _unreadable(root, error)
     cluster.agree(outcome, "cannot load imagefolder")
+    for line in filter(None, map(folders.passed_over_line, splits)):
+        if cluster.info.is_main:
+            print(line, flush=True)
     return splits
 
 

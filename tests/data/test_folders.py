@@ -46,6 +46,12 @@ def test_the_classes_are_trains_folders_and_every_image_mode_reads_as_rgb(tmp_pa
     assert modes == {"RGB", "L", "RGBA", "P"}
     image, label = train[0]
     assert image.shape == (3, 32, 32) and image.dtype == torch.float32 and label == 0
+    Image.new("RGB", (20, 20)).save(data / "train" / "class0" / "moving.gif")
+    train, val = folders.open_splits(data, 32)
+    assert folders.passed_over_line(val) is None
+    line = folders.passed_over_line(train)  # the hidden files are no one's images: only these two are said
+    assert line.startswith(f"mpi_train: left out 2 file(s) of {data / 'train'} whose endings")
+    assert "(.gif 1, .txt 1)" in line
 
 
 def test_the_class_count_and_image_size_reach_the_model(tmp_path):
