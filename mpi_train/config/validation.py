@@ -12,7 +12,6 @@ import math
 import torch
 
 from ..errors import UserError
-from ..models.sync_batchnorm import has_batchnorm
 from ..netmodel.links import rate_bytes_per_s
 from ..step.compiling import flags_error as compile_flags_error
 from ..step.gradients import scaled_compression_error
@@ -135,6 +134,9 @@ def check_data(config) -> None:
         raise UserError(f"--loader dataloader reads images one by one, and --model {config.model_name} trains on "
                         f"text, which is always held resident (a uint8 tensor of its bytes). Drop --loader.")
     if config.sync_bn:
+        # here, not at the top: its torch.compiler.disable imports torch's compiler, a second of every command's start
+        from ..models.sync_batchnorm import has_batchnorm
+
         with torch.device("meta"):  # no memory, no compute
             model = config.make_model()
         if not has_batchnorm(model):

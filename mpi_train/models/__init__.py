@@ -168,11 +168,19 @@ def untrained_parameters(name: str, shape: tuple[int, ...], gpt_shape: GptShape,
     """The trainable parameters that no logit depends on, by name: backward from the probe's logits leaves them
     without a gradient, as every training step would. A user's model may hold layers its forward never calls; a
     method that sums gradients as they arrive must be told not to wait for theirs (DDP's find_unused_parameters).
-    A UserError for a model with nothing to train. Call it for a model `check` has passed."""
-    model, output, _ = _probe(resolve(name), shape, gpt_shape, classes)
+    A UserError for a model with nothing to train. Call it for a model `check` has passed. The built-in models train
+    every parameter (tests/models hold them to it), so they are not probed: a forward on the meta device imports
+    torch's compiler, a second of every job's start."""
+    spec = resolve(name)
+    return () if spec.source == "built-in" else probe_untrained(spec, shape, gpt_shape, classes)
+
+
+def probe_untrained(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int) -> tuple[str, ...]:
+    """untrained_parameters, found by a backward from the logits of the model built on the meta device."""
+    model, output, _ = _probe(spec, shape, gpt_shape, classes)
     trainable = [(path, param) for path, param in model.named_parameters() if param.requires_grad]
     if not trainable:
-        raise UserError(f"--model {name} has no parameter that requires a gradient (every one has requires_grad "
+        raise UserError(f"--model {spec.name} has no parameter that requires a gradient (every one has requires_grad "
                         f"False, or it has none): there is nothing to train. Leave requires_grad on for the layers to "
                         f"train (a frozen backbone is fine; its head must learn).")
     try:
@@ -235,4 +243,5 @@ def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape
 
 
 __all__ = ["BUILT_IN", "GPT_SIZES", "HELP", "IMAGES", "INPUT_SHAPES", "TOKENS", "GptShape", "ModelSpec",
-           "build_model", "check", "default_shape", "example", "num_classes", "resolve", "untrained_parameters"]
+           "build_model", "check", "default_shape", "example", "num_classes", "probe_untrained", "resolve",
+           "untrained_parameters"]

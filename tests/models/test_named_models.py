@@ -15,6 +15,7 @@ from mpi_train.models import (
     SQUARE_SIZES,
     build_model,
     check,
+    probe_untrained,
     resolve,
     smallest_square,
     untrained_parameters,
@@ -134,6 +135,9 @@ def test_parameters_no_logit_depends_on_are_named_and_a_model_with_nothing_to_tr
                                                                                                  "spare.bias")
     for name in ("my_models:build", "vgg11", "gpt", "resnet18"):
         assert TrainConfig(model=name, dataset="synthetic").untrained_parameters == (), name
+    for name, spec in BUILT_IN.items():  # what lets untrained_parameters leave the built-in models unprobed
+        config = TrainConfig(model=name, dataset="synthetic")
+        assert probe_untrained(spec, config.input_shape, config.gpt_shape, 10) == (), name
     with pytest.raises(UserError, match=r"^--model my_models:frozen has no parameter that requires a gradient "):
         _ = TrainConfig(model="my_models:frozen", dataset="synthetic").untrained_parameters
 
