@@ -20,15 +20,34 @@ from typing import Any
 from . import environments
 from .environments import ClusterEnvironment, ObjectChannel
 from .environments.base import DAEMON_END_DELAY_S
+from .environments.mpi import stopped_together
 from .errors import UserError
 from .liveness import Liveness, NoLiveness
 
 LOOPBACK_ADDRESS = "127.0.0.1"
 PROGRESS_KEY = "mpi_train/progress"  # store key prefix: the step each rank has reached
 ABORT_GRACE_S = 5.0  # an abort the launcher has not carried out by then: the process exits by itself
+STOP_TOGETHER_S = 300.0  # a rank ending on an error waits this long for the others to end (the default --timeout)
 # Before an abort: time for the launcher to forward what this rank just printed (why it fails). mpirun kills the
 # ranks and may exit before it has read their last output, and a supervisor reads the reason from it.
 ABORT_SAY_S = 0.5
+
+
+@dataclass
+class SharedError:
+    """An error every rank is said to raise together, which rank 0 alone prints (rankguard.guarded): what this rank
+    would say of it, and how long it waits at its end for the others to stop too."""
+
+    message: str | None = None  # None on rank 0, which has said it
+    within_s: float = STOP_TOGETHER_S
+
+
+_shared_error: SharedError | None = None
+
+
+def note_shared_error(error: SharedError) -> None:
+    global _shared_error  # read by exit_process, which the command line calls with a code only
+    _shared_error = error
 
 
 def exit_process(code: int) -> None:
@@ -37,7 +56,9 @@ def exit_process(code: int) -> None:
     Gloo's worker threads can drop the last reference to a Python-owned tensor (a bucket
     buffer, a pending Work) after the interpreter has begun finalizing, which aborts the
     process with "terminate called without an active exception". MPI is finalized first,
-    so mpirun sees a clean exit.
+    so mpirun sees a clean exit. MPI_Finalize waits for every rank, so the ranks meet first:
+    a rank ending on an error it took for everyone's, while the others wait in a collective
+    (the error was its own), says it and aborts the job instead of waiting for ever.
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -45,6 +66,11 @@ def exit_process(code: int) -> None:
         from mpi4py import MPI
 
         if MPI.Is_initialized() and not MPI.Is_finalized():
+            error = _shared_error if code else None
+            if not stopped_together(error.within_s if error else None):
+                if error and error.message:
+                    print(error.message, file=sys.stderr, flush=True)
+                MPI.COMM_WORLD.Abort(code)
             MPI.Finalize()
     os._exit(code)
 

@@ -6,7 +6,8 @@ Set MPI_TRAIN_FAIL_AT="RANK:POINT[:HOW]" on the launch:
          N           step N, just before its gradient sync: the other ranks are inside the collective
          eval        at the start of the first evaluation
          checkpointed  right after a checkpoint is written, before the metrics it covers are sent
-  HOW    raise (default): a Python exception; kill: SIGKILL to itself; hang: sleep forever
+  HOW    raise (default): a Python exception; kill: SIGKILL to itself; hang: sleep forever; refuse: a
+         refusal of bad input (a UserError) on that rank alone, which the job takes for one every rank makes
 With MPI_TRAIN_FAIL_ONCE=PATH as well, the failure happens only while PATH does not exist (it is
 created then): a relaunched job runs clean, as after a fault that a restart fixes.
 
@@ -44,7 +45,7 @@ FAIL_ONCE_ENV = "MPI_TRAIN_FAIL_ONCE"
 SLOW_ENV = "MPI_TRAIN_SLOW"
 OVERFLOW_ENV = "MPI_TRAIN_OVERFLOW_AT"
 POINTS = ("start", "rendezvous", "eval", "checkpointed")
-HOWS = ("raise", "kill", "hang")
+HOWS = ("raise", "kill", "hang", "refuse")
 
 
 class InjectedFailure(RuntimeError):
@@ -93,6 +94,8 @@ class Fault:
         if self.how == "hang":
             while True:
                 time.sleep(3600)
+        if self.how == "refuse":
+            raise UserError(f"an injected refusal on rank {rank} at {point} (${FAIL_AT_ENV})")
         raise InjectedFailure(f"injected failure on rank {rank} at {point} (${FAIL_AT_ENV})")
 
 

@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from .cluster import Cluster
+from .cluster import STOP_TOGETHER_S, Cluster, SharedError, note_shared_error
 from .errors import ArgumentParser, UserError, format_error, raised_in_collective
 
 
@@ -66,6 +66,8 @@ def guarded(cluster: Cluster, body: Callable[[], int | None], timeout_s: float |
         if error.collective:
             if info.is_main:
                 print(format_error(str(error)), file=sys.stderr)
+            unsaid = None if info.is_main else format_error(f"rank {info.rank} on {info.host}: {error}")
+            note_shared_error(SharedError(unsaid, timeout_s or STOP_TOGETHER_S))  # in case it was this rank's alone
             return error.exit_code
         print(format_error(f"rank {info.rank} on {info.host}: {error}"), file=sys.stderr)
         cluster.abort(error.exit_code)

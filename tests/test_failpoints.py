@@ -47,13 +47,17 @@ def logged_steps(client, run_id: str, key: str, expected: int) -> list[int]:
     return wait_for(logged, 30, f"{expected} logged steps of {key}", every_s=0.5)
 
 
-@pytest.mark.parametrize("fault", ["1:start:kill", "0:rendezvous:kill", "0:rendezvous:raise"])
+# 1:start:refuse: rank 1 alone ends on a refusal, which a job takes for every rank's, while rank 0 waits for it in
+# the rendezvous: rank 1 must say it and end the job after --timeout, not wait in MPI_Finalize for ever
+@pytest.mark.parametrize("fault", ["1:start:kill", "0:rendezvous:kill", "0:rendezvous:raise", "1:start:refuse"])
 def test_a_failure_before_training_ends_the_job_and_leaves_no_run(mlflow_server, fault):
     experiment = f"tests-fault-{fault.replace(':', '-')}"
     result, after_fault_s, _ = run_with_fault(mlflow_server, fault, experiment)
     assert after_fault_s < ENDS_WITHIN_S
     rank = fault.split(":")[0]
     assert re.search(rf"rank {rank}\b", result.stdout + result.stderr)  # mpirun or our guard names the rank
+    if fault.endswith("refuse"):
+        assert f"error: rank {rank} on " in result.stderr and "an injected refusal on rank 1" in result.stderr
     found = client_for(mlflow_server).get_experiment_by_name(experiment)
     runs = client_for(mlflow_server).search_runs([found.experiment_id]) if found else []
     assert all(run.info.status != "RUNNING" for run in runs)

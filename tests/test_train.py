@@ -178,8 +178,9 @@ def np2(tmp_path_factory):
     image folder of 5 classes and mixed sizes and modes whose passes would end in a batch of one (resnet18 held
     resident; a user's model through the DataLoader; the same folder with a corrupt file, which ends with its
     message), 20 steps of bucketed eager and the same compiled with a timeline (the suite's one compile), a user's
-    model with a layer it never calls under ddp and allreduce, one with nothing to train (refused), and one whose
-    rate makes it diverge (last: it ends with its message in place of a summary)."""
+    model with a layer it never calls under ddp and allreduce, one with nothing to train (refused), a user's data set
+    whose copy differs between the ranks (refused), and one whose rate makes it diverge (last: it ends with its
+    message in place of a summary)."""
     tmp = tmp_path_factory.mktemp("np2")
     write_mnist(tmp / "data", train=256, test=64)
     folder = write_image_folder(tmp / "folder", classes=5, train=4, evaluation=2)
@@ -204,6 +205,7 @@ def np2(tmp_path_factory):
         "spare_ddp": [*QUICK, "--max-steps", "4", "--model", "tests.user_model:build_with_spare", "--sync", "ddp"],
         "spare_allreduce": [*QUICK, "--max-steps", "4", "--model", "tests.user_model:build_with_spare"],
         "frozen": [*QUICK, "--max-steps", "2", "--model", "tests.user_model:build_frozen"],
+        "data_per_rank": [*QUICK, "--dataset", "tests.user_model:load_per_rank", "--model", "tests.user_model:build"],
         "diverged": [*QUICK, "--max-steps", "8", "--lr", "1e6", "--checkpoint-dir", str(tmp / "diverged"),
                      "--checkpoint-every", "1"],
     })
@@ -242,6 +244,13 @@ def test_an_image_folder_of_any_classes_trains_resnet18_and_a_users_model_and_st
     message = np2["folder_damaged"]["error"]
     assert "cannot be decoded (no image format recognised in its 800 bytes)" in message
     assert "damaged/train/class2/broken.jpg" in message
+
+
+def test_ranks_that_read_different_data_are_refused_before_training_naming_what_each_read(np2):
+    message = np2["data_per_rank"]["error"]
+    assert message.startswith("the ranks read different tests.user_model:load_per_rank data (rank 0 on ")
+    assert re.search(r"rank 0 on [^:]+: training samples 64; rank 1 on [^:]+: training samples 80\)", message)
+    assert "Make load() return the same data sets on every rank" in message
 
 
 def test_a_layer_the_forward_never_calls_trains_under_ddp_as_under_allreduce_and_a_frozen_model_is_refused(np2):

@@ -1,8 +1,13 @@
 """A model of the user's own, as --model tests.user_model:build names it in the end-to-end jobs (tests/test_train.py):
 what docs/training.md's contract asks, built for the data set's classes and image shape; a small one with BatchNorm
-(tests/test_accumulate.py's --sync-bn jobs); the first with a layer its forward never calls, and frozen."""
+(tests/test_accumulate.py's --sync-bn jobs); the first with a layer its forward never calls, and frozen; and a data
+set of the user's own whose copy differs from rank to rank."""
 
+import os
+
+import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 
 def build(num_classes: int, input_shape: tuple[int, int, int]) -> nn.Module:
@@ -38,3 +43,12 @@ def build_with_spare(num_classes: int, input_shape: tuple[int, int, int]) -> nn.
 def build_frozen(num_classes: int, input_shape: tuple[int, int, int]) -> nn.Module:
     """`build`'s model with every parameter frozen: nothing to train."""
     return build(num_classes, input_shape).requires_grad_(False)
+
+
+def load_per_rank():
+    """--dataset tests.user_model:load_per_rank: a data set whose training split has 16 more samples on each rank
+    than on the one before, as copies that differ from host to host would (called before the process group opens:
+    the rank is mpirun's)."""
+    count = 64 + 16 * int(os.environ["OMPI_COMM_WORLD_RANK"])
+    images, labels = torch.zeros(count, 3, 8, 8), torch.arange(count) % 4
+    return TensorDataset(images, labels), TensorDataset(images[:16], labels[:16]), 4

@@ -73,11 +73,14 @@ def decoded_split(config: TrainConfig, split: Dataset, cluster: Cluster) -> cach
     path = cache.cache_folder(Path(config.data_dir)) / cache_name(config, split)
     cluster.run_per_host(lambda: cache.ensure(split, path),
                          f"cannot prepare {config.dataset} for the resident data path")
+    decoded, outcome = None, None
     try:
-        return cache.load(path)
-    except cache.Unusable as why:
-        raise UserError(f"the decoded copy {path} of {config.dataset} is {why} right after it was built: another "
-                        f"job may be rewriting it. Run again, or pass --loader dataloader.") from None
+        decoded = cache.load(path)
+    except cache.Unusable as why:  # this rank's alone, maybe: shared, so that no rank waits for it in a collective
+        outcome = (f"the decoded copy {path} of {config.dataset} is {why} right after it was built: another job may "
+                   f"be rewriting it. Run again, or pass --loader dataloader.")
+    cluster.agree(outcome, f"cannot prepare {config.dataset} for the resident data path")
+    return decoded
 
 
 def view(config: TrainConfig, side: int, device: torch.device, train: bool):

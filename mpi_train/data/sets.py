@@ -23,6 +23,7 @@ from ..models.user import is_path
 from . import folders, spec, text
 from . import user as user_data
 from .images import read_rgb
+from .same_everywhere import check_same_everywhere
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
@@ -248,7 +249,14 @@ def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, te
 
 
 def load_datasets(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]:
-    """(train, test) for config.dataset; downloads once per host if absent. Collective."""
+    """(train, test) for config.dataset, the same on every rank; downloads once per host if absent. Collective."""
+    train, test = _load(config, cluster)
+    if config.dataset != "synthetic":  # made from the seed alike everywhere
+        check_same_everywhere(config.dataset, train, test, cluster)
+    return train, test
+
+
+def _load(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]:
     if config.language_model:  # text, or synthetic words
         return load_text(config, cluster)
     if config.dataset == "synthetic":

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,28 @@ from .base import ClusterEnvironment, ObjectChannel
 # Set by MPI launchers in every rank: Open MPI, PMIx (srun --mpi=pmix), PMI-1/2 (MPICH, Intel MPI, srun --mpi=pmi2),
 # MVAPICH.
 MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+
+
+# A communicator for the ranks' last barrier alone (stopped_together), duplicated at connect: a barrier on COMM_WORLD
+# could be taken for the collective that a rank still running waits in.
+_ENDING: Any = None
+ENDING_POLL_S = 0.01
+
+
+def stopped_together(within_s: float | None) -> bool:
+    """Whether every rank has come to its end too, waiting at most `within_s` (None: as long as it takes), so that
+    MPI_Finalize, which waits for every rank, cannot wait for a rank blocked in a collective for ever."""
+    if _ENDING is None or _ENDING.Get_size() == 1:
+        return True
+    if within_s is None:
+        _ENDING.Barrier()
+        return True
+    request, deadline = _ENDING.Ibarrier(), time.monotonic() + within_s
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(ENDING_POLL_S)
+    return True
 
 
 class MpiChannel(ObjectChannel):
@@ -138,6 +161,8 @@ class MpiEnvironment(ClusterEnvironment):
         self._leader = int(leader[0])
         local.Free()
         self._channel = MpiChannel(self.comm)
+        global _ENDING  # one per process, made while every rank is here to take part
+        _ENDING = self.comm.Dup()
 
     @staticmethod
     def detect(env: Mapping[str, str] = os.environ) -> bool:

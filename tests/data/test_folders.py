@@ -2,6 +2,7 @@
 both data paths over real files made here with PIL, and one paragraph for each layout it cannot train on, in one
 process."""
 
+import os
 import shutil
 
 import numpy as np
@@ -13,7 +14,7 @@ from torchvision import transforms as T
 
 from mpi_train.cluster import Cluster
 from mpi_train.config import TrainConfig
-from mpi_train.data import cache, folders, load_datasets, make_loaders
+from mpi_train.data import cache, folders, load_datasets, make_loaders, same_everywhere
 from mpi_train.data.images import read_rgb
 from mpi_train.errors import UserError
 
@@ -170,3 +171,16 @@ def test_the_transforms_are_torchvisions_references_on_the_stored_square():
     assert torch.equal(evaluation, reference)
     names = [type(step).__name__ for step in folders.transforms(28, train=True).transforms]
     assert names == ["Compose", "RandomResizedCrop", "RandomHorizontalFlip", "ToTensor", "Normalize"]
+
+
+def test_copies_of_a_folder_read_alike_wherever_they_lie_and_a_missing_file_tells_them_apart(tmp_path):
+    data = write_image_folder(tmp_path / "data", classes=3, train=4, evaluation=2)
+    copy = shutil.copytree(data, tmp_path / "elsewhere" / "copy")
+    read = same_everywhere.what_was_read(*folders.open_splits(data, 32))
+    assert read == same_everywhere.what_was_read(*folders.open_splits(copy, 32))
+    assert read["training samples"] == 12 and read["classes"] == 3
+    first = copy / "train" / "class1" / min(os.listdir(copy / "train" / "class1"))
+    first.rename(first.with_name("renamed.png"))  # as many files, one named otherwise
+    other = same_everywhere.what_was_read(*folders.open_splits(copy, 32))
+    assert other["training samples"] == 12 and other["training file names (hashed)"] != read[
+        "training file names (hashed)"] and other["test file names (hashed)"] == read["test file names (hashed)"]
