@@ -27,6 +27,7 @@ from .liveness import Liveness, NoLiveness
 LOOPBACK_ADDRESS = "127.0.0.1"
 PROGRESS_KEY = "mpi_train/progress"  # store key prefix: the step each rank has reached
 ABORT_GRACE_S = 5.0  # an abort the launcher has not carried out by then: the process exits by itself
+DISAGREEMENT_SHOWN = 4  # groups of ranks, and ranks of a group, that a disagreement names before it counts the rest
 STOP_TOGETHER_S = 300.0  # a rank ending on an error waits this long for the others to end (the default --timeout)
 # Before an abort: time for the launcher to forward what this rank just printed (why it fails). mpirun kills the
 # ranks and may exit before it has read their last output, and a supervisor reads the reason from it.
@@ -415,3 +416,29 @@ def address_on_other_host(hosts: tuple[str, ...], addresses: list[list[str]]) ->
         f"other than rank 0's ({hosts[0]}) has an IPv4 address of its own (addresses by rank: {addresses}). "
         f"Pass --master-addr (or set MASTER_ADDR) to an address of rank 0's host that the other hosts reach."
     )
+
+
+def disagreement(everyone: list[dict], hosts: tuple[str, ...]) -> str | None:
+    """How each rank's dict (`everyone`, by rank) differs from the others', in one clause: the ranks grouped by what
+    they hold of the keys that differ (`rank 0 on a: torch 2.14.1; ranks 1, 2 on b: torch 2.11.0`); None when all
+    are the same."""
+    if all(each == everyone[0] for each in everyone):
+        return None
+    keys = list(dict.fromkeys(key for each in everyone for key in each))
+    differing = [key for key in keys if len({repr(each.get(key)) for each in everyone}) > 1]
+    groups: dict[str, list[int]] = {}
+    for rank, each in enumerate(everyone):
+        groups.setdefault(", ".join(f"{key} {_shown(each.get(key))}" for key in differing), []).append(rank)
+    said = "; ".join(f"{_ranks(ranks, hosts)}: {held}" for held, ranks in list(groups.items())[:DISAGREEMENT_SHOWN])
+    return said + (f"; and {len(groups) - DISAGREEMENT_SHOWN} more" if len(groups) > DISAGREEMENT_SHOWN else "")
+
+
+def _shown(value: object) -> str:
+    return "none" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _ranks(ranks: list[int], hosts: tuple[str, ...]) -> str:
+    where = ", ".join(dict.fromkeys(hosts[rank] for rank in ranks))
+    shown, more = ranks[:DISAGREEMENT_SHOWN], len(ranks) - DISAGREEMENT_SHOWN
+    listed = ", ".join(map(str, shown)) + (f" and {more} more" if more > 0 else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {listed} on {where}"

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from .cluster import STOP_TOGETHER_S, Cluster, SharedError, note_shared_error
 from .errors import ArgumentParser, UserError, format_error, raised_in_collective
+from .versions import check_same_software, software
 
 
 class RankAwareParser(ArgumentParser):
@@ -91,7 +92,14 @@ def join_job(argv: Sequence[str] | None) -> Cluster:
     early.add_argument("--launcher", default="auto")
     known, _ = early.parse_known_args(argv)
     try:
-        return Cluster.discover(known.launcher)
+        cluster = Cluster.discover(known.launcher)
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    try:
+        check_same_software(cluster.allgather(software()), cluster.hosts)
+    except UserError as error:  # every rank's verdict, from the same answers: said once
+        if cluster.info.is_main:
+            print(format_error(str(error)), file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    return cluster

@@ -15,10 +15,8 @@ import os
 
 from torch.utils.data import Dataset
 
-from ..cluster import Cluster
+from ..cluster import Cluster, disagreement
 from ..errors import UserError
-
-SHOWN = 4  # groups of ranks a refusal names before it counts the rest
 
 
 def what_was_read(train: Dataset, test: Dataset) -> dict[str, object]:
@@ -41,32 +39,13 @@ def check_same_everywhere(dataset: str, train: Dataset, test: Dataset, cluster: 
     """Refuse, on every rank alike, a job whose ranks read different data. Collective (one allgather)."""
     if cluster.info.world_size == 1:
         return
-    everyone = cluster.allgather(what_was_read(train, test))
-    if all(read == everyone[0] for read in everyone):
+    differences = disagreement(cluster.allgather(what_was_read(train, test)), cluster.hosts)
+    if differences is None:
         return
-    differing = [key for key in everyone[0] if any(read.get(key) != everyone[0][key] for read in everyone)]
-    groups: dict[tuple, list[int]] = {}
-    for rank, read in enumerate(everyone):
-        groups.setdefault(tuple(read.get(key) for key in differing), []).append(rank)
-    said = [f"{_ranks(ranks, cluster.hosts)}: " + ", ".join(f"{key} {_shown(value)}" for key, value in
-                                                             zip(differing, values))
-            for values, ranks in list(groups.items())[:SHOWN]]
-    more = f"; and {len(groups) - SHOWN} more" if len(groups) > SHOWN else ""
     fix = ("Make load() return the same data sets on every rank (each rank calls it; seed any randomness alike)"
            if ":" in dataset else
            "Give every host the same copy of --data-dir (copy it from one host to the others, rsync -a say), or point "
            "--data-dir at a folder every host shares")
-    raise UserError(f"the ranks read different {dataset} data ({'; '.join(said)}{more}). Every rank must "
-                    f"train on the same data set: each takes its share of one order of the samples, and a rank with "
-                    f"more steps than the others would wait for them until --timeout. {fix}, then run again.")
-
-
-def _shown(value: object) -> str:
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _ranks(ranks: list[int], hosts: tuple[str, ...]) -> str:
-    """`rank 0 on a` or `ranks 1, 2 on b, c`."""
-    where = ", ".join(dict.fromkeys(hosts[rank] for rank in ranks))
-    listed = ", ".join(map(str, ranks[:SHOWN])) + (f" and {len(ranks) - SHOWN} more" if len(ranks) > SHOWN else "")
-    return f"rank{'s' if len(ranks) > 1 else ''} {listed} on {where}"
+    raise UserError(f"the ranks read different {dataset} data ({differences}). Every rank must train on the same "
+                    f"data set: each takes its share of one order of the samples, and a rank with more steps than the "
+                    f"others would wait for them until --timeout. {fix}, then run again.")

@@ -6,7 +6,7 @@ An np 2 job (`mpirun --bind-to none -np 2 --hostfile hostfile python -m mpi_trai
 checkpoint of another optimizer, a full disk (a 22 MB tmpfs: as root), a corrupt image, a
 flag naming a folder for a file or a file for a folder, a cut spool, a damaged MLflow store,
 a loss that becomes non-finite, a model or an image folder with nothing to learn, a user's
-data set with a label out of range, and smaller ones (CASES).
+data set with a label out of range or that differs from rank to rank, and smaller ones (CASES).
 """
 
 from __future__ import annotations
@@ -358,6 +358,36 @@ def users_label(ws: Workspace) -> list[list[str]]:
     return [ws.train(*IMAGES, "--dataset", "my_data:load", "--model", "resnet18", "--epochs", "1")]
 
 
+USERS_DATA_PER_RANK = """import os
+
+import torch
+from torch.utils.data import TensorDataset
+
+
+def load():  # each host's copy a little longer than the last one's
+    count = 64 + 16 * int(os.environ["OMPI_COMM_WORLD_RANK"])
+    return TensorDataset(torch.rand(count, 3, 32, 32), torch.arange(count) % 10), TensorDataset(
+        torch.rand(16, 3, 32, 32), torch.arange(16) % 10), 10
+"""
+
+
+def data_per_rank(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "my_data.py").write_text(USERS_DATA_PER_RANK)
+    return [ws.train(*IMAGES, "--dataset", "my_data:load", "--model", "resnet18", "--epochs", "1")]
+
+
+def code_per_host(ws: Workspace) -> list[list[str]]:
+    """Rank 1 runs a copy of this package with one file changed, as a host whose copy was not updated would: its
+    working folder holds the copy, which `python -m` imports first."""
+    other = ws.folder / "other-host"
+    shutil.copytree(Path(__file__).resolve().parents[1], other / "mpi_train",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with (other / "mpi_train" / "clock.py").open("a") as changed:
+        changed.write("# the version of this file on another host\n")
+    rank_1 = ["-np", "1", "--wdir", str(other), sys.executable, "-m", "mpi_train", *SMALL]
+    return [[*ws.train(*SMALL, np=1), ":", *rank_1]]
+
+
 def one_class(ws: Workspace) -> list[list[str]]:
     ws.image_folder(ws.folder / "cifar", 4, 2)
     for split in ("train", "test"):
@@ -409,6 +439,10 @@ CASES = [
          warning=True),
     Case("frozen-model", users_model("frozen", "allreduce"), (r"my_models:frozen\b.{0,100}\bno parameter",)),
     Case("users-label-out-of-range", users_label, (r"my_data:load\b.{0,100}\bitem \d+ has the label 12\b",)),
+    Case("data-differs-per-rank", data_per_rank, (r"\branks read different\b", r"\brank 0\b[^;]{0,100}\b64\b",
+                                                  r"\brank 1\b[^;]{0,100}\b80\b")),
+    Case("code-differs-per-host", code_per_host, (r"\branks run different software\b",
+                                                  r"\brank 0\b[^;]{0,100}\bmpi_train's code\b")),
     Case("one-class-folder", one_class, (r"cifar/train\b.{0,100}\bone class folder",)),
     Case("batch-of-one", batch_of_one, (r"\b1 sample per rank\b.{0,200}\bleft out\b",), warning=True),
     Case("too-few-for-a-step", too_few_for_a_step, (r"\b2 sample\(s\) a pass\b.{0,100}\btoo few for one step\b",)),
