@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from .cluster import STOP_TOGETHER_S, Cluster, SharedError, note_shared_error
 from .errors import ArgumentParser, UserError, format_error, raised_in_collective
-from .versions import check_same_software, software
+from .same_job import check_same_software, software
 
 
 class RankAwareParser(ArgumentParser):

@@ -29,6 +29,7 @@ from ..optimizers import OPTIMIZERS
 from ..preemption import Preemption, StepAgreement
 from ..randomness import seed_rank_streams
 from ..reporter import check_outputs
+from ..same_job import check_same_settings
 from ..step.compiling import compile_net, shared_sizes, toolchain_error, wants_channels_last
 from ..step.gradients import OptimizerGradients
 from ..step.precision import Precision
@@ -84,6 +85,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     `advised`: the advice --sync auto followed (advice.resolve), reported with the job."""
     info = cluster.info
     config = resized_by_launcher(config, cluster.environment)
+    check_same_settings(config.as_dict(), cluster)  # before the checks, which may refuse one rank's alone
     config.validate(info.world_size)
     untrained = config.untrained_parameters  # a model with nothing to train refused here, before any work
     # rank 0 checks every path the job writes, and the tracking store, before any work
