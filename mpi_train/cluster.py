@@ -34,7 +34,7 @@ STOP_TOGETHER_S = 300.0  # a rank ending on an error waits this long for the oth
 ABORT_SAY_S = 0.5
 
 
-@dataclass
+@dataclass(frozen=True)
 class SharedError:
     """An error every rank is said to raise together, which rank 0 alone prints (rankguard.guarded): what this rank
     would say of it, and how long it waits at its end for the others to stop too."""
