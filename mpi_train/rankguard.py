@@ -54,6 +54,17 @@ def collective_failure(cluster: Cluster, error: BaseException, timeout_s: float 
             f"Stopping every rank. {advice}")
 
 
+def said_once(cluster: Cluster, error: UserError, timeout_s: float | None = None) -> int:
+    """An error every rank raises together, printed by rank 0 alone; the others keep what they would say, in case it
+    was theirs alone after all (exit_process says it if the others do not stop too). Its exit status."""
+    info = cluster.info
+    if info.is_main:
+        print(format_error(str(error)), file=sys.stderr)
+    unsaid = None if info.is_main else format_error(f"rank {info.rank} on {info.host}: {error}")
+    note_shared_error(SharedError(unsaid, timeout_s or STOP_TOGETHER_S))
+    return error.exit_code
+
+
 def guarded(cluster: Cluster, body: Callable[[], int | None], timeout_s: float | None = None) -> int:
     """Run `body`; a failure on any rank ends the whole job instead of leaving peers blocked.
 
@@ -65,11 +76,7 @@ def guarded(cluster: Cluster, body: Callable[[], int | None], timeout_s: float |
         return body() or 0
     except UserError as error:
         if error.collective:
-            if info.is_main:
-                print(format_error(str(error)), file=sys.stderr)
-            unsaid = None if info.is_main else format_error(f"rank {info.rank} on {info.host}: {error}")
-            note_shared_error(SharedError(unsaid, timeout_s or STOP_TOGETHER_S))  # in case it was this rank's alone
-            return error.exit_code
+            return said_once(cluster, error, timeout_s)
         print(format_error(f"rank {info.rank} on {info.host}: {error}"), file=sys.stderr)
         cluster.abort(error.exit_code)
     except KeyboardInterrupt:

@@ -6,15 +6,25 @@ Launch line: mpirun -np 4 --hostfile hostfile python -m mpi_train --sync gather_
 
 from __future__ import annotations
 
-import sys
+import contextlib
+import io
 from collections.abc import Sequence
 
+from ..cluster import SharedError, note_shared_error
 from ..config.command_line import build_parser, parse_config
-from ..errors import UserError, format_error
-from ..rankguard import guarded, join_job
+from ..errors import UserError
+from ..rankguard import guarded, join_job, said_once
 from ..train import run
 
 __all__ = ["build_parser", "main", "parse_config"]
+
+
+def refusal(argv: Sequence[str] | None) -> str:
+    """What the parser, silent on this rank, said of these flags."""
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said), contextlib.suppress(SystemExit):
+        build_parser(False).parse_args(argv)
+    return said.getvalue().strip()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,7 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_config(argv, quiet=not cluster.info.is_main, cluster=cluster)
     except UserError as error:  # a job file every rank refused alike (each holds rank 0's text): said once
-        if cluster.info.is_main:
-            print(format_error(str(error)), file=sys.stderr)
-        return error.exit_code
+        return said_once(cluster, error)
+    except SystemExit as refused:  # argparse's refusal, which rank 0's parser has printed (or --help: code 0)
+        if not refused.code:
+            raise
+        note_shared_error(SharedError(None if cluster.info.is_main else f"rank {cluster.info.rank} on "
+                                      f"{cluster.info.host}: {refusal(argv)}"))  # in case its flags alone were bad
+        return int(refused.code)
     return guarded(cluster, lambda: run(config, cluster), config.timeout)

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from mpi_train.commands.train import build_parser, parse_config
+from mpi_train.commands.train import build_parser, parse_config, refusal
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.sync import SYNC_METHODS
@@ -41,9 +41,12 @@ def test_unknown_names_are_rejected_listing_the_choices(flag, value, capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_quiet_parser_prints_nothing(capsys):
+def test_quiet_parser_prints_nothing_and_what_it_would_have_said_is_kept_for_a_rank_refused_alone(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--sync", "nope"], quiet=True)
+    assert capsys.readouterr() == ("", "")
+    said = refusal(["--epochs", "abc"])  # said by a rank whose flags alone were refused (commands/train.py)
+    assert said.startswith("python -m mpi_train train: error: argument --epochs: invalid int value: 'abc'.")
     assert capsys.readouterr() == ("", "")
 
 
