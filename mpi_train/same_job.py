@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .cluster import disagreement
+from .cluster import Cluster, disagreement
 from .errors import UserError
 
 PACKAGE = Path(__file__).resolve().parent
@@ -52,7 +52,7 @@ def check_same_software(everyone: list[dict[str, str]], hosts: tuple[str, ...]) 
 HOSTS_OWN = ("tracking_uri", "master_addr")
 
 
-def check_same_settings(settings: dict, cluster) -> None:
+def check_same_settings(settings: dict, cluster: Cluster) -> None:
     """Refuse, on every rank alike, a job whose ranks were given other settings (`settings`: this rank's config, as
     TrainConfig.as_dict holds it). Collective (one allgather)."""
     if cluster.info.world_size == 1:
