@@ -54,14 +54,19 @@ def collective_failure(cluster: Cluster, error: BaseException, timeout_s: float 
             f"Stopping every rank. {advice}")
 
 
-def said_once(cluster: Cluster, error: UserError, timeout_s: float | None = None) -> int:
-    """An error every rank raises together, printed by rank 0 alone; the others keep what they would say, in case it
-    was theirs alone after all (exit_process says it if the others do not stop too). Its exit status."""
+def keep_unsaid(cluster: Cluster, message: str, timeout_s: float | None = None) -> None:
+    """An error every rank raises together is printed by rank 0 alone; the others keep what they would say of it, in
+    case it was theirs alone after all (exit_process says it if the others do not stop too)."""
     info = cluster.info
-    if info.is_main:
-        print(format_error(str(error)), file=sys.stderr)
-    unsaid = None if info.is_main else format_error(f"rank {info.rank} on {info.host}: {error}")
+    unsaid = None if info.is_main else format_error(f"rank {info.rank} on {info.host}: {message}")
     note_shared_error(SharedError(unsaid, timeout_s or STOP_TOGETHER_S))
+
+
+def said_once(cluster: Cluster, error: UserError, timeout_s: float | None = None) -> int:
+    """An error every rank raises together, printed by rank 0 alone (keep_unsaid); its exit status."""
+    if cluster.info.is_main:
+        print(format_error(str(error)), file=sys.stderr)
+    keep_unsaid(cluster, str(error), timeout_s)
     return error.exit_code
 
 

@@ -10,21 +10,20 @@ import contextlib
 import io
 from collections.abc import Sequence
 
-from ..cluster import SharedError, note_shared_error
 from ..config.command_line import build_parser, parse_config
 from ..errors import UserError
-from ..rankguard import guarded, join_job, said_once
+from ..rankguard import guarded, join_job, keep_unsaid, said_once
 from ..train import run
 
 __all__ = ["build_parser", "main", "parse_config"]
 
 
 def refusal(argv: Sequence[str] | None) -> str:
-    """What the parser, silent on this rank, said of these flags."""
+    """What the parser, silent on this rank, said of these flags (after its `PROG: error: `)."""
     said = io.StringIO()
     with contextlib.redirect_stderr(said), contextlib.suppress(SystemExit):
         build_parser(False).parse_args(argv)
-    return said.getvalue().strip()
+    return " ".join(said.getvalue().partition(": error: ")[2].split())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,7 +35,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as refused:  # argparse's refusal, which rank 0's parser has printed (or --help: code 0)
         if not refused.code:
             raise
-        note_shared_error(SharedError(None if cluster.info.is_main else f"rank {cluster.info.rank} on "
-                                      f"{cluster.info.host}: {refusal(argv)}"))  # in case its flags alone were bad
+        keep_unsaid(cluster, "" if cluster.info.is_main else refusal(argv))  # in case its flags alone were bad
         return int(refused.code)
     return guarded(cluster, lambda: run(config, cluster), config.timeout)

@@ -210,8 +210,8 @@ def load_image_folder(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, D
     except OSError as error:
         outcome = _unreadable(root, error)
     cluster.agree(outcome, "cannot load imagefolder")
-    for line in filter(None, map(folders.passed_over_line, splits)):
-        if cluster.info.is_main:
+    if cluster.info.is_main:
+        for line in filter(None, map(folders.passed_over_line, splits)):
             print(line, flush=True)
     return splits
 

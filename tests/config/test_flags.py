@@ -46,7 +46,7 @@ def test_quiet_parser_prints_nothing_and_what_it_would_have_said_is_kept_for_a_r
         parse_config(["--sync", "nope"], quiet=True)
     assert capsys.readouterr() == ("", "")
     said = refusal(["--epochs", "abc"])  # said by a rank whose flags alone were refused (commands/train.py)
-    assert said.startswith("python -m mpi_train train: error: argument --epochs: invalid int value: 'abc'.")
+    assert said.startswith("argument --epochs: invalid int value: 'abc'. `python -m mpi_train train --help` lists")
     assert capsys.readouterr() == ("", "")
 
 
