@@ -152,7 +152,7 @@ class Checkpointer:
     """Saves a checkpoint every `--checkpoint-every` steps and at the end; a no-op without --checkpoint-dir."""
 
     def __init__(self, config: TrainConfig, cluster: Cluster):
-        # the folder was checked before any work (reporter.check_outputs); it is made by the first checkpoint
+        # the folder was checked and claimed for this job before any work (reporter.check_outputs)
         self.config, self.cluster = config, cluster
         self.folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
 

@@ -21,6 +21,7 @@ from . import environments
 from .environments import ClusterEnvironment, ObjectChannel
 from .environments.base import DAEMON_END_DELAY_S
 from .environments.mpi import stopped_together
+from .environments.store import asked
 from .errors import UserError
 from .liveness import Liveness, NoLiveness
 
@@ -310,13 +311,11 @@ class Cluster:
         """
         if self.store is None or self.liveness.cut_off_s():  # cut off, the store would only make us wait
             return []
-        try:
-            self.store.set_timeout(datetime.timedelta(seconds=5))
-            steps = [float(v)
-                     for v in self.store.multi_get([f"{PROGRESS_KEY}/{r}" for r in range(self.info.world_size)])]
-        except Exception:  # noqa: BLE001 - the store's server lives in rank 0, which may be the one that died
-            return []
-        return [rank for rank, step in enumerate(steps) if step < max(steps)]
+        self.store.set_timeout(datetime.timedelta(seconds=5))
+        # the store's server lives in rank 0, which may be the one that died
+        steps = asked(self.store, lambda: [float(v) for v in self.store.multi_get(
+            [f"{PROGRESS_KEY}/{r}" for r in range(self.info.world_size)])])
+        return [rank for rank, step in enumerate(steps) if step < max(steps)] if steps else []
 
     def run_per_host(self, action: Callable[[], None], what: str) -> None:
         """Run `action` on one rank per host while the host's other ranks wait; failures reach every rank.

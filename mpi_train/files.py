@@ -1,13 +1,25 @@
-"""Files written whole or not at all: a reader never sees half a file, a crash leaves the previous version."""
+"""Files written whole or not at all: a reader never sees half a file, a crash leaves the previous version; and
+folders written by one job at a time."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import socket
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+CLAIM_FILE = ".mpi_train.lock"
+# File systems whose locks the kernel holds for the processes on this machine alone: a lock is released the moment
+# its process dies. A network file system's lock outlives a host that died by its lease (90 s on NFSv4), which would
+# refuse the relaunch that replaces that host; there, and on any file system not named here, nothing is claimed.
+LOCAL_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "zfs", "overlay", "f2fs", "bcachefs",
+                                "ramfs", "jfs", "reiserfs"})
 
 
 def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -64,3 +76,64 @@ def write_figure(fig, path: Path) -> Path:
 
     plt.close(fig)
     return path
+
+
+@dataclass(frozen=True)
+class _Claim:
+    descriptor: int
+    made: tuple[Path, ...]  # the folders the claim made, innermost first: removed again if the job left them empty
+
+
+_claims: dict[Path, _Claim] = {}
+
+
+def file_system(path: Path) -> str | None:
+    """The type of the file system `path` lies on (or would, once made), from the kernel's mount table."""
+    target = str(path.resolve())
+    found, longest = None, -1
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as table:
+        for line in table:
+            fields = line.split()
+            mount_point = fields[4].replace("\\040", " ")
+            inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) > longest:
+                found, longest = fields[fields.index("-") + 1], len(mount_point)
+    return found
+
+
+def claim_folder(folder: Path) -> str | None:
+    """Claim `folder` for this process's job until `release_claims` or the process's end (a lock the kernel drops
+    with the process, however it dies). None once claimed, or where no lock can tell (see LOCAL_FILE_SYSTEMS); else
+    who holds it, as its holder wrote. A process holds its own claim again: the jobs it runs come one after another."""
+    folder = folder.resolve()
+    if folder in _claims or file_system(folder) not in LOCAL_FILE_SYSTEMS:
+        return None
+    made = tuple(above for above in (folder, *folder.parents) if not above.exists())
+    folder.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(folder / CLAIM_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(descriptor, 1024, 0).decode(errors="replace").strip()
+        os.close(descriptor)
+        return holder or "a process that has not said which"
+    except OSError:  # a file system that takes no lock after all
+        os.close(descriptor)
+        return None
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, f"process {os.getpid()} on host {socket.gethostname()}, since "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+    _claims[folder] = _Claim(descriptor, made)
+    return None
+
+
+def release_claims() -> None:
+    """Let go of every folder this process claimed; one it made and left empty is removed, claim file and all."""
+    for folder, claim in _claims.items():
+        with contextlib.suppress(OSError):  # a folder the job wrote in stays
+            if claim.made and [entry.name for entry in folder.iterdir()] == [CLAIM_FILE]:
+                (folder / CLAIM_FILE).unlink()
+                for made in claim.made:
+                    made.rmdir()
+        os.close(claim.descriptor)
+    _claims.clear()

@@ -8,7 +8,8 @@ on the other ranks it is a `SilentReporter` whose methods do nothing, so the loo
 
 The paths it writes only at the end (the summary, the timeline) are checked before the
 first step, with the checkpoint and spool folders, by `check_outputs`: a job that could
-not keep what it trained for stops before it trains.
+not keep what it trained for stops before it trains. It claims the checkpoint folder for
+the job, so that a second job started on it is refused instead of mixing its checkpoints in.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from . import memory, timeline
 from .config import JobInfo, TrainConfig
 from .errors import folder_write_error
+from .files import claim_folder
 from .outputs import (
     EPOCH,
     EPOCH_EVALUATION,
@@ -87,6 +89,10 @@ def check_outputs(config: TrainConfig, cluster) -> None:
     if cluster.info.is_main:
         problems = [f"{flag} {path} {reason}; {fix}." for flag, path, folder, fix in job_outputs(config)
                     if (reason := write_error(path, folder))]
+        if not problems and config.checkpoint_dir and (holder := claim_folder(Path(config.checkpoint_dir))):
+            problems.append(f"--checkpoint-dir {config.checkpoint_dir} is in use by another job ({holder}): two jobs "
+                            f"writing one folder mix their checkpoints, and --resume auto would continue the other's. "
+                            f"Give this job a --checkpoint-dir of its own, or start it once that job has ended.")
         outcome = " ".join(problems) + " Nothing was trained." if problems else None
     cluster.agree(outcome, "The job cannot write its outputs")
 

@@ -24,7 +24,7 @@ from mpi_train.checkpoint import (
 from mpi_train.cluster import Cluster
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
-from mpi_train.files import write_atomically
+from mpi_train.files import CLAIM_FILE, write_atomically
 from mpi_train.optimizers import OPTIMIZERS
 
 # 256 samples at a global batch of 64: 4 steps an epoch. The MNIST CNN has dropout, so each
@@ -87,7 +87,8 @@ def test_checkpoints_are_written_by_one_rank_atomically_and_pruned(three_runs):
     assert [p.name for p in list_checkpoints(folder)] == ["step-00000003.pt", "step-00000006.pt", "step-00000010.pt"]
     assert "resumed_from" not in three_runs["first"]
     assert not (three_runs["tmp"] / f"{three_runs['sync']}-again.json").exists()  # relaunched at its end: no job
-    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left behind
+    # no temporary file left behind; the folder's claim stays, its lock gone with the job
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == [CLAIM_FILE]
     payload = read_checkpoint(folder / "step-00000006.pt")
     assert (payload["step"], payload["epoch"], payload["step_in_epoch"], payload["world_size"]) == (6, 2, 2, 2)
     assert len(payload["ranks"]) == 2 and payload["mlflow_parent_run_id"] is None

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from ..config.command_line import build_parser, parse_config
 from ..errors import UserError
+from ..files import release_claims
 from ..rankguard import guarded, join_job, keep_unsaid, said_once
 from ..train import run
 
@@ -37,4 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         keep_unsaid(cluster, "" if cluster.info.is_main else refusal(argv))  # in case its flags alone were bad
         return int(refused.code)
-    return guarded(cluster, lambda: run(config, cluster), config.timeout)
+    try:
+        return guarded(cluster, lambda: run(config, cluster), config.timeout)
+    finally:  # the checkpoint folder the job claimed (reporter.check_outputs), removed if it was made for nothing
+        release_claims()

@@ -151,7 +151,8 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
 
     # Checkpoints (written by global rank 0 only, atomically).
     checkpoint_dir: str | None = _opt(None, "write checkpoints (step-NNNNNNNN.pt) to this folder, at the end and every "
-                                      "--checkpoint-every steps; the last 3 are kept")
+                                      "--checkpoint-every steps; the last 3 are kept. One job at a time: a second "
+                                      "job on the folder is refused")
     checkpoint_every: int | None = _opt(None, "steps between checkpoints (default: only at the end); needs "
                                         "--checkpoint-dir")
     resume: str | None = _opt(None, "continue from this checkpoint file, or from the latest checkpoint in this folder, "

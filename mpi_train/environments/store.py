@@ -7,12 +7,70 @@ Each collective writes under a fresh key (`mpi_train/objects/<n>/<rank>`); the s
 from __future__ import annotations
 
 import os
+import re
+import socket
 import sys
-from typing import Any
+import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from .base import ObjectChannel
 
 PREFIX = "mpi_train/objects"
+# what torch's C++ prints to the process's stderr when a store request fails: a warning, then a C++ stack
+CPP_STACK_LINE = re.compile(r"^((\[rank\d+\]:)?\[[WE]\d.*\] \[c10d\]|Exception raised from |frame #\d+: "
+                            r"|<omitting python frames>)")
+T = TypeVar("T")
+
+
+def asked(store: Any, request: Callable[[], T]) -> T | None:
+    """`request()` of the store; None where its server is gone (rank 0's process, under mpirun) or goes meanwhile.
+    Asked after another rank failed, when that rank may have been the server: a request to a server gone makes torch
+    print a C++ stack trace before it raises, which is kept off the job's output."""
+    if not server_answers(store):
+        return None
+    with stderr_without_cpp_stacks():
+        try:
+            return request()
+        except Exception:  # noqa: BLE001 - the server went as it was asked
+            return None
+
+
+def server_answers(store: Any, within_s: float = 2.0) -> bool:
+    """Whether the store's server takes a connection: asking one that has gone fails, and one that cannot be
+    reached waits (see `asked`)."""
+    while hasattr(store, "underlying_store"):  # torchrun's PrefixStore around its TCPStore
+        store = store.underlying_store
+    if not hasattr(store, "host"):  # no server to knock on: ask it
+        return True
+    try:
+        socket.create_connection((store.host, store.port), timeout=within_s).close()
+    except OSError:
+        return False
+    return True
+
+
+@contextmanager
+def stderr_without_cpp_stacks():
+    """The process's stderr (fd 2, which C++ writes to) held for the block, then passed on without torch's C++
+    stack traces. Other threads' lines written meanwhile come out after the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if line.strip() and not CPP_STACK_LINE.match(line))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
 
 
 class StoreChannel(ObjectChannel):

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -29,8 +30,10 @@ import numpy as np
 from PIL import Image
 
 from ..errors import UserError
+from ..files import CLAIM_FILE
 from ..tracking.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record
 from .bad_input_judge import Run, launch, message, paragraph
+from .mpirun import launched
 from .soakparts import Server
 
 DISK = "22m"  # the full disk's size
@@ -404,6 +407,19 @@ def batch_of_one(ws: Workspace) -> list[list[str]]:
                      "--batch-size", "8", "--epochs", "2")]
 
 
+def checkpoint_dir_in_use(ws: Workspace) -> list[list[str]]:
+    """A job (one rank, started from the folder beside) trains into ck while this one starts on it, as a launch line
+    run twice does."""
+    ws.stack.enter_context(launched(ws.command(*SMALL, "--epochs", "1000", "--threads", "1", "--checkpoint-dir", "ck"),
+                                    os.environ, cwd=ws.aside, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    claim = ws.aside / "ck" / CLAIM_FILE
+    for _ in range(1200):  # its start: imports, the data, the claim
+        if claim.exists() and claim.read_text():
+            return [ws.train(*SMALL, "--checkpoint-dir", str(claim.parent))]
+        time.sleep(0.1)
+    raise NotRunnable("the first job never claimed its checkpoint folder")
+
+
 def too_few_for_a_step(ws: Workspace) -> list[list[str]]:
     return [ws.train(*SMALL, "--synthetic-size", "4", "--batch-size", "8", "--accumulate", "2")]
 
@@ -445,5 +461,7 @@ CASES = [
                                                   r"\brank 0\b[^;]{0,100}\bmpi_train's code\b")),
     Case("one-class-folder", one_class, (r"cifar/train\b.{0,100}\bone class folder",)),
     Case("batch-of-one", batch_of_one, (r"\b1 sample per rank\b.{0,200}\bleft out\b",), warning=True),
+    Case("checkpoint-dir-in-use", checkpoint_dir_in_use, (r"--checkpoint-dir \S+/ck is in use by another job",
+                                                         r"\(process \d+ on host ")),
     Case("too-few-for-a-step", too_few_for_a_step, (r"\b2 sample\(s\) a pass\b.{0,100}\btoo few for one step\b",)),
 ]

@@ -11,8 +11,11 @@ one logit per class, is refused before any work starts.
 from __future__ import annotations
 
 import functools
+import os
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -147,7 +150,15 @@ def _probe(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes
             return model, model.train()(inputs), labels
         except Exception as error:  # noqa: BLE001 - whatever the model's forward raises on this shape
             text = str(error).strip().splitlines()
-            return model, f"{type(error).__name__}: {text[0] if text else ''}", labels
+            return model, f"{type(error).__name__}: {text[0].rstrip('.') if text else ''}{raised_at(error)}", labels
+
+
+def raised_at(error: BaseException) -> str:
+    """Where the model's own code raised `error` (its innermost frame outside torch and this package), as what
+    follows the message; nothing when all of it was theirs."""
+    ours = tuple(f"{folder}{os.sep}" for folder in (Path(torch.__file__).parent, Path(__file__).parents[1]))
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(ours)]
+    return f" (at {Path(frames[-1].filename).name} line {frames[-1].lineno}, in {frames[-1].name})" if frames else ""
 
 
 def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int = NUM_CLASSES) -> str | None:
@@ -224,8 +235,11 @@ def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape
             return DEFAULT_IMAGE_SHAPE
         size = smallest_square(name)
         if size is None:
+            batch = (2, *DEFAULT_IMAGE_SHAPE)
             raise UserError(f"--model {name} takes none of the square images {', '.join(map(str, SQUARE_SIZES))} "
-                            f"pixels wide ({_refusal(spec, DEFAULT_IMAGE_SHAPE, gpt_shape)}).")
+                            f"pixels wide (on {batch}: {_refusal(spec, DEFAULT_IMAGE_SHAPE, gpt_shape)}). Its forward "
+                            f"must map a float batch (batch, 3, H, W) to logits (batch, {num_classes(spec, classes)}):"
+                            f" call it by hand on torch.zeros{batch} to see what it does.")
         return (3, size, size)
     why = _refusal(spec, data_shape, gpt_shape, classes)
     if why:
@@ -236,8 +250,10 @@ def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape
         channels = (" torchvision's models take 3-channel images." if data_shape[0] != 3 and spec.source ==
                     "torchvision" else "")
         examples = "resnet18 for cifar10, mnist_cnn for mnist" if dataset in COURSE_DATASETS else "resnet18"
+        own = (f" Make its forward map a float batch (batch, {', '.join(map(str, data_shape))}) to logits (batch, "
+               f"{classes}), or pick" if spec.source == "your own" else " Pick")
         raise UserError(f"--model {name} ({spec.source}) cannot take {dataset}'s images {data_shape} (channels, "
-                        f"height, width) in {classes} classes: {why}.{larger}{channels} Pick a model that takes "
+                        f"height, width) in {classes} classes: {why}.{larger}{channels}{own} a model that takes "
                         f"them (e.g. {examples}).")
     return data_shape
 

@@ -10,6 +10,7 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 
+from ..environments.store import asked
 from ..errors import UserError
 from . import signals
 from .sampler import HostSampler
@@ -93,10 +94,8 @@ class RankTracker(NullTracker):
         return self
 
     def _await_rank0(self, number, frame) -> None:
-        try:
-            self.store.wait([ENDED_KEY], timedelta(seconds=ENDED_WAIT_S))
-        except Exception:  # noqa: BLE001, S110 - rank 0 (and its store) gone, or too slow: leave now
-            pass
+        # rank 0 (and its store) gone, or too slow: leave now
+        asked(self.store, lambda: self.store.wait([ENDED_KEY], timedelta(seconds=ENDED_WAIT_S)))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(128 + number)
@@ -110,9 +109,10 @@ class RankTracker(NullTracker):
             return False
         failure = {"rank": self.info.rank, "host": self.info.host,
                    "traceback": "".join(traceback.format_exception(kind, error, trace))}
-        try:  # rank 0's watcher ends the run FAILED and acknowledges; then rankguard.guarded aborts the job
+
+        def report() -> None:  # rank 0's watcher ends the run FAILED and acknowledges; then rankguard aborts the job
             self.store.set(FAILURE_KEY, json.dumps(failure))
             self.store.wait([ACK_KEY], timedelta(seconds=ACK_WAIT_S))
-        except Exception:  # noqa: BLE001, S110 - rank 0 unreachable or slow: aborting matters more
-            pass
+
+        asked(self.store, report)  # rank 0 gone, unreachable or slow: aborting matters more
         return False

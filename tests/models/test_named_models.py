@@ -112,6 +112,17 @@ def user_module(tmp_path, monkeypatch):
         def frozen(num_classes, input_shape):
             return build(num_classes, input_shape).requires_grad_(False)
 
+        class Broken(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = nn.Linear(3, 10)
+
+            def forward(self, images):
+                return self.layer(images.flatten(1))  # 3 * H * W features where the layer takes 3
+
+        def broken(num_classes, input_shape):
+            return Broken()
+
         NOT_CALLABLE = 3
     """))
     (tmp_path / "broken_models.py").write_text("import torch\nraise ImportError('needs timm')\n")
@@ -178,6 +189,20 @@ def test_a_users_callable_gets_the_arguments_it_takes_and_its_classes_are_checke
                                         r"\(2, 5\)"):
         check("my_models:ten_classes", "imagefolder", (3, 40, 40), tiny, 5)
     assert check("my_models:ten_classes", "cifar10", (3, 32, 32), tiny) == (3, 32, 32)
+
+
+def test_a_users_forward_that_raises_is_refused_naming_its_own_line_and_the_batch_to_try(user_module, tmp_path):
+    tiny = GPT_SIZES["tiny"]
+    lines = (tmp_path / "my_models.py").read_text().splitlines()
+    line = next(number for number, text in enumerate(lines, 1) if "self.layer(images.flatten(1))" in text)
+    where = rf"\(at my_models\.py line {line}, in forward\)"  # the user's line, not torch's or this package's probe
+    refused = (rf"^--model my_models:broken takes none of the square images .* \(on \(2, 3, 32, 32\): RuntimeError: "
+               rf".*{where}\)\. .*by hand on torch\.zeros\(2, 3, 32, 32\)")
+    with pytest.raises(UserError, match=refused):
+        check("my_models:broken", "synthetic", None, tiny)
+    with pytest.raises(UserError, match=rf"cannot take imagefolder's images \(3, 40, 40\) .*{where}\. Make its forward "
+                                        rf"map a float batch \(batch, 3, 40, 40\) to logits \(batch, 5\)"):
+        check("my_models:broken", "imagefolder", (3, 40, 40), tiny, 5)
 
 
 def test_the_built_in_convnets_are_built_for_other_images_and_classes():
