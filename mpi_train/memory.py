@@ -18,6 +18,7 @@ A tensor counted under one kind is not counted again under another.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -26,6 +27,7 @@ from torch import nn
 from .sync.base import HELD_VIEW
 
 KINDS = ("parameters", "gradients", "optimizer")  # what a rank holds, in the order a report lists them
+UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # by their names lowered, for parsing
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -117,3 +119,51 @@ def predicted(figures: dict) -> str:
     between = figures["total_bytes"] - figures.get("gathered_bytes", 0)
     return f"model {megabytes(between)}" + (f" (+{megabytes(figures['gathered_bytes'])} while a unit is gathered)"
                                             if figures.get("gathered_bytes") else "")
+
+
+# What torch says when an allocation fails: CUDA's caching allocator (torch.OutOfMemoryError), the CPU's allocator
+# (a RuntimeError), MPS, and cuBLAS or cuDNN failing to allocate their workspace
+RAN_OUT = re.compile(r"out of memory|can't allocate memory|_ALLOC_FAILED|NOT_ENOUGH_WORKSPACE", re.IGNORECASE)
+ASKED_BYTES = re.compile(r"tried to allocate (\d+) bytes", re.IGNORECASE)  # the CPU's allocator
+ASKED_SIZE = re.compile(r"tried to allocate ([\d.]+ ?[KMGT]?i?B)", re.IGNORECASE)  # CUDA's and MPS's
+CUDA_ROOM = re.compile(r"total capacity of ([\d.]+ ?[KMGT]?i?B) of which ([\d.]+ ?[KMGT]?i?B) is free")
+
+
+def ran_out(error: BaseException) -> bool:
+    """Whether `error` is an allocation that failed for want of memory, on whichever device."""
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(error, RuntimeError) and bool(RAN_OUT.search(str(error))))
+
+
+def size(nbytes: float) -> str:
+    """Bytes in the largest unit that keeps a number of at least 1: `1.50 GiB`."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        if nbytes >= UNITS[unit.lower()]:
+            return f"{nbytes / UNITS[unit.lower()]:.2f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def shortfall(error: BaseException) -> str:
+    """What the failed allocation asked for and the room the device had, as far as torch's message and the system
+    say: `one allocation asked for 36.6 GiB, with 21.9 GiB of the host's 23.4 GiB free`."""
+    text = str(error)
+    in_bytes, sized = ASKED_BYTES.search(text), ASKED_SIZE.search(text)
+    asked = size(int(in_bytes.group(1))) if in_bytes else sized.group(1) if sized else None
+    said = f"one allocation asked for {asked}" if asked else "an allocation failed"
+    on_gpu = CUDA_ROOM.search(text)
+    if on_gpu:
+        return f"{said}, with {on_gpu.group(2)} of the GPU's {on_gpu.group(1)} free"
+    host = host_memory()
+    if "CPU" in text and host:
+        return f"{said}, with {size(host[0])} of the host's {size(host[1])} free"
+    return said
+
+
+def host_memory() -> tuple[int, int] | None:
+    """(available, total) bytes of this host's memory, from the kernel's /proc/meminfo; None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        return tuple(int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "MemTotal"))
+    except (OSError, KeyError, ValueError):
+        return None

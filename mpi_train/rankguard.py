@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 
 from .cluster import STOP_TOGETHER_S, Cluster, SharedError, note_shared_error
 from .errors import ArgumentParser, UserError, format_error, raised_in_collective
+from .memory import ran_out, shortfall
 from .same_job import check_same_software, software
+
+# what a rank other than 0 waits before it says its own error, so that one every rank meets is said once, by rank 0,
+# whose abort (ABORT_SAY_S, then the launcher's kill) ends the others first; a rank that failed alone is 2 s later
+RANK_0_FIRST_S = 2.0
 
 
 class RankAwareParser(ArgumentParser):
@@ -82,6 +88,8 @@ def guarded(cluster: Cluster, body: Callable[[], int | None], timeout_s: float |
     except UserError as error:
         if error.collective:
             return said_once(cluster, error, timeout_s)
+        if not info.is_main:  # the same fault on rank 0 too (a batch too large for every rank): its abort ends this
+            time.sleep(RANK_0_FIRST_S)  # rank before it says the same again
         print(format_error(f"rank {info.rank} on {info.host}: {error}"), file=sys.stderr)
         cluster.abort(error.exit_code)
     except KeyboardInterrupt:
@@ -90,6 +98,9 @@ def guarded(cluster: Cluster, body: Callable[[], int | None], timeout_s: float |
     except BaseException as error:  # noqa: BLE001 - any other failure on one rank stops every rank (below)
         if raised_in_collective(error):  # a symptom of another rank's failure: say who, not where in torch
             print(format_error(collective_failure(cluster, error, timeout_s)), file=sys.stderr)
+        elif ran_out(error):  # a batch or a model too large for the device: where in torch tells nothing
+            print(format_error(f"rank {info.rank} on {info.host} ran out of memory: {shortfall(error)}. Stopping "
+                               f"every rank: lower --batch-size, or use a smaller model."), file=sys.stderr)
         else:
             print(f"mpi_train: rank {info.rank} on {info.host} failed ({type(error).__name__}: {error}); stopping "
                   f"every rank.\n{traceback.format_exc()}", file=sys.stderr, end="")

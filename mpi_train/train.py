@@ -150,6 +150,7 @@ class Loop:
             if stops:
                 break
             if self.scored_mid_epoch(step_in_epoch):
+                self.cluster.note_progress(self.step + 0.5)
                 with self.progress.evaluating():
                     self.reporter.log_eval(self.step, *score(job, self.cluster), position.elapsed_s, self.sent)
 

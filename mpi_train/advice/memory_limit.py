@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from torch import nn
 
 from ..errors import UserError
+from ..memory import UNITS, size
 from ..netmodel.memory import predict_memory
 from ..sync import SyncMethod
 from .search import Candidate
-
-UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_size(text: str | None) -> int | None:
@@ -32,14 +31,6 @@ def parse_size(text: str | None) -> int | None:
                         f"GiB or TiB, e.g. --memory-limit 2GiB or --memory-limit 512MiB (powers of 1024: what a "
                         f"rank may hold for parameters, gradients and optimizer state).")
     return int(float(found.group(1)) * UNITS[unit or "b"])
-
-
-def size(nbytes: float) -> str:
-    """Bytes in the largest unit that keeps a number of at least 1: `1.50 GiB`."""
-    for unit in ("TiB", "GiB", "MiB", "KiB"):
-        if nbytes >= UNITS[unit.lower()]:
-            return f"{nbytes / UNITS[unit.lower()]:.2f} {unit}"
-    return f"{nbytes:.0f} B"
 
 
 def held_per_rank(methods: dict[str, SyncMethod], model: nn.Module, world: int, state_slots: int

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import netmodel
-from ..advice import cache, memory_limit, search
+from ..advice import cache, search
 from ..advice.search import Candidate
+from ..memory import size
 from ..optimizers import describe_state
 
 
@@ -59,7 +60,7 @@ def describe(result: dict) -> str:
         + (f"; {', '.join(search_note['bucket_tuned'])} at {len(search_note['bucket_sizes_mb'])} bucket sizes "
            f"({search_note['bucket_sizes_mb'][0]:g} .. {search_note['bucket_sizes_mb'][-1]:g} MB)"
            if search_note["bucket_tuned"] else ""),
-        *([(f"memory per rank at most {memory_limit.size(result['memory_limit_bytes'])} (--memory-limit; the "
+        *([(f"memory per rank at most {size(result['memory_limit_bytes'])} (--memory-limit; the "
             f"model's parameters, gradients and {describe_state(result.get('optimizer', 'sgd'), result['momentum'])}, "
             f"mem_MiB below)")]
           if result.get("memory_limit_bytes") else []),

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from ..config.command_line import build_parser, parse_config
 from ..errors import UserError
 from ..files import release_claims
+from ..loop.out_of_memory import said_in_one_paragraph
 from ..rankguard import guarded, join_job, keep_unsaid, said_once
 from ..train import run
 
@@ -39,6 +40,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep_unsaid(cluster, "" if cluster.info.is_main else refusal(argv))  # in case its flags alone were bad
         return int(refused.code)
     try:
-        return guarded(cluster, lambda: run(config, cluster), config.timeout)
+        return guarded(cluster, lambda: run_job(config, cluster), config.timeout)
     finally:  # the checkpoint folder the job claimed (reporter.check_outputs), removed if it was made for nothing
         release_claims()
+
+
+def run_job(config, cluster) -> int:
+    """The job; a rank out of memory says where, with what batch, and what to change (loop/out_of_memory.py)."""
+    with said_in_one_paragraph(config, cluster):
+        return run(config, cluster)

@@ -333,6 +333,11 @@ class WithSpare(nn.Module):
 
 def frozen(num_classes, input_shape):
     return WithSpare(num_classes, input_shape).requires_grad_(False)
+
+
+def magnified(num_classes, input_shape):  # each image enlarged 32768 times a side: terabytes a batch
+    return nn.Sequential(nn.Upsample(scale_factor=32768), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(input_shape[0], num_classes))
 """
 
 
@@ -454,6 +459,8 @@ CASES = [
     Case("unused-layer-ddp", users_model("WithSpare", "ddp"), (r"spare\.weight", r"find_unused_parameters"),
          warning=True),
     Case("frozen-model", users_model("frozen", "allreduce"), (r"my_models:frozen\b.{0,100}\bno parameter",)),
+    Case("batch-out-of-memory", users_model("magnified", "allreduce"),
+         (r"\bran out of memory in step 1: one allocation asked for\b", r"--accumulate 2 \(16 at once\)")),
     Case("users-label-out-of-range", users_label, (r"my_data:load\b.{0,100}\bitem \d+ has the label 12\b",)),
     Case("data-differs-per-rank", data_per_rank, (r"\branks read different\b", r"\brank 0\b[^;]{0,100}\b64\b",
                                                   r"\brank 1\b[^;]{0,100}\b80\b")),
