@@ -460,7 +460,7 @@ CASES = [
          warning=True),
     Case("frozen-model", users_model("frozen", "allreduce"), (r"my_models:frozen\b.{0,100}\bno parameter",)),
     Case("batch-out-of-memory", users_model("magnified", "allreduce"),
-         (r"\bran out of memory in step 1: one allocation asked for\b", r"--accumulate 2 \(16 at once\)")),
+         (r"\bran out of memory in step 1: one allocation asked for\b", r"--accumulate 2 takes 16 at once\b")),
     Case("users-label-out-of-range", users_label, (r"my_data:load\b.{0,100}\bitem \d+ has the label 12\b",)),
     Case("data-differs-per-rank", data_per_rank, (r"\branks read different\b", r"\brank 0\b[^;]{0,100}\b64\b",
                                                   r"\brank 1\b[^;]{0,100}\b80\b")),

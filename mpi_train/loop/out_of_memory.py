@@ -78,8 +78,9 @@ def smaller_pieces(short: Shortage) -> str:
     more = next((k for k in range(short.config.accumulate + 1, short.per_rank + 1) if short.per_rank % k == 0), None)
     if more is None:
         return "Each rank takes one sample at once already: train a smaller model, or on smaller inputs."
-    return (f"Lower --batch-size, or keep it and take each rank's share in smaller pieces with --accumulate {more} "
-            f"({short.per_rank // more:,} at once).")
+    return (f"Lower --batch-size, or keep it and take each rank's share in smaller pieces with a larger --accumulate "
+            f"(--accumulate {more} takes {short.per_rank // more:,} at once; any divisor of {short.per_rank:,} will "
+            f"do).")
 
 
 def lower_precision(short: Shortage) -> str:

@@ -13,6 +13,7 @@ from mpi_train.cluster import RankInfo
 from mpi_train.config import TrainConfig
 from mpi_train.loop.out_of_memory import paragraph
 from mpi_train.memory import host_memory, ran_out, shortfall
+from mpi_train.rankguard import guarded
 
 # torch's own words (c10/cuda/CUDACachingAllocator.cpp) for a GPU that ran out: raised on a GPU only
 CUDA_SAYS = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.20 "
@@ -48,7 +49,8 @@ def test_the_paragraph_says_where_with_what_batch_and_what_to_change():
     assert in_step.startswith("ran out of memory in step 7: one allocation asked for 2.00 GiB, with 1.20 GiB of the "
                               "GPU's 79.19 GiB free. Each rank's forward and backward take 256 images at once (its "
                               "share of the batch of 512) through vgg11")
-    assert "--accumulate 2 (128 at once)" in in_step and "--precision bf16-mixed about halves" in in_step
+    assert "--accumulate 2 takes 128 at once; any divisor of 256 will do" in in_step
+    assert "--precision bf16-mixed about halves" in in_step
     # VGG-11's 9.2 million float32 parameters, their gradients and SGD's momentum
     assert re.search(r"state take 10[45]\.\d\d MiB per rank; .*--sync fsdp or zero shards them", in_step)
     assert "--loader dataloader" in in_step  # the data set may be on the GPU
@@ -57,7 +59,7 @@ def test_the_paragraph_says_where_with_what_batch_and_what_to_change():
     accumulated = TrainConfig(dataset="synthetic", batch_size=96, accumulate=2, precision="bf16-mixed")
     in_pieces = paragraph(accumulated, ranks(2, 3), gpu)
     assert "take 24 images at once (its 48 of the batch of 96 in 2 micro-batches)" in in_pieces
-    assert "--accumulate 3 (16 at once)" in in_pieces and "bf16-mixed about halves" not in in_pieces
+    assert "--accumulate 3 takes 16 at once" in in_pieces and "bf16-mixed about halves" not in in_pieces
 
     setting_up = paragraph(TrainConfig(dataset="synthetic", batch_size=2, loader="resident"), ranks(2, 0),
                            RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate "
@@ -71,6 +73,16 @@ def test_the_paragraph_says_where_with_what_batch_and_what_to_change():
     assert scoring.startswith("ran out of memory scoring the test set after step 4: ")
     assert "Scoring takes the larger of that share and 256 per rank at once: lower --batch-size." in scoring
     assert "--accumulate" not in scoring and "--sync fsdp" not in scoring
+
+
+def test_any_commands_rank_out_of_memory_prints_a_paragraph_not_a_traceback_and_ends_every_rank(capsys):
+    aborted = []
+    cluster = SimpleNamespace(info=RankInfo(rank=0, local_rank=0, world_size=2, local_world_size=2, host="h0"),
+                              abort=aborted.append)  # what ends every rank: the launcher's abort, here noted
+    assert guarded(cluster, lambda: torch.empty(2**48, dtype=torch.uint8)) == 1 and aborted == [1]
+    said = " ".join(capsys.readouterr().err.split())
+    assert re.fullmatch(r"mpi_train: error: rank 0 on h0 ran out of memory: one allocation asked for 256\.00 TiB, with "
+                        r".* free\. Stopping every rank: lower --batch-size, or use a smaller model\.", said), said
 
 
 HUGE_ACTIVATIONS = textwrap.dedent("""
@@ -97,4 +109,4 @@ def test_a_batch_too_large_for_memory_is_said_once_by_rank_0_and_ends_every_rank
     assert said.count("ran out of memory") == 1, result.stderr
     assert re.search(r"mpi_train: error: rank 0 on \S+: ran out of memory in step 1: one allocation asked for "
                      r"384\.00 TiB, .* take 32 images at once \(its share of the batch of 64\) through "
-                     r"huge_models:magnified, .* --accumulate 2 \(16 at once\)\.", said), said
+                     r"huge_models:magnified, .*--accumulate 2 takes 16 at once\b", said), said
