@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
 import os
 import sqlite3
 import sys
@@ -58,13 +60,32 @@ def mlflow_client(uri: str):
 
     for variable, value in QUIET_LINKS.items():
         os.environ.setdefault(variable, value)
+    # MLflow's "Creating initial MLflow database tables..." and "Updating database tables": a new store is no news
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     try:
-        return MlflowClient(tracking_uri=uri)  # opens the database (and migrates its tables) now
+        with creating_alone(database):
+            return MlflowClient(tracking_uri=uri)  # opens the database (and migrates its tables) now
     except Exception as error:
         damaged = store_damage(uri, error)
         if damaged:
             raise damaged from None
         raise
+
+
+@contextlib.contextmanager
+def creating_alone(database: Path | None):
+    """One process at a time opens a SQLite store: MLflow creates a new store's tables when it finds none, and two
+    jobs started at once on a new store (a loop of launches, a Slurm array) would both create them, the second
+    failing on "table ... already exists". The lock is the store's folder's own (flock), dropped with its process."""
+    if database is None or not database.parent.is_dir():
+        yield
+        return
+    folder = os.open(database.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)  # and with it the lock
 
 
 def sqlite_file(uri: str) -> Path | None:
