@@ -249,13 +249,19 @@ class Cluster:
             store.set_timeout(timeout)
             address = f"{self.environment.main_address}:{self.environment.main_port}"
         else:
-            address = rendezvous_address(self, master_addr)
+            address, refused = rendezvous_address(self, master_addr), None
             if info.rank == 0:
-                listener = listen_on(address)  # only where the other ranks reach rank 0: loopback on one host
-                store = TCPStore(address, listener.getsockname()[1], info.world_size, is_master=True, timeout=timeout,
-                                 wait_for_workers=False, master_listen_fd=listener.detach())
-                address = f"{address}:{store.port}"
-            address = self.bcast(address)
+                try:
+                    listener = listen_on(address)  # only where the other ranks reach rank 0: loopback on one host
+                except UserError as error:  # every rank waits for the address: each is told instead, and all stop
+                    refused = str(error)
+                else:
+                    store = TCPStore(address, listener.getsockname()[1], info.world_size, is_master=True,
+                                     timeout=timeout, wait_for_workers=False, master_listen_fd=listener.detach())
+                    address = f"{address}:{store.port}"
+            address, refused = self.bcast((address, refused))
+            if refused:
+                raise UserError(refused)
         host, port = address.rsplit(":", 1)
         if store is None:
             store = TCPStore(host, int(port), info.world_size, is_master=False, timeout=timeout)

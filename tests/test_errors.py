@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import time
 
 import pytest
 from conftest import mpirun
@@ -105,6 +106,15 @@ def test_replicas_that_drift_apart_stop_the_job_naming_the_step_and_ranks(quick_
     result = mpirun(2, [*quick_args, "--sync", "allreduce", "--check-every", "3", "--max-steps", "6"],
                     module="tests.rank_programs.mpi_diverging_run")
     assert result.returncode == 0, result.stderr  # the same check passes a correct method
+
+
+def test_an_address_rank_0_cannot_listen_on_stops_every_rank_at_once(quick_args):
+    """Rank 0 alone finds --master-addr is not its own, while the others wait for the address it would send: they are
+    sent its refusal instead, and every rank stops together, not after --timeout."""
+    started = time.monotonic()
+    result = mpirun(2, [*quick_args, "--master-addr", "192.0.2.1", "--timeout", "60"], timeout=120)
+    assert_clean_failure(result, "rank 0 cannot listen for the rendezvous on '192.0.2.1'", "Pass --master-addr")
+    assert result.returncode == 2 and time.monotonic() - started < 30
 
 
 def test_a_hostfile_with_too_few_slots_is_refused_by_mpirun_as_the_readme_says(tmp_path, quick_args):
