@@ -14,6 +14,9 @@ Buffers of torch's own that no public API reaches (autograd's activations; Distr
 gradient buckets, except that `ddp` builds it with gradient_as_bucket_view, so its gradients are those
 buckets) are not counted: on CUDA the peak allocated (torch.cuda.max_memory_allocated) shows them.
 A tensor counted under one kind is not counted again under another.
+
+And where memory ran out: an allocation's failure told from other errors (ran_out), what it asked for and the
+room there was (shortfall), whichever device raised it.
 """
 
 from __future__ import annotations

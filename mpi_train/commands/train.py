@@ -10,6 +10,8 @@ import contextlib
 import io
 from collections.abc import Sequence
 
+from ..cluster import Cluster
+from ..config import TrainConfig
 from ..config.command_line import build_parser, parse_config
 from ..errors import UserError
 from ..files import release_claims
@@ -45,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         release_claims()
 
 
-def run_job(config, cluster) -> int:
+def run_job(config: TrainConfig, cluster: Cluster) -> int:
     """The job; a rank out of memory says where, with what batch, and what to change (loop/out_of_memory.py)."""
     with said_in_one_paragraph(config, cluster):
         return run(config, cluster)

@@ -50,7 +50,7 @@ class Shortage:
 
 
 def paragraph(config: TrainConfig, cluster: Cluster, error: BaseException) -> str:
-    """`ran out of memory in step 3: it asked for 1.2 GiB more, ... Lower --batch-size, or ...`."""
+    """`ran out of memory in step 3: one allocation asked for 1.20 GiB, ... Lower --batch-size, or ...`."""
     info = cluster.info
     short = Shortage(config=config, world_size=info.world_size, per_rank=config.per_rank(info.world_size),
                      micro=config.micro_batch(info.world_size), step=cluster.step_reached,
