@@ -9,6 +9,7 @@ that only rank 0 prints, and turn any failure into a clean end of every rank.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 import traceback
@@ -22,6 +23,9 @@ from .same_job import check_same_software, software
 # what a rank other than 0 waits before it says its own error, so that one every rank meets is said once, by rank 0,
 # whose abort (ABORT_SAY_S, then the launcher's kill) ends the others first; a rank that failed alone is 2 s later
 RANK_0_FIRST_S = 2.0
+# what a backend's error says of a peer whose process ended (its sockets closed), not one that hangs or is slow
+PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe", re.IGNORECASE)
+SOURCE_LINE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")  # Gloo's `[.../pair.cc:561] `
 
 
 class RankAwareParser(ArgumentParser):
@@ -36,9 +40,19 @@ class RankAwareParser(ArgumentParser):
             super()._print_message(message, file)
 
 
+def said_by_backend(error: BaseException) -> str:
+    """The first sentence of what the backend said, without the C++ source line Gloo puts first: `Connection closed
+    by peer [127.0.0.1]:12699`."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__
+    first = SOURCE_LINE.sub("", text.splitlines()[0])
+    return first.split(". ", 1)[0].rstrip(".")
+
+
 def collective_failure(cluster: Cluster, error: BaseException, timeout_s: float | None) -> str:
     info = cluster.info
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first_line = said_by_backend(error)
     cut_off, silent = cluster.liveness.cut_off_s(), cluster.liveness.silent()
     limit = f" (now {timeout_s:g} s)" if timeout_s else ""
     if cut_off:
@@ -51,6 +65,13 @@ def collective_failure(cluster: Cluster, error: BaseException, timeout_s: float 
         if cluster.liveness.alone():  # every other host: the cut may as well be on this side
             cause += f" (Every other host went silent: the link of this host, {info.host}, may be the one down.)"
         advice = "Check that host's network link; with --checkpoint-every, --resume continues the job once it is back."
+    elif PEER_GONE.search(str(error)):  # its sockets closed: the process has ended, not hung
+        gone = ", ".join(f"rank {rank} on {cluster.hosts[rank]}" for rank in cluster.laggards()) or "another rank"
+        cause = (f"{gone[0].upper()}{gone[1:]} ended: its process is gone. A rank that fails says why, above or "
+                 f"below; one killed says nothing: by hand, or by the kernel's out-of-memory killer, which mpirun "
+                 f"reports as signal 9 (Killed).")
+        advice = ("If the kernel killed it for memory (`dmesg | grep -i 'killed process'` on that host), lower "
+                  "--batch-size; with --checkpoint-every, --resume continues the job.")
     else:
         behind = ", ".join(f"rank {rank} on {cluster.hosts[rank]}" for rank in cluster.laggards())
         cause = (f"Behind the others: {behind}; it failed, is stuck, or is too slow there." if behind else
