@@ -32,6 +32,13 @@ RENDEZVOUS_PORT = 29400  # inside host 1's namespace, where no other job listens
 GROWN_STEPS, GROWN_STEP_S = 20, 0.4  # rank 0's steps slowed: the first attempt lasts 8 s or more
 
 
+@pytest.fixture(autouse=True)
+def agents_files_in_the_tests_folder(tmp_path, monkeypatch):
+    """torchrun's agent keeps its workers' logs in $TMPDIR/torchelastic_* and leaves them there: each launch here
+    inherits this test's own folder as its TMPDIR, removed with the test's files."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+
 @pytest.fixture
 def no_mpi(tmp_path) -> Path:
     """A folder that shadows mpi4py: importing mpi4py.MPI raises, so a job that initialises MPI fails."""
