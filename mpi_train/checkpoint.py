@@ -43,6 +43,7 @@ supervisor, Slurm's requeue), where a stop waits for a person only to give the s
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import random
 import re
@@ -219,8 +220,9 @@ def write_checkpoint(payload: dict, folder: Path, step: int) -> str | None:
         cause = system_error(error)
         if cause is None:
             raise
+        fix = "Free space" if cause.errno in (errno.ENOSPC, errno.EDQUOT) else f"Make {folder} writable"
         return (f"writing {target} failed ({cause.strerror or cause}); nothing of it is left and the previous "
-                f"checkpoints in {folder} are intact. Free space or choose another --checkpoint-dir, then relaunch "
+                f"checkpoints in {folder} are intact. {fix} or choose another --checkpoint-dir, then relaunch "
                 f"with --resume {folder} to continue from the latest.")
     for old in list_checkpoints(folder)[:-KEEP_LAST]:
         try:

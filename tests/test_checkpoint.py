@@ -277,12 +277,20 @@ def test_a_full_disk_is_one_message_naming_the_file_and_keeps_the_previous_check
         checkpointer.write({**stepped_payload(2), "filler": torch.zeros(100_000)}, 2)
     message = " ".join(str(caught.value).split())
     assert f"writing {small_disk / checkpoint_name(2)} failed (No space left on device)" in message
-    assert f"the previous checkpoints in {small_disk} are intact" in message
+    assert f"the previous checkpoints in {small_disk} are intact. Free space or choose another" in message
     assert sorted(p.name for p in small_disk.iterdir()) == [checkpoint_name(1)]  # no .partial left behind
     assert (small_disk / checkpoint_name(1)).read_bytes() == before and read_checkpoint(small_disk / checkpoint_name(1))
     with pytest.raises(Exception) as bug:  # a failure with no system error behind it is a bug: raised as it is
         write_checkpoint({"broken": lambda: 0}, small_disk, 3)
     assert not isinstance(bug.value, UserError)
+
+
+def test_a_folder_that_refuses_writing_is_named_with_its_own_fix(tmp_path):
+    """Not a full disk: the fix is the folder's (here a file stands where the folder should be)."""
+    (tmp_path / "ck").write_text("a file where the folder should be")
+    message = " ".join(write_checkpoint(stepped_payload(1), tmp_path / "ck", 1).split())
+    assert f"writing {tmp_path / 'ck' / checkpoint_name(1)} failed (File exists); " in message
+    assert f"Make {tmp_path / 'ck'} writable or choose another --checkpoint-dir" in message
 
 
 def test_a_refused_rename_leaves_the_target_and_no_temporary_file(tmp_path):
