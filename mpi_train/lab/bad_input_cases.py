@@ -185,6 +185,23 @@ def full_disk_cache(ws: Workspace) -> list[list[str]]:
     return [ws.train(*IMAGES, "--data-dir", "disk/cifar", "--max-steps", "2")]
 
 
+def full_disk_store(ws: Workspace) -> list[list[str]]:
+    """The job's MLflow store on a disk that fills as it logs: a new store takes 936 KB, and each logged step more."""
+    disk = ws.disk()
+    fill(disk, 1100 * 1024)
+    return [ws.train(*TRACKED, "--tracking-uri", "sqlite:///disk/mlflow.db", "--epochs", "100", "--max-steps", "300")]
+
+
+def store_full_at_start(ws: Workspace) -> list[list[str]]:
+    """The store was made (its experiment too) before its disk filled: the job finds it, and cannot add its runs."""
+    from ..tracking.store import mlflow_client  # here, not at the top: the other cases need no MLflow
+
+    disk = ws.disk()
+    mlflow_client(f"sqlite:///{disk}/mlflow.db").create_experiment("mpi_train")
+    fill(disk, 0)
+    return [ws.train(*TRACKED, "--tracking-uri", "sqlite:///disk/mlflow.db", "--max-steps", "2")]
+
+
 def corrupt_image(loader: str | None) -> Callable[[Workspace], list[list[str]]]:
     def prepare(ws: Workspace) -> list[list[str]]:
         ws.image_folder(ws.folder / "cifar", 8, 2)
@@ -436,6 +453,9 @@ CASES = [
     Case("resume-adamw-as-sgd", resume_other_optimizer("adamw", "sgd"), (BOTH_OPTIMIZERS,)),
     Case("full-disk-checkpoint", full_disk_checkpoint, (r"no space left",)),
     Case("full-disk-cache", full_disk_cache, (r"no space left",)),
+    Case("full-disk-store", full_disk_store, (r"\brefused \d+ of its writes \(database or disk is full\)",)),
+    Case("store-full-at-start", store_full_at_start,
+         (r"could not create the job's runs \(database or disk is full\)",)),
     Case("corrupt-image", corrupt_image(None), (r"train/cat/0003\.jpg",)),
     Case("corrupt-image-dataloader", corrupt_image("dataloader"), (r"train/cat/0003\.jpg",)),
     Case("summary-json-folder", summary_json_folder, (r"--summary-json\b.{0,200}\b(folder|directory)\b",)),

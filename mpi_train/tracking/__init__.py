@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from ..config import JobInfo, TrainConfig
+from ..config import JobInfo, TrainConfig, redact_uri
 from ..errors import UserError
 from .probe import ServerUnreachable, probe_server, server_answers
 from .runs import MlflowTracker
@@ -39,6 +39,7 @@ from .store import (
     open_store,
     resolve_uri,
 )
+from .store_writes import store_said
 from .summary_metrics import job_metrics
 from .tracker import NullTracker, RankTracker
 
@@ -84,8 +85,16 @@ def start(connection: Connection | None, config: TrainConfig, cluster, job: JobI
     info = cluster.info
     ranks = cluster.gather({"rank": info.rank, "local_rank": info.local_rank, "host": info.host, "pid": os.getpid()})
     if info.is_main:
-        return MlflowTracker(connection=connection, config=config, cluster=cluster, job=job, ranks=ranks,
-                             preemption=preemption)
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return MlflowTracker(connection=connection, config=config, cluster=cluster, job=job, ranks=ranks,
+                                 preemption=preemption)
+        except (MlflowException, OSError) as error:  # the store found the experiment, but takes no run: rank 0's alone
+            raise UserError(f"the MLflow store at {redact_uri(connection.uri)} could not create the job's runs "
+                            f"({store_said(error)}). Free space on its disk (or make it writable), point "
+                            f"--tracking-uri at another store, or pass --no-tracking. Nothing was trained.",
+                            collective=False) from None
     samples_host = info.local_rank == 0 and config.system_metrics_every > 0
     return RankTracker(cluster.store, info, HostSampler(config.system_metrics_every) if samples_host else None,
                        signalled_together=cluster.environment.name != "mpi",

@@ -7,6 +7,7 @@ from its stdin and acts only if that pipe closes before rank 0 says "done".
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +20,8 @@ from . import signals
 from .probe import server_answers
 from .spool import OFFLINE_PREFIX, MetricHistory, Spool, batch_record, deliver, server_run_id
 from .store import mlflow_client
+
+LEAVE_S = 10.0  # how long rank 0 waits for the guard to leave once told the job's end is recorded
 
 
 class RunGuard:
@@ -65,11 +68,14 @@ class RunGuard:
         self._send({"status": status, "tags": tags, "child_statuses": child_statuses})
 
     def done(self) -> None:
+        """Rank 0 recorded the job's end itself: the guard leaves, before the job does (nothing left behind)."""
         self._send({"done": True})
         try:
             self.process.stdin.close()
         except OSError:
             pass
+        with contextlib.suppress(subprocess.TimeoutExpired):  # one still starting (a short job) reads it first
+            self.process.wait(LEAVE_S)
 
 
 def main() -> int:
@@ -82,8 +88,9 @@ def main() -> int:
         message = json.loads(line)
         if setup is None:
             setup = message
-        elif message.get("done"):
-            return 0
+        elif message.get("done"):  # nothing to do: leave now, without the interpreter's teardown of torch
+            sys.stdout.flush()
+            os._exit(0)
         elif "run" in message:
             number += 1
             kept.append((number, message["run"], message["metrics"]))

@@ -274,6 +274,10 @@ class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
     def log_artifact(self, path, folder: str) -> None:
         self.client.log_artifact(self.parent_id, str(path), folder)
 
+    def unrecorded(self) -> str | None:
+        refused = getattr(self.client, "unrecorded", None)  # a database store's client (store_writes.py)
+        return refused() if refused else None
+
     # -- lifetime: started by `with`, ended once -------------------------------------------------------
 
     def __enter__(self):

@@ -18,6 +18,7 @@ from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
 from ..errors import UserError, folder_write_error
 from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, SpoolingClient
+from .store_writes import StoreWrites
 
 DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
 SERVER_SCHEMES = ("http", "https")
@@ -60,8 +61,9 @@ def mlflow_client(uri: str):
 
     for variable, value in QUIET_LINKS.items():
         os.environ.setdefault(variable, value)
-    # MLflow's "Creating initial MLflow database tables..." and "Updating database tables": a new store is no news
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    # MLflow's "Creating initial MLflow database tables..." (a new store is no news), and its ERROR with two
+    # tracebacks for each write a database refuses, which the callers say once in their own words (store_writes.py)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     try:
         with creating_alone(database):
             return MlflowClient(tracking_uri=uri)  # opens the database (and migrates its tables) now
@@ -218,7 +220,10 @@ def open_store(config: TrainConfig) -> Connection:
         database = sqlite_file(uri)
         if database is not None:
             check_store_dir(database.parent, "point --tracking-uri at another sqlite:/// file")
-        check_store_dir(Path(DEFAULT_STORE_DIR), "point --tracking-uri at a server")  # where artifacts land
+        # where artifacts land: MLflow makes the folder with the first one, so a job refused before it leaves none
+        artifacts = Path(DEFAULT_STORE_DIR).absolute()
+        check_store_dir(next(folder for folder in (artifacts, *artifacts.parents) if folder.exists()),
+                        "point --tracking-uri at a server")
     if scheme in SERVER_SCHEMES:
         # a server that dies mid-job must not hold the job's end for minutes
         for variable, value in HTTP_LIMITS.items():
@@ -234,6 +239,8 @@ def open_store(config: TrainConfig) -> Connection:
     client = mlflow_client(uri)
     if scheme in SERVER_SCHEMES:
         client = SpoolingClient(client, uri, Spool(job_spool_path()), config.experiment)
+    elif scheme in DATABASE_SCHEMES:
+        client = StoreWrites(client, uri)
     try:
         experiment = client.get_experiment_by_name(config.experiment)
         if experiment is not None:

@@ -69,6 +69,10 @@ class NullTracker:
         MlflowTracker.save_weights); the URI that loads it, if it can be loaded now."""
         return None
     def log_artifact(self, path, folder: str) -> None: ...
+    def unrecorded(self) -> str | None:
+        """What the job's runs lack because the store refused writes (store_writes.py), in a sentence; None if
+        nothing."""
+        return None
 
 
 class RankTracker(NullTracker):

@@ -309,6 +309,15 @@ def test_the_guard_spools_what_a_dead_rank_0_left_while_the_server_is_away(tmp_p
     assert len({r["id"] for r in records}) == len(records)
 
 
+def test_the_guard_of_a_job_that_recorded_its_own_end_is_gone_when_the_job_is(tmp_path):
+    """Told "done" (rank 0 ended the runs itself), the guard leaves before rank 0 does, even one still starting."""
+    from mpi_train.tracking.guard import RunGuard
+
+    guard = RunGuard(f"http://127.0.0.1:{free_port()}", "parent", ["child0"], Spool(tmp_path / "job.jsonl").path)
+    guard.done()
+    assert guard.process.poll() == 0
+
+
 def test_a_resumed_job_links_to_the_run_it_continues(outage):
     code, out, err = outage["resumed"]
     assert code == 0, out + err

@@ -1,5 +1,11 @@
-"""One resolution of the tracking URI: the flag, else $MLFLOW_TRACKING_URI, else the embedded store."""
+"""The tracking store: one resolution of its URI (the flag, else $MLFLOW_TRACKING_URI, else the embedded store), a
+new one opened by jobs started together, one whose disk fills mid-job."""
 
+import subprocess
+
+import pytest
+
+from mpi_train.lab.bad_input_cases import fill
 from mpi_train.tracking import default_store_uri, resolve_uri
 from mpi_train.tracking.store import given_uri
 
@@ -51,3 +57,43 @@ def test_jobs_started_at_once_on_a_new_store_each_open_it(tmp_path, capfd):
         opener.join(120)
     assert sorted(outcomes.get(timeout=5) for _ in openers) == ["ok"] * 4
     assert "Creating initial MLflow database tables" not in capfd.readouterr().err
+
+
+@pytest.fixture
+def store_disk(tmp_path):
+    """A real 2 MiB tmpfs for a store that fills up (mounting one needs root)."""
+    disk = tmp_path / "store"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True,
+                             check=False)
+    if mounted.returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield disk
+    finally:  # lazily: the store's engine, cached by MLflow for the session, keeps its file open
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+def test_a_store_whose_disk_fills_mid_job_is_said_once_and_what_it_lacks_is_counted(store_disk, capfd):
+    from mlflow.entities import Metric
+
+    from mpi_train.tracking.store import mlflow_client
+    from mpi_train.tracking.store_writes import StoreWrites
+
+    said: list[str] = []
+    uri = f"sqlite:///{store_disk}/mlflow.db"
+    client = StoreWrites(mlflow_client(uri), uri, warn=said.append)
+    run = client.create_run(client.create_experiment("full")).info.run_id
+    client.log_batch(run, metrics=[Metric("loss", 1.0, 0, 0)])
+    fill(store_disk, leave=0)
+    for step in range(1, 21):  # rows enough to need pages the disk no longer has
+        client.log_batch(run, metrics=[Metric(f"m{key}", float(step), 0, step) for key in range(200)])
+    client.set_terminated(run, "FINISHED")
+    assert client.dropped > 0 and said == [(f"the MLflow store at {uri} refused a write (database or disk is full); "
+                                            f"training continues, and what the store does not take is left out of "
+                                            f"its runs.")]
+    assert client.unrecorded() == (f"the MLflow store at {uri} refused {client.dropped} of its writes (database or "
+                                   f"disk is full), so its runs lack those figures and may still show RUNNING")
+    assert [m.value for m in client.get_metric_history(run, "loss")] == [1.0]  # what it took before is there
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "SQLAlchemy database error" not in err, err

@@ -1,0 +1,77 @@
+"""A job's writes to a database store (SQLite, or a database MLflow reaches directly), which may refuse them mid-job.
+
+A store's disk fills, or its file is made read-only or taken away, while a job trains: unlike a tracking server's
+outage (spool.py), there is nothing to wait out and nowhere else to keep the writes. A write the store refuses is
+dropped, counted and said once, never raised: training goes on, and the job's end says what its runs lack (its exit
+status 2, as for any output it could not write). MLflow's own log lines for each refusal (an ERROR and two
+tracebacks from SQLAlchemy) are left out (store.mlflow_client): the job's warning says it once.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from typing import Any
+
+from ..config import redact_uri
+
+# the client's calls that write; anything else (reads, the experiment's lookup) passes straight through
+WRITES = frozenset({"log_batch", "log_metric", "log_param", "set_tag", "set_terminated", "log_text", "log_dict",
+                    "log_artifact"})
+# what a database driver said, after SQLAlchemy's own words: `(sqlite3.OperationalError) database or disk is full`
+DRIVER_SAID = re.compile(r"\((?:sqlite3|psycopg2?|pymysql|MySQLdb|pyodbc)[\w.]*\)\s*([^\n\[]+)")
+
+
+def _warn(message: str) -> None:
+    print(f"mpi_train: warning: {message}", file=sys.stderr, flush=True)
+
+
+def store_said(error: BaseException) -> str:
+    """The store's own reason, without the SQL and SQLAlchemy's notes: `database or disk is full`."""
+    found = DRIVER_SAID.search(str(error))
+    if found:
+        return found.group(1).strip()
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    lines = [line for line in str(error).splitlines() if line.strip() and not line.startswith("(raised as a result")]
+    return (lines[0][:300] if lines else type(error).__name__).strip()
+
+
+class StoreWrites:
+    """An MLflow client whose writes never raise: a refused one is dropped, counted, and said once."""
+
+    def __init__(self, client, uri: str, warn=_warn):
+        self.client, self.uri, self.warn = client, uri, warn
+        self.lock = threading.Lock()
+        self.dropped = 0
+        self.reason: str | None = None  # the store's reason for the first write it refused
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.client, name)
+        if name not in WRITES:
+            return attribute
+
+        def write(*args, **kwargs):
+            try:
+                return attribute(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - tracking must never stop training; said below
+                self._refused(error)
+                return None
+        return write
+
+    def _refused(self, error: BaseException) -> None:
+        with self.lock:
+            self.dropped += 1
+            if self.reason is not None:
+                return
+            self.reason = store_said(error)
+        self.warn(f"the MLflow store at {redact_uri(self.uri)} refused a write ({self.reason}); training continues, "
+                  f"and what the store does not take is left out of its runs.")
+
+    def unrecorded(self) -> str | None:
+        """What the job's runs lack, in a sentence; None when the store took every write."""
+        if not self.dropped:
+            return None
+        return (f"the MLflow store at {redact_uri(self.uri)} refused {self.dropped} of its writes ({self.reason}), so "
+                f"its runs lack those figures and may still show RUNNING")
