@@ -117,7 +117,7 @@ def test_an_overlapped_average_runs_under_the_next_steps_and_resumes_exactly(np4
         return sum(max(0.0, min(interval["ts"] + interval["dur"], o["ts"] + o["dur"]) - max(interval["ts"], o["ts"]))
                    for o in others)
 
-    under_compute = 0
+    under_compute, held = 0, 0
     for rank in range(4):
         mine = [e for e in events if e["pid"] == rank]
         sums = [e for e in mine if e["cat"] == "background"]
@@ -125,9 +125,14 @@ def test_an_overlapped_average_runs_under_the_next_steps_and_resumes_exactly(np4
         compute = [e for e in mine if e["name"] in ("forward", "backward")]
         # a fragment's turn every 2 steps: 5 sums in 10 steps, each merged at the next turn (the last at the end)
         assert len(sums) == 5 and all(e["name"] == "average" for e in sums)
-        # the main thread hands each sum over and goes on: part of every sum runs outside its average phases
-        assert all(during(m, launches) < m["dur"] for m in sums), f"rank {rank}: a sum held the main thread"
+        # the main thread hands each sum over and goes on: sums run on past their average phases. A short sum may
+        # end inside one while four ranks share two cores and the main thread waits for a core, but a main thread
+        # that waited for its sums would hold every one
+        inside = sum(during(m, launches) >= m["dur"] for m in sums)
+        assert inside < len(sums), f"rank {rank}: every sum held the main thread"
+        held += inside
         under_compute += sum(during(m, compute) > 0 for m in sums)
+    assert held <= 4 * 5 // 2, f"{held} of the 20 sums held the main thread"
     # and the main thread computes later steps under some of them (which ones depends on how 4 ranks share the
     # cores: a rank may spend a sum's whole time waiting for the others' step)
     assert under_compute > 0, "no sum ran under a later step's forward or backward"
