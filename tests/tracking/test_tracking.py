@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -153,6 +154,8 @@ def test_the_saved_model_loads_with_the_trained_weights_and_the_registry_takes_i
 
     client, parent, _ = allreduce_runs
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # where runs:/ and models:/ URIs resolve
+    # MLflow downloads each model it loads into a temporary folder it never removes: this test's own, here
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     uri = f"runs:/{parent.info.run_id}/model"
     loaded = mlflow.pytorch.load_model(uri)
     trained = build_model("mnist_cnn").eval()
