@@ -113,19 +113,26 @@ def listening_on(port: int, namespace: str | None = None) -> set[str]:
     return {line.split()[3].rsplit(":", 1)[0].strip("[]") for line in listing.splitlines() if line.strip()}
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 64 KiB tmpfs: a disk that fills up (mounting one needs root)."""
-    disk = tmp_path / "disk"
+@contextmanager
+def tmpfs(disk: Path, size: str):
+    """A real tmpfs of `size` at the new folder `disk`, a disk that fills up (mounting one needs root); unmounted
+    lazily, as a file left open (MLflow's cached store engine) would keep it busy."""
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True,
                              check=False)
     if mounted.returncode:
         pytest.skip("mounting a tmpfs needs root")
     try:
         yield disk
     finally:
-        subprocess.run(["umount", str(disk)], check=True)
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 64 KiB tmpfs."""
+    with tmpfs(tmp_path / "disk", "64k") as disk:
+        yield disk
 
 
 @pytest.fixture

@@ -1,9 +1,8 @@
 """The tracking store: one resolution of its URI (the flag, else $MLFLOW_TRACKING_URI, else the embedded store), a
 new one opened by jobs started together, one whose disk fills mid-job."""
 
-import subprocess
-
 import pytest
+from conftest import tmpfs
 
 from mpi_train.lab.bad_input_cases import fill
 from mpi_train.tracking import default_store_uri, resolve_uri
@@ -61,17 +60,9 @@ def test_jobs_started_at_once_on_a_new_store_each_open_it(tmp_path, capfd):
 
 @pytest.fixture
 def store_disk(tmp_path):
-    """A real 2 MiB tmpfs for a store that fills up (mounting one needs root)."""
-    disk = tmp_path / "store"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True,
-                             check=False)
-    if mounted.returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    try:
+    """A real 2 MiB tmpfs for a store that fills up."""
+    with tmpfs(tmp_path / "store", "2m") as disk:
         yield disk
-    finally:  # lazily: the store's engine, cached by MLflow for the session, keeps its file open
-        subprocess.run(["umount", "--lazy", str(disk)], check=True)
 
 
 def test_a_store_whose_disk_fills_mid_job_is_said_once_and_what_it_lacks_is_counted(store_disk, capfd):
