@@ -84,7 +84,8 @@ def creating_alone(database: Path | None):
         return
     folder = os.open(database.parent, os.O_RDONLY)
     try:
-        fcntl.flock(folder, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a file system without locks (ENOLCK): opened as before, unlocked
+            fcntl.flock(folder, fcntl.LOCK_EX)
         yield
     finally:
         os.close(folder)  # and with it the lock
