@@ -10,21 +10,17 @@ tracebacks from SQLAlchemy) are left out (store.mlflow_client): the job's warnin
 from __future__ import annotations
 
 import re
-import sys
 import threading
 from typing import Any
 
 from ..config import redact_uri
+from .spool import _warn  # the tracking's one way to warn, as the spooling client does
 
 # the client's calls that write; anything else (reads, the experiment's lookup) passes straight through
 WRITES = frozenset({"log_batch", "log_metric", "log_param", "set_tag", "set_terminated", "log_text", "log_dict",
                     "log_artifact"})
 # what a database driver said, after SQLAlchemy's own words: `(sqlite3.OperationalError) database or disk is full`
 DRIVER_SAID = re.compile(r"\((?:sqlite3|psycopg2?|pymysql|MySQLdb|pyodbc)[\w.]*\)\s*([^\n\[]+)")
-
-
-def _warn(message: str) -> None:
-    print(f"mpi_train: warning: {message}", file=sys.stderr, flush=True)
 
 
 def store_said(error: BaseException) -> str:
