@@ -3,6 +3,7 @@ are in loop/: the setup (job.py), one step (train_step.py), what a finished step
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch.distributed as dist
@@ -12,7 +13,7 @@ from .checkpoint import Position, restore_rank_state
 from .clock import StepClock
 from .cluster import Cluster
 from .config import RESUME_AUTO, TrainConfig
-from .errors import UserError
+from .errors import UserError, format_error
 from .loop.after_step import AfterStep, PhaseTotals
 from .loop.job import Job, setup
 from .loop.replicas import check_replicas_agree, parameter_digest, seed_everything
@@ -70,17 +71,21 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
         else:
             loop.finish(compiled_at_setup)
 
-    # what rank 0 could not write at the end (a disk that filled): every rank exits with it, the runs FINISHED
+    # what rank 0 could not write at the end (a disk that filled), its runs FINISHED. Rank 0 alone exits with it: the
+    # others are not held for it, as its last writes to a server that hangs may outlast --timeout
     ended = not (loop.after_step.diverged or loop.after_step.requeued)
-    unwritten = cluster.bcast(reporter.unwritten()) if ended else None
+    unwritten = reporter.unwritten() if ended else None
     # a requeued job's ranks leave together; the process group closes last
     if loop.after_step.requeued:
         job.preemption.leave_together()
     job.preemption.close()
     dist.destroy_process_group()
-    # every rank raises it alike, its runs already ended (FAILED for a divergence): rank 0 prints it, exit status 2
-    if loop.after_step.diverged or unwritten:
-        raise UserError(message if loop.after_step.diverged else unwritten)
+    # every rank raises it alike, its runs already ended FAILED: rank 0 prints it, exit status 2
+    if loop.after_step.diverged:
+        raise UserError(message)
+    if unwritten:
+        print(format_error(unwritten), file=sys.stderr, flush=True)
+        return UserError.exit_code
     return REQUEUE_EXIT if loop.after_step.requeued else 0
 
 

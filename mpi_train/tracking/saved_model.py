@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..models import example, resolve
 from .spool import OFFLINE_PREFIX, first_line
+from .store_writes import store_said
 
 
 def save_model_files(model, inputs, path: Path, run_id: str | None) -> str:
@@ -61,11 +62,22 @@ class ModelSaving:
             offline = self.parent_id.startswith(OFFLINE_PREFIX)
             save_model_files(model.eval(), inputs.numpy(), path, None if offline else self.parent_id)
             uri = f"runs:/{self.parent_id}/{self.MODEL_NAME}"
-            if self._server_up() and self._log_model(path):
+            refused = self._log_model(path) if self._server_up() else None
+            if refused is None and self._server_up():
                 return uri
+            dropped = getattr(self.client, "dropped", 0)  # a database store's refused writes (store_writes.py)
             for file in sorted(found for found in path.rglob("*") if found.is_file()):  # sent, or spooled
                 self.client.log_artifact(self.parent_id, str(file),
                                          str(self.MODEL_NAME / file.parent.relative_to(path)))
+            if getattr(self.client, "dropped", 0) > dropped:
+                print(f"mpi_train: warning: the MLflow store did not take the trained model ({refused}); it is not "
+                      f"saved.", file=sys.stderr, flush=True)
+                return None
+            if refused:
+                print(f"mpi_train: warning: MLflow did not take the trained model as a logged model of run "
+                      f"{self.parent_id} ({refused}); it is stored with the run's artifacts under {self.MODEL_NAME}/ "
+                      f"instead, which mlflow.pytorch.load_model(\"{uri}\") loads as well.", file=sys.stderr,
+                      flush=True)
             return uri if self._server_up() else None
 
     def _server_up(self) -> bool:
@@ -74,8 +86,7 @@ class ModelSaving:
 
     def _log_model(self, path: Path) -> str | None:
         """The MLflow model saved at `path` logged as a model of the job's run (MLflow 3's LoggedModel, listed with
-        the run's params in the experiment's Models tab): its id; None, said on stderr, where the store did not
-        take it."""
+        the run's params in the experiment's Models tab): None once logged, else why the store did not take it."""
         from mlflow.entities import LoggedModelOutput, LoggedModelStatus
         from mlflow.models import Model
 
@@ -90,13 +101,9 @@ class ModelSaving:
             self.client.log_model_artifacts(logged.model_id, str(path))
             self.client.log_outputs(self.parent_id, [LoggedModelOutput(logged.model_id, step=0)])
             self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
-            return logged.model_id
+            return None
         except Exception as error:  # noqa: BLE001 - the run's artifacts take the files instead
             if logged is not None:
                 with contextlib.suppress(Exception):
                     self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
-            print(f"mpi_train: warning: MLflow did not take the trained model as a logged model of run "
-                  f"{self.parent_id} ({first_line(error)}); it is stored with the run's artifacts under "
-                  f"{self.MODEL_NAME}/ instead, which mlflow.pytorch.load_model(\"runs:/{self.parent_id}/"
-                  f"{self.MODEL_NAME}\") loads as well.", file=sys.stderr, flush=True)
-            return None
+            return store_said(error)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -83,7 +84,13 @@ def refused(error: BaseException, uri: str) -> bool:
 
 
 def first_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+    """`Type: what it said`, in a line; a request that timed out as such, rather than urllib3's retry report."""
+    text = str(error)
+    if "Read timed out" in text or "ReadTimeoutError" in text:
+        asked = re.search(r"API request to (\S+)", text)
+        return (f"{type(error).__name__}: {f'API request to {asked.group(1)} ' if asked else ''}got no answer within "
+                f"{os.environ.get('MLFLOW_HTTP_REQUEST_TIMEOUT', '120')} s")
+    return f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}"
 
 
 # ---------------------------------------------------------------------------------------------

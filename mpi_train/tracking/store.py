@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
 from ..errors import UserError, folder_write_error
 from .probe import ServerUnreachable, probe_server
-from .spool import SPOOL_DIR, Spool, SpoolingClient
+from .spool import SPOOL_DIR, Spool, SpoolingClient, first_line, refused
 from .store_writes import StoreWrites
 
 DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
@@ -234,7 +234,7 @@ def open_store(config: TrainConfig) -> Connection:
         except ServerUnreachable as error:
             if not config.tracking_spool:
                 raise UserError(f"{error} To train now and send the runs later, pass --tracking-spool.") from None
-            return _offline(config, uri, error)
+            return _offline(config, uri, error.what)
     from mlflow.exceptions import MlflowException
 
     client = mlflow_client(uri)
@@ -251,6 +251,13 @@ def open_store(config: TrainConfig) -> Connection:
         except MlflowException:  # another job created it a moment ago
             return Connection(client, uri, client.get_experiment_by_name(config.experiment).experiment_id)
     except Exception as error:  # noqa: BLE001 - any store failure here is the user's setup
+        if scheme in SERVER_SCHEMES and not refused(error, uri):  # /health answered, the tracking API did not
+            what = (f"The MLflow server at {redact_uri(uri)} answers its /health but not its tracking API "
+                    f"({first_line(error)}).")
+            if config.tracking_spool:
+                return _offline(config, uri, what)
+            raise UserError(f"{what} See the server's log; to train now and send the runs later, pass "
+                            f"--tracking-spool.") from None
         damaged = store_damage(uri, error)
         if damaged:
             raise damaged from None
@@ -283,11 +290,12 @@ def job_spool_path() -> Path:
     return SPOOL_DIR / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl"
 
 
-def _offline(config: TrainConfig, uri: str, error: ServerUnreachable) -> Connection:
-    """--tracking-spool with no server: runs get local ids and everything goes to the spool."""
+def _offline(config: TrainConfig, uri: str, unreachable: str) -> Connection:
+    """--tracking-spool with no server (`unreachable` says why, in a sentence): runs get local ids and everything goes
+    to the spool."""
     check_store_dir(SPOOL_DIR, "run from another working directory")
     spool = Spool(job_spool_path())
-    print(f"mpi_train: warning: {error.what} Training anyway (--tracking-spool): the runs "
+    print(f"mpi_train: warning: {unreachable} Training anyway (--tracking-spool): the runs "
           f"are kept in {spool.path}; send them with `python -m mpi_train replay --tracking-uri {redact_uri(uri)}`.",
           file=sys.stderr, flush=True)
     return Connection(SpoolingClient(mlflow_client(uri), uri, spool, config.experiment, online=False), uri,

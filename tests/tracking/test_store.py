@@ -1,10 +1,15 @@
 """The tracking store: one resolution of its URI (the flag, else $MLFLOW_TRACKING_URI, else the embedded store), a
 new one opened by jobs started together, one whose disk fills mid-job."""
 
+import http.server
+import tempfile
+import threading
+import time
+
 import pytest
 from conftest import tmpfs
 
-from mpi_train.lab.bad_input_cases import fill
+from mpi_train.lab.bad_input_workspace import fill
 from mpi_train.tracking import default_store_uri, resolve_uri
 from mpi_train.tracking.store import given_uri
 
@@ -65,16 +70,21 @@ def store_disk(tmp_path):
         yield disk
 
 
-def test_a_store_whose_disk_fills_mid_job_is_said_once_and_what_it_lacks_is_counted(store_disk, capfd):
+def test_a_store_whose_disk_fills_mid_job_is_said_once_and_what_it_lacks_is_counted(store_disk, tmp_path, capfd,
+                                                                                    monkeypatch):
     from mlflow.entities import Metric
 
+    from mpi_train.config import TrainConfig
+    from mpi_train.tracking.saved_model import ModelSaving
     from mpi_train.tracking.store import mlflow_client
     from mpi_train.tracking.store_writes import StoreWrites
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # MLflow's model files leave folders in it
     said: list[str] = []
     uri = f"sqlite:///{store_disk}/mlflow.db"
     client = StoreWrites(mlflow_client(uri), uri, warn=said.append)
-    run = client.create_run(client.create_experiment("full")).info.run_id
+    experiment = client.create_experiment("full", artifact_location=str(store_disk / "artifacts"))
+    run = client.create_run(experiment).info.run_id
     client.log_batch(run, metrics=[Metric("loss", 1.0, 0, 0)])
     fill(store_disk, leave=0)
     for step in range(1, 21):  # rows enough to need pages the disk no longer has
@@ -86,5 +96,54 @@ def test_a_store_whose_disk_fills_mid_job_is_said_once_and_what_it_lacks_is_coun
     assert client.unrecorded() == (f"the MLflow store at {uri} refused {client.dropped} of its writes (database or "
                                    f"disk is full), so its runs lack those figures and may still show RUNNING")
     assert [m.value for m in client.get_metric_history(run, "loss")] == [1.0]  # what it took before is there
+    # --save-model's files go to the same full disk: the job says it was not saved, not how to load it
+    saver = ModelSaving()
+    saver.client, saver.parent_id, saver.experiment_id = client, run, experiment
+    saver.config = TrainConfig(model="mnist_cnn", dataset="synthetic")
+    assert saver.save_weights(saver.config.make_model().state_dict()) is None
     err = capfd.readouterr().err
     assert "Traceback" not in err and "SQLAlchemy database error" not in err, err
+    assert "the MLflow store did not take the trained model (database or disk is full); it is not saved." in err
+
+
+class HealthOnly(http.server.BaseHTTPRequestHandler):
+    """A tracking server whose /health answers and whose API never does (its backend hung)."""
+
+    def do_GET(self):
+        if self.path.startswith("/health"):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"OK")
+            return
+        time.sleep(5)  # past the client's timeout
+
+    do_POST = do_GET
+
+    def log_message(self, *args): ...
+
+
+def test_a_server_whose_api_hangs_at_the_start_is_refused_unless_spooling_was_chosen(tmp_path, monkeypatch, capsys):
+    from mpi_train.config import TrainConfig
+    from mpi_train.errors import UserError
+    from mpi_train.tracking.store import open_store
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HealthOnly)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(UserError) as refused:
+            open_store(TrainConfig(tracking_uri=uri))
+        assert str(refused.value).startswith(f"The MLflow server at {uri} answers its /health but not its tracking "
+                                             f"API (MlflowException: API request to {uri}/api/2.0/mlflow/experiments/"
+                                             f"get-by-name got no answer within 1 s). See the server's log; to train "
+                                             f"now and send the runs later, pass --tracking-spool."), refused.value
+        connection = open_store(TrainConfig(tracking_uri=uri, tracking_spool=True))
+    finally:
+        server.shutdown()
+    assert connection.experiment_id is None and connection.client.down  # offline: every write goes to the spool
+    said = capsys.readouterr().err
+    assert "not its tracking API" in said and "Training anyway (--tracking-spool)" in said, said
