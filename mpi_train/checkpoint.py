@@ -221,9 +221,14 @@ def write_checkpoint(payload: dict, folder: Path, step: int) -> str | None:
         if cause is None:
             raise
         fix = "Free space" if cause.errno in (errno.ENOSPC, errno.EDQUOT) else f"Make {folder} writable"
-        return (f"writing {target} failed ({cause.strerror or cause}); nothing of it is left and the previous "
-                f"checkpoints in {folder} are intact. {fix} or choose another --checkpoint-dir, then relaunch "
-                f"with --resume {folder} to continue from the latest.")
+        try:  # what is there now: the folder may have been emptied or taken away while the job ran
+            kept = list_checkpoints(folder)
+        except OSError:
+            kept = []
+        then = (f"the previous checkpoints in {folder} are intact. {fix} or choose another --checkpoint-dir, then "
+                f"relaunch with --resume {folder} to continue from the latest ({kept[-1].name})." if kept else
+                f"{folder} holds no earlier checkpoint. {fix} or choose another --checkpoint-dir, then relaunch.")
+        return f"writing {target} failed ({cause.strerror or cause}); nothing of it is left and {then}"
     for old in list_checkpoints(folder)[:-KEEP_LAST]:
         try:
             old.unlink(missing_ok=True)
@@ -316,6 +321,10 @@ def check_format(payload: object, path: Path) -> dict:
         raise UserError(f"--resume {path} is not a checkpoint this version can read (format "
                         f"{payload.get('format') if isinstance(payload, dict) else 'unknown'}, expected "
                         f"{FORMAT_VERSION}). Name a checkpoint written by this version, or drop --resume.")
+    held = len(payload.get("ranks") or ())
+    if held != payload.get("world_size"):  # each rank's random state and place in the data: one missing cannot resume
+        raise UserError(f"--resume {path} was written by {payload.get('world_size')} ranks but holds the state of "
+                        f"{held}: it was changed after it was written. {newest_intact_advice(path)}")
     return payload
 
 

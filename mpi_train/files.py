@@ -9,10 +9,12 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from .errors import folder_write_error, system_error
 
 CLAIM_FILE = ".mpi_train.lock"
 # File systems whose locks the kernel holds for the processes on this machine alone: a lock is released the moment
@@ -47,6 +49,46 @@ def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
         os.close(folder)
 
 
+def write_error(path: Path, folder: bool) -> str | None:
+    """Why `path` (a file, or a folder when `folder`) could not be written, as what follows its name, or None.
+    Creates nothing, so that a job refused here leaves no empty folder behind: the nearest folder that exists must
+    take a file."""
+    try:
+        if path.exists() and path.is_dir() != folder:
+            return "is a folder, not a file" if path.is_dir() else "is a file, not a folder"
+        nearest = path.absolute() if folder else path.absolute().parent
+        while not nearest.exists() and nearest != nearest.parent:
+            nearest = nearest.parent
+        if not nearest.is_dir():
+            return f"lies under {nearest}, which is a file"
+    except OSError as error:
+        return f"cannot be reached ({error.strerror or error})"
+    reason = folder_write_error(nearest)
+    return f"cannot be written: {nearest} takes no file ({reason})" if reason else None
+
+
+def unwritable(outputs: Sequence[tuple[str, str | None, bool]]) -> str | None:
+    """Why each of `outputs` named (flag, path or None, a folder?) could not be written, a sentence each, or None.
+    Creates nothing."""
+    return " ".join(f"{flag} {path} {reason}; name a {'folder' if folder else 'file in a folder'} this user can "
+                    f"write." for flag, path, folder in outputs if path and (reason := write_error(Path(path), folder))
+                    ) or None
+
+
+def kept(what: str, write) -> str | None:
+    """None if `write()` kept `what`, else why not, in words that follow its name (a disk that filled while the
+    command worked: what it printed, and its other outputs, still hold the results)."""
+    try:
+        write()
+    except OSError as error:
+        return f"{what} could not be written ({error.strerror or error})"
+    except RuntimeError as error:  # a library's wrapper (matplotlib, torch) around the system's refusal
+        if (cause := system_error(error)) is None:
+            raise
+        return f"{what} could not be written ({cause.strerror or cause})"
+    return None
+
+
 def write_json_atomically(path: str, payload: dict) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -67,14 +109,21 @@ def write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
-def write_figure(fig, path: Path) -> Path:
-    """Lay a matplotlib figure out, write it as a PNG (its folder made if missing) and close it."""
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+def write_figure(fig, path: Path, rect: tuple | None = None, **options) -> Path:
+    """Lay a matplotlib figure out (inside `rect`, leaving room for a legend or title outside the axes), write it as
+    a PNG whole or not at all (its folder made if missing; `options` to savefig) and close it. Its titles go into the
+    PNG's Title too, so what a plot says on its face can be read without looking."""
     import matplotlib.pyplot as plt  # loaded only by the commands that draw
 
-    plt.close(fig)
+    try:
+        fig.tight_layout(rect=rect)
+        titles = [fig.get_suptitle(), *(ax.get_title() for ax in fig.axes if ax.get_visible())]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda handle: fig.savefig(
+            handle, format="png", dpi=110, metadata={"Title": " | ".join(title for title in titles if title)},
+            **options))
+    finally:
+        plt.close(fig)
     return path
 
 

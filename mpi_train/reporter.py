@@ -18,8 +18,7 @@ from pathlib import Path
 
 from . import memory, timeline
 from .config import JobInfo, TrainConfig
-from .errors import folder_write_error
-from .files import claim_folder
+from .files import claim_folder, write_error
 from .outputs import (
     EPOCH,
     EPOCH_EVALUATION,
@@ -42,24 +41,6 @@ from .tracking.spool import SPOOL_DIR
 from .tracking.store import SERVER_SCHEMES
 
 __all__ = ["PHASES", "Reporter", "SilentReporter", "check_outputs", "job_outputs", "write_error"]
-
-
-def write_error(path: Path, folder: bool) -> str | None:
-    """Why `path` (a file, or a folder when `folder`) could not be written, as what follows its name, or None.
-    Creates nothing, so that a job refused here leaves no empty folder behind: the nearest folder that exists must
-    take a file."""
-    try:
-        if path.exists() and path.is_dir() != folder:
-            return "is a folder, not a file" if path.is_dir() else "is a file, not a folder"
-        nearest = path.absolute() if folder else path.absolute().parent
-        while not nearest.exists() and nearest != nearest.parent:
-            nearest = nearest.parent
-        if not nearest.is_dir():
-            return f"lies under {nearest}, which is a file"
-    except OSError as error:
-        return f"cannot be reached ({error.strerror or error})"
-    reason = folder_write_error(nearest)
-    return f"cannot be written: {nearest} takes no file ({reason})" if reason else None
 
 
 def job_outputs(config: TrainConfig) -> list[tuple[str, Path, bool, str]]:

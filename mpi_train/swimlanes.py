@@ -11,6 +11,7 @@ import statistics
 import textwrap
 from pathlib import Path
 
+from .files import write_figure
 from .netmodel import Backward, message_plan
 
 PHASE_COLOURS = {"data": "#c7c7c7", "forward": "#9ecae1", "backward": "#3182bd", "sync": "#e6550d",
@@ -112,8 +113,4 @@ def draw(document: dict, path: Path, plan: dict | None = None) -> Path:
                 Patch(facecolor="none", edgecolor="#756bb1", hatch="///", label="message (model)")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=8, fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend sits under the axes
-    plt.close(fig)
-    return path
+    return write_figure(fig, path, bbox_inches="tight")  # the legend sits under the axes

@@ -135,6 +135,17 @@ def small_disk(tmp_path):
         yield disk
 
 
+def filled(disk):
+    """`disk` with no byte left: a file grown until the system refuses."""
+    with open(disk / "filler", "wb", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return disk
+
+
 @pytest.fixture
 def quick_args() -> list[str]:
     """A run of a few seconds: small synthetic MNIST-shaped data, not recorded in MLflow."""

@@ -151,6 +151,12 @@ def test_damaged_or_missing_checkpoints_are_refused(tmp_path):
     broken.write_bytes(b"not a checkpoint")
     with pytest.raises(UserError, match="could not be read as a checkpoint"):
         read_checkpoint(broken)
+    # a rank's state cut out by hand: that rank would start afresh and the replicas part
+    cut = {**stepped_payload(5), "world_size": 2}
+    write_checkpoint(cut, tmp_path, 5)
+    with pytest.raises(UserError, match=r"written by 2 ranks but holds the state of 1: it was changed after it was "
+                                        r"written\. No other checkpoint in .* is intact"):
+        read_checkpoint(tmp_path / "step-00000005.pt")
     from mpi_train.checkpoint import find_checkpoint
 
     with pytest.raises(UserError, match="no such file or folder"):

@@ -20,12 +20,14 @@ accuracy_race.py and drawn in compare_plots.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import redact_uri
 from ..errors import ArgumentParser, UserError, format_error
+from ..files import kept, unwritable
 from ..sync import BASELINE, SYNC_METHODS, split_label
 from ..tracking import check_store_exists, check_uri, mlflow_client, probe_server, resolve_uri
 from ..tracking import names as metric_names
@@ -288,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"Experiment {args.experiment!r} does not exist at {redact_uri(uri)}. Name one that "
                             f"training wrote to (--experiment of python -m mpi_train), or check --tracking-uri.")
         race_target([], args.target_accuracy, args.target_loss)  # one target at most, said before anything is read
+        if problem := unwritable([("--out", args.out, True)]):
+            raise UserError(f"{problem} Nothing was compared.")
         jobs = load_jobs(client, experiment.experiment_id)
         if not jobs:
             raise UserError(f"Experiment {args.experiment!r} at {redact_uri(uri)} has no FINISHED jobs to compare. "
@@ -299,9 +303,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table)
     predictions = prediction_rows(jobs)
     predicted = any(row["predicted_s"] is not None for row in predictions)
-    paths = plot(jobs, Path(args.out), args.target_accuracy, args.target_loss)
-    if predicted:
-        paths.append(plot_predictions(predictions, Path(args.out)))
+    paths, made = [], not Path(args.out).exists()
+    failure = kept(f"the plots in --out {args.out}", lambda: paths.extend(
+        plot(jobs, Path(args.out), args.target_accuracy, args.target_loss)
+        + ([plot_predictions(predictions, Path(args.out))] if predicted else [])))
+    if failure:
+        if made:
+            with contextlib.suppress(OSError):  # a folder it made and left empty goes; plots written stay
+                Path(args.out).rmdir()
+        print(format_error(f"the table above holds the comparison, but {failure}. Free space there, or name another "
+                           f"folder with --out."), file=sys.stderr)
+        return 2
     print("plots: " + ", ".join(str(p) for p in paths))
     if args.log_artifacts:
         print(f"logged as run {log_comparison(client, experiment.experiment_id, jobs, table, paths)}")

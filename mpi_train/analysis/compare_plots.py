@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..files import write_figure
 from . import time_to_accuracy
 from .accuracy_race import accuracy_runs, race_target
 from .finished_jobs import FinishedJob, timing
@@ -32,7 +33,7 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
     ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="Loss against step")
     ax.legend()
     ax.grid(alpha=0.3)
-    written.append(save_figure(fig, out / "loss_vs_step.png"))
+    written.append(write_figure(fig, out / "loss_vs_step.png"))
 
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
     bottom = [0.0] * len(jobs)
@@ -43,7 +44,7 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
     ax.set(ylabel="mean time per step (ms)", title="Where a step's time goes")
     ax.legend()
     ax.tick_params(axis="x", rotation=20)
-    written.append(save_figure(fig, out / "time_breakdown.png"))
+    written.append(write_figure(fig, out / "time_breakdown.png"))
 
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
     data, labels, positions, position = [], [], [], 0
@@ -58,7 +59,7 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
         ax.boxplot(data, positions=positions)
         ax.set_xticks(positions, labels, fontsize=7, rotation=90)
     ax.set(ylabel="step time (ms), every logged window", title="Per-rank step-time spread")
-    written.append(save_figure(fig, out / "rank_step_time_spread.png"))
+    written.append(write_figure(fig, out / "rank_step_time_spread.png"))
     target = race_target(jobs, target_accuracy, target_loss)
     if target is not None:
         name = "accuracy_vs_time.png" if target.kind == time_to_accuracy.ACCURACY else "validation_loss_vs_time.png"
@@ -73,7 +74,7 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
                title="How far the ranks' models drift apart between averages")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-        written.append(save_figure(fig, out / "drift_vs_step.png"))
+        written.append(write_figure(fig, out / "drift_vs_step.png"))
     return written
 
 
@@ -124,7 +125,7 @@ def predictions_figure(rows: list[dict]):
 def plot_predictions(rows: list[dict], out: Path) -> Path:
     """predictions_figure as predicted_vs_measured.png under `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    return save_figure(predictions_figure(rows), out / "predicted_vs_measured.png")
+    return write_figure(predictions_figure(rows), out / "predicted_vs_measured.png")
 
 
 def bench_fit_error(bench: dict) -> float | None:
@@ -169,16 +170,4 @@ def sync_costs_figure(bench: dict):
 def plot_sync_costs(bench: dict, out: Path, name: str = "sync_cost_vs_floor.png") -> Path:
     """sync_costs_figure of a bench JSON (python -m mpi_train bench --json) under `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    return save_figure(sync_costs_figure(bench), out / name)
-
-
-def save_figure(fig, path: Path, rect: tuple | None = None) -> Path:
-    """Lay the figure out (inside `rect`, leaving room for a legend or title outside the axes), write it, close it.
-    Its titles go into the PNG's Title too, so what a plot says on its face can be read without looking."""
-    fig.tight_layout(rect=rect)
-    titles = [fig.get_suptitle(), *(ax.get_title() for ax in fig.axes if ax.get_visible())]
-    fig.savefig(path, dpi=110, metadata={"Title": " | ".join(title for title in titles if title)})
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
+    return write_figure(sync_costs_figure(bench), out / name)

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..benchmark.contenders import NO_SYNC
+from ..files import write_figure
 from ..netmodel.links import UNLIMITED, rate_bytes_per_s
 from ..sync import PARAMETERS, SYNC_METHODS, label, split_label
 from ..sync.averaging import DEFAULT_PERIOD
 from ..sync.base import INSIDE_FSDP
-from .compare_plots import bench_fit_error, save_figure
+from .compare_plots import bench_fit_error
 from .finished_jobs import summary_step_times
 from .noise import NOISE_FLOOR_S, NOISE_SPREADS, fit_note, noise_bound, spread, within_noise
 
@@ -198,7 +199,7 @@ def finish(fig, looks: Looks, text: str, note: str | None, path: Path) -> Path:
     """The shared legend, the title (the calibrations' note under it, in red, when a fit was rough), saved."""
     rect = looks.legend(fig)
     fig.suptitle(text + (f"\n{note}" if note else ""), color="firebrick" if note else "black")
-    return save_figure(fig, path, rect)
+    return write_figure(fig, path, rect)
 
 
 def against_ranks(rows: list[dict], looks: Looks, note: str | None, out: Path) -> list[Path]:

@@ -38,6 +38,7 @@ from ..clock import Clock
 from ..config import TrainConfig, add_config_arguments, add_model_arguments, model_config, model_flags
 from ..data import synthetic_batch
 from ..errors import ArgumentParser, UserError, format_error
+from ..files import kept, unwritable
 from ..netmodel.memory import predict_memory
 from ..optimizers import describe_state, state_slots
 from ..step.precision import PRECISION_AUTO, PRECISIONS, UNNAMED_PRECISION, resolve
@@ -396,9 +397,12 @@ def print_scaling(args: argparse.Namespace, workload: TrainConfig, table: dict[i
     print(f"\nmemory per rank, MiB ({state}):")
     print(format_memory_scaling(table))
     link = args.link or "calibrated link"
-    path = plot_scaling(table, f"{workload.model_name}, {batch_words(args)}, {args.ranks_per_host} ranks/host, "
-                               f"{link}: predicted", Path(args.plot))
-    print(f"plot: {path}")
+    title = f"{workload.model_name}, {batch_words(args)}, {args.ranks_per_host} ranks/host, {link}: predicted"
+    failure = kept(f"the plot {args.plot}", lambda: plot_scaling(table, title, Path(args.plot)))
+    if failure:
+        raise UserError(f"the tables above hold the prediction, but {failure}. Free space there, or name another "
+                        f"place with --plot.")
+    print(f"plot: {args.plot}")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -406,6 +410,8 @@ def run(args: argparse.Namespace) -> None:
     # the flags and the calibration refused where they cannot apply, before the model is built
     ranks = parse_ranks(args.ranks)
     check_numbers(args)
+    if len(ranks) > 1 and (problem := unwritable([("--plot", args.plot, False)])):
+        raise UserError(f"{problem} Nothing was predicted.")
     workload = model_config(args, optimizer=args.optimizer, momentum=args.momentum)
     workload.validate_optimizer()  # --momentum with adamw: refused
     bench, calibrated = calibration(args, workload)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..files import write_figure
 from ..sync import BASELINE
 
 DEFAULT_MARGIN = 0.02  # the default target: the best final accuracy minus 2 points
@@ -181,10 +182,7 @@ def plot(runs: Sequence[tuple[str, str, Sequence[Evaluation]]], target: float | 
     by_time.set_title(f"{target.what.capitalize()} against wall time")
     by_bytes.set_title(f"{target.what.capitalize()} against bytes sent")
     by_time.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return write_figure(fig, path)
 
 
 def carried(evaluated: Sequence[tuple[tuple, Sequence[Evaluation]]], timed: Sequence[tuple[tuple, dict]],

@@ -4,12 +4,16 @@ precision resolved and the process group opened."""
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import tracking
 from ..cluster import Cluster
 from ..config import TrainConfig
 from ..devices import Placement, place
+from ..errors import format_error
+from ..files import unwritable
 from ..step.precision import agreed
 
 
@@ -23,9 +27,13 @@ class Job:
     precision: str
 
 
-def open_job(cluster: Cluster, args: argparse.Namespace, workload: TrainConfig) -> Job:
-    """Rank 0 checks the store before any work; then every rank's device and threads, the precision (auto: what the
-    job would run here) and the process group. Collective."""
+def open_job(cluster: Cluster, args: argparse.Namespace, workload: TrainConfig,
+             outputs: Sequence[tuple[str, str | None, bool]] = ()) -> Job:
+    """Rank 0 checks what it will write, `outputs` as (flag, path or None, a folder?), and the store before any work,
+    so that minutes of measuring never end in a file that cannot be kept; then every rank's device and threads, the
+    precision (auto: what the job would run here) and the process group. Collective."""
+    problems = unwritable(outputs) if cluster.info.is_main else None
+    cluster.agree(problems and f"{problems} Nothing was measured.", "cannot keep the results")
     connection = tracking.connect(workload, cluster)
     placement = place(cluster, args.backend, args.threads)
     precision = agreed(args.precision, placement.device, cluster).name
@@ -38,3 +46,12 @@ def rank_zero_print(cluster: Cluster):
     if cluster.info.is_main:
         return lambda *text: print(*text, flush=True)
     return lambda *text: None
+
+
+def unkept(failures: Sequence[str | None], measured: str) -> int:
+    """Rank 0's exit status once every output was tried: 0, or 2 with one paragraph on what was not kept."""
+    failed = [failure for failure in failures if failure]
+    if failed:
+        print(format_error(f"{measured} and the lines above hold its figures, but {'; '.join(failed)}. Free space "
+                           f"there, or name another place, and run it again."), file=sys.stderr)
+    return 2 if failed else 0

@@ -44,14 +44,14 @@ from ..advice import cache, memory_limit, search
 from ..benchmark import advice_plot, advice_report, calibration, shortlist
 from ..benchmark.advice_result import advice_result
 from ..benchmark.flags import add_job_arguments, check_job_arguments
-from ..benchmark.job import open_job, rank_zero_print
+from ..benchmark.job import open_job, rank_zero_print, unkept
 from ..benchmark.mlflow_runs import log_advice
 from ..benchmark.short_bench import PROFILE_STEPS, ShortBench, say_progress
 from ..cluster import Cluster
 from ..config import ADVICE_DIR, add_config_arguments, add_model_arguments, model_config, model_flag_words
 from ..data import synthetic_batch
-from ..errors import UserError, folder_write_error
-from ..files import write_json_atomically
+from ..errors import UserError
+from ..files import kept, write_json_atomically
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..step.precision import PRECISION_AUTO
 from ..tracking.links import where
@@ -115,15 +115,12 @@ def validate(args: argparse.Namespace, world: int) -> None:
 
 
 
-def run(cluster: Cluster, args: argparse.Namespace) -> None:
+def run(cluster: Cluster, args: argparse.Namespace) -> int:
     info, world, say = cluster.info, cluster.info.world_size, rank_zero_print(cluster)
     validate(args, world)
-    unwritable = folder_write_error(Path(args.advice_dir)) if info.is_main else None
-    cluster.agree(unwritable and f"cannot keep advice in {args.advice_dir}: {unwritable}. Give a folder this user "
-                                 f"can write with --advice-dir", "python -m mpi_train advise")
     workload = model_config(args, batch_size=args.batch_size, tracking_uri=tracking.resolve_uri(args.tracking_uri),
                             experiment=args.experiment, no_tracking=args.no_tracking, optimizer=args.optimizer)
-    job = open_job(cluster, args, workload)
+    job = open_job(cluster, args, workload, [("--advice-dir", args.advice_dir, True), ("--json", args.json, False)])
     device, backend, progress = job.placement.device, job.placement.backend, partial(say_progress, info.is_main)
     started = time.perf_counter()
 
@@ -165,30 +162,35 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         result = advice_result(args, cluster=cluster, placement=job.placement, precision=job.precision,
                                settings=workload, template=template, links=links, searched=found, profiled=profiled,
                                chosen=chosen, per_rank=per_rank, advised_s=advised_s, full=full)
-        report(args, result, setting, job.connection)
+        return report(args, result, setting, job.connection)
+    return 0
 
 
-def report(args: argparse.Namespace, result: dict, setting: cache.Setting, connection) -> None:
-    """Rank 0: the advice on stdout, kept for --sync auto (with its plot), written to --json, logged to MLflow."""
+def report(args: argparse.Namespace, result: dict, setting: cache.Setting, connection) -> int:
+    """Rank 0: the advice on stdout, kept for --sync auto (with its plot), written to --json, logged to MLflow; the
+    exit status (2: a file not kept)."""
     text = advice_report.describe(result)
     print(text, flush=True)
-    kept = cache.write(args.advice_dir, setting, result)
-    picture = advice_plot.plot(result, kept.with_suffix(".png"))
-    if args.json:
-        write_json_atomically(args.json, result)
+    path = Path(args.advice_dir) / setting.file_name(result["created_s"])  # cache.write's, named before it runs
+    picture = path.with_suffix(".png")
+    failures = [kept(f"the advice {path}", lambda: cache.write(args.advice_dir, setting, result)),
+                kept(f"its plot {picture}", lambda: advice_plot.plot(result, picture)),
+                args.json and kept(f"--json {args.json}", lambda: write_json_atomically(args.json, result))]
+    written = ", ".join(str(file) for file, failed in zip((path, picture, args.json), failures) if file and not failed)
     full = result.get("full_bench")
-    print(f"\nadvice kept in {kept} (plot {picture})" + (f" and written to {args.json}" if args.json else "")
-          + f"; the advice took {result['advise_s']:.0f} s after start-up"
-          + (f", its full bench {full['seconds']:.0f} s more" if full else ""))
+    print(f"\nadvice {'kept in ' + written if written else 'not kept'}; the advice took {result['advise_s']:.0f} s "
+          f"after start-up" + (f", its full bench {full['seconds']:.0f} s more" if full else ""), flush=True)
     precision_words = f" --precision {args.precision}" if args.precision != PRECISION_AUTO else ""
     print(f"train with it: python -m mpi_train {' '.join(model_flag_words(args))} --batch-size {args.batch_size}"
-          f"{precision_words} {' '.join(result['recommended']['flags'])}   (or --sync auto, which reads the newest "
-          f"advice for this setting)", flush=True)
+          f"{precision_words} {' '.join(result['recommended']['flags'])}"
+          + ("   (or --sync auto, which reads the newest advice for this setting)" if path.exists() else ""),
+          flush=True)
     if connection is not None:
         run_id = log_advice(connection, args.run_name or f"advice-{args.model}-np{result['world_size']}", result,
-                            text, [picture])
+                            text, [picture] if picture.exists() else [])
         print(f"logged as MLflow run {run_id} in experiment {args.experiment!r}, a child run per candidate shown; "
               + where(connection.uri, connection.experiment_id, run_id, charts=True), flush=True)
+    return unkept(failures, "The advisor measured its shortlist")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

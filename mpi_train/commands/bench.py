@@ -72,14 +72,14 @@ from ..benchmark.bench_result import bench_result
 from ..benchmark.calibration import bench_links
 from ..benchmark.contenders import contenders, gradient_bytes, traffic
 from ..benchmark.flags import add_job_arguments, check_job_arguments
-from ..benchmark.job import open_job, rank_zero_print
+from ..benchmark.job import open_job, rank_zero_print, unkept
 from ..benchmark.measure import measure
 from ..benchmark.mlflow_runs import log_bench
 from ..cluster import Cluster
 from ..config import TrainConfig, add_config_arguments, add_model_arguments, model_config
 from ..data import synthetic_batch
 from ..errors import UserError
-from ..files import write_json_atomically
+from ..files import kept, write_json_atomically
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import parse_labels
 from ..tracking.links import where
@@ -128,12 +128,12 @@ def validate(args: argparse.Namespace, world: int) -> None:
     check_job_arguments(args, world)
 
 
-def run(cluster: Cluster, args: argparse.Namespace) -> None:
+def run(cluster: Cluster, args: argparse.Namespace) -> int:
     info, world, say = cluster.info, cluster.info.world_size, rank_zero_print(cluster)
     validate(args, world)
     settings = model_config(args, batch_size=args.batch_size, tracking_uri=tracking.resolve_uri(args.tracking_uri),
                             experiment=args.experiment, no_tracking=args.no_tracking)
-    job = open_job(cluster, args, settings)
+    job = open_job(cluster, args, settings, [("--json", args.json, False)])
     device, backend = job.placement.device, job.placement.backend
 
     # Set up: a replica per method, what each sends, then the links they cross
@@ -163,20 +163,22 @@ def run(cluster: Cluster, args: argparse.Namespace) -> None:
         result = bench_result(args, cluster=cluster, placement=job.placement, precision=job.precision,
                               settings=settings, entries=entries, unavailable=unavailable, calibration=calibration,
                               link=link, traffic=sent_and_later, per_rank=per_rank, order=order)
-        report(args, result, job.connection)
+        return report(args, result, job.connection)
+    return 0
 
 
-def report(args: argparse.Namespace, result: dict, connection: tracking.Connection | None) -> None:
-    """Rank 0: the table on stdout, the JSON to --json, the runs to MLflow."""
+def report(args: argparse.Namespace, result: dict, connection: tracking.Connection | None) -> int:
+    """Rank 0: the table on stdout, the JSON to --json, the runs to MLflow; the exit status (2: a file not kept)."""
     text = describe(result)
     print(text, flush=True)
-    if args.json:
-        write_json_atomically(args.json, result)
+    unwritten = args.json and kept(f"--json {args.json}", lambda: write_json_atomically(args.json, result))
+    if args.json and not unwritten:
         print(f"wrote {args.json}")
     if connection is not None:
         run_id = log_bench(connection, args.run_name or f"bench-{args.model}-np{result['world_size']}", result, text)
         print(f"logged as MLflow run {run_id} in experiment {args.experiment!r}, a child run per method; "
               + where(connection.uri, connection.experiment_id, run_id, charts=True), flush=True)
+    return unkept([unwritten], "The bench measured its methods")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

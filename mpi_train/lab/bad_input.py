@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
-from .bad_input_cases import CASES, Case, NotRunnable, Setups, Workspace
+from .bad_input_cases import CASES
 from .bad_input_judge import STOP, Run, judge, launch, message
+from .bad_input_workspace import Case, NotRunnable, Setups, Workspace
 
 # cases at a time: a job spends much of its start waiting (mpirun's launch, the rendezvous, the ranks' imports on a
 # busy machine), so two of them keep this 2-core machine busier than one, and the probe inside 10 minutes

@@ -13,153 +13,34 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-
-import numpy as np
-from PIL import Image
 
 from ..errors import UserError
 from ..files import CLAIM_FILE
 from ..tracking.spool import OFFLINE_ID_TAG, OFFLINE_PREFIX, Spool, batch_record
 from .bad_input_judge import Run, launch, message, paragraph
+from .bad_input_workspace import CLASSES, RESUMABLE, Case, NotRunnable, Workspace, fill
 from .mpirun import launched
 from .soakparts import Server
 
-DISK = "22m"  # the full disk's size
-CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 # the smallest job: a few steps of a small model on generated images, each collective bounded; a later flag
 # overrides an earlier one, so a case adds what it changes
 TRACKED = ("--dataset", "synthetic", "--synthetic-size", "512", "--model", "mnist_cnn", "--batch-size", "64",
            "--log-every", "1", "--timeout", "30")
 SMALL = (*TRACKED, "--no-tracking")
-# checkpoints written at the default global batch (256), so that --reshard on 3 ranks meets a batch it cannot split
-RESUMABLE = ("--dataset", "synthetic", "--synthetic-size", "1024", "--model", "mnist_cnn", "--log-every", "1",
-             "--timeout", "30", "--no-tracking", "--checkpoint-dir", "ck")
+MEASURED = ("--model", "mnist_cnn", "--batch-size", "64", "--steps", "1", "--warmup", "0", "--link-iters", "1",
+            "--timeout", "30", "--no-tracking")  # the bench's and the advisor's least
 IMAGES = ("--dataset", "cifar10", "--data-dir", "cifar", "--model", "vgg11", "--batch-size", "16", "--log-every",
           "1", "--timeout", "30", "--no-tracking")
-
-
-class NotRunnable(Exception):
-    """A case whose fault could not be set up here (not root, a setup job that failed): why."""
-
-
-class Setups:
-    """Jobs several cases start from (a checkpoint folder per optimizer), each run once, when a case first needs it."""
-
-    def __init__(self, root: Path):
-        self.root, self.done = root, {}
-        self.locks = {optimizer: threading.Lock() for optimizer in ("sgd", "adamw")}  # cases run side by side
-
-    def checkpoints(self, optimizer: str) -> Path:
-        with self.locks[optimizer]:
-            return self._checkpoints(optimizer)
-
-    def _checkpoints(self, optimizer: str) -> Path:
-        if optimizer not in self.done:
-            folder = self.root / f"setup-{optimizer}"
-            folder.mkdir()
-            (folder / "hostfile").write_text("localhost slots=2\n")
-            flags = () if optimizer == "sgd" else ("--optimizer", optimizer)  # sgd: the model's own
-            run = launch(mpirun_line(*RESUMABLE, "--max-steps", "3", "--checkpoint-every", "1", *flags), folder, 180)
-            self.done[optimizer] = (folder / "ck", None if run.exit == 0 else
-                                    f"its setup job failed (exit {run.exit}): {message(run.output)[:100]}")
-        found, failed = self.done[optimizer]
-        if failed:
-            raise NotRunnable(failed)
-        return found
-
-
-def mpirun_line(*flags: str, np: int = 2) -> list[str]:
-    return ["mpirun", "--bind-to", "none", "-np", str(np), "--hostfile", "hostfile", sys.executable, "-m",
-            "mpi_train", *flags]
-
-
-class Workspace:
-    """A case's fresh folder, and what its faults are made with."""
-
-    def __init__(self, folder: Path, aside: Path, stack: ExitStack, setups: Setups):
-        self.folder, self.aside, self.stack, self.setups = folder, aside, stack, setups
-        self.damaged: dict[Path, bytes] = {}  # files the case broke on purpose (not half-written), and their hash
-        self.kept = b""  # what the case's own check looks for on disk afterwards
-        self.rng = random.Random(folder.name)
-
-    def train(self, *flags: str, np: int = 2) -> list[str]:
-        (self.folder / "hostfile").write_text(f"localhost slots={max(2, np)}\n")
-        return mpirun_line(*flags, np=np)
-
-    def command(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "mpi_train", *args]
-
-    def checkpoints(self, optimizer: str) -> Path:
-        """A copy of the setup job's checkpoints (steps 1-3, global batch 256) as ck/."""
-        return Path(shutil.copytree(self.setups.checkpoints(optimizer), self.folder / "ck"))
-
-    def garbage(self, path: Path, size: int) -> Path:
-        """`path` overwritten with `size` random bytes, and left out of the half-written check."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = self.rng.randbytes(size)
-        path.write_bytes(data)
-        self.damaged[path] = hashlib.sha256(data).digest()
-        return path
-
-    def disk(self, name: str = "disk") -> Path:
-        """A 22 MB tmpfs at `name`, unmounted on every way out of the case."""
-        if os.geteuid() != 0:
-            raise NotRunnable("mounting a tmpfs needs root")
-        path = self.folder / name
-        path.mkdir()
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(path)],
-                                 capture_output=True, text=True, check=False)
-        if mounted.returncode:
-            raise NotRunnable(f"mount -t tmpfs failed: {mounted.stderr.strip()[:100]}")
-        self.stack.callback(unmount, path)
-        return path
-
-    def image_folder(self, root: Path, train: int, test: int) -> None:
-        """CIFAR-10 as an image folder of 32x32 JPEGs (train/<class>/*.jpg, test/<class>/*.jpg), `train` and `test`
-        images per class."""
-        draw = np.random.default_rng(0)
-        for split, count in (("train", train), ("test", test)):
-            for label, name in enumerate(CLASSES):
-                (root / split / name).mkdir(parents=True)
-                for index in range(count):
-                    pixels = np.clip(draw.normal(25 * label, 40, (32, 32, 3)), 0, 255).astype(np.uint8)
-                    Image.fromarray(pixels).save(root / split / name / f"{index:04d}.jpg", quality=90)
-
-
-def unmount(path: Path) -> None:
-    if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)  # busy: detached now, freed later
-
-
-def fill(disk: Path, leave: int) -> None:
-    """Take all of `disk`'s free space but `leave` bytes."""
-    status = os.statvfs(disk)
-    with open(disk / "filler", "wb") as handle:
-        handle.write(bytes(max(0, status.f_bavail * status.f_frsize - leave)))
-
-
-@dataclass(frozen=True)
-class Case:
-    """One fault a user can cause: how it is set up, the commands that meet it, and what they must say."""
-
-    name: str
-    prepare: Callable[[Workspace], list[list[str]]]  # sets the fault up; the commands to run, in order
-    causes: tuple[str, ...]  # patterns the output must match, each
-    warning: bool = False  # the job must go on (exit 0) and say so
-    timeout_s: float = 90.0  # of each command
-    check: Callable[[Workspace, list[Run]], list[str]] | None = None  # the case's own rules
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +83,20 @@ def store_full_at_start(ws: Workspace) -> list[list[str]]:
     return [ws.train(*TRACKED, "--tracking-uri", "sqlite:///disk/mlflow.db", "--max-steps", "2")]
 
 
+def full_disk_results(command: str, *flags: str) -> Callable[[Workspace], list[list[str]]]:
+    """The bench's or the advisor's files on a disk that filled: the check at the start passes (an empty file still
+    fits), the end cannot keep them."""
+    def prepare(ws: Workspace) -> list[list[str]]:
+        fill(ws.disk(), 0)
+        return [ws.train(command, *MEASURED, *flags)]
+    return prepare
+
+
+def bench_json_under_file(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "notes.txt").write_text("a file\n")
+    return [ws.train("bench", *MEASURED, "--json", "notes.txt/bench.json")]
+
+
 def corrupt_image(loader: str | None) -> Callable[[Workspace], list[list[str]]]:
     def prepare(ws: Workspace) -> list[list[str]]:
         ws.image_folder(ws.folder / "cifar", 8, 2)
@@ -226,12 +121,7 @@ SPOOL_NAME = "job-20260101-120000-1.jsonl"  # as a job names its spool; pid 1 is
 def cut_spool(ws: Workspace) -> list[list[str]]:
     """A job's spool, written as the job writes it, its last record cut halfway (a job killed while writing), and an
     MLflow server that answers (outside the case's folder: it is not the case's leftover)."""
-    server = Server("127.0.0.1", ws.aside / "server")
-    ws.stack.callback(server.stop)
-    try:
-        server.start()
-    except UserError as error:
-        raise NotRunnable(f"the MLflow server did not start: {str(error)[:100]}") from None
+    server = started_server(ws)
     spool, run_id, now = Spool(ws.folder / "mlruns" / "spool" / SPOOL_NAME), OFFLINE_PREFIX + "0" * 32, 1767268800000
     spool.add({"kind": "create_run", "local_id": run_id, "experiment": "bad-input", "run_name": "cut-spool",
                "tags": {OFFLINE_ID_TAG: run_id}, "start_time": now}, server.uri)
@@ -244,6 +134,40 @@ def cut_spool(ws: Workspace) -> list[list[str]]:
     ws.kept = data[:last + (len(data) - last) // 2]
     spool.path.write_bytes(ws.kept)
     return [ws.command("replay", "mlruns/spool")]
+
+
+def started_server(ws: Workspace) -> Server:
+    """An MLflow server that answers, outside the case's folder (it is not the case's leftover), stopped at its end."""
+    server = Server("127.0.0.1", ws.aside / "server")
+    ws.stack.callback(server.stop)
+    try:
+        server.start()
+    except UserError as error:
+        raise NotRunnable(f"the MLflow server did not start: {str(error)[:100]}") from None
+    return server
+
+
+def server_hangs_mid_job(ws: Workspace) -> list[list[str]]:
+    """A tracking server that hangs (stopped: it takes connections and answers none) once the job's first figures
+    reached it. The end's writes wait out their timeouts, longer than --timeout: the other ranks must not wait."""
+    from ..tracking.store import mlflow_client  # here, not at the top: the other cases need no MLflow
+
+    server = started_server(ws)
+    ws.stack.callback(lambda: os.killpg(server.process.pid, signal.SIGCONT))  # before the server is stopped
+
+    def hang_once_logged() -> None:
+        client, deadline = mlflow_client(server.uri), time.monotonic() + 120
+        while time.monotonic() < deadline:
+            found = client.get_experiment_by_name("mpi_train")
+            runs = client.search_runs([found.experiment_id]) if found else []
+            if any("learning/loss" in run.data.metrics for run in runs):
+                os.killpg(server.process.pid, signal.SIGSTOP)
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=hang_once_logged, daemon=True).start()
+    return [ws.train(*TRACKED, "--tracking-uri", server.uri, "--max-steps", "150", "--epochs", "100", "--timeout",
+                     "10")]
 
 
 def spool_kept(ws: Workspace, runs: list[Run]) -> list[str]:
@@ -316,6 +240,26 @@ def experiment_unknown_host(ws: Workspace) -> list[list[str]]:
     (ws.folder / "experiment.toml").write_text(EXPERIMENT.format(batch="32"))
     (ws.folder / "hosts").write_text("nohost.invalid slots=2\n")
     return [ws.command("experiment", "experiment.toml", "--hostfile", "hosts", "--no-tracking", "--out", "out")]
+
+
+def experiment_out_file(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "experiment.toml").write_text(EXPERIMENT.format(batch="32"))
+    (ws.folder / "notes.txt").write_text("a file\n")
+    return [ws.command("experiment", "experiment.toml", "--hostfile", "", "--no-tracking", "--out", "notes.txt")]
+
+
+def predict_plot_full_disk(ws: Workspace) -> list[list[str]]:
+    fill(ws.disk(), 0)
+    return [ws.command("predict", "--model", "mnist_cnn", "--ranks", "2,4", "--link", "1gbit", "--plot", "disk/p.png")]
+
+
+def compare_out_full_disk(ws: Workspace) -> list[list[str]]:
+    """A finished job to compare (run here: its own exit is not the case's), then plots for a disk that filled."""
+    setup = launch(ws.train(*TRACKED, "--max-steps", "2"), ws.folder, 120)
+    if setup.exit != 0:
+        raise NotRunnable(f"its setup job failed (exit {setup.exit}): {message(setup.output)[:100]}")
+    fill(ws.disk(), 0)
+    return [ws.command("compare", "--out", "disk/plots")]
 
 
 def experiment_bad_value(ws: Workspace) -> list[list[str]]:
@@ -456,12 +400,20 @@ CASES = [
     Case("full-disk-store", full_disk_store, (r"\brefused \d+ of its writes \(database or disk is full\)",)),
     Case("store-full-at-start", store_full_at_start,
          (r"could not create the job's runs \(database or disk is full\)",)),
+    Case("bench-json-full-disk", full_disk_results("bench", "--methods", "ddp", "--json", "disk/bench.json"),
+         (r"--json disk/bench\.json could not be written \(no space left",)),
+    Case("advice-full-disk", full_disk_results("advise", "--measure", "1", "--advice-dir", "disk"),
+         (r"the advice disk/\S+\.json could not be written \(no space left",)),
+    Case("bench-json-under-file", bench_json_under_file,
+         (r"--json notes\.txt/bench\.json lies under \S+, which is a file",)),
     Case("corrupt-image", corrupt_image(None), (r"train/cat/0003\.jpg",)),
     Case("corrupt-image-dataloader", corrupt_image("dataloader"), (r"train/cat/0003\.jpg",)),
     Case("summary-json-folder", summary_json_folder, (r"--summary-json\b.{0,200}\b(folder|directory)\b",)),
     Case("timeline-dir-file", timeline_dir_file, (r"--timeline-dir\b.{0,200}\b(file|not a (folder|directory))\b",)),
     Case("replay-cut-spool", cut_spool, (re.escape(SPOOL_NAME), r"\b(cut|truncated|incomplete|unfinished|partial)\b"),
          check=spool_kept),
+    Case("server-hangs-mid-job", server_hangs_mid_job, (r"\bstopped answering\b", r"still unreachable; \d+ write"),
+         warning=True, timeout_s=180),
     Case("damaged-store", damaged_store, (r"mlflow\.db", r"\b(damaged|corrupt|not a database)\b"), check=store_kept),
     Case("lr-inf", lr("inf", "2"), (rf"(--lr|learning rate)\b.{{0,200}}{NON_FINITE}",)),
     Case("lr-1e6", lr("1e6", "6"), (rf"\bloss\b.{{0,200}}{NON_FINITE}|{NON_FINITE}.{{0,200}}\bloss\b",)),
@@ -474,6 +426,9 @@ CASES = [
     Case("damaged-latest-checkpoint", damaged_latest, (r"step-00000003\.pt.{0,300}\bdamaged\b", r"step-00000002\.pt"),
          warning=True),
     Case("resume-not-a-checkpoint", not_a_checkpoint, (r"notes\.txt.{0,200}\bcheckpoint",)),
+    Case("experiment-out-file", experiment_out_file, (r"notes\.txt is a file, not a folder",)),
+    Case("predict-plot-full-disk", predict_plot_full_disk, (r"the plot disk/p\.png could not be written \(no space",)),
+    Case("compare-out-full-disk", compare_out_full_disk, (r"the plots in --out disk/plots could not be written",)),
     Case("experiment-bad-value", experiment_bad_value, (r"\bbatch_size\b", r"\blots\b")),
     # a model's layer that no logit depends on: DDP would wait at every step for its gradient
     Case("unused-layer-ddp", users_model("WithSpare", "ddp"), (r"spare\.weight", r"find_unused_parameters"),

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ArgumentParser, UserError, format_error
+from ..files import unwritable
 from ..tracking import check_uri, probe_server, resolve_uri
 from .experiment_file import Sweep, load
 from .sweep_launch import Launch, Progress, duration, execute
@@ -97,6 +98,8 @@ def check_setup(sweep: Sweep, uri: str | None) -> None:
         raise UserError(f"the hostfile {sweep.hostfile!r} (from [launch] hostfile in {sweep.path}) does not exist in "
                         f"{Path.cwd()}. Run from the repository root, pass --hostfile PATH, or --hostfile \"\" to "
                         f"let mpirun run every rank here. Nothing was launched.")
+    if problem := unwritable([("the output folder (--out, or out in the file)", str(sweep.out), True)]):
+        raise UserError(f"{problem} Nothing was launched.")
     if sweep.network:
         check_can_run(sweep.network, sweep.path)
     if uri:

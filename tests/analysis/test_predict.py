@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+from conftest import filled
 
 from mpi_train import netmodel
 from mpi_train.analysis import predict
@@ -75,6 +76,21 @@ def test_a_scaling_table_writes_a_plot(tmp_path, capsys):
             assert len(set(held)) == 1 and held[0] == columns["allreduce"][0], name
         else:  # a sharding method holds less on more ranks, and less than a replica
             assert held == sorted(held, reverse=True) and held[-1] < held[0] < columns["allreduce"][0], name
+
+
+def test_a_plot_that_cannot_be_written_is_refused_first_or_said_after_the_tables(tmp_path, small_disk, capsys):
+    scaling = ["--model", "mnist_cnn", "--ranks", "2,4", "--link", "1gbit", "--compute-per-sample", "0.001"]
+    (tmp_path / "notes.txt").write_text("a file")
+    assert predict.main([*scaling, "--plot", str(tmp_path / "notes.txt/p.png")]) == 2
+    out, err = capsys.readouterr()
+    said = " ".join(err.split())
+    assert not out and f"--plot {tmp_path}/notes.txt/p.png lies under {tmp_path}/notes.txt, which is a file" in said
+    disk = filled(small_disk)  # the check at the start passes: an empty file still fits
+    assert predict.main([*scaling, "--plot", str(disk / "p.png")]) == 2
+    out, err = capsys.readouterr()
+    assert "\nmemory per rank" in out and sorted(path.name for path in disk.iterdir()) == ["filler"]
+    assert (f"the tables above hold the prediction, but the plot {disk}/p.png could not be written (No space left on "
+            f"device)") in " ".join(err.split())
 
 
 @pytest.mark.parametrize("args, words", [

@@ -131,7 +131,7 @@ def test_methods_named_for_the_bench_are_checked_before_it_starts():
 
 
 @pytest.mark.e2e
-def test_the_tracking_overhead_benchmark_runs_both_jobs_and_reports_the_share(mlflow_server):
+def test_the_tracking_overhead_benchmark_runs_both_jobs_and_reports_the_share(mlflow_server, tmp_path):
     result = launch.run([sys.executable, "-m", "mpi_train", "bench-tracking", "--np", "2", "--steps", "4", "--repeats",
                          "1", "--tracking-uri", mlflow_server], timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -144,6 +144,7 @@ def test_the_tracking_overhead_benchmark_runs_both_jobs_and_reports_the_share(ml
     metrics = tracked.data.metrics
     tracking_share = metrics["summary/tracking_share"]
     assert tracking_share == pytest.approx(share / 100, abs=1e-5)  # the printed share is the job's own
-    summary = json.loads(Path(client.download_artifacts(tracked.info.run_id, "summary.json")).read_text())
+    summary = json.loads(Path(client.download_artifacts(tracked.info.run_id, "summary.json",
+                                                        str(tmp_path))).read_text())  # not a folder of its own
     steps_total = summary["mean_times"]["step_time_s"] * summary["total_steps"]
     assert tracking_share == pytest.approx(metrics["summary/tracking_loop_s"] / steps_total)

@@ -18,8 +18,9 @@ from mpi_train.data import cache
 from mpi_train.errors import UserError
 from mpi_train.lab import bad_input_judge
 from mpi_train.lab.bad_input import COLUMNS, Row, chosen, format_table
-from mpi_train.lab.bad_input_cases import CASES, Setups, Workspace, fill, same_message
+from mpi_train.lab.bad_input_cases import CASES, same_message
 from mpi_train.lab.bad_input_judge import Run, judge, launch, message, processes_of
+from mpi_train.lab.bad_input_workspace import Setups, Workspace, fill
 
 FULL_DISK = "mpi_train: error: writing ck/step-00000003.pt failed (No space left on device); nothing of it is left."
 
@@ -75,7 +76,7 @@ def test_a_process_left_running_fails_and_is_ended(tmp_path, monkeypatch):
 
 def test_what_a_run_leaves_half_written_fails_but_not_what_was_there_or_broken_on_purpose(tmp_path):
     (tmp_path / "there").mkdir()  # an empty folder from before the run
-    torch.save({"format": 1}, tmp_path / "step-00000001.pt")
+    torch.save({"format": 1, "world_size": 1, "ranks": [{}]}, tmp_path / "step-00000001.pt")
     broken = tmp_path / "step-00000002.pt"
     broken.write_bytes(os.urandom(4096))
     code = ("import os, pathlib\n"

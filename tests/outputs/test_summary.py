@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from conftest import filled
+
 from mpi_train.config import JobInfo
 from mpi_train.liveness import Stall
 from mpi_train.netmodel.memory import MemoryPrediction
@@ -73,17 +75,6 @@ def test_a_job_without_a_file_named_writes_none_and_leaves_out_what_it_lacks(tmp
         assert absent not in summary, absent
     assert summary["final_loss"] is None and summary["network_stalls"] == []
 
-
-
-def filled(disk):
-    """`disk` with no byte left: a file grown until the system refuses."""
-    with open(disk / "filler", "wb", buffering=0) as filler:
-        try:
-            while True:
-                filler.write(b"\0" * 4096)
-        except OSError:
-            pass
-    return disk
 
 
 def test_a_disk_that_filled_leaves_no_half_file_and_the_end_says_what_is_missing_in_one_paragraph(small_disk):

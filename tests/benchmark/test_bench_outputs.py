@@ -1,0 +1,37 @@
+"""What the bench and the advisor write: checked before they measure, and a file the end cannot keep said once."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from conftest import filled
+
+from mpi_train.benchmark.job import unkept
+from mpi_train.files import kept, unwritable, write_figure, write_json_atomically
+
+
+def test_outputs_that_cannot_be_written_are_named_before_anything_is_made(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    problems = unwritable([("--json", str(tmp_path / "afile/bench.json"), False),
+                           ("--advice-dir", str(tmp_path / "afile"), True),
+                           ("--json", None, False),  # not asked for
+                           ("--json", str(tmp_path / "new/bench.json"), False)])  # made once measured
+    assert f"--json {tmp_path}/afile/bench.json lies under {tmp_path}/afile, which is a file; name a file" in problems
+    assert f"--advice-dir {tmp_path}/afile is a file, not a folder; name a folder this user can write." in problems
+    assert "new" not in problems and not (tmp_path / "new").exists()
+    assert unwritable([("--json", str(tmp_path / "bench.json"), False), ("--advice-dir", str(tmp_path), True)]) is None
+
+
+def test_a_full_disk_at_the_end_keeps_no_half_file_and_says_what_is_missing_once(small_disk, capsys):
+    disk = filled(small_disk)
+    figure, _ = plt.subplots()
+    failures = [kept("--json out.json", lambda: write_json_atomically(str(disk / "out.json"), {"x": [1.0] * 9999})),
+                kept("its plot", lambda: write_figure(figure, disk / "plot.png")), None]
+    assert failures[:2] == ["--json out.json could not be written (No space left on device)",
+                            "its plot could not be written (No space left on device)"]
+    assert sorted(path.name for path in disk.iterdir()) == ["filler"] and not plt.get_fignums()
+    assert unkept(failures, "The bench measured every method") == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert said.startswith("mpi_train: error: The bench measured every method and the lines above hold its figures, "
+                           "but --json out.json could not be written (No space left on device); its plot could not")
+    assert unkept([None, ""], "The bench measured") == 0 and not capsys.readouterr().err
