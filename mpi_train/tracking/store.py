@@ -244,12 +244,19 @@ def open_store(config: TrainConfig) -> Connection:
         client = StoreWrites(client, uri)
     try:
         experiment = client.get_experiment_by_name(config.experiment)
+        if experiment is not None and experiment.lifecycle_stage == "deleted":  # a name the trash still holds
+            raise UserError(f"Experiment {config.experiment!r} at {redact_uri(uri)} was deleted: it is in MLflow's "
+                            f"trash, which takes no run. Restore it (`mlflow experiments restore --experiment-id "
+                            f"{experiment.experiment_id}`, with MLFLOW_TRACKING_URI={redact_uri(uri)}), or name "
+                            f"another --experiment.")
         if experiment is not None:
             return Connection(client, uri, experiment.experiment_id)
         try:
             return Connection(client, uri, client.create_experiment(config.experiment))
         except MlflowException:  # another job created it a moment ago
             return Connection(client, uri, client.get_experiment_by_name(config.experiment).experiment_id)
+    except UserError:
+        raise
     except Exception as error:  # noqa: BLE001 - any store failure here is the user's setup
         if scheme in SERVER_SCHEMES and not refused(error, uri):  # /health answered, the tracking API did not
             what = (f"The MLflow server at {redact_uri(uri)} answers its /health but not its tracking API "

@@ -297,6 +297,17 @@ def test_an_unwritable_mlruns_is_refused(tmp_path, monkeypatch):
     assert str(tmp_path / "mlruns") in str(caught.value) and "--no-tracking" in str(caught.value)
 
 
+def test_a_deleted_experiment_is_refused_with_how_to_restore_it(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow_client(uri)
+    client.delete_experiment(client.create_experiment("gone"))
+    with pytest.raises(UserError) as caught:
+        open_store(TrainConfig(tracking_uri=uri, experiment="gone"))
+    assert str(caught.value) == (f"Experiment 'gone' at {uri} was deleted: it is in MLflow's trash, which takes no "
+                                 f"run. Restore it (`mlflow experiments restore --experiment-id 1`, with "
+                                 f"MLFLOW_TRACKING_URI={uri}), or name another --experiment.")
+
+
 def a_real_sqlite_file(path: Path, table: str = "notes") -> Path:
     """An SQLite database of a few pages, written by SQLite itself."""
     path.parent.mkdir(parents=True, exist_ok=True)
