@@ -85,6 +85,9 @@ def parse_job_file(text: str, path: str) -> dict:
     for key, value in options.items():
         line = _key_line(text, key)
         where = f"{path}{f', line {line}' if line else ''}, key {key}"
+        if isinstance(value, dict):  # an experiment file's [train], or a table of the user's: no option is one
+            raise UserError(f"{where}: [{key}] is a table, and a job file holds no tables: write its options at the "
+                            f"top level, without the [{key}] line, by name with _ for - (batch_size = 256).")
         if key not in field_kinds():
             close = difflib.get_close_matches(key, list(field_kinds()), n=1)
             raise UserError(f"{where}: unknown key {key!r}.{f' Did you mean {close[0]!r}?' if close else ''} A job "

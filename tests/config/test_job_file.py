@@ -34,7 +34,9 @@ def test_an_unknown_key_is_refused_naming_the_nearest_one():
     ('seed = 1\nbatch_size = "256"\n', "job.toml, line 2, key batch_size: must be an integer, got a string ('256')."),
     ("lr = true\n", "job.toml, line 1, key lr: must be a number, got a boolean (True)."),
     ("overlap = 1\n", "job.toml, line 1, key overlap: must be true or false, got an integer (1)."),
-    ("[sync]\nname = 1\n", "job.toml, line 1, key sync: must be a string, got a table."),
+    ("[sync]\nname = 1\n", ("job.toml, line 1, key sync: [sync] is a table, and a job file holds no tables: write "
+                           "its options at the top level, without the [sync] line")),
+    ('seed = 1\n[train]\nlr = 0.1\n', "job.toml, line 2, key train: [train] is a table"),  # an experiment file's
     ('sync = "bucketd"\n', "job.toml, line 1, key sync: 'bucketd' is not one of "),
 ])
 def test_a_wrong_type_or_value_is_refused_naming_the_key(text, message):
