@@ -31,7 +31,7 @@ WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m mpi_train replay", description=__doc__.split("\n")[0])
-    parser.add_argument("paths", nargs="*", default=[str(SPOOL_DIR)], metavar="SPOOL",
+    parser.add_argument("paths", nargs="*", metavar="SPOOL",
                         help=f"spool files (*.jsonl) or folders holding them (default: {SPOOL_DIR})")
     parser.add_argument("--tracking-uri", help="MLflow server (or database) to send to (default: "
                                                "$MLFLOW_TRACKING_URI, else the one each spool was written for)")
@@ -129,10 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     override = given_uri(args.tracking_uri)
     errors = []  # a paragraph per spool with damaged lines (the replay goes on with the others), then what stopped it
+    if not args.paths and not SPOOL_DIR.exists():  # none named, and no job started here spooled anything
+        print(f"no spool to send: there is no {SPOOL_DIR} in {Path.cwd()}. Jobs spool under the folder they were "
+              f"started from; run this there, or name a spool.")
+        return 0
     try:
-        files = spool_files(args.paths)
+        paths = args.paths or [str(SPOOL_DIR)]
+        files = spool_files(paths)
         if not files:
-            print(f"no spool to send in {', '.join(args.paths)}.")
+            print(f"no spool to send in {', '.join(paths)}.")
         for path in files:
             if writer_is_running(path):
                 print(f"{path}: its job is still running and sends it itself; skipped.")

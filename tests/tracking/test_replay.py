@@ -86,3 +86,12 @@ def test_a_write_appended_after_a_cut_line_stays_whole_on_a_line_of_its_own(tmp_
     spool.add(loss_at("run", 3), "http://127.0.0.1:5000")  # the guard appends the job's end after rank 0 died
     assert [record["metrics"][0]["step"] for record in spool.records()] == [1, 3]
     assert spool.damaged() == [(2, cut_at)]
+
+
+def test_a_folder_where_no_job_spooled_has_nothing_to_send_but_a_named_spool_must_exist(tmp_path, monkeypatch,
+                                                                                       capsys):
+    monkeypatch.chdir(tmp_path)
+    assert replay_main([]) == 0
+    assert capsys.readouterr().out.startswith(f"no spool to send: there is no mlruns/spool in {tmp_path}.")
+    assert replay_main(["mlruns/spool"]) == 2  # named: a path that is not there is a mistake to say
+    assert "mlruns/spool is neither a spool file (*.jsonl) nor a folder" in " ".join(capsys.readouterr().err.split())
