@@ -47,6 +47,7 @@ import errno
 import os
 import random
 import re
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -445,6 +446,11 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int,
     """Collective: rank 0 finds, reads and checks --resume (against `model`'s state tensors' shapes); each rank
     receives the shared part and its own."""
     if not config.resume:
+        if cluster.info.is_main and config.checkpoint_dir and (found := list_checkpoints(Path(config.checkpoint_dir))):
+            print(f"mpi_train: warning: --checkpoint-dir {config.checkpoint_dir} holds {len(found)} checkpoint(s) this "
+                  f"job did not write (the newest {found[-1].name}), and it starts afresh: its own will lie among "
+                  f"them, and --resume auto would go on from the newest of either. Give each job a --checkpoint-dir "
+                  f"of its own, or pass --resume auto to continue them.", file=sys.stderr, flush=True)
         return None
     payload, outcome, path = None, None, None
     if cluster.info.is_main:

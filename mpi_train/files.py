@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import os
 import socket
@@ -30,8 +31,12 @@ def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
 
     A failure up to the rename (a full disk, in `write` or in the fsync; a rename refused) removes the temporary
     file, leaves `target` as it was and raises the failure itself, even if removing the file fails as well. A
-    failure of the folder's fsync is raised too: `target` is then whole, but may not survive a power cut."""
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    failure of the folder's fsync is raised too: `target` is then whole, but may not survive a power cut.
+
+    A process killed mid-write (mpirun ends the ranks of a job stopped with Ctrl-C) cannot remove its temporary file:
+    the next write of `target` on the same host removes those of processes no longer running."""
+    remove_dead_partials(target)
+    partial = target.with_name(partial_name(target.name, os.getpid()))
     try:
         with open(partial, "wb") as handle:
             write(handle)
@@ -87,6 +92,32 @@ def kept(what: str, write) -> str | None:
             raise
         return f"{what} could not be written ({cause.strerror or cause})"
     return None
+
+
+def partial_name(name: str, pid: int) -> str:
+    """The temporary name a write of `name` by process `pid` goes under, with its host: the folder may be shared, and
+    a pid tells only of its own host's processes."""
+    return f".{name}.{socket.gethostname()}-{pid}.partial"
+
+
+def remove_dead_partials(target: Path) -> None:
+    """Remove the temporary files of writes of `target` by processes of this host that are no longer running."""
+    prefix = f".{target.name}.{socket.gethostname()}-"
+    with contextlib.suppress(OSError):
+        for left in target.parent.glob(f"{glob.escape(prefix)}*.partial"):
+            pid = left.name[len(prefix):-len(".partial")]
+            if pid.isdigit() and not running(int(pid)):
+                left.unlink(missing_ok=True)
+
+
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def write_json_atomically(path: str, payload: dict) -> None:

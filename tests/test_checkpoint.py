@@ -1,6 +1,9 @@
 """Checkpoint and resume: atomic writes, clear refusals, and exact continuation for every sync method."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -24,7 +27,7 @@ from mpi_train.checkpoint import (
 from mpi_train.cluster import Cluster
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
-from mpi_train.files import CLAIM_FILE, write_atomically
+from mpi_train.files import CLAIM_FILE, partial_name, write_atomically
 from mpi_train.optimizers import OPTIMIZERS
 
 # 256 samples at a global batch of 64: 4 steps an epoch. The MNIST CNN has dropout, so each
@@ -381,3 +384,26 @@ def test_reshard_onto_ranks_the_checkpoints_batch_does_not_split_names_rank_coun
     for world_size in (2, 4):
         TrainConfig(**job, batch_size=256).validate(world_size)
         check_compatible(payload, "ck/step-00000003.pt", TrainConfig(**job, batch_size=256), world_size, 5)
+
+
+def test_the_next_write_removes_what_a_killed_writer_left_but_not_a_running_one(tmp_path):
+    target = tmp_path / "cache.pt"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tmp_path / partial_name(target.name, dead.pid)  # killed mid-write: nothing removed it
+    writing = tmp_path / partial_name(target.name, os.getppid())  # a write still under way, by a running process
+    other = tmp_path / f".{target.name}.another-host-{dead.pid}.partial"  # a shared folder: another host's
+    for path in (left, writing, other):
+        path.write_bytes(b"half")
+    write_atomically(target, lambda handle: handle.write(b"whole"))
+    assert target.read_bytes() == b"whole" and not left.exists() and writing.exists() and other.exists()
+
+
+def test_a_job_started_afresh_on_a_folder_of_checkpoints_warns_that_they_would_mix(tmp_path, one_rank, capsys):
+    config = TrainConfig(**SMALL, checkpoint_dir=str(tmp_path))
+    assert load_for_resume(config, one_rank, total_steps=20) is None and not capsys.readouterr().err  # empty: no word
+    written(tmp_path, 4)
+    assert load_for_resume(config, one_rank, total_steps=20) is None
+    said = " ".join(capsys.readouterr().err.split())
+    assert said.startswith(f"mpi_train: warning: --checkpoint-dir {tmp_path} holds 1 checkpoint(s) this job did not "
+                           f"write (the newest step-00000004.pt), and it starts afresh")

@@ -249,6 +249,16 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
                             "--gpt-width": self.gpt_width, "--context": self.context}.items():
             if value is not None and value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}.")
+        shaping = [flag for flag, value in {"--gpt-size": self.gpt_size != "tiny", "--gpt-layers": self.gpt_layers,
+                                            "--gpt-heads": self.gpt_heads, "--gpt-width": self.gpt_width}.items()
+                   if value not in (None, False)]
+        if shaping and self.model_name != "gpt":
+            raise UserError(f"{', '.join(shaping)} shape --model gpt, and this job trains --model {self.model_name}, "
+                            f"which would ignore them. Drop them, or train --model gpt.")
+        if self.context is not None and not self.language_model:
+            raise UserError(f"--context is the length of the token sequences a language model reads, and --model "
+                            f"{self.model_name} takes images, which would ignore it. Drop it, or train --model gpt "
+                            f"on --dataset text.")
         gpt_shape = self.gpt_shape
         if gpt_shape.width % gpt_shape.heads:
             raise UserError(f"--gpt-width {gpt_shape.width} must split evenly across --gpt-heads {gpt_shape.heads}. "

@@ -39,6 +39,7 @@ from ..errors import ArgumentParser, UserError, format_error
 from ..files import unwritable
 from ..tracking import check_uri, probe_server, resolve_uri
 from .experiment_file import Sweep, load
+from .launchline import read_hostfile
 from .sweep_launch import Launch, Progress, duration, execute
 from .sweep_plan import describe_plan, lab_folder, plan
 from .sweep_report import report
@@ -110,6 +111,28 @@ def check_setup(sweep: Sweep, uri: str | None) -> None:
             raise UserError(f"{error} (tracking for {sweep.path}; nothing was launched)") from None
 
 
+def check_runs(sweep: Sweep, launches: list[Launch]) -> None:
+    """What would fail runs the moment they start, said before --dry-run lists them: save_model without tracking, a
+    run asking more ranks than the hostfile's slots (mpirun refuses it: "not enough slots")."""
+    if not sweep.tracking and any(run.config.save_model for run in sweep.runs):
+        raise UserError(f"{sweep.path}: save_model = true keeps each trained model in its MLflow run, and this "
+                        f"experiment tracks nothing ([experiment] tracking = false, or --no-tracking). Drop "
+                        f"save_model, or track the runs. Nothing was launched.")
+    if not sweep.hostfile or not Path(sweep.hostfile).is_file() or any("oversubscribe" in arg.lower()
+                                                                        for arg in sweep.mpirun_args):
+        return
+    offered = sum(slots for _, slots in read_hostfile(Path(sweep.hostfile)))
+    over = [(launch.name, np) for launch in launches if "--hostfile" in launch.command
+            and launch.command[launch.command.index("--hostfile") + 1] == sweep.hostfile
+            and (np := int(launch.command[launch.command.index("-np") + 1])) > offered]
+    if over:
+        name, np = over[0]
+        raise UserError(f"{sweep.path}: {len(over)} run(s) ask for more ranks than the hostfile {sweep.hostfile} "
+                        f"offers ({offered} slot(s)), the first {name} with np {np}: mpirun would refuse them. Lower "
+                        f"np, add slots to the hostfile, or add \"--oversubscribe\" to [launch] mpirun_args. Nothing "
+                        f"was launched.")
+
+
 def run_sweep(sweep: Sweep, launches: list[Launch], uri: str | None) -> int:
     """Each launch in order, then the report and what failed; exit 0, 1 if anything failed, 130 if interrupted."""
     since_ms = int(time.time() * 1000) - 1000
@@ -170,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sweep = apply_overrides(load(args.file), args)
         uri = tracking_uri(sweep)
         launches = plan(sweep, uri)
+        check_runs(sweep, launches)
         if args.dry_run:
             print(describe_plan(sweep, launches, uri))
             return 0

@@ -88,13 +88,14 @@ class Progress:
                 f"run {duration(run_elapsed)}, sweep {duration(time.monotonic() - self.started)}{eta}")
 
 
+ONE_PARAGRAPH = re.compile(r"mpi_train[\w.]*: (error|warning)")  # an error of ours, wrapped over a few lines
 FAILURE_LINES = (  # what says why a run failed, most telling first
     # the remote agent's own words when mpirun could not reach a host (`ssh: Could not resolve hostname h: ...`),
     # which the banner mpirun prints after them ("A daemon failed to report back") leaves out
     re.compile(r"^(ssh|rsh): \S"),
     re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b.*?:"),  # a traceback's last line
-    re.compile(r"mpi_train[\w.]*: (error|warning)"),  # a one-paragraph error
-    re.compile(r"(failed|Killed|killed|not found|refused)"),
+    ONE_PARAGRAPH,
+    re.compile(r"(failed|Killed|killed|not found|refused|not enough slots)"),
 )
 
 
@@ -102,10 +103,17 @@ def last_error(lines: list[str]) -> str:
     """The line that says why a run failed: the remote agent's error when a host could not be reached, the run's
     exception or error message, else the last line it printed."""
     for pattern in FAILURE_LINES:
-        for line in reversed(lines):
-            if pattern.search(line):
-                return line.strip()
-    return next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")
+        for index in range(len(lines) - 1, -1, -1):
+            if pattern.search(lines[index]):
+                if pattern is not ONE_PARAGRAPH:
+                    return lines[index].strip()
+                paragraph = [lines[index]]  # and its wrapped lines, up to a blank one or mpirun's banner
+                for line in lines[index + 1:]:
+                    if not line.strip() or line.startswith(("-", " ")) or ONE_PARAGRAPH.search(line):
+                        break
+                    paragraph.append(line)
+                return " ".join(line.strip() for line in paragraph)
+    return next((line.strip(" \t\x00") for line in reversed(lines) if line.strip(" \t\x00")), "(no output)")
 
 
 def execute(launch: Launch, progress: Progress, timeout: float | None) -> None:

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
 from ..errors import UserError, folder_write_error
+from ..files import partial_name, remove_dead_partials
 from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, SpoolingClient, first_line, refused
 from .store_writes import StoreWrites
@@ -66,6 +67,8 @@ def mlflow_client(uri: str):
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     try:
         with creating_alone(database):
+            if database is not None and not database.exists():
+                make_store(database, MlflowClient)
             return MlflowClient(tracking_uri=uri)  # opens the database (and migrates its tables) now
     except Exception as error:
         damaged = store_damage(uri, error)
@@ -89,6 +92,19 @@ def creating_alone(database: Path | None):
         yield
     finally:
         os.close(folder)  # and with it the lock
+
+
+def make_store(database: Path, client) -> None:
+    """A new SQLite store made whole under another name, then renamed into place: a job stopped while MLflow creates
+    its tables (Ctrl-C in its first seconds) leaves no half-made store, which every later job would fail to open."""
+    remove_dead_partials(database)
+    partial = database.with_name(partial_name(database.name, os.getpid()))
+    try:
+        client(tracking_uri=f"sqlite:///{partial.absolute()}")  # makes every table
+        os.replace(partial, database)
+    finally:
+        for left in (partial, partial.with_name(partial.name + "-journal")):
+            left.unlink(missing_ok=True)
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -138,6 +154,9 @@ def sqlite_damage(error: BaseException) -> int | None:
 def store_damage(uri: str, error: BaseException) -> UserError | None:
     """The one paragraph for `error`, if it is SQLite finding the store at `uri` damaged, else None."""
     database, code = sqlite_file(uri), sqlite_damage(error)
+    if database is not None and "_alembic_tmp_" in str(error):  # a migration's table, left by a job stopped midway
+        return damaged_store(database, "it was left half-made, by a job stopped while MLflow created or upgraded "
+                                       "its tables", MOVE_OR_POINT_ELSEWHERE)
     if database is None or code is None:
         return None
     return damaged_store(database, f"SQLite cannot read its pages (error code {code})", MOVE_OR_POINT_ELSEWHERE)
@@ -219,8 +238,11 @@ def open_store(config: TrainConfig) -> Connection:
     scheme = check_uri(uri)
     if scheme == "sqlite":
         database = sqlite_file(uri)
-        if database is not None:
-            check_store_dir(database.parent, "point --tracking-uri at another sqlite:/// file")
+        if database is None:  # sqlite:// or sqlite:///:memory:
+            raise UserError(f"--tracking-uri {redact_uri(uri)} names a database held in memory, which lives in rank "
+                            f"0's process alone and goes with it: nothing of the job's runs could be read. Name a "
+                            f"file, e.g. sqlite:///mlruns/mlflow.db, or pass --no-tracking.")
+        check_store_dir(database.parent, "point --tracking-uri at another sqlite:/// file")
         # where artifacts land: MLflow makes the folder with the first one, so a job refused before it leaves none
         artifacts = Path(DEFAULT_STORE_DIR).absolute()
         check_store_dir(next(folder for folder in (artifacts, *artifacts.parents) if folder.exists()),

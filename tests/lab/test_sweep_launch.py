@@ -34,6 +34,17 @@ def test_a_run_whose_host_cannot_be_reached_is_reported_in_ssh_s_own_words():
         "ssh: Could not resolve hostname nohost.invalid: Name or service not known"
 
 
+def test_a_run_refused_in_one_paragraph_is_reported_whole_and_mpirun_s_refusal_in_its_words():
+    refused = ["mpi_train: error: --save-model stores the weights in the job's MLflow run, which --no-tracking turns",
+               "off. Drop one of them.", "--------------------------------------", "prterun detected that one or",
+               "\x00"]
+    assert last_error(refused) == ("mpi_train: error: --save-model stores the weights in the job's MLflow run, which "
+                                   "--no-tracking turns off. Drop one of them.")
+    assert last_error(["", "There are not enough slots available in the system to satisfy the 8", "slots", "\x00"]) == \
+        "There are not enough slots available in the system to satisfy the 8"
+    assert last_error(["mpirun said little", "\x00", ""]) == "mpirun said little"
+
+
 def test_time_left_counts_later_runs_by_their_steps():
     # 1 s/step, 10 s start-up
     done = Launch(index=1, name="a", command=[], steps=10, log=Path("a"), returncode=0,

@@ -5,6 +5,7 @@ import http.server
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import tmpfs
@@ -147,3 +148,24 @@ def test_a_server_whose_api_hangs_at_the_start_is_refused_unless_spooling_was_ch
     assert connection.experiment_id is None and connection.client.down  # offline: every write goes to the spool
     said = capsys.readouterr().err
     assert "not its tracking API" in said and "Training anyway (--tracking-spool)" in said, said
+
+
+def test_a_store_made_by_a_job_stopped_midway_is_not_left_half_made(tmp_path):
+    from mpi_train.tracking.store import make_store, mlflow_client, store_damage
+
+    def stopped(tracking_uri: str):  # MLflow creating the tables when Ctrl-C comes
+        Path(tracking_uri.removeprefix("sqlite:///")).write_bytes(b"SQLite format 3\x00" + bytes(4080))
+        raise KeyboardInterrupt
+
+    database = tmp_path / "mlflow.db"
+    with pytest.raises(KeyboardInterrupt):
+        make_store(database, stopped)
+    assert list(tmp_path.iterdir()) == []  # neither a store nor its partial
+    uri = f"sqlite:///{database}"
+    assert mlflow_client(uri).get_experiment_by_name("Default") is not None and database.exists()
+    # a store left half-made before stores were made whole: MLflow's upgrade meets the table it left
+    left = RuntimeError("(sqlite3.OperationalError) table _alembic_tmp_experiments already exists")
+    refused = store_damage(uri, left)
+    assert str(refused).startswith(f"The MLflow store {database} is damaged: it was left half-made, by a job stopped "
+                                   f"while MLflow created or upgraded its tables.")
+    assert f"mv {database} {database}.damaged" in str(refused)

@@ -281,6 +281,8 @@ def test_an_unreachable_server_is_reported_before_training(tmp_path):
     ("http://", "has no host"),
     ("/tmp/some/folder", "folder of files"),
     ("file:///tmp/mlruns", "folder of files"),
+    ("sqlite://", "held in memory"),
+    ("sqlite:///:memory:", "held in memory"),
 ])
 def test_malformed_uris_are_refused_with_the_fix(uri, needle):
     with pytest.raises(UserError, match="--tracking-uri") as caught:
