@@ -249,9 +249,9 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
                             "--gpt-width": self.gpt_width, "--context": self.context}.items():
             if value is not None and value <= 0:
                 raise UserError(f"{flag} must be positive, got {value}.")
-        shaping = [flag for flag, value in {"--gpt-size": self.gpt_size != "tiny", "--gpt-layers": self.gpt_layers,
-                                            "--gpt-heads": self.gpt_heads, "--gpt-width": self.gpt_width}.items()
-                   if value not in (None, False)]
+        given = {"--gpt-size": self.gpt_size != TrainConfig.gpt_size, "--gpt-layers": self.gpt_layers,
+                 "--gpt-heads": self.gpt_heads, "--gpt-width": self.gpt_width}
+        shaping = [flag for flag, value in given.items() if value not in (None, False)]
         if shaping and self.model_name != "gpt":
             raise UserError(f"{', '.join(shaping)} shape --model gpt, and this job trains --model {self.model_name}, "
                             f"which would ignore them. Drop them, or train --model gpt.")

@@ -62,8 +62,9 @@ class ModelSaving:
             offline = self.parent_id.startswith(OFFLINE_PREFIX)
             save_model_files(model.eval(), inputs.numpy(), path, None if offline else self.parent_id)
             uri = f"runs:/{self.parent_id}/{self.MODEL_NAME}"
-            refused = self._log_model(path) if self._server_up() else None
-            if refused is None and self._server_up():
+            up = self._server_up()
+            refused = self._log_model(path) if up else None
+            if up and refused is None:
                 return uri
             dropped = getattr(self.client, "dropped", 0)  # a database store's refused writes (store_writes.py)
             for file in sorted(found for found in path.rglob("*") if found.is_file()):  # sent, or spooled
