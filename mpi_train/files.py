@@ -8,6 +8,7 @@ import fcntl
 import glob
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -101,13 +102,17 @@ def partial_name(name: str, pid: int) -> str:
 
 
 def remove_dead_partials(target: Path) -> None:
-    """Remove the temporary files of writes of `target` by processes of this host that are no longer running."""
+    """Remove the temporary files (or folders) of writes of `target` by processes of this host that are no longer
+    running."""
     prefix = f".{target.name}.{socket.gethostname()}-"
     with contextlib.suppress(OSError):
         for left in target.parent.glob(f"{glob.escape(prefix)}*.partial"):
             pid = left.name[len(prefix):-len(".partial")]
             if pid.isdigit() and not running(int(pid)):
-                left.unlink(missing_ok=True)
+                if left.is_dir():
+                    shutil.rmtree(left, ignore_errors=True)
+                else:
+                    left.unlink(missing_ok=True)
 
 
 def running(pid: int) -> bool:

@@ -105,7 +105,7 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 # What starts a command: this package's (also as torchrun's module or the Slurm script's arguments), or another
 # program that the documents' command lines run around it
 PROGRAM = re.compile(r"(?:python )?-m mpi_train\b|\bmpi-train\b|\bslurm/train\.sbatch\b|python -m pytest\b|\bpytest\b"
-                     r"|\bmpirun\b|\bmpiexec\b|\btorchrun\b|\bsbatch\b|\bsrun\b|\bpip\b"
+                     r"|\bmpirun\b|\bmpiexec\b|\btorchrun\b|\bsbatch\b|\bsrun\b|\bpip\b|\bdocker run\b"
                      r"|(?:python )?(?:scripts|tests)/[\w./-]+")
 SEPARATOR = re.compile(r"\s#|\s\(|;|&&|\|\|?|\s>|\s--\s")  # what ends a command: a comment, prose, the next one
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`*(\[])")
@@ -119,6 +119,7 @@ OTHER_PROGRAMS = {
     "sbatch": {"--wait", "--ntasks-per-node", "--signal", "--requeue"},
     "srun": {"--mpi", "--kill-on-bad-exit", "--gpus-per-task"},
     "pytest": {"--durations"},
+    "docker run": {"--cap-add", "--privileged"},
 }
 OTHER_PROGRAMS["mpiexec"] = OTHER_PROGRAMS["mpirun"]
 ANY_OTHER = set().union(*OTHER_PROGRAMS.values())

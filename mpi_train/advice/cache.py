@@ -80,11 +80,12 @@ class Setting:
                          f"{', '.join(dict.fromkeys(self.hosts))})")
         return found
 
-    def file_name(self, created_s: float) -> str:
-        """`vgg11-b256-np4-1a2b3c4d-20261125-193000.json`: the setting (its hosts as a digest) and the time."""
+    def path(self, folder: str | Path, created_s: float) -> Path:
+        """Where `write` keeps this setting's advice made at `created_s`:
+        `FOLDER/vgg11-b256-np4-1a2b3c4d-20261125-193000.json`, its hosts as a digest."""
         digest = hashlib.sha256("\n".join(self.hosts).encode()).hexdigest()[:8]
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(created_s))
-        return f"{self.model}-b{self.batch_size}-np{self.world_size}-{digest}-{stamp}.json"
+        return Path(folder) / f"{self.model}-b{self.batch_size}-np{self.world_size}-{digest}-{stamp}.json"
 
 
 def read(path: str | Path) -> dict:
@@ -125,9 +126,8 @@ def reusable_calibration(folder: str | Path, hosts: Sequence[str], link: str | N
                                         and bool((data.get("calibration") or {}).get("network"))))
 
 
-def write(folder: str | Path, setting: Setting, data: dict) -> Path:
-    """Keep `data` in `folder` under its setting's name and creation time; its path."""
-    path = Path(folder) / setting.file_name(data["created_s"])
+def write(path: Path, data: dict) -> Path:
+    """Keep the advice `data` at `path` (Setting.path), whole or not at all; `path`."""
     write_json_atomically(str(path), data)
     return path
 

@@ -34,7 +34,6 @@ import argparse
 import time
 from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -171,9 +170,9 @@ def report(args: argparse.Namespace, result: dict, setting: cache.Setting, conne
     exit status (2: a file not kept)."""
     text = advice_report.describe(result)
     print(text, flush=True)
-    path = Path(args.advice_dir) / setting.file_name(result["created_s"])  # cache.write's, named before it runs
+    path = setting.path(args.advice_dir, result["created_s"])
     picture = path.with_suffix(".png")
-    failures = [kept(f"the advice {path}", lambda: cache.write(args.advice_dir, setting, result)),
+    failures = [kept(f"the advice {path}", lambda: cache.write(path, result)),
                 kept(f"its plot {picture}", lambda: advice_plot.plot(result, picture)),
                 args.json and kept(f"--json {args.json}", lambda: write_json_atomically(args.json, result))]
     written = ", ".join(str(file) for file, failed in zip((path, picture, args.json), failures) if file and not failed)

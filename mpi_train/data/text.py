@@ -50,6 +50,10 @@ def read_files(root: Path) -> list[tuple[Path, bytes]]:
                         f"Point --data-dir at a UTF-8 text file or a folder of them, or use --dataset synthetic.")
     files = sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
                                                                            p.relative_to(root).parts))
+    if not files:
+        raise UserError(f"--dataset text reads every file under the folder --data-dir {root}, and it holds none"
+                        f"{' but hidden ones' if any(root.rglob('*')) else ''}. Put UTF-8 text files in it, point "
+                        f"--data-dir at one file, or use --dataset synthetic.")
     return [(path, path.read_bytes()) for path in files]
 
 

@@ -239,7 +239,7 @@ def _plan_grid(checker: KeyChecker, where: tuple, grid: dict, train: dict, netwo
         link = {"link": setting.link} if setting else {}
         options = {**train, **overrides, "sync": method, "compression": compression, "seed": seed, "model": model,
                    **link}
-        config = _run_config(checker, where, options, np)
+        config = _run_config(checker, where, grid, train, options, np)
         name = (f"{label(method, compression)}-np{np}-seed{seed}" + (f"-{setting.label}" if setting else "")
                 + (f"-{model}" if isinstance(grid.get("model"), list) else ""))
         if any(run.name == name for run in runs):  # the same triple in two grids with different options
@@ -321,6 +321,14 @@ def _placements(checker: KeyChecker, where: tuple, grid: dict, network: NetworkP
     return placements
 
 
+def _accepted(config: TrainConfig, np: int) -> bool:
+    try:
+        config.validate(np)
+    except UserError:
+        return False
+    return True
+
+
 def _left_out_of_all(method: str, compression: str, backend: str, unavailable: list[tuple[str, str]]) -> bool:
     """Whether a sync = "all" grid skips this pair; one that cannot run here is added to `unavailable`, once."""
     if SYNC_METHODS[method].traits.fixed_compression and compression != "none":
@@ -331,13 +339,20 @@ def _left_out_of_all(method: str, compression: str, backend: str, unavailable: l
     return bool(why)
 
 
-def _run_config(checker: KeyChecker, where: tuple, options: dict, np: int) -> TrainConfig:
-    """One run's training options, checked against its world size (e.g. the batch must split across it)."""
+def _run_config(checker: KeyChecker, where: tuple, grid: dict, train: dict, options: dict, np: int) -> TrainConfig:
+    """One run's training options, checked against its world size (e.g. the batch must split across it). A refusal
+    that this world size alone brings is placed at np; any other at the first key it names as a flag (in the grid,
+    else in [train])."""
     config = TrainConfig(**options)
     try:
         config.validate(np)
     except UserError as error:
-        raise checker.fail(where + ("np",), f"the run {options['sync']} at np {np} cannot start: {error}") from None
+        named = [flag.replace("-", "_") for flag in re.findall(r"--([a-z][a-z0-9-]*)", str(error))]
+        key = where + ("np",)
+        if not any(_accepted(config, other) for other in (1, 2) if other != np):
+            key = next((where + (key,) if key in grid else ("train", key) for key in named
+                        if key in grid or key in train), key)
+        raise checker.fail(key, f"the run {options['sync']} at np {np} cannot start: {error}") from None
     return config
 
 

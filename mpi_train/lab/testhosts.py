@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "testhosts.sh"
 AGENT = REPO / "scripts" / "netns-agent"
+# capability bits (linux/capability.h): links, addresses and tc need the first; `ip netns add` mounts, the second
+NEEDED_CAPABILITIES = {"CAP_NET_ADMIN": 12, "CAP_SYS_ADMIN": 21}
 
 
 def check_can_run(network: NetworkPlan, source: Path) -> None:
@@ -33,6 +35,12 @@ def check_can_run(network: NetworkPlan, source: Path) -> None:
         raise UserError(f"{asks}, which are network namespaces with shaped links: creating them needs root. Run the "
                         f"experiment as root (e.g. sudo -E), or set [network] hosts = [1] to stay on loopback. "
                         f"Nothing was launched.")
+    if lacking := missing_capabilities():
+        raise UserError(f"{asks}, which are network namespaces with shaped links, and this root process lacks "
+                        f"{' and '.join(lacking)} (as in a container started without them): `ip` would be refused "
+                        f"with \"Operation not permitted\". Run where root holds them (a container started with "
+                        f"--cap-add NET_ADMIN --cap-add SYS_ADMIN, or --privileged), or set [network] hosts = [1] to "
+                        f"stay on loopback. Nothing was launched.")
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         raise UserError(f"{asks}, but the {' and '.join(missing)} command(s) are missing. Install iproute2 "
@@ -40,6 +48,17 @@ def check_can_run(network: NetworkPlan, source: Path) -> None:
     if not SCRIPT.is_file() or not AGENT.is_file():
         raise UserError(f"{asks}, but {SCRIPT} or {AGENT} is missing: run from a complete checkout of the repository. "
                         f"Nothing was launched.")
+
+
+def missing_capabilities(status: Path = Path("/proc/self/status")) -> list[str]:
+    """The capabilities test hosts need that this process's effective set lacks: root in a container often holds
+    neither. Empty where the kernel does not say (no /proc)."""
+    try:
+        effective = next(int(line.split()[1], 16) for line in status.read_text().splitlines()
+                         if line.startswith("CapEff:"))
+    except (OSError, StopIteration, IndexError, ValueError):
+        return []
+    return [name for name, bit in NEEDED_CAPABILITIES.items() if not effective >> bit & 1]
 
 
 class TestHosts:

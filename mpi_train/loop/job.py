@@ -32,7 +32,7 @@ from ..reporter import check_outputs
 from ..same_job import check_same_settings
 from ..step.compiling import compile_net, shared_sizes, toolchain_error, wants_channels_last
 from ..step.gradients import OptimizerGradients
-from ..step.precision import Precision
+from ..step.precision import Precision, slow_on_cpu
 from ..step.precision import agreed as agreed_precision
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, build_method
 from ..timeline import Alignment, StepRecorder, align_clocks
@@ -132,6 +132,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         total_steps=total_steps, compression=SYNC_METHODS[config.sync].traits.compression_name(config.compression),
         **layout_params(cluster.hosts), resumed_from=resumed_from(resume), advice=advised,
         data_path=loaders.describe(), compile_s=replica.compile_s, precision=precision.name,
+        slow_precision=slow_on_cpu(precision, device),
         overlap_lost_to_compile=method.traits.lost_when_compiled if config.compile else None,
         untrained_parameters=untrained,
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import shutil
 import subprocess
@@ -169,6 +170,8 @@ def compile_net(net: nn.Module, model: nn.Module, method: SyncMethod, mode: str,
     import torch._inductor.config as inductor  # (torch.compile's compiler: imported by jobs that compile only)
 
     torch._dynamo.reset()  # a process that ran a job before starts afresh: its graphs guard the earlier model
+    if device.type == "cpu":  # a machine with CUDA's toolkit and no GPU: torch says "No CUDA runtime is found" per rank
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     # dropout draws from torch's generator, as eager does: --compile changes a job's speed, not its losses (but for
     # channels_last: a mask drawn in memory order then falls on other elements)
     inductor.fallback_random = True

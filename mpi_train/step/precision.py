@@ -16,12 +16,15 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ..errors import UserError
 
 PRECISION_AUTO = "auto"
+# the CPU flags (/proc/cpuinfo) of units that compute each autocast dtype: without one, oneDNN falls back to slow paths
+CPU_UNITS = {torch.float16: ("avx512_fp16", "amx_fp16"), torch.bfloat16: ("avx512_bf16", "amx_bf16")}
 # what a bench JSON or an advice that names no precision measured under: benches without one had no autocast
 UNNAMED_PRECISION = "32-true"
 
@@ -83,6 +86,32 @@ def resolve(name: str, device: torch.device) -> Precision:
         raise UserError(f"--precision {name} autocasts to {str(dtype).removeprefix('torch.')}, which torch "
                         f"{torch.__version__} cannot do on {device.type} devices. Use --precision 32-true, or auto.")
     return precision
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
+    """The instruction-set flags of this machine's CPUs, or None where the kernel does not say."""
+    try:
+        line = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return None
+    return frozenset(line.partition(":")[2].split())
+
+
+def slow_on_cpu(precision: Precision, device: torch.device, flags: frozenset[str] | None = None) -> str | None:
+    """A sentence for a mixed precision this CPU has no arithmetic for, else None: autocast runs there on torch's
+    slow paths (float16: about 10x float32's step for the MNIST CNN; docs/results.md), which no one picks knowingly."""
+    if device.type != "cpu" or precision.autocast_dtype is None:
+        return None
+    flags = cpu_flags() if flags is None else flags
+    units = CPU_UNITS[precision.autocast_dtype]
+    if flags is None or any(unit in flags for unit in units):
+        return None
+    kind = str(precision.autocast_dtype).removeprefix("torch.")
+    faster = next((f"bf16-mixed (this CPU has {unit})" for unit in CPU_UNITS[torch.bfloat16] if unit in flags),
+                  "32-true")
+    measured = " (8.8x to 10.6x its step for the MNIST CNN on such a CPU)" if precision.scaled else ""
+    return (f"--precision {precision.name} on a CPU without {kind} arithmetic (it has neither {' nor '.join(units)}): "
+            f"autocast takes torch's slow paths, slower than 32-true{measured}. {faster} trains faster here.")
 
 
 def agreed(name: str, device: torch.device, cluster) -> Precision:

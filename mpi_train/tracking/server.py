@@ -20,6 +20,7 @@ loopback without --auth is refused unless --insecure says it is meant.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import signal
@@ -152,6 +153,29 @@ def stop(process: subprocess.Popen) -> None:
         pass
 
 
+class NewStore:
+    """The databases (and the --root folder) a server made for a new store: MLflow creates a store's tables as it
+    starts, so a server stopped before it first answers (Ctrl-C in its first seconds) may leave them half-made, which
+    every later start would fail on. Until it answers they are removed on the way out; from then on they are whole."""
+
+    def __init__(self, root: Path, databases: Sequence[Path]):
+        self.folders_made = [folder for folder in (root, *root.parents) if not folder.exists()]  # deepest first
+        self.databases = [database for database in databases if not database.exists()]
+        root.mkdir(parents=True, exist_ok=True)
+
+    def made(self) -> None:
+        self.databases = []
+
+    def discard_if_unmade(self) -> None:
+        for database in self.databases:
+            for part in ("", "-journal", "-wal", "-shm"):
+                database.with_name(database.name + part).unlink(missing_ok=True)
+        if self.databases:
+            with contextlib.suppress(OSError):  # not empty: something else was put there meanwhile
+                for folder in self.folders_made:
+                    folder.rmdir()
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -163,8 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_exposure(args.host, args.auth, args.insecure)
         check_store_dir(root, "pass --root with another folder")
-        for database in (root / "mlflow.db", *([root / "basic_auth.db"] if args.auth else [])):
+        databases = (root / "mlflow.db", *([root / "basic_auth.db"] if args.auth else []))
+        for database in databases:
             check_database(database, MOVE_OR_START_ELSEWHERE)  # before the server starts: nothing is left running
+        new = NewStore(root, databases)
         env, who = dict(os.environ), "none: anyone who reaches it may read and write every run"
         if args.auth:
             user, password, source = admin_credentials(root)
@@ -180,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:
         wait_until_healthy(url, process)
+        new.made()
         print(f"MLflow UI: {url}\nStore: {root / 'mlflow.db'} (artifacts under {root})\nAuthentication: {who}\n"
               f"Train with: mpirun -np 4 python -m mpi_train --tracking-uri {url}\nCtrl-C stops the server.",
               flush=True)
@@ -192,3 +219,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         stop(process)
+        new.discard_if_unmade()

@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import sqlite3
 import sys
 import time
@@ -15,8 +16,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
-from ..errors import UserError, folder_write_error
-from ..files import partial_name, remove_dead_partials
+from ..errors import UserError
+from ..files import partial_name, remove_dead_partials, write_error
 from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, SpoolingClient, first_line, refused
 from .store_writes import StoreWrites
@@ -96,15 +97,32 @@ def creating_alone(database: Path | None):
 
 def make_store(database: Path, client) -> None:
     """A new SQLite store made whole under another name, then renamed into place: a job stopped while MLflow creates
-    its tables (Ctrl-C in its first seconds) leaves no half-made store, which every later job would fail to open."""
-    remove_dead_partials(database)
-    partial = database.with_name(partial_name(database.name, os.getpid()))
+    its tables (Ctrl-C in its first seconds) leaves no half-made store, which every later job would fail to open, and
+    no empty folder where the store was to be. Where the store's folder is missing, the folder is what is made under
+    another name (its topmost missing parent, with the folders below it)."""
+    top = database.parent.absolute()
+    while not top.parent.exists() and top != top.parent:
+        top = top.parent
+    made = top if not top.exists() else database.absolute()  # what the rename puts in place
+    remove_dead_partials(made)
+    staged = made.with_name(partial_name(made.name, os.getpid()))
+    staged_database = staged / database.absolute().relative_to(top) if made == top else staged
     try:
-        client(tracking_uri=f"sqlite:///{partial.absolute()}")  # makes every table
-        os.replace(partial, database)
+        if made == top:
+            staged_database.parent.mkdir(parents=True)
+        client(tracking_uri=f"sqlite:///{staged_database}")  # makes every table
+        try:
+            os.rename(staged, made)
+        except OSError:
+            if not (made == top and database.exists()):
+                raise
+            # another job started at once on the new folder made the store first: its store is whole, ours goes
     finally:
-        for left in (partial, partial.with_name(partial.name + "-journal")):
-            left.unlink(missing_ok=True)
+        if staged.is_dir():
+            shutil.rmtree(staged, ignore_errors=True)
+        for left in (staged, staged.with_name(staged.name + "-journal")):
+            with contextlib.suppress(OSError):
+                left.unlink(missing_ok=True)
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -187,14 +205,22 @@ def resolve_uri(flag: str | None) -> str:
 
 
 def check_store_dir(directory: Path, flag_hint: str) -> None:
-    """`directory` must be a writable folder (created if missing): the SQLite file and artifacts live there."""
-    reason = folder_write_error(directory)
+    """`directory` must be a folder this user can write, or one that can be made: the SQLite file and artifacts live
+    there. Creates nothing: a job stopped before its store is made leaves no empty folder."""
+    reason = write_error(directory, folder=True)
     if reason:
         raise UserError(
-            f"The MLflow store folder {directory.resolve()} is not a writable folder ({reason}). "
+            f"The MLflow store folder {directory.resolve()} is not a writable folder: it {reason}. "
             f"The job's runs and artifacts are kept there. Make it a writable folder, run from another working "
             f"directory, {flag_hint}, or pass --no-tracking."
         ) from None
+
+
+def given_as(uri: str) -> str:
+    """How the user named `uri`: $MLFLOW_TRACKING_URI where it came from there (a shell's profile sets it, and a
+    refusal naming the flag would send the user looking for a flag they never typed), else --tracking-uri."""
+    from_environment = os.environ.get(ENV_DEFAULTS["tracking_uri"])
+    return f"${ENV_DEFAULTS['tracking_uri']}" if from_environment and uri == from_environment else "--tracking-uri"
 
 
 def check_uri(uri: str) -> str:
@@ -203,18 +229,18 @@ def check_uri(uri: str) -> str:
         parts = urlsplit(uri)
         parts.port  # noqa: B018 - raises on a malformed port
     except ValueError as error:
-        raise UserError(f"--tracking-uri {redact_uri(uri)!r} is malformed ({error}). {_URI_FORMS}") from None
+        raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} is malformed ({error}). {_URI_FORMS}") from None
     scheme = parts.scheme.lower()
     if scheme in ("", "file"):
         raise UserError(
-            f"--tracking-uri {redact_uri(uri)!r} names a folder of files, which MLflow 3 no longer accepts as a "
+            f"{given_as(uri)} {redact_uri(uri)!r} names a folder of files, which MLflow 3 no longer accepts as a "
             f"tracking store. Use a SQLite file instead, e.g. --tracking-uri sqlite:///mlruns/mlflow.db, "
             f"or a tracking server."
         )
     if scheme in SERVER_SCHEMES and not parts.hostname:
-        raise UserError(f"--tracking-uri {redact_uri(uri)!r} has no host. {_URI_FORMS}")
+        raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} has no host. {_URI_FORMS}")
     if scheme not in SERVER_SCHEMES + DATABASE_SCHEMES + ("databricks",):
-        raise UserError(f"--tracking-uri {redact_uri(uri)!r} has an unknown scheme {scheme!r}. {_URI_FORMS}")
+        raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} has an unknown scheme {scheme!r}. {_URI_FORMS}")
     return scheme
 
 
@@ -239,7 +265,7 @@ def open_store(config: TrainConfig) -> Connection:
     if scheme == "sqlite":
         database = sqlite_file(uri)
         if database is None:  # sqlite:// or sqlite:///:memory:
-            raise UserError(f"--tracking-uri {redact_uri(uri)} names a database held in memory, which lives in rank "
+            raise UserError(f"{given_as(uri)} {redact_uri(uri)} names a database held in memory, which lives in rank "
                             f"0's process alone and goes with it: nothing of the job's runs could be read. Name a "
                             f"file, e.g. sqlite:///mlruns/mlflow.db, or pass --no-tracking.")
         check_store_dir(database.parent, "point --tracking-uri at another sqlite:/// file")

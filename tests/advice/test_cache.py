@@ -26,7 +26,7 @@ def advice(setting: Setting, created_s: float, flags=("--sync", "bucketed", "--b
 
 
 def keep(folder, setting: Setting, created_s: float, **options):
-    return cache.write(folder, setting, advice(setting, created_s, **options))
+    return cache.write(setting.path(folder, created_s), advice(setting, created_s, **options))
 
 
 def job(*args: str) -> TrainConfig:
@@ -99,7 +99,7 @@ def test_an_advice_named_for_another_setting_is_refused_and_other_hosts_only_not
 def test_an_advice_fits_a_jobs_precision_as_given_or_as_it_ran(tmp_path):
     def made(precision_flag: str, ran: str, created_s: float, sync: str):
         data = advice(Setting(HOSTS, "mnist_cnn", 64, precision_flag), created_s, flags=("--sync", sync))
-        kept = cache.write(tmp_path, Setting(HOSTS, "mnist_cnn", 64, precision_flag),
+        kept = cache.write(Setting(HOSTS, "mnist_cnn", 64, precision_flag).path(tmp_path, created_s),
                            {**data, "precision_flag": precision_flag, "precision": ran})
         return str(kept)
 

@@ -22,6 +22,12 @@ def test_a_file_or_a_folder_is_read_as_bytes(tmp_path):
     assert text.read_bytes(tmp_path / "b.txt") == b"second "
     with pytest.raises(UserError, match="does not exist"):
         text.read_bytes(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"--data-dir \S+/empty, and it holds none\. Put UTF-8 text files in it"):
+        text.read_bytes(tmp_path / "empty")
+    (tmp_path / "empty" / ".notes").write_text("hidden")
+    with pytest.raises(UserError, match="it holds none but hidden ones"):
+        text.read_bytes(tmp_path / "empty")
 
 
 def test_the_first_90_percent_train_and_the_last_10_validate():

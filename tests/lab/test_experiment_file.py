@@ -1,5 +1,7 @@
 """Experiment files: good files become the planned runs; each mistake is named by file, line and key."""
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -160,7 +162,9 @@ BAD = [  # (file text, key named in the error, line, words the message must hold
     ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nnp = 2\n[bench]\ngpt_size = "small"\n',
      "bench.gpt_size", 7, "is gpt's size, one of tiny, small, medium, with model = \"gpt\""),
     ('[experiment]\nname = "x"\n[[sweep]]\nsync = "ddp"\nperiod = 4\nnp = 2\n',
-     "sweep[1].np", 6, "the run ddp at np 2 cannot start: --period is read by --sync localsgd and diloco only"),
+     "sweep[1].period", 5, "the run ddp at np 2 cannot start: --period is read by --sync localsgd and diloco only"),
+    ('[experiment]\nname = "x"\n[train]\noverlap = true\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
+     "train.overlap", 4, "the run ddp at np 2 cannot start: --overlap is read by --sync localsgd and diloco only"),
     ('[experiment]\nname = "x"\n[launch]\nmpirun_args = "--oversubscribe"\n[[sweep]]\nsync = "ddp"\nnp = 2\n',
      "launch.mpirun_args", 4, "a list of strings"),
 ]
@@ -188,6 +192,23 @@ def test_the_cli_rejects_a_bad_file_with_one_paragraph_and_exit_2(tmp_path):
     paragraph = " ".join(result.stderr.split())
     assert f"{bad}, line 7, key sweep[1].batch_sise: unknown key" in paragraph and "'batch_size'" in paragraph
     assert not out.exists()  # nothing launched, nothing written
+
+
+def test_test_hosts_without_the_capabilities_to_make_them_are_refused_before_any_run(tmp_path):
+    """Root in a container without CAP_NET_ADMIN and CAP_SYS_ADMIN (dropped here with setpriv): `ip` would refuse the
+    test hosts once the runner had started; it is said first, and nothing is made."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is missing: the capabilities cannot be dropped")
+    grid, out = tmp_path / "hosts.toml", tmp_path / "out"
+    grid.write_text(f'[experiment]\nname = "x"\nout = "{out}"\ntracking = false\n[[sweep]]\nsync = "ddp"\nnp = 4\n'
+                    f'[network]\nhosts = [2]\nlink = ["100mbit"]\n')
+    result = subprocess.run(["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-m", "mpi_train",
+                             "experiment", str(grid), "--hostfile", ""], capture_output=True, text=True, timeout=120,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    paragraph = " ".join(result.stderr.split())
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+    assert "lacks CAP_NET_ADMIN and CAP_SYS_ADMIN" in paragraph and "--cap-add NET_ADMIN" in paragraph
+    assert not out.exists()
 
 
 def test_dry_run_lists_every_planned_command(tmp_path, capsys):

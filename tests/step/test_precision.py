@@ -1,6 +1,8 @@
 """--precision: what each name resolves to on this machine's CPU, what autocast then computes in, and the float16
 loss scaler's arithmetic (torch's own kernels) and state."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -8,7 +10,7 @@ from torch import nn
 from mpi_train.config import JobInfo, TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.reporter import Reporter
-from mpi_train.step.precision import PRECISIONS, LossScaler, autocast_runs, resolve
+from mpi_train.step.precision import PRECISIONS, LossScaler, autocast_runs, cpu_flags, resolve, slow_on_cpu
 from mpi_train.tracking.runs import run_params
 
 CPU = torch.device("cpu")
@@ -82,4 +84,20 @@ def test_the_resolved_precision_is_what_the_start_line_says_and_mlflow_records()
     assert config.as_dict()["precision"] == "auto"  # the job file keeps what was asked
     lines = []
     Reporter(config.as_dict(), 64, None, print_fn=lines.append).start(job)
-    assert "4 steps, precision bf16-mixed (--precision auto), rendezvous" in lines[0]
+    assert "4 steps, precision bf16-mixed (--precision auto), rendezvous" in lines[0] and len(lines) == 1
+    slow = slow_on_cpu(PRECISIONS["16-mixed"], CPU, frozenset({"avx2"}))
+    Reporter(config.as_dict(), 64, None, print_fn=lines.append).start(replace(job, slow_precision=slow))
+    assert lines[2] == f"mpi_train: warning: {slow}"  # beneath the start line
+
+
+def test_a_mixed_precision_the_cpu_has_no_arithmetic_for_is_warned_of():
+    cpu, float16, bfloat16 = torch.device("cpu"), PRECISIONS["16-mixed"], PRECISIONS["bf16-mixed"]
+    avx512 = frozenset({"avx512f", "avx512_bf16"})
+    said = slow_on_cpu(float16, cpu, avx512)
+    assert said.startswith("--precision 16-mixed on a CPU without float16 arithmetic (it has neither avx512_fp16 nor "
+                           "amx_fp16)") and said.endswith("bf16-mixed (this CPU has avx512_bf16) trains faster here.")
+    assert slow_on_cpu(bfloat16, cpu, avx512) is None and slow_on_cpu(float16, cpu, avx512 | {"amx_fp16"}) is None
+    assert slow_on_cpu(bfloat16, cpu, frozenset({"avx2"})).endswith("32-true trains faster here.")
+    assert slow_on_cpu(PRECISIONS["32-true"], cpu, frozenset()) is None
+    assert slow_on_cpu(float16, torch.device("meta"), frozenset()) is None  # a GPU's units are another matter
+    assert "avx512f" in cpu_flags() or "sse2" in cpu_flags()  # this machine's, read from /proc/cpuinfo

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import tmpfs
 
+from mpi_train.files import partial_name
 from mpi_train.lab.bad_input_workspace import fill
 from mpi_train.tracking import default_store_uri, resolve_uri
 from mpi_train.tracking.store import given_uri
@@ -45,16 +46,17 @@ def open_new_store(uri: str, start, outcomes) -> None:
 
 
 def test_jobs_started_at_once_on_a_new_store_each_open_it(tmp_path, capfd):
-    """Four processes open one new SQLite store together: MLflow creates its tables in whichever comes first, and
-    the others find them made (without the store's lock, most of them failed on `table ... already exists`). MLflow's
-    own lines about creating them are left out."""
+    """Four processes open one new SQLite store together, its folder not made yet (a fresh working directory): each
+    makes the store in a folder of its own, the first renames its folder into place, and the others find it made
+    (before, most of them failed on `table ... already exists`). MLflow's own lines about creating them are left
+    out, and no process's folder is left beside the store."""
     import multiprocessing
 
     import mlflow  # noqa: F401 - imported once, here: the openers are forked from this process
 
     context = multiprocessing.get_context("fork")
     start, outcomes = context.Barrier(4), context.Queue()
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     openers = [context.Process(target=open_new_store, args=(uri, start, outcomes)) for _ in range(4)]
     for opener in openers:
         opener.start()
@@ -62,6 +64,7 @@ def test_jobs_started_at_once_on_a_new_store_each_open_it(tmp_path, capfd):
         opener.join(120)
     assert sorted(outcomes.get(timeout=5) for _ in openers) == ["ok"] * 4
     assert "Creating initial MLflow database tables" not in capfd.readouterr().err
+    assert [path.name for path in tmp_path.iterdir()] == ["mlruns"]
 
 
 @pytest.fixture
@@ -161,6 +164,14 @@ def test_a_store_made_by_a_job_stopped_midway_is_not_left_half_made(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         make_store(database, stopped)
     assert list(tmp_path.iterdir()) == []  # neither a store nor its partial
+    # in a folder not made yet: no empty folder is left either, nor the folder a killed job made its store in
+    nested = tmp_path / "runs" / "mlruns" / "mlflow.db"
+    with pytest.raises(KeyboardInterrupt):
+        make_store(nested, stopped)
+    killed = tmp_path / partial_name("runs", 2 ** 22 + 1)  # above pid_max: no process has it
+    (killed / "mlruns").mkdir(parents=True)
+    assert mlflow_client(f"sqlite:///{nested}").search_experiments() and nested.exists()
+    assert [path.name for path in tmp_path.iterdir()] == ["runs"]
     uri = f"sqlite:///{database}"
     assert mlflow_client(uri).get_experiment_by_name("Default") is not None and database.exists()
     # a store left half-made before stores were made whole: MLflow's upgrade meets the table it left

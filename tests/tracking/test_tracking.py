@@ -291,6 +291,14 @@ def test_malformed_uris_are_refused_with_the_fix(uri, needle):
     assert needle in message and ("http://HOST:PORT" in message or "sqlite:///" in message)
 
 
+def test_a_uri_from_the_environment_is_named_as_the_variable(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:///tmp/runs")
+    with pytest.raises(UserError, match=r"^\$MLFLOW_TRACKING_URI 'file:///tmp/runs' names a folder of files"):
+        open_store(TrainConfig(tracking_uri=None))
+    with pytest.raises(UserError, match=r"^--tracking-uri 'htp://x:5000' has an unknown scheme"):
+        open_store(TrainConfig(tracking_uri="htp://x:5000"))
+
+
 def test_an_unwritable_mlruns_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mlruns").write_text("a file where the store folder should be")
@@ -361,6 +369,21 @@ def test_the_server_command_names_a_damaged_store_and_starts_no_server(tmp_path,
     error = " ".join(capsys.readouterr().err.split())
     assert f"The MLflow store {root / 'mlflow.db'} is damaged" in error and "--root" in error
     assert "Traceback" not in error
+
+
+@pytest.mark.e2e
+def test_a_server_stopped_while_it_makes_a_new_store_leaves_nothing_behind(tmp_path):
+    """Ctrl-C (here SIGTERM, which the command takes alike) while MLflow creates the new store's tables: neither a
+    half-made store, which every later start would fail on, nor the --root folder it made, nor a server."""
+    root = tmp_path / "runs" / "mlruns"
+    server = subprocess.Popen([sys.executable, "-m", "mpi_train", "server", "--root", str(root), "--port",
+                               str(free_port()), "--workers", "1"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    wait_for(lambda: (root / "mlflow.db").exists() or server.poll() is not None, 60, "the server to begin the store",
+             every_s=0.05)
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=30) == 0 and "stopping the MLflow server" in server.stderr.read()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_host_sampler_names_metrics_like_mlflow_and_respects_its_interval():
