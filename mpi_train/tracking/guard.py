@@ -1,12 +1,11 @@
 """The run guard: a small process outside the MPI job that records the job's end if rank 0 dies first.
 
-Started by rank 0 as `python -m mpi_train.tracking.guard`; it reads rank 0's messages
-from its stdin and acts only if that pipe closes before rank 0 says "done".
+Started by rank 0 as `python -c WAIT`; it reads rank 0's messages from its stdin and acts (`act`) only if that pipe
+closes before rank 0 says "done".
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import os
@@ -16,12 +15,35 @@ import threading
 import time
 from pathlib import Path
 
-from . import signals
 from .probe import server_answers
 from .spool import OFFLINE_PREFIX, MetricHistory, Spool, batch_record, deliver, server_run_id
 from .store import mlflow_client
 
 LEAVE_S = 10.0  # how long rank 0 waits for the guard to leave once told the job's end is recorded
+# The guard's program. Waiting on rank 0's pipe takes nothing of this package's, whose modules import torch (1.3 s of
+# CPU beside every tracked job's start, and as long at a short job's end, waiting for the guard to read "done"): so it
+# runs from the interpreter's command line, keeps what rank 0 sent in plain lists, and imports the rest only to act.
+WAIT = """\
+import json, os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+setup, outcome, kept, number = None, None, [], 0
+for line in sys.stdin:
+    message = json.loads(line)
+    if setup is None:
+        setup = message
+    elif message.get("done"):
+        os._exit(0)
+    elif "run" in message:
+        number += 1
+        kept.append((number, message["run"], message["metrics"]))
+    elif "handled" in message:
+        kept = [batch for batch in kept if batch[0] > message["handled"]]
+    else:
+        outcome = message
+if setup is not None:
+    from mpi_train.tracking.guard import act
+    sys.exit(act(setup, kept, outcome))
+"""
 
 
 class RunGuard:
@@ -41,7 +63,7 @@ class RunGuard:
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mpi_train.tracking.guard"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            [sys.executable, "-c", WAIT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env=env, start_new_session=True,  # out of reach of mpirun's kill
         )
         self.lock = threading.Lock()  # the training loop and the sender thread both write
@@ -78,29 +100,9 @@ class RunGuard:
             self.process.wait(LEAVE_S)
 
 
-def main() -> int:
-    """The guard process (see RunGuard): wait for rank 0's pipe to close, then finish what it left."""
-    signals.ignore(signals.INTERRUPT)
-    setup, outcome = None, None
-    kept: collections.deque = collections.deque()  # (number, run id, rows) not yet handled by the sender
-    number = 0
-    for line in sys.stdin:
-        message = json.loads(line)
-        if setup is None:
-            setup = message
-        elif message.get("done"):  # nothing to do: leave now, without the interpreter's teardown of torch
-            sys.stdout.flush()
-            os._exit(0)
-        elif "run" in message:
-            number += 1
-            kept.append((number, message["run"], message["metrics"]))
-        elif "handled" in message:
-            while kept and kept[0][0] <= message["handled"]:
-                kept.popleft()
-        else:
-            outcome = message
-    if setup is None:
-        return 0
+def act(setup: dict, kept: list, outcome: dict | None) -> int:
+    """Rank 0's pipe closed before it said "done": finish what it left. `kept`: (number, run id, metric rows) of the
+    batches the sender had not handled; `outcome`: the end rank 0 announced, if it did."""
     if outcome is None:
         outcome = {"status": "KILLED", "tags": {"mpi_train.killed_by": "rank 0 ended without recording the run"},
                    "child_statuses": ["KILLED"] * len(setup["children"])}
@@ -185,6 +187,3 @@ def _send_missing(client, run_id: str, rows: list) -> None:
     except Exception:  # noqa: BLE001, S110 - nobody is left to tell
         pass
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,12 @@
-"""Every signal handler a rank or its run guard installs, in this one module.
+"""Every signal handler a rank installs, in this one module (and the run guard's one, in its program: guard.WAIT).
 
 - SIGTERM and SIGINT on rank 0: the job's runs end KILLED, from a helper thread (StopWatch).
 - SIGTERM on the other ranks under srun or torchrun: wait for rank 0 to record the end (tracker.RankTracker).
 - SIGUSR1 with --checkpoint-dir: checkpoint at the next step boundary and stop for requeue (preemption.py); once
   the end is recorded, SIGTERM is ignored so that the ranks leave together. Under torchrun's agent, SIGTERM too
   (the agent restarts the workers at a new size); the handlers above then act only if the ranks do not stop in time.
-- SIGINT in the guard process: ignored, so that a Ctrl-C meant for the job leaves the guard to record its end.
+- SIGINT in the guard process: ignored, so that a Ctrl-C meant for the job leaves the guard to record its end (set
+  in guard.WAIT, which runs before anything of this package is imported).
 
 It lives in tracking/ because what a signal changes first is how the job's runs end. One module shows which handler a
 process holds at each moment, and that each handler put in place is put back.
