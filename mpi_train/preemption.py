@@ -147,10 +147,16 @@ class Divergence:
                     f"resume only from one taken before the loss began to climb)")
         elif checkpointing:
             kept = ", before its first checkpoint"
-        return (f"training diverged at step {self.step}: {' and '.join(seen)}{last}. Every rank stopped{kept}. "
-                f"Most often the rate is too high for this model and batch: try a lower --lr (this job's peak rate "
-                f"is {lr:g}), a longer --warmup-steps (this job's: {warmup_steps}), or --optimizer adamw, whose "
-                f"steps do not grow with the gradient (this training loop does not clip gradients).")
+        if self.loss_ranks and not self.last_finite:  # its first loss: computed before this job updated anything
+            cause = ("No update had been made yet, so the rate is not the cause: the data (an inf or NaN among the "
+                     "inputs), the model's forward, or float16's range under --precision 16-mixed gave this loss. "
+                     "Check the data set's items and the model's output on one batch.")
+        else:
+            cause = (f"Most often the rate is too high for this model and batch: try a lower --lr (this job's peak "
+                     f"rate is {lr:g}), a longer --warmup-steps (this job's: {warmup_steps}), --clip-grad-norm 1.0, "
+                     f"or --optimizer adamw, whose steps do not grow with the gradient. Were the losses before it "
+                     f"steady, look at the batch's data instead: an inf or NaN among the inputs diverges any rate.")
+        return f"training diverged at step {self.step}: {' and '.join(seen)}{last}. Every rank stopped{kept}. {cause}"
 
 
 class StepAgreement:

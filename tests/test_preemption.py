@@ -130,3 +130,8 @@ def test_the_message_names_the_step_the_ranks_the_last_finite_loss_the_checkpoin
     early = Divergence(1, (), (0, 1), (2.3, 2.5), (1, 2.4)).message(math.inf, 0, True, None)
     assert "(its loss, averaged over the ranks, was still finite: 2.4). Every rank stopped, before its first " \
            "checkpoint." in early and "peak rate is inf" in early
+    # a first loss that is not finite came before any update: the data or the model, not the rate
+    first = Divergence(1, (0,), (), (math.nan, 2.3), None).message(0.1, 0)
+    assert "(this job's first step, with no finite loss before it). Every rank stopped. No update had been made " \
+           "yet, so the rate is not the cause: the data (an inf or NaN among the inputs)" in first
+    assert "--lr" not in first

@@ -56,8 +56,15 @@ def race_target(jobs: list[FinishedJob], target_accuracy: float | None = None,
                         f"target loss ({target_loss}) are given. Keep the accuracy for image models, the "
                         f"validation loss for language models.")
     if target_loss is not None:
+        if not target_loss > 0:
+            raise UserError(f"--target-loss {target_loss:g} is no validation loss to race to: give a positive one, "
+                            f"e.g. 2.0 nats per byte for gpt.")
         return Target(target_loss, time_to_accuracy.LOSS)
     if target_accuracy is not None:
+        if not 0 < target_accuracy <= 1:
+            hint = f" (did you mean {target_accuracy / 100:g}?)" if 1 < target_accuracy <= 100 else ""
+            raise UserError(f"--target-accuracy {target_accuracy:g} is not a fraction in (0, 1]{hint}: give the "
+                            f"accuracy to race to as a fraction, e.g. 0.6 for 60%.")
         return Target(target_accuracy)
     kind = time_to_accuracy.LOSS if language_models(jobs) else time_to_accuracy.ACCURACY
     value = time_to_accuracy.default_target([c for _, _, c in accuracy_runs(jobs)], kind=kind)

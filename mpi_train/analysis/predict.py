@@ -56,6 +56,8 @@ from .predict_tables import (
     plot_scaling,
 )
 
+DEFAULT_PLOT = "predict_scaling.png"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m mpi_train predict", description=__doc__.split("\n")[0],
@@ -100,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps-to-accuracy", metavar="METHOD=STEPS,...",
                         help="steps each method took to reach an accuracy (measured on any network: a report's time "
                              "to accuracy): adds each one's predicted time to that accuracy on this cluster")
-    parser.add_argument("--plot", default="predict_scaling.png",
-                        help="with several --ranks: where the plot goes (default: predict_scaling.png)")
+    parser.add_argument("--plot", default=DEFAULT_PLOT,
+                        help=f"with several --ranks: where the plot goes (default: {DEFAULT_PLOT})")
     return parser
 
 
@@ -437,6 +439,9 @@ def run(args: argparse.Namespace) -> None:
                              state_slots(settings)) for n in ranks}
     if len(ranks) == 1:
         print_single(args, ranks[0], table[ranks[0]], methods, state, steps_to_accuracy)
+        if args.plot != DEFAULT_PLOT:
+            print(f"plot: none written to {args.plot}: the plot draws the prediction against several cluster sizes, "
+                  f"and --ranks names one (e.g. --ranks 2,4,8,16)")
     else:
         print_scaling(args, workload, table, state)
 

@@ -45,6 +45,10 @@ def shared_job_file(path: str, cluster) -> str:
     return shared["text"]
 
 
+# the options that name a file or folder: a leading ~ is the user's home, never a folder named "~" in this one
+PATH_FIELDS = ("data_dir", "calibration", "summary_json", "timeline_dir", "checkpoint_dir", "resume")
+
+
 def parse_config(argv: Sequence[str] | None, quiet: bool = False, cluster=None) -> TrainConfig:
     """The job's options, each taken by config/'s precedence: the flag given, else the job file's key (--config),
     else the environment's (ENV_DEFAULTS), else TrainConfig's default. With `cluster`, rank 0 reads the job file for
@@ -59,4 +63,7 @@ def parse_config(argv: Sequence[str] | None, quiet: bool = False, cluster=None) 
     for name, variable in ENV_DEFAULTS.items():
         if values[name] is None and os.environ.get(variable):
             values[name] = os.environ[variable]
+    for name in PATH_FIELDS:  # as a shell would: a job file's, or --flag=~/x, which the shell leaves as it is
+        if isinstance(values[name], str) and values[name].startswith("~"):
+            values[name] = os.path.expanduser(values[name])
     return TrainConfig(**values)

@@ -138,12 +138,16 @@ class FolderSplit(Dataset):
         self.root, self.classes = str(folder), names
         self.class_to_idx = {name: index for index, name in enumerate(names)}
         self.passed_over: collections.Counter[str] = collections.Counter()
+        self.broken_links: list[str] = []  # image names whose link leads nowhere: they would fail at the first read
         self.samples = make_dataset(self.root, self.class_to_idx, is_valid_file=self._is_image, allow_empty=True)
         self.targets = [target for _, target in self.samples]
         self.transform, self.prepare, self.stored = transforms(size, train), prepared(size), stored_size(size)
 
     def _is_image(self, path: str) -> bool:
         if is_image(path):
+            if not os.path.exists(path):
+                self.broken_links.append(path)
+                return False
             return True
         name = os.path.basename(path)
         if not name.startswith("."):
@@ -161,14 +165,34 @@ class FolderSplit(Dataset):
 def open_split(folder: Path, size: int, train: bool, names: list[str]) -> FolderSplit:
     """One split; a UserError naming every class folder without images."""
     split = FolderSplit(folder, names, size, train)
+    if split.broken_links:
+        links = split.broken_links
+        raise UserError(f"{folder} holds {len(links):,} link(s) to no file ({_named(links)}; {links[0]} leads to "
+                        f"{os.readlink(links[0])}, which does not exist): the job would fail at its first read. "
+                        f"Remove them, or restore what they lead to.")
     counts = collections.Counter(split.targets)
     empty = [str(folder / name) for index, name in enumerate(names) if not counts[index]]
+    unreadable = [f"{path} ({reason})" for path in empty if (reason := folder_unreadable(Path(path)))]
+    if unreadable:
+        them = "it" if len(unreadable) == 1 else "them"
+        which = "that class folder" if len(unreadable) == 1 else "those class folders"
+        raise UserError(f"{_named(unreadable)}: this user cannot read {which}, so none of its images can be found. "
+                        f"Make {them} readable (chmod u+rx), or remove the class from both splits.")
     if empty:
         raise UserError(f"{len(empty):,} of the {len(names):,} class folders of {folder} hold no images "
                         f"({_named(empty)}): a class without images cannot be {'learnt' if train else 'scored'}. "
                         f"Images are files ending {', '.join(EXTENSIONS)} (hidden ones left out); add some to each, "
                         f"or remove the class from both splits.")
     return split
+
+
+def folder_unreadable(folder: Path) -> str | None:
+    """Why this user cannot list `folder`, or None when it can."""
+    try:
+        with os.scandir(folder):
+            return None
+    except OSError as error:
+        return error.strerror or str(error)
 
 
 def passed_over_line(split: FolderSplit) -> str | None:

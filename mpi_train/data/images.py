@@ -29,6 +29,10 @@ class BadImage(Exception):
         if not self.readable:
             return (f"the image {self.path} cannot be read ({self.reason}). Make it readable by this user, or remove "
                     f"it or replace it with a good copy, then run again.")
+        if self.reason.startswith("DecompressionBombError"):  # whole, but past the pixels Pillow decodes by default
+            return (f"the image {self.path} is larger than Pillow decodes ({self.reason}; the limit guards against "
+                    f"files made to exhaust memory). Downscale it (a model takes it resized to --image-size anyway), "
+                    f"or remove it, then run again.")
         return (f"the image {self.path} cannot be decoded ({self.reason}): the file is damaged, or is not an image. "
                 f"Remove it, or replace it with a good copy, then run again.")
 

@@ -125,11 +125,15 @@ def _first_item(path: str, name: str, split, num_classes: int) -> tuple[int, ...
         raise _refused(path, f"returned a {name} set whose item 0 is a {type(item).__name__}, not (image, label)")
     image, label = item
     label = as_label(label)
-    if not isinstance(image, torch.Tensor) or image.dim() != 3 or not image.is_floating_point():
+    if not isinstance(image, torch.Tensor) or image.dim() != 3 or image.dtype != torch.float32:
         got = (f"a {image.dtype} tensor of shape {tuple(image.shape)}" if isinstance(image, torch.Tensor) else
                f"a {type(image).__module__}.{type(image).__qualname__}")
-        raise _refused(path, f"returned a {name} set whose item 0's image is {got}, not a float tensor (channels, "
-                             f"height, width) (torchvision's transforms.ToTensor() makes one from a PIL image)")
+        other_float = isinstance(image, torch.Tensor) and image.is_floating_point() and image.dim() == 3
+        fix = ("the model's weights are float32, which a float64 or float16 input does not meet: return "
+               "image.float()" if other_float else
+               "torchvision's transforms.ToTensor() makes one from a PIL image")
+        raise _refused(path, f"returned a {name} set whose item 0's image is {got}, not a float32 tensor "
+                             f"(channels, height, width) ({fix})")
     if not is_label(label, num_classes):
         raise _refused(path, f"returned a {name} set whose item 0's label is {label!r}, not an int in [0, "
                              f"{num_classes})")
@@ -154,6 +158,9 @@ def load(path: str, data_dir: str) -> UserData:
     train, test, num_classes = returned
     if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
         raise _refused(path, f"returned {num_classes!r} as its class count, not a positive int")
+    if num_classes == 1:  # as an image folder of one class is refused (data/folders.py)
+        raise _refused(path, "returned 1 as its class count: a classifier of one class scores 100% having learnt "
+                             "nothing, so there is nothing to compare; return two classes or more")
     for name, split in (("training", train), ("test", test)):
         _length(path, name, split)
     shape = _first_item(path, "training", train, int(num_classes))

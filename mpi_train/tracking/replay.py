@@ -53,6 +53,12 @@ def spool_files(paths: Sequence[str]) -> list[Path]:
     return found
 
 
+def looks_like_a_spool(spool: Spool) -> bool:
+    """Whether `spool` is a job's: one of its lines is a whole write, or a replay acknowledged some. A folder named
+    for the replay may hold other JSON-lines files (a data set's): those are neither sent nor set aside as damaged."""
+    return spool.acked_path.exists() or bool(spool.records())
+
+
 def writer_is_running(path: Path) -> bool:
     """True if the job that writes this spool is still alive on this host (it re-sends the spool itself)."""
     match = WRITER_PID.match(path.name)
@@ -139,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not files:
             print(f"no spool to send in {', '.join(paths)}.")
         for path in files:
+            if not looks_like_a_spool(Spool(path)):
+                print(f"{path}: not a spool (no line of it is a write a job spooled); left as it is.")
+                continue
             if writer_is_running(path):
                 print(f"{path}: its job is still running and sends it itself; skipped.")
                 continue

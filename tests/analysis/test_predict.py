@@ -13,10 +13,13 @@ from mpi_train.sync import SYNC_METHODS
 from mpi_train.sync.base import REPLICATED
 
 
-def test_one_cluster_prints_each_method_and_the_winner(capsys):
+def test_one_cluster_prints_each_method_and_the_winner(capsys, tmp_path):
     assert predict.main(["--model", "mnist_cnn", "--batch-size", "256", "--ranks", "64", "--ranks-per-host", "8",
-                         "--link", "10gbit", "--compute-per-sample", "0.001"]) == 0
+                         "--link", "10gbit", "--compute-per-sample", "0.001", "--plot", str(tmp_path / "p.png")]) == 0
     out, memory = capsys.readouterr().out.split("\nmemory per rank")
+    assert memory.rstrip().endswith(f"plot: none written to {tmp_path / 'p.png'}: the plot draws the prediction "
+                                    f"against several cluster sizes, and --ranks names one (e.g. --ranks 2,4,8,16)")
+    assert not (tmp_path / "p.png").exists()
     assert "64 ranks on 8 host(s), per-rank batch 4" in out and "between hosts: alpha 100 us, 1,250 MB/s" in out
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out.splitlines()
             if line.split()[:1] and line.split()[0] in SYNC_METHODS}

@@ -150,4 +150,8 @@ def test_a_comparison_of_gpt_jobs_races_to_a_validation_loss_unless_told_otherwi
     assert "Time to validation loss" in text and "at or below 2.450 nats per byte (as given)" in text
     with pytest.raises(UserError, match="both a target accuracy"):
         race_target(jobs, 0.3, 2.0)
+    with pytest.raises(UserError, match=r"^--target-accuracy 60 is not a fraction in \(0, 1\] \(did you mean 0\.6\?\)"):
+        race_target(jobs, 60)
+    with pytest.raises(UserError, match="^--target-loss -1 is no validation loss"):
+        race_target(jobs, target_loss=-1)
     assert "validation_loss_vs_time.png" in {path.name for path in plot(jobs, tmp_path)}

@@ -118,3 +118,15 @@ def test_a_mistake_in_the_job_file_is_refused_before_anything_starts(tmp_path):
         parse_config(["--config", str(bad)])
     with pytest.raises(UserError, match="cannot read the job file"):
         parse_config(["--config", str(tmp_path / "none.toml")])
+
+
+def test_a_leading_tilde_in_a_path_is_the_home_folder_from_a_file_or_a_flag(tmp_path, monkeypatch):
+    """A shell expands ~ in `--data-dir ~/x` but not in a job file, nor in `--checkpoint-dir=~/ck`: a folder named ~
+    in the working folder was made, which `rm -rf ~` would then take for the home."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    job = tmp_path / "job.toml"
+    job.write_text('checkpoint_dir = "~/ck"\ndata_dir = "~/data"\n')
+    config = parse_config(["--config", str(job), "--summary-json=~/out/summary.json"])
+    assert (config.checkpoint_dir, config.data_dir) == (f"{tmp_path}/ck", f"{tmp_path}/data")
+    assert config.summary_json == f"{tmp_path}/out/summary.json" and config.timeline_dir == "timelines"
+    assert parse_config(["--run-name", "~x"]).run_name == "~x"  # a name, not a path

@@ -4,10 +4,13 @@ process."""
 
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from disk_formats import write_image_folder
 from PIL import Image
 from torchvision import transforms as T
@@ -130,6 +133,8 @@ def test_a_set_that_does_not_fit_takes_the_dataloader_and_says_so(tmp_path, clus
     ("classes differ", ("the class folders of {data}/val differ from those of {data}/train (5 classes against 5: it "
                         "lacks class4; it has dog, which {data}/train lacks)")),
     ("one class", "{data}/train has one class folder (class0): a classifier learns to tell classes apart"),
+    ("broken link", ("{data}/train holds 1 link(s) to no file ({data}/train/class1/gone.png; {data}/train/class1/"
+                     "gone.png leads to /nowhere/gone.png, which does not exist): the job would fail at its first")),
 ])
 def test_a_layout_it_cannot_train_on_is_one_paragraph(tmp_path, cluster, layout, words):
     data = tmp_path / "data"
@@ -150,6 +155,8 @@ def test_a_layout_it_cannot_train_on_is_one_paragraph(tmp_path, cluster, layout,
             image.unlink()
     elif layout == "classes differ":
         (data / "val" / "class4").rename(data / "val" / "dog")
+    elif layout == "broken link":
+        (data / "train" / "class1" / "gone.png").symlink_to("/nowhere/gone.png")
     elif layout == "one class":
         for split in ("train", "val"):
             for extra in range(1, 5):
@@ -159,6 +166,32 @@ def test_a_layout_it_cannot_train_on_is_one_paragraph(tmp_path, cluster, layout,
     message = str(error.value)
     assert message.startswith("cannot load imagefolder: ") and words.format(data=data) in message
     assert "\n" not in message and "Traceback" not in message
+
+
+def test_a_class_folder_this_user_cannot_read_is_named_as_such_not_as_empty(tmp_path):
+    """Root reads any folder: the check runs without the capabilities that let it (setpriv), as a user would."""
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv (util-linux): a folder cannot be made unreadable to root")
+    data = write_image_folder(tmp_path / "data", classes=3, train=1, evaluation=1)
+    (data / "train" / "class1").chmod(0)
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    check = f"from mpi_train.data.folders import open_splits; open_splits(__import__('pathlib').Path('{data}'), 32)"
+    try:
+        result = subprocess.run([*prefix, sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    finally:
+        (data / "train" / "class1").chmod(0o755)
+    assert (f"UserError: {data}/train/class1 (Permission denied): this user cannot read that class folder, so none "
+            f"of its images can be found. Make it readable (chmod u+rx)") in result.stderr, result.stderr
+
+
+def test_an_image_past_pillows_pixel_limit_is_named_as_too_large_not_as_damaged():
+    from mpi_train.data.images import BadImage
+
+    said = str(BadImage("scan.png", "DecompressionBombError: Image size (182000000 pixels) exceeds limit of "
+                                    "178956970 pixels, could be decompression bomb DOS attack."))
+    assert said.startswith("the image scan.png is larger than Pillow decodes (DecompressionBombError: Image size "
+                           "(182000000 pixels)") and "Downscale it" in said and "damaged" not in said
 
 
 def test_the_transforms_are_torchvisions_references_on_the_stored_square():

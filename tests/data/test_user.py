@@ -57,6 +57,12 @@ def users_data(tmp_path, monkeypatch):
         def bytes_images(data_dir):
             return pictures(8, dtype=torch.uint8), pictures(4, dtype=torch.uint8), 4
 
+        def double_images(data_dir):  # torch.from_numpy of a numpy float array
+            return pictures(8, dtype=torch.float64), pictures(4, dtype=torch.float64), 4
+
+        def one_class(data_dir):
+            return pictures(8, classes=1), pictures(4, classes=1), 1
+
         def out_of_range(data_dir):
             return pictures(8, classes=6, first_label=5), pictures(4), 4
 
@@ -165,7 +171,11 @@ def test_an_item_past_the_first_that_breaks_the_contract_is_named_by_its_batch(u
     ("my_data:one_split", "returned a torch.utils.data.dataset.TensorDataset, not (train, test, num_classes)"),
     ("my_data:streamed", "returned as its training set a my_data.Stream, not a map-style data set"),
     ("my_data:empty", "returned an empty training set"),
-    ("my_data:bytes_images", "item 0's image is a torch.uint8 tensor of shape (1, 12, 10), not a float tensor"),
+    ("my_data:bytes_images", "item 0's image is a torch.uint8 tensor of shape (1, 12, 10), not a float32 tensor"),
+    ("my_data:double_images", ("item 0's image is a torch.float64 tensor of shape (1, 12, 10), not a float32 tensor "
+                               "(channels, height, width) (the model's weights are float32, which a float64 or "
+                               "float16 input does not meet: return image.float())")),
+    ("my_data:one_class", "returned 1 as its class count: a classifier of one class scores 100% having learnt"),
     ("my_data:out_of_range", "returned a training set whose item 0's label is 5, not an int in [0, 4)"),
     ("my_data:other_shapes", "returned training images of shape (1, 12, 10) and test images of shape (1, 10, 12)"),
     ("my_data:no_count", "returned '4' as its class count, not a positive int"),

@@ -95,3 +95,12 @@ def test_a_folder_where_no_job_spooled_has_nothing_to_send_but_a_named_spool_mus
     assert capsys.readouterr().out.startswith(f"no spool to send: there is no mlruns/spool in {tmp_path}.")
     assert replay_main(["mlruns/spool"]) == 2  # named: a path that is not there is a mistake to say
     assert "mlruns/spool is neither a spool file (*.jsonl) nor a folder" in " ".join(capsys.readouterr().err.split())
+
+
+def test_json_lines_that_no_job_spooled_are_left_as_they_are(tmp_path, capsys):
+    """A folder named for the replay may hold a data set's .jsonl files: not sent, not set aside as damaged."""
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "hello", "label": 1}\n{"text": "world", "label": 0}\n')
+    assert replay_main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"{data}: not a spool (no line of it is a write a job spooled); left as it is.\n"
+    assert [path.name for path in tmp_path.iterdir()] == ["train.jsonl"]
