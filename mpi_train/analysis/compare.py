@@ -20,6 +20,7 @@ accuracy_race.py and drawn in compare_plots.py.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import sys
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ from ..tracking import check_store_exists, check_uri, mlflow_client, probe_serve
 from ..tracking import names as metric_names
 from . import time_to_accuracy
 from .accuracy_race import accuracy_runs, carried_to_links, race_target
-from .compare_plots import plot, plot_predictions
+from .compare_plots import plot, plot_predictions, remove_stale
 from .finished_jobs import FinishedJob, load_jobs, throughput, timing
 from .noise import FIT_ERROR_ROUGH, NOISE_RULE, WITHIN_NOISE, noise_bound, within_noise
 
@@ -231,6 +232,9 @@ def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | Non
     that were evaluated), predicted against measured sync (jobs on several hosts), the slow hosts."""
     sections = [f"{title} ({len(jobs)} finished). Times per step: {metric_names.SUMMARY_RULE}.\n"
                 + runs_table(jobs)]
+    mixed = mixed_workloads(jobs)
+    if mixed:
+        sections.insert(0, mixed)
     target = race_target(jobs, target_accuracy, target_loss)
     if target is not None:
         sections.append(time_to_accuracy.describe(time_to_accuracy.rows(accuracy_runs(jobs), target),
@@ -255,6 +259,18 @@ def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | Non
     if slow:
         sections.append("Slow hosts (every rank waits for the slowest link):\n" + "\n".join(slow))
     return "\n\n".join(sections)
+
+
+def mixed_workloads(jobs: list[FinishedJob]) -> str | None:
+    """A warning, when the jobs train more than one model or data set: their speed-ups and accuracies do not compare
+    (every job lands in the experiment mpi_train unless told otherwise)."""
+    workloads = collections.Counter(f"{job.params.get('model', '?')} on {job.params.get('dataset', '?')}"
+                                    for job in jobs)
+    if len(workloads) < 2:
+        return None
+    listed = ", ".join(f"{workload} ({count} job{'s' if count > 1 else ''})" for workload, count in workloads.items())
+    return (f"warning: these jobs train {len(workloads)} workloads: {listed}. Their step times, speed-ups and "
+            f"accuracies compare within one workload only; give each its own --experiment when training.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -314,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_error(f"the table above holds the comparison, but {failure}. Free space there, or name another "
                            f"folder with --out."), file=sys.stderr)
         return 2
+    remove_stale(Path(args.out), paths)
     print("plots: " + ", ".join(str(p) for p in paths))
     if args.log_artifacts:
         print(f"logged as run {log_comparison(client, experiment.experiment_id, jobs, table, paths)}")

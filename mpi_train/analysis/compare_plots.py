@@ -14,6 +14,18 @@ from .noise import fit_note
 PLOTTED_PHASES = ("data_time_s", "compute_time_s", "sync_time_s", "optimizer_time_s")
 
 
+# every PNG `plot` and `plot_predictions` may write: one a later comparison did not draw is removed from --out, so that
+# the folder shows this comparison alone
+PLOT_NAMES = ("loss_vs_step.png", "time_breakdown.png", "rank_step_time_spread.png", "accuracy_vs_time.png",
+              "validation_loss_vs_time.png", "drift_vs_step.png", "predicted_vs_measured.png")
+
+
+def remove_stale(out: Path, written: list[Path]) -> None:
+    """Remove the plots of an earlier comparison in `out` that this one did not draw."""
+    for name in set(PLOT_NAMES) - {path.name for path in written}:
+        (out / name).unlink(missing_ok=True)
+
+
 def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = None,
          target_loss: float | None = None) -> list[Path]:
     """Three PNGs a person would rather look at than the table, and accuracy against time and bytes for runs that

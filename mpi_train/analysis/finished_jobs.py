@@ -105,7 +105,8 @@ def evaluations(client, run_id: str) -> list[Evaluation]:
 def job_from_summary(name: str, summary: dict) -> FinishedJob:
     """A job read from its --summary-json file instead of MLflow (runs made with --no-tracking)."""
     config = summary["config"]
-    params = {"model": config.get("model"), "link": config.get("link"), "num_hosts": summary.get("num_hosts"),
+    params = {"model": config.get("model"), "dataset": config.get("dataset"), "link": config.get("link"),
+              "num_hosts": summary.get("num_hosts"),
               "ranks_per_host": summary.get("ranks_per_host"),
               **{key: str(config[key]) for key in ("period", "host_period", "powersgd_rank", "batch_size")
                  if config.get(key) is not None}}

@@ -181,3 +181,22 @@ def test_a_store_that_is_not_there_is_named_and_not_created(tmp_path, capsys):
     error = " ".join(capsys.readouterr().err.split())
     assert f"There is no tracking store at {store} (sqlite:///{store}): no job has recorded there." in error
     assert not (tmp_path / "typo").exists() and not (tmp_path / "out").exists()
+
+
+def test_jobs_of_several_workloads_are_said_to_compare_within_one_and_stale_plots_go(tmp_path):
+    from mpi_train.analysis.compare import mixed_workloads
+    from mpi_train.analysis.compare_plots import remove_stale
+
+    def job(name, model, dataset):
+        return FinishedJob(run_id=name, name=name, sync="ddp", world_size=2, metrics={},
+                           params={"model": model, "dataset": dataset})
+
+    same = [job("a", "mnist_cnn", "synthetic"), job("b", "mnist_cnn", "synthetic")]
+    assert mixed_workloads(same) is None
+    said = mixed_workloads([*same, job("c", "resnet18", "imagefolder")])
+    assert said.startswith("warning: these jobs train 2 workloads: mnist_cnn on synthetic (2 jobs), resnet18 on "
+                           "imagefolder (1 job). Their step times, speed-ups and accuracies compare within one")
+    for name in ("loss_vs_step.png", "validation_loss_vs_time.png", "mine.png"):
+        (tmp_path / name).write_bytes(PNG)
+    remove_stale(tmp_path, [tmp_path / "loss_vs_step.png"])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["loss_vs_step.png", "mine.png"]
