@@ -125,3 +125,13 @@ def test_a_pass_too_short_for_one_step_is_one_paragraph_naming_the_split():
     single = ResumableSampler(range(2), num_replicas=2, rank=0, batch_size=4)  # one sample a rank: left out
     assert len(single) == 0 and "1 sample(s) a pass (a last batch of one is left out), too few for one step of " \
         "--batch-size 8 (4 per rank)" in no_step_error(TrainConfig(batch_size=8), 2, single)
+
+
+def test_a_training_set_smaller_than_one_global_batch_is_warned_of():
+    from mpi_train.loop.job import short_set
+
+    assert short_set(30, TrainConfig(batch_size=64), 2) == (
+        "the training set holds 30 sample(s), fewer than one global batch of 64: every step trains on all of them (15 "
+        "per rank), while samples/s and FLOP/s count a whole batch. Give a --batch-size of at most 30, or more data.")
+    assert short_set(64, TrainConfig(batch_size=64), 2) is None
+    assert short_set(30, TrainConfig(batch_size=64, model="gpt", dataset="text"), 2) is None  # windows: no set size

@@ -25,7 +25,9 @@ class JobInfo:
     advice: dict | None = None  # under --sync auto: the advice followed (its file, age, the flags it set and why)
     data_path: str = ""  # the data path that runs and what it holds per rank (data/loaders.py)
     precision: str = "32-true"  # the --precision it runs at, auto resolved on its device (step/precision.py)
-    slow_precision: str | None = None  # a mixed precision this rank's CPU has no arithmetic for (step/precision.py)
+    # what the job runs as asked but not as meant, said under its first line: a mixed precision this CPU has no
+    # arithmetic for (step/precision.py), a training set smaller than one global batch
+    warnings: tuple[str, ...] = ()
     compile_s: float | None = None  # under --compile: the setup's compile, the slowest rank's (step/compiling.py)
     overlap_lost_to_compile: str | None = None  # under --compile: what the method's overlap loses (its traits')
     untrained_parameters: tuple[str, ...] = ()  # the model's trainable parameters no logit depends on (models/)

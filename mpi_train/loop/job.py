@@ -3,6 +3,7 @@ their sync method, the optimizer, and a checkpoint's state when the job resumes 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -132,7 +133,8 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         total_steps=total_steps, compression=SYNC_METHODS[config.sync].traits.compression_name(config.compression),
         **layout_params(cluster.hosts), resumed_from=resumed_from(resume), advice=advised,
         data_path=loaders.describe(), compile_s=replica.compile_s, precision=precision.name,
-        slow_precision=slow_on_cpu(precision, device),
+        warnings=tuple(filter(None, [slow_on_cpu(precision, device),
+                                     short_set(len(train_set), config, info.world_size)])),
         overlap_lost_to_compile=method.traits.lost_when_compiled if config.compile else None,
         untrained_parameters=untrained,
     )
@@ -171,6 +173,16 @@ def resized_by_launcher(config: TrainConfig, environment: ClusterEnvironment) ->
     if refused:
         raise UserError(refused)
     return replace(config, reshard=True)
+
+
+def short_set(samples: int, config: TrainConfig, world_size: int) -> str | None:
+    """A sentence for a training set smaller than one global batch, else None: each step then trains on every
+    sample, fewer than the batch the job's throughput counts."""
+    if samples >= config.batch_size or config.language_model:  # a text's samples are windows drawn anywhere in it
+        return None
+    return (f"the training set holds {samples:,} sample(s), fewer than one global batch of {config.batch_size}: "
+            f"every step trains on all of them ({math.ceil(samples / world_size):,} per rank), while samples/s and "
+            f"FLOP/s count a whole batch. Give a --batch-size of at most {samples:,}, or more data.")
 
 
 def placed(config: TrainConfig, cluster: Cluster) -> tuple[Placement, Precision]:

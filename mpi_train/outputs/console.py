@@ -78,8 +78,8 @@ class Console:
         """The job's opening lines: how it runs, what it resumes, where it is tracked, what the hosts' links are."""
         self.total_steps = job.total_steps
         self.print(self.job_line(job))
-        if job.slow_precision:
-            self.print(f"mpi_train: warning: {job.slow_precision}")
+        for warning in job.warnings:
+            self.print(f"mpi_train: warning: {warning}")
         if job.compile_s is not None:
             self.print(f"mpi_train: compiled (torch.compile, --compile-mode {self.context.config['compile_mode']}) "
                        f"in {job.compile_s:.1f}s at setup, every batch size the job trains and scores; no step's time "

@@ -86,7 +86,7 @@ def test_the_resolved_precision_is_what_the_start_line_says_and_mlflow_records()
     Reporter(config.as_dict(), 64, None, print_fn=lines.append).start(job)
     assert "4 steps, precision bf16-mixed (--precision auto), rendezvous" in lines[0] and len(lines) == 1
     slow = slow_on_cpu(PRECISIONS["16-mixed"], CPU, frozenset({"avx2"}))
-    Reporter(config.as_dict(), 64, None, print_fn=lines.append).start(replace(job, slow_precision=slow))
+    Reporter(config.as_dict(), 64, None, print_fn=lines.append).start(replace(job, warnings=(slow,)))
     assert lines[2] == f"mpi_train: warning: {slow}"  # beneath the start line
 
 
