@@ -161,6 +161,10 @@ def raised_at(error: BaseException) -> str:
     return f" (at {Path(frames[-1].filename).name} line {frames[-1].lineno}, in {frames[-1].name})" if frames else ""
 
 
+# how a refusal says the model's logits per image differ from the data's classes
+CLASS_MISMATCH = "its last layer must give one logit per class: a model function of your own is given num_classes"
+
+
 def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int = NUM_CLASSES) -> str | None:
     """Why the model cannot take a batch of `shape` and give a logit per class (None: it can)."""
     _, output, labels = _probe(spec, shape, gpt_shape, classes)
@@ -169,6 +173,9 @@ def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, class
     expected = (len(labels), num_classes(spec, classes))
     if not isinstance(output, torch.Tensor) or tuple(output.shape) != expected:
         got = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        if isinstance(output, torch.Tensor) and output.dim() == 2 and output.shape[0] == expected[0]:
+            return (f"it returned {got}: {output.shape[1]} logits per image, where the data has {expected[1]} "
+                    f"classes ({CLASS_MISMATCH})")
         return f"it returned {got} where the loss needs logits of shape {expected}"
     return None
 
@@ -231,8 +238,11 @@ def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape
                             f"resnet18, or --dataset synthetic, whose images take the model's shape.")
         return spec.shape
     if data_shape is None:  # synthetic: 3x32x32, or the smallest square the model takes
-        if _refusal(spec, DEFAULT_IMAGE_SHAPE, gpt_shape) is None:
+        why = _refusal(spec, DEFAULT_IMAGE_SHAPE, gpt_shape, classes)
+        if why is None:
             return DEFAULT_IMAGE_SHAPE
+        if CLASS_MISMATCH in why:  # it takes the images: no other size would mend its output
+            raise UserError(f"--model {name} ({spec.source}) takes {dataset}'s images, but {why}.")
         size = smallest_square(name)
         if size is None:
             batch = (2, *DEFAULT_IMAGE_SHAPE)
@@ -242,6 +252,8 @@ def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape
                             f" call it by hand on torch.zeros{batch} to see what it does.")
         return (3, size, size)
     why = _refusal(spec, data_shape, gpt_shape, classes)
+    if why and CLASS_MISMATCH in why:
+        raise UserError(f"--model {name} ({spec.source}) takes {dataset}'s images {data_shape}, but {why}.")
     if why:
         size = smallest_square(name) if spec.source == "torchvision" else None
         fix = (f"--image-size {size} makes them" if dataset == "imagefolder" else
@@ -249,7 +261,11 @@ def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape
         larger = f" It takes {size}x{size} images and larger: {fix}." if size and size > data_shape[-1] else ""
         channels = (" torchvision's models take 3-channel images." if data_shape[0] != 3 and spec.source ==
                     "torchvision" else "")
-        examples = "resnet18 for cifar10, mnist_cnn for mnist" if dataset in COURSE_DATASETS else "resnet18"
+        examples = ("resnet18 for cifar10, mnist_cnn for mnist" if dataset in COURSE_DATASETS else
+                    "resnet18" if name != "resnet18" else "vgg11")
+        if data_shape[-1] in (1, 3) and data_shape[0] not in (1, 3):  # no size would mend the order of the axes
+            larger, channels = "", (" Its images look like (height, width, channels) (PIL's and numpy's order): "
+                                    "return them as (channels, height, width), e.g. image.permute(2, 0, 1).")
         own = (f" Make its forward map a float batch (batch, {', '.join(map(str, data_shape))}) to logits (batch, "
                f"{classes}), or pick" if spec.source == "your own" else " Pick")
         raise UserError(f"--model {name} ({spec.source}) cannot take {dataset}'s images {data_shape} (channels, "

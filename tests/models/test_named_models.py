@@ -185,10 +185,19 @@ def test_a_users_callable_gets_the_arguments_it_takes_and_its_classes_are_checke
     assert check("my_models:for_classes", "imagefolder", (3, 40, 40), tiny, 5) == (3, 40, 40)
     assert build_model("my_models:for_classes", input_shape=(3, 40, 40), classes=5)(torch.zeros(2, 3, 40, 40)).shape \
         == (2, 5)
-    with pytest.raises(Exception, match=r"in 5 classes: it returned \(2, 10\) where the loss needs logits of shape "
-                                        r"\(2, 5\)"):
+    with pytest.raises(Exception, match=r"^--model my_models:ten_classes \(your own\) takes imagefolder's images "
+                                        r"\(3, 40, 40\), but it returned \(2, 10\): 10 logits per image, where the "
+                                        r"data has 5 classes \(its last layer must give one logit per class"):
         check("my_models:ten_classes", "imagefolder", (3, 40, 40), tiny, 5)
+    with pytest.raises(Exception, match=r"takes synthetic's images, but it returned \(2, 10\): 10 logits per image, "
+                                        r"where the data has 5 classes"):
+        check("my_models:ten_classes", "synthetic", None, tiny, 5)
     assert check("my_models:ten_classes", "cifar10", (3, 32, 32), tiny) == (3, 32, 32)
+    with pytest.raises(UserError) as error:  # images in PIL's and numpy's order
+        check("resnet18", "my_data:load", (16, 16, 3), tiny, 4)
+    assert str(error.value).endswith("Its images look like (height, width, channels) (PIL's and numpy's order): "
+                                     "return them as (channels, height, width), e.g. image.permute(2, 0, 1). Pick a "
+                                     "model that takes them (e.g. vgg11).")
 
 
 def test_a_users_forward_that_raises_is_refused_naming_its_own_line_and_the_batch_to_try(user_module, tmp_path):
