@@ -162,8 +162,25 @@ class FolderSplit(Dataset):
         return self.transform(read_rgb(path)), target
 
 
+def reached_twice(folder: Path) -> tuple[str, str] | None:
+    """Two folders under `folder` that are one folder, reached through a link (a link to a folder above it loops, and
+    torchvision's walk follows links): their images would be read again under other classes. None when there are
+    none. Folders only are resolved, so that a large set's start pays for its folders, not its files."""
+    seen: dict[str, str] = {}
+    for here, _, _ in os.walk(folder, followlinks=True):
+        real = os.path.realpath(here)
+        if real in seen:
+            return seen[real], here
+        seen[real] = here
+    return None
+
+
 def open_split(folder: Path, size: int, train: bool, names: list[str]) -> FolderSplit:
     """One split; a UserError naming every class folder without images."""
+    if twice := reached_twice(folder):
+        raise UserError(f"{twice[1]} is {twice[0]} again, reached through a link (a link to a folder above it "
+                        f"loops): its images would be read more than once, under other classes. Remove the link, or "
+                        f"copy what it leads to.")
     split = FolderSplit(folder, names, size, train)
     if split.broken_links:
         links = split.broken_links

@@ -133,6 +133,8 @@ def test_a_set_that_does_not_fit_takes_the_dataloader_and_says_so(tmp_path, clus
     ("classes differ", ("the class folders of {data}/val differ from those of {data}/train (5 classes against 5: it "
                         "lacks class4; it has dog, which {data}/train lacks)")),
     ("one class", "{data}/train has one class folder (class0): a classifier learns to tell classes apart"),
+    ("link loop", ("{data}/train/class1/up is {data}/train again, reached through a link (a link to a folder above "
+                   "it loops): its images would be read more than once, under other classes")),
     ("broken link", ("{data}/train holds 1 link(s) to no file ({data}/train/class1/gone.png; {data}/train/class1/"
                      "gone.png leads to /nowhere/gone.png, which does not exist): the job would fail at its first")),
 ])
@@ -155,6 +157,8 @@ def test_a_layout_it_cannot_train_on_is_one_paragraph(tmp_path, cluster, layout,
             image.unlink()
     elif layout == "classes differ":
         (data / "val" / "class4").rename(data / "val" / "dog")
+    elif layout == "link loop":
+        (data / "train" / "class1" / "up").symlink_to("..")
     elif layout == "broken link":
         (data / "train" / "class1" / "gone.png").symlink_to("/nowhere/gone.png")
     elif layout == "one class":
