@@ -54,6 +54,9 @@ def load_backward(path: str | Path, tensors: int) -> Backward:
 def _calibration(path: str | Path) -> tuple[Network, Backward]:
     try:
         data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("calibration"), dict):
+            raise UserError(f"the calibration file {path} is not a bench's JSON (it holds no \"calibration\" with "
+                            f"fitted links); write one with python -m mpi_train bench --json PATH.")
         network = Network.from_dict(data["calibration"]["network"])
         layout = data.get("layout")
         if layout and not network.collectives:  # the fits of the sharded collectives, held against the links

@@ -108,6 +108,14 @@ def test_bad_input_is_one_paragraph_and_exit_2(args, words, capsys):
     assert err.startswith("mpi_train predict: error:") and words in " ".join(err.split())
 
 
+def test_a_calibration_that_is_no_bench_s_json_is_named_as_such(tmp_path, capsys):
+    data = tmp_path / "train.json"
+    data.write_text('[{"text": "hello", "label": 1}]')
+    assert predict.main(["--model", "mnist_cnn", "--ranks", "4", "--calibration", str(data)]) == 2
+    assert (f"the calibration file {data} is not a bench's JSON (it holds no \"calibration\" with fitted links)"
+            in " ".join(capsys.readouterr().err.split()))
+
+
 def test_any_model_is_predicted_from_its_own_tensors_built_on_the_meta_device(capsys):
     # resnet18 and gpt, as training names them: each gradient's bytes are the model's own parameters
     for argv, model in ((["--model", "resnet18"], build_model("resnet18")),
