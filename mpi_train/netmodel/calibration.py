@@ -66,7 +66,7 @@ def _calibration(path: str | Path) -> tuple[Network, Backward]:
     except OSError as error:
         raise UserError(f"cannot read the calibration file {path}: {error.strerror or error}. Give a JSON written by "
                         f"python -m mpi_train bench --json PATH.") from None
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise UserError(f"the calibration file {path} holds no fitted links ({type(error).__name__}: {error}); write "
                         f"one with python -m mpi_train bench --json PATH (a bench JSON of this version).") from None
 

@@ -36,7 +36,10 @@ def test_a_calibration_file_round_trips_and_a_bad_one_is_refused(tmp_path):
     assert load_backward(good, 2) == backward and load_backward(good, 3) == Backward()  # another model: assumed
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    with pytest.raises(UserError, match="no fitted links"):
+    with pytest.raises(UserError, match="is not a bench's JSON"):
+        load_calibration(bad)
+    bad.write_text('{"calibration": {"network": 3}}')  # a bench's, damaged
+    with pytest.raises(UserError, match="holds no fitted links"):
         load_calibration(bad)
     with pytest.raises(UserError, match="cannot read the calibration file"):
         load_calibration(tmp_path / "missing.json")
