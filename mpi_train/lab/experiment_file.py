@@ -347,9 +347,9 @@ def _run_config(checker: KeyChecker, where: tuple, grid: dict, train: dict, opti
     try:
         config.validate(np)
     except UserError as error:
-        named = [flag.replace("-", "_") for flag in re.findall(r"--([a-z][a-z0-9-]*)", str(error))]
         key = where + ("np",)
         if not any(_accepted(config, other) for other in (1, 2) if other != np):
+            named = [flag.replace("-", "_") for flag in re.findall(r"--([a-z][a-z0-9-]*)", str(error))]
             key = next((where + (key,) if key in grid else ("train", key) for key in named
                         if key in grid or key in train), key)
         raise checker.fail(key, f"the run {options['sync']} at np {np} cannot start: {error}") from None

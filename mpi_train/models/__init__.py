@@ -247,7 +247,7 @@ def check(name: str, dataset: str, data_shape: tuple[int, ...] | None, gpt_shape
         if size is None:
             batch = (2, *DEFAULT_IMAGE_SHAPE)
             raise UserError(f"--model {name} takes none of the square images {', '.join(map(str, SQUARE_SIZES))} "
-                            f"pixels wide (on {batch}: {_refusal(spec, DEFAULT_IMAGE_SHAPE, gpt_shape)}). Its forward "
+                            f"pixels wide (on {batch}: {why}). Its forward "
                             f"must map a float batch (batch, 3, H, W) to logits (batch, {num_classes(spec, classes)}):"
                             f" call it by hand on torch.zeros{batch} to see what it does.")
         return (3, size, size)
