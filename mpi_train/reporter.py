@@ -115,17 +115,17 @@ class Reporter(SilentReporter):
     """Rank 0: turns what the ranks gathered into records and hands each to the console, the summary file and the
     tracker, through one `Outputs`."""
 
-    def __init__(self, config_dict: dict, global_batch: int, summary_path: str | None, print_fn=print,
+    def __init__(self, config_dict: dict, samples_per_step: int, summary_path: str | None, print_fn=print,
                  tracker: NullTracker | None = None, sync_model=None, steady_from: int = 1, name: str = "job",
                  alignments: list | None = None, throughput: Throughput | None = None):
-        self.context = Context(config=config_dict, global_batch=global_batch, throughput=throughput,
+        self.context = Context(config=config_dict, samples_per_step=samples_per_step, throughput=throughput,
                                sync_model=sync_model, alignments=tuple(alignments or ()), steady_from=steady_from,
                                name=name)
         self.tracker = tracker or NullTracker()
         self.job: dict = {}  # the JobInfo's fields, as the summary carries them
         self.console = Console(self.context, print_fn, echo=self.tracker.console)
         self.summary = SummaryFile(self.context, summary_path)
-        self.outputs = Outputs(self.console, self.summary, Tracked(self.tracker, global_batch))
+        self.outputs = Outputs(self.console, self.summary, Tracked(self.tracker, samples_per_step))
         self.timeline_unwritten: str | None = None
 
     def print(self, line: str) -> None:

@@ -15,7 +15,7 @@ from .cluster import Cluster
 from .config import RESUME_AUTO, TrainConfig
 from .errors import UserError, format_error
 from .loop.after_step import AfterStep, PhaseTotals
-from .loop.job import Job, setup
+from .loop.job import Job, samples_per_step, setup
 from .loop.replicas import check_replicas_agree, parameter_digest, seed_everything
 from .loop.scoring import Progress, evaluate, score
 from .loop.train_step import train_step
@@ -103,9 +103,11 @@ def make_reporter(config: TrainConfig, cluster: Cluster, job: Job, tracker: trac
     if not cluster.info.is_main:
         return SilentReporter()
     first_step = job.resume.position.step if job.resume else 0
-    return Reporter(config_dict=config.as_dict(), global_batch=config.batch_size, summary_path=config.summary_json,
-                    tracker=tracker, sync_model=job.sync_model, steady_from=first_step + config.timing_warmup_steps,
-                    name=config.default_run_name(cluster.info.world_size), alignments=job.alignments,
+    world = cluster.info.world_size
+    return Reporter(config_dict=config.as_dict(), samples_per_step=samples_per_step(config, job.sampler, world),
+                    summary_path=config.summary_json, tracker=tracker, sync_model=job.sync_model,
+                    steady_from=first_step + config.timing_warmup_steps, name=config.default_run_name(world),
+                    alignments=job.alignments,
                     throughput=Throughput.of(config.make_model, config.input_shape, job.device,
                                              tokens=config.language_model, precision=job.precision.name))
 

@@ -128,10 +128,15 @@ def test_a_pass_too_short_for_one_step_is_one_paragraph_naming_the_split():
 
 
 def test_a_training_set_smaller_than_one_global_batch_is_warned_of():
-    from mpi_train.loop.job import short_set
+    from mpi_train.loop.job import samples_per_step, short_set
 
     assert short_set(30, TrainConfig(batch_size=64), 2) == (
         "the training set holds 30 sample(s), fewer than one global batch of 64: every step trains on all of them (15 "
-        "per rank), while samples/s and FLOP/s count a whole batch. Give a --batch-size of at most 30, or more data.")
+        "per rank), and samples/s and FLOP/s count those. Give a --batch-size of at most 30, or more data.")
     assert short_set(64, TrainConfig(batch_size=64), 2) is None
     assert short_set(30, TrainConfig(batch_size=64, model="gpt", dataset="text"), 2) is None  # windows: no set size
+    # what a step trains on, which samples/s counts: all 30 (padded to split evenly: 31 take 32), or the batch
+    sampler = ResumableSampler(range(31), num_replicas=2, rank=0, batch_size=32)
+    assert samples_per_step(TrainConfig(batch_size=64), sampler, 2) == 32
+    assert samples_per_step(TrainConfig(batch_size=16), sampler, 2) == 16
+    assert samples_per_step(TrainConfig(batch_size=64, model="gpt", dataset="text"), None, 2) == 64

@@ -264,8 +264,7 @@ def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | Non
 def mixed_workloads(jobs: list[FinishedJob]) -> str | None:
     """A warning, when the jobs train more than one model or data set: their speed-ups and accuracies do not compare
     (every job lands in the experiment mpi_train unless told otherwise)."""
-    workloads = collections.Counter(f"{job.params.get('model', '?')} on {job.params.get('dataset', '?')}"
-                                    for job in jobs)
+    workloads = collections.Counter(job.workload for job in jobs)
     if len(workloads) < 2:
         return None
     listed = ", ".join(f"{workload} ({count} job{'s' if count > 1 else ''})" for workload, count in workloads.items())

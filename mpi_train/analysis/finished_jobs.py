@@ -35,6 +35,10 @@ class FinishedJob:
         return f"{self.sync} np{self.world_size}"
 
     @property
+    def workload(self) -> str:
+        return f"{self.params.get('model', '?')} on {self.params.get('dataset', '?')}"
+
+    @property
     def step_spread_s(self) -> float | None:
         """How far its step time strays on this machine: the standard deviation of its steady logged step times."""
         return spread(self.step_times)
@@ -82,7 +86,21 @@ def load_jobs(client, experiment_id: str, since_ms: int | None = None, names: se
             steps = history(client, child.info.run_id, metric_names.rank_key("step_time_s"))
             job.rank_step_times.append([m.value for m in steps])
         jobs.append(job)
-    return sorted(jobs, key=lambda j: (j.sync, j.world_size, j.name))
+    return distinct_names(sorted(jobs, key=lambda j: (j.sync, j.world_size, j.name)))
+
+
+def distinct_names(jobs: list[FinishedJob]) -> list[FinishedJob]:
+    """The jobs, those that share a run name (one --run-name given to two workloads, or a rerun) told apart in the
+    tables and plots: by their workload where it differs, else by the start of their run id."""
+    for tell in (lambda job: job.workload, lambda job: job.run_id[:8]):
+        named: dict[str, list[FinishedJob]] = {}
+        for job in jobs:
+            named.setdefault(job.name, []).append(job)
+        for same in named.values():
+            if len(same) > 1 and len({tell(job) for job in same}) > 1:
+                for job in same:
+                    job.name = f"{job.name} [{tell(job)}]"
+    return jobs
 
 
 def history(client, run_id: str, key: str) -> list:

@@ -113,7 +113,6 @@ def validate(args: argparse.Namespace, world: int) -> None:
     check_job_arguments(args, world)
 
 
-
 def run(cluster: Cluster, args: argparse.Namespace) -> int:
     info, world, say = cluster.info, cluster.info.world_size, rank_zero_print(cluster)
     validate(args, world)
@@ -126,6 +125,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> int:
     # Calibrate: the links, reused from an advice on these hosts unless --fresh
     torch.manual_seed(0)
     template = workload.make_model().to(device).train()
+    if args.memory_limit:  # a limit that no method fits is refused now, before the links and the model are timed
+        shortlist.searched(backend, template, None, world, workload.optimizer_settings, args.memory_limit)
     setting = cache.Setting(tuple(cluster.hosts), args.model, args.batch_size, args.precision)
     say(f"advise: {setting.describe()}, backend {backend}, {job.placement.threads} thread(s) per rank")
     links = calibration.advice_links(cluster, advice_dir=args.advice_dir, fresh=args.fresh, link_rate=args.link,

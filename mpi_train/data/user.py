@@ -95,6 +95,8 @@ class Named(Dataset):
         if not isinstance(image, torch.Tensor) or tuple(image.shape) != self.shape:
             got = f"of shape {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
             return f"has an image {got}, where item 0's is {self.shape}: a batch stacks images of one shape"
+        if not bool(torch.isfinite(image).all()):  # one such input makes the loss, then every weight, NaN
+            return "has an image holding NaN or inf, on which the loss and then every weight would become NaN"
         return None
 
 

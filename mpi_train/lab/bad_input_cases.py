@@ -213,6 +213,11 @@ def mnist_download(ws: Workspace) -> list[list[str]]:
     return [line, line]
 
 
+def nothing_measured(ws: Workspace, runs: list[Run]) -> list[str]:
+    """A limit that no method fits is known from the model alone: the advisor must not time the links first."""
+    return ["MEASURED FIRST"] if any("calibrat" in run.output or "timing" in run.output for run in runs) else []
+
+
 def same_message(ws: Workspace, runs: list[Run]) -> list[str]:
     """The second attempt must meet the same clear message, not a trace of the first."""
     return [] if len(runs) < 2 or paragraph(runs[0].output) == paragraph(runs[1].output) else ["MESSAGE CHANGED"]
@@ -296,6 +301,10 @@ def frozen(num_classes, input_shape):
     return WithSpare(num_classes, input_shape).requires_grad_(False)
 
 
+def doubled(num_classes, input_shape):  # float64 weights, as a numerical-methods habit writes them
+    return WithSpare(num_classes, input_shape).body.double()
+
+
 def magnified(num_classes, input_shape):  # each image enlarged 32768 times a side: terabytes a batch
     return nn.Sequential(nn.Upsample(scale_factor=32768), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                          nn.Linear(input_shape[0], num_classes))
@@ -319,12 +328,21 @@ def load():
         labels[-1] = 12  # a typo in a label file: kept out of item 0, which the job checks before it starts
         return TensorDataset(torch.rand(count, 3, 32, 32), labels)
     return split(64), split(16), 10
+
+
+def with_nan():  # a sensor's dropout, stored as NaN: no step's loss survives it
+    images = torch.rand(64, 3, 32, 32)
+    images[37, 0, 4, 4] = float("nan")
+    return TensorDataset(images, torch.arange(64) % 10), TensorDataset(torch.rand(16, 3, 32, 32),
+                                                                       torch.arange(16) % 10), 10
 """
 
 
-def users_label(ws: Workspace) -> list[list[str]]:
-    (ws.folder / "my_data.py").write_text(USERS_DATA)
-    return [ws.train(*IMAGES, "--dataset", "my_data:load", "--model", "resnet18", "--epochs", "1")]
+def users_data(function: str) -> Callable[[Workspace], list[list[str]]]:
+    def prepare(ws: Workspace) -> list[list[str]]:
+        (ws.folder / "my_data.py").write_text(USERS_DATA)
+        return [ws.train(*IMAGES, "--dataset", f"my_data:{function}", "--model", "resnet18", "--epochs", "1")]
+    return prepare
 
 
 USERS_DATA_PER_RANK = """import os
@@ -404,6 +422,8 @@ CASES = [
          (r"--json disk/bench\.json could not be written \(no space left",)),
     Case("advice-full-disk", full_disk_results("advise", "--measure", "1", "--advice-dir", "disk"),
          (r"the advice disk/\S+\.json could not be written \(no space left",)),
+    Case("advice-memory-limit-1KiB", lambda ws: [ws.train("advise", *MEASURED, "--memory-limit", "1KiB")],
+         (r"no sync method fits --memory-limit 1\.00 KiB per rank on 2 ranks",), check=nothing_measured),
     Case("bench-json-under-file", bench_json_under_file,
          (r"--json notes\.txt/bench\.json lies under \S+, which is a file",)),
     Case("corrupt-image", corrupt_image(None), (r"train/cat/0003\.jpg",)),
@@ -434,9 +454,11 @@ CASES = [
     Case("unused-layer-ddp", users_model("WithSpare", "ddp"), (r"spare\.weight", r"find_unused_parameters"),
          warning=True),
     Case("frozen-model", users_model("frozen", "allreduce"), (r"my_models:frozen\b.{0,100}\bno parameter",)),
+    Case("float64-model", users_model("doubled", "allreduce"), (r"my_models:doubled\b.{0,100}\bfloat64 parameters",)),
     Case("batch-out-of-memory", users_model("magnified", "allreduce"),
          (r"\bran out of memory in step 1: one allocation asked for\b", r"--accumulate 2 takes 16 at once\b")),
-    Case("users-label-out-of-range", users_label, (r"my_data:load\b.{0,100}\bitem \d+ has the label 12\b",)),
+    Case("users-label-out-of-range", users_data("load"), (r"my_data:load\b.{0,100}\bitem \d+ has the label 12\b",)),
+    Case("users-nan-image", users_data("with_nan"), (r"my_data:with_nan\b.{0,100}\bitem 37 has an image holding NaN",)),
     Case("data-differs-per-rank", data_per_rank, (r"\branks read different\b", r"\brank 0\b[^;]{0,100}\b64\b",
                                                   r"\brank 1\b[^;]{0,100}\b80\b")),
     Case("code-differs-per-host", code_per_host, (r"\branks run different software\b",

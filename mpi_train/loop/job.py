@@ -177,12 +177,20 @@ def resized_by_launcher(config: TrainConfig, environment: ClusterEnvironment) ->
 
 def short_set(samples: int, config: TrainConfig, world_size: int) -> str | None:
     """A sentence for a training set smaller than one global batch, else None: each step then trains on every
-    sample, fewer than the batch the job's throughput counts."""
+    sample, not the batch asked for."""
     if samples >= config.batch_size or config.language_model:  # a text's samples are windows drawn anywhere in it
         return None
     return (f"the training set holds {samples:,} sample(s), fewer than one global batch of {config.batch_size}: "
-            f"every step trains on all of them ({math.ceil(samples / world_size):,} per rank), while samples/s and "
-            f"FLOP/s count a whole batch. Give a --batch-size of at most {samples:,}, or more data.")
+            f"every step trains on all of them ({math.ceil(samples / world_size):,} per rank), and samples/s and "
+            f"FLOP/s count those. Give a --batch-size of at most {samples:,}, or more data.")
+
+
+def samples_per_step(config: TrainConfig, sampler: ResumableSampler | None, world_size: int) -> int:
+    """The samples a step trains on over every rank, which samples/s and FLOP/s count: the global batch, or the
+    whole of a training set smaller than it (short_set), padded to split evenly."""
+    if config.language_model or sampler is None:  # a text's windows fill every batch
+        return config.batch_size
+    return min(config.batch_size, len(sampler) * world_size)
 
 
 def placed(config: TrainConfig, cluster: Cluster) -> tuple[Placement, Precision]:

@@ -165,9 +165,22 @@ def raised_at(error: BaseException) -> str:
 CLASS_MISMATCH = "its last layer must give one logit per class: a model function of your own is given num_classes"
 
 
+def refuse_other_dtypes(spec: ModelSpec, model: nn.Module) -> None:
+    """A UserError when a floating parameter is not float32: the data, the optimizer's state and the messages are,
+    so a float64 layer would fail at the first step (no image size mends that)."""
+    odd = [(path, param.dtype) for path, param in model.named_parameters()
+           if param.is_floating_point() and param.dtype != torch.float32]
+    if odd:
+        names = " and ".join(sorted({str(dtype).removeprefix("torch.") for _, dtype in odd}))
+        raise UserError(f"--model {spec.name} ({spec.source}) has {names} parameters (e.g. {odd[0][0]}), and the tool "
+                        f"trains float32 weights. Build the model without .double(), .half() or .to(dtype); for mixed "
+                        f"precision use --precision bf16-mixed or 16-mixed (autocast over float32 weights).")
+
+
 def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int = NUM_CLASSES) -> str | None:
     """Why the model cannot take a batch of `shape` and give a logit per class (None: it can)."""
-    _, output, labels = _probe(spec, shape, gpt_shape, classes)
+    model, output, labels = _probe(spec, shape, gpt_shape, classes)
+    refuse_other_dtypes(spec, model)
     if isinstance(output, str):
         return output
     expected = (len(labels), num_classes(spec, classes))

@@ -110,7 +110,7 @@ class Console:
         return (
             f"mpi_train: {job.world_size} rank(s) on {len(hosts)} host(s) ({', '.join(hosts)}), "
             f"backend {job.backend}, sync {config['sync']}, {config['model']} on "
-            f"{config['dataset']}, batch {self.context.global_batch} ({job.batch_size_per_rank} per rank"
+            f"{config['dataset']}, batch {job.batch_size_per_rank * job.world_size} ({job.batch_size_per_rank} per rank"
             + (f", in {config['accumulate']} micro-batches" if config.get("accumulate", 1) > 1 else "")
             + "), "
             f"{job.threads} thread(s) per rank, {job.total_steps} steps, precision {job.precision}"
@@ -159,7 +159,7 @@ class Console:
             self.summary_lines(values)
 
     def step_line(self, row: dict, step: int) -> None:
-        samples_per_s = self.context.global_batch / row["step_time_s"]
+        samples_per_s = self.context.samples_per_step / row["step_time_s"]
         if self.bar is not None:
             self.bar.set_postfix_str(f"loss {row['loss']:.4f}, {samples_per_s:.0f} samples/s", refresh=False)
         self.print(

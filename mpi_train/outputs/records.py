@@ -28,7 +28,7 @@ class Context:
     """What every output reads of the job and what never changes while it trains."""
 
     config: dict  # the job's flags, as the summary carries them
-    global_batch: int
+    samples_per_step: int  # over every rank: the global batch, or a training set smaller than it, whole
     throughput: Throughput | None = None  # the model's FLOPs per sample and the device's peak: FLOP/s and MFU
     sync_model: object = None  # the alpha-beta model's view of this job (netmodel.JobModel), None on one host
     alignments: tuple = ()  # each rank's clock offset to rank 0's and its error bound (timeline.py)
@@ -44,7 +44,7 @@ class Context:
         """Samples/s per rank, the data phase's share, FLOP/s per rank and MFU of a step's (or the run's) means."""
         if not self.throughput:
             return {}
-        return self.throughput.figures(times, self.global_batch, world_size)
+        return self.throughput.figures(times, self.samples_per_step, world_size)
 
 
 class Output(Protocol):

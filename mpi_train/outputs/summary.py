@@ -80,7 +80,7 @@ class SummaryFile:
     def build(self, job: dict, ending: Ending) -> dict:
         """The whole job's summary, its parts in the order its readers know; a part a job lacks adds no key."""
         steady = ending.steady
-        summary: dict = {"config": self.context.config, **job}
+        summary: dict = {"config": self.context.config, **job, "samples_per_step": self.context.samples_per_step}
         for part in (self.rows(), self.times(ending, steady), self.speed(job, steady), self.weights(ending),
                      self.health(), self.split(), self.recorded(ending), self.modelled(steady), self.compiled()):
             summary.update(part)

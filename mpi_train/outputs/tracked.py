@@ -12,15 +12,15 @@ ROW_KEYS = ("step", "epoch", "loss", "lr")  # a step's row around its times
 class Tracked:
     """Forwards records to `tracker`; its runs are ended by the tracker's own context, not by close()."""
 
-    def __init__(self, tracker: NullTracker, global_batch: int):
-        self.tracker, self.global_batch = tracker, global_batch
+    def __init__(self, tracker: NullTracker, samples_per_step: int):
+        self.tracker, self.samples_per_step = tracker, samples_per_step
 
     def log(self, metrics: Metrics, step: int) -> None:
         values = metrics.values
         if metrics.kind == STEP:
             times = {key: value for key, value in values.items() if key not in ROW_KEYS}
             self.tracker.log_step(values["epoch"], step, values["loss"], times,
-                                  self.global_batch / times["step_time_s"], list(metrics.per_rank),
+                                  self.samples_per_step / times["step_time_s"], list(metrics.per_rank),
                                   lr=values.get("lr"))
         elif metrics.kind == EPOCH:
             self.tracker.log_epoch(values["epoch"], step, values["test_loss"], values["test_accuracy"],

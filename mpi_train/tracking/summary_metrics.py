@@ -9,12 +9,14 @@ from . import names
 
 def job_metrics(summary: dict, global_batch: int) -> dict:
     """The whole-job figures of a finished job's summary, under the parent run's `summary/` names (names.py):
-    one steady-state mean per phase (names.SUMMARY_RULE), and the run's outcome."""
+    one steady-state mean per phase (names.SUMMARY_RULE), and the run's outcome. Samples/s counts what a step
+    trained on, where the summary says (a training set smaller than `global_batch`), else the global batch."""
     steady = summary.get("mean_times_after_warmup") or summary["mean_times"]
     step_s = steady["step_time_s"]
+    samples = summary.get("samples_per_step", global_batch)
     figures = {
         **{names.summary_key(phase): value for phase, value in steady.items()},
-        names.summary_key("samples_per_s"): global_batch / step_s if step_s else 0.0,
+        names.summary_key("samples_per_s"): samples / step_s if step_s else 0.0,
         names.summary_key("sync_share"): steady["sync_time_s"] / step_s if step_s else 0.0,
         names.summary_key("total_steps"): summary["total_steps"],
         names.summary_key("wall_time_s"): summary["wall_time_s"],

@@ -196,6 +196,13 @@ def test_jobs_of_several_workloads_are_said_to_compare_within_one_and_stale_plot
     said = mixed_workloads([*same, job("c", "resnet18", "imagefolder")])
     assert said.startswith("warning: these jobs train 2 workloads: mnist_cnn on synthetic (2 jobs), resnet18 on "
                            "imagefolder (1 job). Their step times, speed-ups and accuracies compare within one")
+    # one run name given to jobs of two workloads, and a rerun: each row named apart
+    from mpi_train.analysis.finished_jobs import distinct_names
+    jobs = [job("a", "mnist_cnn", "synthetic"), job("a", "resnet18", "imagefolder"), job("b", "mnist_cnn", "synthetic")]
+    jobs[1].run_id, jobs[2].run_id, jobs[2].name = "9f2c61d0aa", "31b07e44cc", "a"
+    assert [one.name for one in distinct_names(jobs)] == ["a [mnist_cnn on synthetic] [a]",
+                                                         "a [resnet18 on imagefolder]",
+                                                         "a [mnist_cnn on synthetic] [31b07e44]"]
     for name in ("loss_vs_step.png", "validation_loss_vs_time.png", "mine.png"):
         (tmp_path / name).write_bytes(PNG)
     remove_stale(tmp_path, [tmp_path / "loss_vs_step.png"])

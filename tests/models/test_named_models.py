@@ -112,6 +112,9 @@ def user_module(tmp_path, monkeypatch):
         def frozen(num_classes, input_shape):
             return build(num_classes, input_shape).requires_grad_(False)
 
+        def doubled(num_classes, input_shape):
+            return build(num_classes, input_shape).double()
+
         class Broken(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -193,6 +196,13 @@ def test_a_users_callable_gets_the_arguments_it_takes_and_its_classes_are_checke
                                         r"where the data has 5 classes"):
         check("my_models:ten_classes", "synthetic", None, tiny, 5)
     assert check("my_models:ten_classes", "cifar10", (3, 32, 32), tiny) == (3, 32, 32)
+    # float64 weights pass the probe on the meta device and would fail at step 1: refused at the check, whatever
+    # the images
+    for dataset, shape in (("synthetic", None), ("imagefolder", (3, 40, 40))):
+        with pytest.raises(UserError, match=r"^--model my_models:doubled \(your own\) has float64 parameters \(e\.g\. "
+                                            r"1\.weight\), and the tool trains float32 weights\. Build the model "
+                                            r"without \.double\(\)"):
+            check("my_models:doubled", dataset, shape, tiny, 5)
     with pytest.raises(UserError) as error:  # images in PIL's and numpy's order
         check("resnet18", "my_data:load", (16, 16, 3), tiny, 4)
     assert str(error.value).endswith("Its images look like (height, width, channels) (PIL's and numpy's order): "

@@ -24,7 +24,7 @@ CONFIG = {"sync": "allreduce", "model": "mnist_cnn", "dataset": "synthetic", "pr
 def test_an_epochs_end_is_scored_on_the_epochs_line_and_a_language_model_says_perplexity():
     lines, echoed = [], []
     text = Throughput(flops_per_sample=1e6, device_name="cpu", dtype="fp32", peak_flops=None, tokens_per_sample=16)
-    console = Console(Context(config=CONFIG, global_batch=64, throughput=text), lines.append, echo=echoed.append)
+    console = Console(Context(config=CONFIG, samples_per_step=64, throughput=text), lines.append, echo=echoed.append)
     console.start(JOB, where=None)
     scores = {"test_loss": 1.0, "test_accuracy": 0.5, "elapsed_s": 3.0, "sent_mb": 1.5}
     console.log(Metrics(kind=EVALUATION, values=scores), 2)
@@ -73,14 +73,14 @@ def test_the_opening_lines_say_what_no_step_trains_and_a_resume_that_found_nothi
     lines = []
     config = {**CONFIG, "sync": "ddp", "model": "my_models:build", "resume": "auto", "checkpoint_dir": "ck"}
     untrained = JobInfo(**{**JOB.__dict__, "untrained_parameters": ("spare.weight", "spare.bias")})
-    Console(Context(config=config, global_batch=64), lines.append).start(untrained, where=None)
+    Console(Context(config=config, samples_per_step=64), lines.append).start(untrained, where=None)
     assert lines[1:] == [
         ("mpi_train: 2 parameter(s) of --model my_models:build get no gradient (spare.weight, spare.bias): no logit "
          "depends on them, so they keep their first values; --sync ddp runs DistributedDataParallel with "
          "find_unused_parameters, which walks the graph at every step to find them."),
         "mpi_train: --resume auto found no checkpoint under ck: the job starts at step 0"]
     lines.clear()
-    Console(Context(config={**config, "sync": "allreduce", "resume": None}, global_batch=64),
+    Console(Context(config={**config, "sync": "allreduce", "resume": None}, samples_per_step=64),
             lines.append).start(untrained, where=None)
     assert lines[1:] == [("mpi_train: 2 parameter(s) of --model my_models:build get no gradient (spare.weight, "
                           "spare.bias): no logit depends on them, so they keep their first values.")]

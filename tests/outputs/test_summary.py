@@ -43,11 +43,12 @@ def test_the_summary_holds_every_record_in_its_parts_order_and_the_console_print
     reporter.finish([dict.fromkeys(PHASES, 0.5)] * 2, 9.0, [dict.fromkeys(PHASES, 0.25)] * 2, 1, [0.1, 0.1])
     summary = json.loads(path.read_text())
     assert list(summary) == [
-        "config", *JOB.as_dict(), "steps", "epochs", "evaluations", "per_rank_mean_times",
+        "config", *JOB.as_dict(), "samples_per_step", "steps", "epochs", "evaluations", "per_rank_mean_times",
         "per_rank_mean_times_after_warmup", "mean_times", "timing_warmup_steps", "mean_times_after_warmup",
         "final_loss", "memory", "network_stalls", "sync_split_after_warmup", "recorder_busy_s", "clock_alignment",
         "graphs_compiled_after_setup", "wall_time_s", "finished_at"]
     assert [row["step"] for row in summary["steps"]] == [1, 2] and summary["final_loss"] == 1.0
+    assert summary["samples_per_step"] == 64
     assert summary["steps"][0]["sync_wait_s"] == 0.005 and summary["steps"][0]["slowest_rank"] == 1
     assert summary["sync_split_after_warmup"]["mean"]["sync_wait_s"] == 0.005  # step 2 alone, after the warm-up
     assert [row["step"] for row in summary["evaluations"]] == [1, 2] and summary["evaluations"][1]["sent_mb"] == 4.0
