@@ -58,10 +58,23 @@ def option_value(name: str, value):
     return float(value) if field_kinds()[name] is float else value
 
 
+def read_toml(path: str | Path) -> str:
+    """A TOML file's text, UTF-8 as TOML is, less the byte-order mark Windows' editors put before it (which TOML's
+    parser takes for a stray character); OSError and UnicodeDecodeError for the caller to name."""
+    return Path(path).read_text(encoding="utf-8-sig")
+
+
+def toml_mistake(error: tomllib.TOMLDecodeError) -> tuple[int | None, str]:
+    """The line of a TOML syntax error, where the parser says it, and its message without the position."""
+    line = getattr(error, "lineno", None)  # Python >= 3.14; before, only the message carries it
+    found = re.search(r"at line (\d+)", str(error))
+    return line or (int(found.group(1)) if found else None), re.sub(r"\s*\(at line \d+, column \d+\)", "", str(error))
+
+
 def read_job_file(path: str) -> str:
     """A job file's text; a UserError says why it cannot be read."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return read_toml(path)
     except UnicodeDecodeError:
         reason = "it is not UTF-8 text"
     except OSError as error:
@@ -76,10 +89,7 @@ def parse_job_file(text: str, path: str) -> dict:
     try:
         options = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        line = getattr(error, "lineno", None)  # Python >= 3.14; before, only the message carries it
-        found = re.search(r"at line (\d+)", str(error))
-        line = line or (int(found.group(1)) if found else None)
-        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(error))
+        line, message = toml_mistake(error)
         raise UserError(f"{path}{f', line {line}' if line else ''}: this is not valid TOML: {message}. Write one "
                         f"option a line, key = value, strings in quotes (see https://toml.io).") from None
     for key, value in options.items():

@@ -64,6 +64,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
     import tomli as tomllib
 
 from ..config import TrainConfig
+from ..config.job_file import read_toml, toml_mistake
 from ..errors import UserError
 from ..models import GPT_SIZES, resolve
 from ..netmodel.links import rate_bytes_per_s
@@ -165,11 +166,7 @@ def _toml(text: str, path: Path) -> dict:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        line = getattr(error, "lineno", None)  # Python ≥ 3.14; before, only the message carries it
-        if line is None:
-            found = re.search(r"at line (\d+)", str(error))
-            line = int(found.group(1)) if found else None
-        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(error))
+        line, message = toml_mistake(error)
         raise SweepError(path, line, "(syntax)", f"this is not valid TOML: {message}. See https://toml.io for the "
                          f"syntax (strings in quotes, lists in [ ], one key = value per line).") from None
 
@@ -460,8 +457,9 @@ def load(path: str | Path) -> Sweep:
     """Read and check an experiment file."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise UserError(f"cannot read the experiment file {path}: {error.strerror or error}. Give the path of a "
-                        f".toml file, e.g. experiments/smoke.toml.") from None
+        text = read_toml(path)
+    except (OSError, UnicodeDecodeError) as error:
+        reason = "it is not UTF-8 text" if isinstance(error, UnicodeDecodeError) else error.strerror or error
+        raise UserError(f"cannot read the experiment file {path}: {reason}. Give the path of a .toml file, e.g. "
+                        f"experiments/smoke.toml.") from None
     return parse(text, path)

@@ -60,6 +60,9 @@ def test_an_unreadable_job_file_is_refused_with_the_reason(tmp_path):
     (tmp_path / "latin1.toml").write_bytes(b'run_name = "caf\xe9"\n')
     with pytest.raises(UserError, match="it is not UTF-8 text"):
         read_job_file(str(tmp_path / "latin1.toml"))
+    # saved by an editor that starts UTF-8 with a byte-order mark, which TOML's parser calls an invalid statement
+    (tmp_path / "bom.toml").write_bytes(b'\xef\xbb\xbfsync = "ddp"\n')
+    assert job_options(read_job_file(str(tmp_path / "bom.toml"))) == {"sync": "ddp"}
 
 
 def test_the_logged_job_file_reads_back_to_the_same_job_but_its_outputs_and_whereabouts():

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import REPO
 
+from mpi_train.errors import UserError
 from mpi_train.lab.experiment import main
 from mpi_train.lab.experiment_file import SweepError, load, parse
 from mpi_train.lab.sweep_plan import bench_command, train_flags
@@ -92,6 +93,14 @@ def test_the_shipped_files_plan_what_they_promise():
     assert {r.np for r in load(REPO / "experiments/scaling.toml").runs} == {1, 2, 4}
     smoke = load(REPO / "experiments/smoke.toml")
     assert smoke.runs and all(r.config.dataset == "synthetic" and r.config.max_steps <= 10 for r in smoke.runs)
+
+
+def test_an_experiment_file_in_another_encoding_is_one_paragraph_and_a_byte_order_mark_is_read(tmp_path):
+    (tmp_path / "latin1.toml").write_bytes(b'[experiment]\nname = "caf\xe9"\n')
+    with pytest.raises(UserError, match=r"^cannot read the experiment file \S+latin1\.toml: it is not UTF-8 text\."):
+        load(tmp_path / "latin1.toml")
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert load(tmp_path / "bom.toml").runs == parse(GOOD, Path("grid.toml")).runs
 
 
 def test_the_report_s_target_accuracy_is_read_from_the_file():
