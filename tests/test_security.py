@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import re
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -84,6 +85,20 @@ def test_the_server_refuses_a_port_or_worker_count_no_server_can_take_in_one_par
         server_main([*flags, "--root", str(tmp_path / "mlruns")])
     error = " ".join(capsys.readouterr().err.split())
     assert exit_.value.code == 2 and words in error and "Traceback" not in error
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_the_server_refuses_a_port_in_use_or_an_address_not_this_machines_before_mlflow_starts(tmp_path, capsys):
+    with socket.socket() as holder:  # another program on the port
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert server_main(["--port", str(port), "--root", str(tmp_path / "mlruns")]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"the server cannot listen on 127.0.0.1:{port}: port {port} is in use by another program" in error
+    assert server_main(["--host", "192.0.2.1", "--insecure", "--root", str(tmp_path / "mlruns")]) == 2  # TEST-NET-1
+    error = " ".join(capsys.readouterr().err.split())
+    assert "192.0.2.1 is not an address of this machine (`ip -brief address` lists them)" in error
     assert not (tmp_path / "mlruns").exists()
 
 

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -87,6 +89,28 @@ def check_exposure(host: str, auth: bool, insecure: bool) -> None:
                     f"require a user and password (MLflow's authentication app; jobs pass MLFLOW_TRACKING_USERNAME and "
                     f"MLFLOW_TRACKING_PASSWORD), keep the default --host 127.0.0.1, or add --insecure if the network "
                     f"is yours alone.")
+
+
+def check_address(host: str, port: int) -> None:
+    """Bind the address and port the server would listen on, and let go: a port another program holds, or an address
+    that is not this machine's, is one paragraph before MLflow takes seconds to start and makes the store."""
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as error:
+        raise UserError(f"--host {host} is not an address ({error.strerror}): give one of this machine's (127.0.0.1, "
+                        f"the default; 0.0.0.0 for all of them, with --auth).") from None
+    with socket.socket(family, kind, protocol) as trial:
+        trial.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own: a closed port is free
+        try:
+            trial.bind(address)
+        except OSError as error:
+            why = {errno.EADDRINUSE: f"port {port} is in use by another program (another server? `ss -ltnp 'sport "
+                                     f"= :{port}'` names it): pick another --port, or stop that program",
+                   errno.EADDRNOTAVAIL: f"{host} is not an address of this machine (`ip -brief address` lists "
+                                        f"them): give one of those, 127.0.0.1 (the default), or 0.0.0.0 for all",
+                   errno.EACCES: "a port below 1024 needs root: pick a --port from 1024 up (5000, the default)"}
+            raise UserError(f"the server cannot listen on {host}:{port}: "
+                            f"{why.get(error.errno, error.strerror or str(error))}.") from None
 
 
 def admin_credentials(root: Path) -> tuple[str, str, str]:
@@ -186,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = f"http://{args.host}:{args.port}"
     try:
         check_exposure(args.host, args.auth, args.insecure)
+        check_address(args.host, args.port)
         check_store_dir(root, "pass --root with another folder")
         databases = (root / "mlflow.db", *([root / "basic_auth.db"] if args.auth else []))
         for database in databases:
