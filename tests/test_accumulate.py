@@ -140,3 +140,14 @@ def test_a_training_set_smaller_than_one_global_batch_is_warned_of():
     assert samples_per_step(TrainConfig(batch_size=64), sampler, 2) == 32
     assert samples_per_step(TrainConfig(batch_size=16), sampler, 2) == 16
     assert samples_per_step(TrainConfig(batch_size=64, model="gpt", dataset="text"), None, 2) == 64
+
+
+def test_a_warm_up_given_that_lasts_the_whole_schedule_is_warned_of():
+    from mpi_train.loop.job import long_warmup
+
+    assert long_warmup(TrainConfig(model="mnist_cnn", warmup_steps=16, epochs=1), 16) == (
+        "--warmup-steps 16 lasts the whole schedule of 16 step(s) (1 epoch(s) of 16): the rate climbs to --lr 0.1 "
+        "until step 16 (the schedule's last: 16), and --lr-schedule cosine never begins. Give fewer warm-up steps, or "
+        "more --epochs.")
+    assert long_warmup(TrainConfig(warmup_steps=16, epochs=2), 16) is None
+    assert long_warmup(TrainConfig(model="mnist_cnn", epochs=1), 16) is None  # its default of 40: a demonstration run

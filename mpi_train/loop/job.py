@@ -134,7 +134,8 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         **layout_params(cluster.hosts), resumed_from=resumed_from(resume), advice=advised,
         data_path=loaders.describe(), compile_s=replica.compile_s, precision=precision.name,
         warnings=tuple(filter(None, [slow_on_cpu(precision, device),
-                                     short_set(len(train_set), config, info.world_size)])),
+                                     short_set(len(train_set), config, info.world_size),
+                                     long_warmup(config, steps_per_epoch)])),
         overlap_lost_to_compile=method.traits.lost_when_compiled if config.compile else None,
         untrained_parameters=untrained,
     )
@@ -183,6 +184,18 @@ def short_set(samples: int, config: TrainConfig, world_size: int) -> str | None:
     return (f"the training set holds {samples:,} sample(s), fewer than one global batch of {config.batch_size}: "
             f"every step trains on all of them ({math.ceil(samples / world_size):,} per rank), and samples/s and "
             f"FLOP/s count those. Give a --batch-size of at most {samples:,}, or more data.")
+
+
+def long_warmup(config: TrainConfig, steps_per_epoch: int) -> str | None:
+    """A sentence for a --warmup-steps given that lasts the whole schedule, else None: the schedule never begins.
+    (A model's default warm-up is left alone: a short demonstration run is mostly warm-up, and says nothing of it.)"""
+    schedule = config.epochs * steps_per_epoch
+    if config.warmup_steps is None or config.warmup_steps < schedule:
+        return None
+    return (f"--warmup-steps {config.warmup_steps:,} lasts the whole schedule of {schedule:,} step(s) ({config.epochs} "
+            f"epoch(s) of {steps_per_epoch:,}): the rate climbs to --lr {config.optimizer_settings.lr:g} until step "
+            f"{config.warmup_steps:,} (the schedule's last: {schedule:,}), and --lr-schedule {config.lr_schedule} "
+            f"never begins. Give fewer warm-up steps, or more --epochs.")
 
 
 def samples_per_step(config: TrainConfig, sampler: ResumableSampler | None, world_size: int) -> int:
