@@ -27,7 +27,7 @@ from ..errors import UserError, system_error
 from ..files import write_atomically
 from . import images as image_files
 
-CACHE_FORMAT = 1  # raised whenever what a cache file holds changes: older ones are then rebuilt
+CACHE_FORMAT = 2  # raised whenever what a cache file holds changes: older ones are then rebuilt
 CACHE_FOLDER = ".mpi_train-cache"  # inside --data-dir, when it is writable
 CHECKED_SUFFIX = ".checked"  # beside a cache file: the fingerprint of image files that all decoded
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
