@@ -50,7 +50,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
 
     # The tracker ends the MLflow runs FINISHED, FAILED (any rank raised) or KILLED (SIGTERM/SIGINT); the reporter
     # ends its progress bar, if it draws one, before any message that follows.
-    with tracker, reporter:
+    with tracker, reporter, job.method.explaining():
         if job.resume and config.resume == RESUME_AUTO:
             tracker.resend(job.resume.unsent_metrics)
         reporter.start(job.info)

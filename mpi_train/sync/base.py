@@ -105,9 +105,10 @@ class SyncMethod:
 
     What a method is, its `traits`, is one frozen value (traits.py) that the cost model, the
     advisor, the bench and the config checks read before any rank runs; a configured instance
-    carries its class's traits with what its options set. What runs is twelve public members:
+    carries its class's traits with what its options set. What runs is thirteen public members:
     its `compressor`, the hooks the training loop calls around each step (record_into, wrap,
-    make_optimizer, accumulating, sync, after_step, finish, evaluated), the checkpoint pair
+    make_optimizer, accumulating, sync, after_step, finish, evaluated) and around the whole loop
+    (explaining: a failure of its own machinery said as the user's fault it is), the checkpoint pair
     (save, load) and the views a check or a count reads (tensors). The underscored hooks behind
     the last three are what a sharding or model-averaging method overrides.
     """
@@ -154,6 +155,11 @@ class SyncMethod:
         """Around the forward and backward of a micro-batch that is not a step's last (--accumulate): its gradients
         only add up, nothing is sent. A method that syncs after backward has nothing to hold back; one that sends
         from backward holds its hooks (DDP: no_sync())."""
+        return contextlib.nullcontext()
+
+    def explaining(self) -> contextlib.AbstractContextManager:
+        """Around the training loop: a failure in the method's own machinery that the user's model caused, said as
+        one paragraph (a UserError) where the method knows what it means; nothing by default."""
         return contextlib.nullcontext()
 
     def sync(self, model: nn.Module) -> None:

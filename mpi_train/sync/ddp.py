@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import re
 
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from ..errors import UserError
 from ..timeline import now
 from .base import INSIDE_DDP, SyncMethod, compressor_for
 from .compression import Compressor
@@ -20,6 +23,10 @@ def buffers_synced(every_forward: bool) -> dict:
     """DDP's option to send rank 0's buffers at every forward, by the name this torch gives it."""
     newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
     return {"forward_sync_buffers" if newer else "broadcast_buffers": every_forward}
+
+
+# DistributedDataParallel's words when a parameter it waits for got no gradient in the step before
+SKIPPED = "Expected to have finished reduction in the prior iteration"
 
 
 class DDP(SyncMethod):
@@ -38,6 +45,7 @@ class DDP(SyncMethod):
         super().__init__(compressor)
         # a model with parameters no logit depends on: DDP would wait at every step for gradients that never come
         self.find_unused = find_unused
+        self.trained: list[str] = []  # the names of the parameters DDP numbers (those that require a gradient)
 
     @classmethod
     def _from_config(cls, config) -> DDP:
@@ -50,6 +58,7 @@ class DDP(SyncMethod):
         (VGG-11 on an H100: 7.1 ms without one, 8.0 ms with), where its clock only says when work was queued."""
         device = next(model.parameters()).device
         on_gpu = device.type == "cuda"
+        self.trained = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
         # one rank has nobody to send its buffers to, yet DDP would still broadcast them at every forward: 0.84 ms
         # of host time in a 4.2 ms VGG-11 step on an H200 (scripts/gpu_step_overhead.py)
         wrapped = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None,
@@ -61,6 +70,34 @@ class DDP(SyncMethod):
         elif hook is not default_hooks.allreduce_hook:
             wrapped.register_comm_hook(state, hook)
         return wrapped
+
+    @contextlib.contextmanager
+    def explaining(self):
+        """DDP's failure when a parameter the model used at its start got no gradient in a later step (a forward that
+        skips a branch on some steps), said in one paragraph: its own text asks for a bug report."""
+        try:
+            yield
+        except RuntimeError as error:
+            if SKIPPED not in str(error):
+                raise
+            raise UserError(self.skipped(str(error)), collective=False) from None
+
+    def skipped(self, text: str) -> str:
+        """The paragraph for DDP's SKIPPED failure, whose text numbers the parameters without a gradient."""
+        from . import SYNC_METHODS  # here, not at the top: the registry imports this module
+
+        name = next(name for name, method in SYNC_METHODS.items() if method is type(self))
+        found = re.search(r"did not receive grad for rank (\d+): ([\d ]+)", text)
+        indices = [int(index) for index in found.group(2).split()] if found else []
+        names = [self.trained[index] if index < len(self.trained) else f"#{index}" for index in indices]
+        listed = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        which = f" ({listed} on rank {found.group(1)})" if found else ""
+        return (f"--sync {name}: parameters got no gradient in a step{which}, though the model's forward used every "
+                f"parameter when the job started: the forward skips them on some steps (a branch the data or the step "
+                f"decides). DistributedDataParallel waits for every parameter's gradient unless told at its start that "
+                f"some may never come. Train this model with --sync bucketed (buckets sent during backward, as ddp "
+                f"sends them, a missing gradient counted as zeros) or --sync allreduce, or make the forward use every "
+                f"parameter at every step.")
 
     def accumulating(self, net: nn.Module):
         """DDP's own way: no_sync() keeps a micro-batch's gradients local, to be added to the next backward's."""

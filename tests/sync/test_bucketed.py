@@ -68,3 +68,37 @@ def test_bucketed_averages_exactly_in_its_first_step_and_after(one_rank_group):
         method.sync(model)
         assert all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected))  # one rank: the mean is itself
         assert launched == (0 if step == 0 else len(method.buckets))  # after the first step all left during backward
+
+
+class SkipsOnSomeSteps(torch.nn.Module):
+    """A forward that leaves `branch` out of every second step: a branch the step decides."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk, self.branch, self.calls = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3), 0
+
+    def forward(self, images):
+        self.calls += 1
+        return self.trunk(images) + (self.branch(images) if self.calls % 2 else 0)
+
+
+def test_a_forward_that_skips_a_branch_on_some_steps_is_one_paragraph_under_ddp_and_trains_under_bucketed(
+        one_rank_group):
+    from mpi_train.errors import UserError
+    from mpi_train.sync.ddp import DDP
+
+    images, labels = torch.randn(4, 4), torch.randint(0, 3, (4,))
+    method = DDP()
+    net = method.wrap(SkipsOnSomeSteps())
+    with pytest.raises(UserError) as refused, method.explaining():
+        for _ in range(3):  # DDP's own failure comes at the forward after the step that skipped
+            F.cross_entropy(net(images), labels).backward()
+    assert str(refused.value).startswith("--sync ddp: parameters got no gradient in a step (branch.weight, "
+                                         "branch.bias on rank 0), though the model's forward used every parameter")
+    assert "--sync bucketed" in str(refused.value) and "Traceback" not in str(refused.value)
+    bucketed = Bucketed()
+    net = bucketed.wrap(SkipsOnSomeSteps())
+    for _ in range(3):
+        net.zero_grad(set_to_none=True)
+        F.cross_entropy(net(images), labels).backward()
+        bucketed.sync(net)
