@@ -45,7 +45,7 @@ class DDP(SyncMethod):
         super().__init__(compressor)
         # a model with parameters no logit depends on: DDP would wait at every step for gradients that never come
         self.find_unused = find_unused
-        self.trained: list[str] = []  # the names of the parameters DDP numbers (those that require a gradient)
+        self._trained: list[str] = []  # the names of the parameters DDP numbers (those that require a gradient)
 
     @classmethod
     def _from_config(cls, config) -> DDP:
@@ -58,7 +58,7 @@ class DDP(SyncMethod):
         (VGG-11 on an H100: 7.1 ms without one, 8.0 ms with), where its clock only says when work was queued."""
         device = next(model.parameters()).device
         on_gpu = device.type == "cuda"
-        self.trained = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
+        self._trained = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
         # one rank has nobody to send its buffers to, yet DDP would still broadcast them at every forward: 0.84 ms
         # of host time in a 4.2 ms VGG-11 step on an H200 (scripts/gpu_step_overhead.py)
         wrapped = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None,
@@ -80,24 +80,21 @@ class DDP(SyncMethod):
         except RuntimeError as error:
             if SKIPPED not in str(error):
                 raise
-            raise UserError(self.skipped(str(error)), collective=False) from None
+            raise UserError(self._skipped(str(error)), collective=False) from None
 
-    def skipped(self, text: str) -> str:
+    def _skipped(self, text: str) -> str:
         """The paragraph for DDP's SKIPPED failure, whose text numbers the parameters without a gradient."""
-        from . import SYNC_METHODS  # here, not at the top: the registry imports this module
-
-        name = next(name for name, method in SYNC_METHODS.items() if method is type(self))
         found = re.search(r"did not receive grad for rank (\d+): ([\d ]+)", text)
         indices = [int(index) for index in found.group(2).split()] if found else []
-        names = [self.trained[index] if index < len(self.trained) else f"#{index}" for index in indices]
+        names = [self._trained[index] if index < len(self._trained) else f"#{index}" for index in indices]
         listed = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
         which = f" ({listed} on rank {found.group(1)})" if found else ""
-        return (f"--sync {name}: parameters got no gradient in a step{which}, though the model's forward used every "
-                f"parameter when the job started: the forward skips them on some steps (a branch the data or the step "
-                f"decides). DistributedDataParallel waits for every parameter's gradient unless told at its start that "
-                f"some may never come. Train this model with --sync bucketed (buckets sent during backward, as ddp "
-                f"sends them, a missing gradient counted as zeros) or --sync allreduce, or make the forward use every "
-                f"parameter at every step.")
+        return (f"parameters got no gradient in a step{which}, though the model's forward used every parameter when "
+                f"the job started: the forward skips them on some steps (a branch the data or the step decides). "
+                f"DistributedDataParallel (--sync ddp, ddp_fp16, ddp_powersgd, zero_torch) waits for every parameter's "
+                f"gradient unless told at its start that some may never come. Train this model with --sync bucketed "
+                f"(buckets sent during backward, as ddp sends them, a missing gradient counted as zeros) or --sync "
+                f"allreduce, or make the forward use every parameter at every step.")
 
     def accumulating(self, net: nn.Module):
         """DDP's own way: no_sync() keeps a micro-batch's gradients local, to be added to the next backward's."""
