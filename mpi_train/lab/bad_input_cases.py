@@ -297,6 +297,16 @@ class WithSpare(nn.Module):
         return self.body(images)
 
 
+class Gated(WithSpare):
+    def forward(self, images):  # a branch taken on some steps only: the start's check sees it used
+        self.calls = getattr(self, "calls", 0) + 1
+        return self.body(images) + (self.spare(images[:, 0, 0, :16]).sum() * 0 if self.calls % 3 else 0)
+
+
+def gated(num_classes, input_shape):
+    return Gated(num_classes, input_shape)
+
+
 def frozen(num_classes, input_shape):
     return WithSpare(num_classes, input_shape).requires_grad_(False)
 
@@ -453,6 +463,8 @@ CASES = [
     # a model's layer that no logit depends on: DDP would wait at every step for its gradient
     Case("unused-layer-ddp", users_model("WithSpare", "ddp"), (r"spare\.weight", r"find_unused_parameters"),
          warning=True),
+    Case("branch-on-some-steps-ddp", users_model("gated", "ddp"),
+         (r"\bparameters got no gradient in a step \(spare\.weight, spare\.bias on rank \d\)", r"--sync bucketed\b")),
     Case("frozen-model", users_model("frozen", "allreduce"), (r"my_models:frozen\b.{0,100}\bno parameter",)),
     Case("float64-model", users_model("doubled", "allreduce"), (r"my_models:doubled\b.{0,100}\bfloat64 parameters",)),
     Case("batch-out-of-memory", users_model("magnified", "allreduce"),

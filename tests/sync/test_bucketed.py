@@ -96,6 +96,12 @@ def test_a_forward_that_skips_a_branch_on_some_steps_is_one_paragraph_under_ddp_
     assert str(refused.value).startswith("parameters got no gradient in a step (branch.weight, branch.bias on rank "
                                          "0), though the model's forward used every parameter")
     assert "--sync bucketed" in str(refused.value) and "Traceback" not in str(refused.value)
+    method = DDP()  # a last step that skipped leaves its gradients unaveraged: the job's end says so too
+    net = method.wrap(SkipsOnSomeSteps())
+    with pytest.raises(UserError, match=r"^parameters got no gradient in a step \(branch\.weight"), method.explaining():
+        for _ in range(2):
+            F.cross_entropy(net(images), labels).backward()
+        method.finish(net.module)
     bucketed = Bucketed()
     net = bucketed.wrap(SkipsOnSomeSteps())
     for _ in range(3):
