@@ -283,7 +283,9 @@ def not_a_checkpoint(ws: Workspace) -> list[list[str]]:
     return [ws.train(*SMALL, "--max-steps", "2", "--resume", "notes.txt")]
 
 
-USERS_MODELS = """from torch import nn
+USERS_MODELS = """import os
+
+from torch import nn
 
 
 class WithSpare(nn.Module):
@@ -305,6 +307,12 @@ class Gated(WithSpare):
 
 def gated(num_classes, input_shape):
     return Gated(num_classes, input_shape)
+
+
+def by_process(num_classes, input_shape):  # a bias drawn from the process id, which differs from rank to rank
+    model = WithSpare(num_classes, input_shape)
+    model.body[1].bias.data.fill_(os.getpid() % 1000 / 1000)
+    return model
 
 
 def frozen(num_classes, input_shape):
@@ -465,6 +473,9 @@ CASES = [
          warning=True),
     Case("branch-on-some-steps-ddp", users_model("gated", "ddp"),
          (r"\bparameters got no gradient in a step \(spare\.weight, spare\.bias on rank \d\)", r"--sync bucketed\b")),
+    Case("model-built-apart", users_model("by_process", "allreduce"),
+         (r"\bat start, rank\(s\) \[1\] hold different weights from rank 0 \(the first that differs: body\.1\.bias\)",
+          r"\bdraw its first weights from torch's random generator\b")),
     Case("frozen-model", users_model("frozen", "allreduce"), (r"my_models:frozen\b.{0,100}\bno parameter",)),
     Case("float64-model", users_model("doubled", "allreduce"), (r"my_models:doubled\b.{0,100}\bfloat64 parameters",)),
     Case("batch-out-of-memory", users_model("magnified", "allreduce"),

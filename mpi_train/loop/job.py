@@ -37,7 +37,7 @@ from ..step.precision import Precision, slow_on_cpu
 from ..step.precision import agreed as agreed_precision
 from ..sync import SYNC_METHODS, SyncMethod, backend_error, build_method
 from ..timeline import Alignment, StepRecorder, align_clocks
-from .replicas import check_replicas_agree, seed_everything
+from .replicas import BUILT_APART, check_replicas_agree, seed_everything
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ def build_replica(config: TrainConfig, cluster: Cluster, device: torch.device, p
     model = config.make_model().to(device)
     if config.sync_bn:
         globalise_batchnorm(model)
-    check_replicas_agree(cluster, model, "at start")
+    check_replicas_agree(cluster, model, "at start", BUILT_APART)
     tokens = torch.int64 if config.language_model else None
     # Under the job's autocast: a bfloat16 convolution is another kernel to tune than a float32 one (an H200's
     # CIFAR-10 epoch in bf16-mixed paid 2.7 s of tuning mid-epoch when the warm-up ran in float32). A compiled job's
