@@ -131,14 +131,19 @@ def _first_item(path: str, name: str, split, num_classes: int) -> tuple[int, ...
         got = (f"a {image.dtype} tensor of shape {tuple(image.shape)}" if isinstance(image, torch.Tensor) else
                f"a {type(image).__module__}.{type(image).__qualname__}")
         other_float = isinstance(image, torch.Tensor) and image.is_floating_point() and image.dim() == 3
+        bytes_ = isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.dim() == 3
         fix = ("the model's weights are float32, which a float64 or float16 input does not meet: return "
                "image.float()" if other_float else
+               "pixels of 0 to 255: return image.float() / 255" if bytes_ else
                "torchvision's transforms.ToTensor() makes one from a PIL image")
         raise _refused(path, f"returned a {name} set whose item 0's image is {got}, not a float32 tensor "
                              f"(channels, height, width) ({fix})")
     if not is_label(label, num_classes):
+        one_hot = (isinstance(label, torch.Tensor) and label.dim() == 1 and len(label) == num_classes
+                   and bool(((label == 0) | (label == 1)).all()) and int(label.sum()) == 1)
+        hint = ": a one-hot vector, whose class is label.argmax()" if one_hot else ""
         raise _refused(path, f"returned a {name} set whose item 0's label is {label!r}, not an int in [0, "
-                             f"{num_classes})")
+                             f"{num_classes}){hint}")
     return tuple(image.shape)
 
 

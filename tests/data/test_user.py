@@ -66,6 +66,10 @@ def users_data(tmp_path, monkeypatch):
         def out_of_range(data_dir):
             return pictures(8, classes=6, first_label=5), pictures(4), 4
 
+        def one_hot(data_dir):
+            train = pictures(8)
+            return TensorDataset(train.tensors[0], torch.eye(4)[train.tensors[1]]), pictures(4), 4
+
         def other_shapes(data_dir):
             return pictures(8), pictures(4, shape=(1, 10, 12)), 4
 
@@ -171,12 +175,15 @@ def test_an_item_past_the_first_that_breaks_the_contract_is_named_by_its_batch(u
     ("my_data:one_split", "returned a torch.utils.data.dataset.TensorDataset, not (train, test, num_classes)"),
     ("my_data:streamed", "returned as its training set a my_data.Stream, not a map-style data set"),
     ("my_data:empty", "returned an empty training set"),
-    ("my_data:bytes_images", "item 0's image is a torch.uint8 tensor of shape (1, 12, 10), not a float32 tensor"),
+    ("my_data:bytes_images", ("item 0's image is a torch.uint8 tensor of shape (1, 12, 10), not a float32 tensor "
+                              "(channels, height, width) (pixels of 0 to 255: return image.float() / 255)")),
     ("my_data:double_images", ("item 0's image is a torch.float64 tensor of shape (1, 12, 10), not a float32 tensor "
                                "(channels, height, width) (the model's weights are float32, which a float64 or "
                                "float16 input does not meet: return image.float())")),
     ("my_data:one_class", "returned 1 as its class count: a classifier of one class scores 100% having learnt"),
     ("my_data:out_of_range", "returned a training set whose item 0's label is 5, not an int in [0, 4)"),
+    ("my_data:one_hot", ("item 0's label is tensor([1., 0., 0., 0.]), not an int in [0, 4): a one-hot vector, "
+                         "whose class is label.argmax()")),
     ("my_data:other_shapes", "returned training images of shape (1, 12, 10) and test images of shape (1, 10, 12)"),
     ("my_data:no_count", "returned '4' as its class count, not a positive int"),
 ])
