@@ -3,6 +3,7 @@ per-rank times say when each step's slowest rank is taken."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import torch
@@ -36,39 +37,43 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
             times[entry.name].update(codec=[], codec_intervals=[], codec_backward=[])
     clock = BackwardClock(entries[0].model, now)  # the no-sync baseline: nothing else runs in its backward
     total = warmup + steps
-    for step in range(total):
-        shift = step % len(entries)
-        for entry in entries[shift:] + entries[:shift]:  # a different method goes first each step
-            dist.barrier()
-            t0 = now()
-            entry.model.zero_grad(set_to_none=True)
-            with computing.autocast(device):
-                loss = F.cross_entropy(entry.net(images), labels)
-            forward_end = now()
-            loss.backward()
-            t1 = now()
-            in_backward = codecs[entry.name].take()[0] if entry.name in codecs else 0.0
-            if entry.name == NO_SYNC and step >= warmup:
-                clock.record(forward_end, t1)
-            if not entry.overlapped:  # (a barrier would also wait for an overlapped method's sends in flight)
-                dist.barrier()  # sync starts with every rank ready, so lateness is not counted as sync
-            t2 = now()
-            entry.method.sync(entry.model)
-            entry.method.after_step(entry.model)  # (a model-averaging method averages here: no optimizer step)
-            dist.barrier()
-            t3 = now()
-            if step >= warmup:
-                times[entry.name]["compute"].append(t1 - t0)
-                times[entry.name]["backward"].append(t1 - forward_end)
-                times[entry.name]["sync"].append(t3 - t2)
-                times[entry.name]["step"].append(t3 - t0)
-            if entry.name in codecs:
-                codec_s, intervals = codecs[entry.name].take()
+    explained = contextlib.ExitStack()  # a method's own failure that the model causes, said as the job says it
+    for entry in entries:
+        explained.enter_context(entry.method.explaining())
+    with explained:
+        for step in range(total):
+            shift = step % len(entries)
+            for entry in entries[shift:] + entries[:shift]:  # a different method goes first each step
+                dist.barrier()
+                t0 = now()
+                entry.model.zero_grad(set_to_none=True)
+                with computing.autocast(device):
+                    loss = F.cross_entropy(entry.net(images), labels)
+                forward_end = now()
+                loss.backward()
+                t1 = now()
+                in_backward = codecs[entry.name].take()[0] if entry.name in codecs else 0.0
+                if entry.name == NO_SYNC and step >= warmup:
+                    clock.record(forward_end, t1)
+                if not entry.overlapped:  # (a barrier would also wait for an overlapped method's sends in flight)
+                    dist.barrier()  # sync starts with every rank ready, so lateness is not counted as sync
+                t2 = now()
+                entry.method.sync(entry.model)
+                entry.method.after_step(entry.model)  # (a model-averaging method averages here: no optimizer step)
+                dist.barrier()
+                t3 = now()
                 if step >= warmup:
-                    times[entry.name]["codec"].append(codec_s)
-                    times[entry.name]["codec_backward"].append(in_backward)
-                    times[entry.name]["codec_intervals"].append(intervals)
-        progress(step + 1, total, step < warmup)
+                    times[entry.name]["compute"].append(t1 - t0)
+                    times[entry.name]["backward"].append(t1 - forward_end)
+                    times[entry.name]["sync"].append(t3 - t2)
+                    times[entry.name]["step"].append(t3 - t0)
+                if entry.name in codecs:
+                    codec_s, intervals = codecs[entry.name].take()
+                    if step >= warmup:
+                        times[entry.name]["codec"].append(codec_s)
+                        times[entry.name]["codec_backward"].append(in_backward)
+                        times[entry.name]["codec_intervals"].append(intervals)
+            progress(step + 1, total, step < warmup)
     times[NO_SYNC]["ready"] = clock.shares  # (every rank's, pooled by pooled_backward)
     return times, clock.order
 
