@@ -77,10 +77,18 @@ def whole_job(cluster, server, tmp_path_factory):
     """A two-node job of 16 steps with checkpoints, never stopped: its log, summary and runs."""
     tmp = tmp_path_factory.mktemp("slurm_whole")
     out, summary = tmp / "job.out", tmp / "slurm.json"
-    result = sbatch(cluster, server, out, [*WHOLE, "--checkpoint-dir", str(tmp / "ck"), "--experiment", "tests-slurm",
-                                           "--run-name", "slurm-finished", "--summary-json", str(summary)], "--wait")
+    submitted = sbatch(cluster, server, out, [*WHOLE, "--checkpoint-dir", str(tmp / "ck"), "--experiment",
+                                              "tests-slurm", "--run-name", "slurm-finished", "--summary-json",
+                                              str(summary)], "--parsable")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    # asked every half second: sbatch --wait asks after 2, 10 and 42 s, so a job of 12 s waited 30 s for its answer
+    deadline = time.monotonic() + 300
+    while (ended := _job_state(cluster, job_id)) is None or ended[0] not in ENDED:
+        assert time.monotonic() < deadline, "the job did not end:\n" + (out.read_text() if out.exists() else "")
+        time.sleep(0.5)
     log = out.read_text() if out.exists() else ""
-    assert result.returncode == 0, f"sbatch --wait failed:\n{result.stdout}\n{result.stderr}\n{log}"
+    assert ended[0] == "COMPLETED", f"the job ended {ended[0]}:\n{log}"
     return {"log": log, "summary": json.loads(summary.read_text()), "tmp": tmp}
 
 
