@@ -25,6 +25,9 @@ from .store_writes import StoreWrites
 DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
 SERVER_SCHEMES = ("http", "https")
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+# the pip package of each database driver SQLAlchemy imports, by the module it imports
+DRIVER_PACKAGES = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
+                   "pymysql": "pymysql", "pymssql": "pymssql", "pyodbc": "pyodbc"}
 # Unless the user set them: a refused connection gives up after ~3 s (MLflow's defaults, 7 retries with
 # doubling back-off, take minutes), a hung server after 3 x 10 s. Writes that fail are spooled and re-sent (spool.py).
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -71,6 +74,12 @@ def mlflow_client(uri: str):
             if database is not None and not database.exists():
                 make_store(database, MlflowClient)
             return MlflowClient(tracking_uri=uri)  # opens the database (and migrates its tables) now
+    except ImportError as error:  # a database's driver that this Python lacks (psycopg for postgresql://)
+        package = DRIVER_PACKAGES.get(error.name or "", error.name)
+        raise UserError(f"{given_as(uri)} {redact_uri(uri)} needs the Python package {package} (the database's "
+                        f"driver), which is not installed where rank 0 runs ({first_line(error)}). Install it "
+                        f"(pip install '{package}'), or give a SQLite file (sqlite:///mlruns/mlflow.db) or a tracking "
+                        f"server.") from None
     except Exception as error:
         damaged = store_damage(uri, error)
         if damaged:
@@ -230,7 +239,7 @@ def check_uri(uri: str) -> str:
         parts.port  # noqa: B018 - raises on a malformed port
     except ValueError as error:
         raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} is malformed ({error}). {_URI_FORMS}") from None
-    scheme = parts.scheme.lower()
+    scheme = "databricks" if uri.strip().lower() == "databricks" else parts.scheme.lower()  # MLflow's own word for it
     if scheme in ("", "file"):
         raise UserError(
             f"{given_as(uri)} {redact_uri(uri)!r} names a folder of files, which MLflow 3 no longer accepts as a "

@@ -180,3 +180,17 @@ def test_a_store_made_by_a_job_stopped_midway_is_not_left_half_made(tmp_path):
     assert str(refused).startswith(f"The MLflow store {database} is damaged: it was left half-made, by a job stopped "
                                    f"while MLflow created or upgraded its tables.")
     assert f"mv {database} {database}.damaged" in str(refused)
+
+
+def test_a_database_whose_driver_is_not_installed_names_the_package_to_install():
+    import importlib.util
+
+    from mpi_train.errors import UserError
+    from mpi_train.tracking.store import mlflow_client
+
+    assert importlib.util.find_spec("pyodbc") is None  # SQLAlchemy's driver for mssql://, which the test extras lack
+    with pytest.raises(UserError) as refused:
+        mlflow_client("mssql://user:secret@localhost/runs")
+    assert str(refused.value).startswith("--tracking-uri mssql://user:***@localhost/runs needs the Python package "
+                                         "pyodbc (the database's driver), which is not installed where rank 0 runs")
+    assert "pip install 'pyodbc'" in str(refused.value) and "secret" not in str(refused.value)
