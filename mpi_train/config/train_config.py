@@ -253,8 +253,10 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
                  "--gpt-heads": self.gpt_heads, "--gpt-width": self.gpt_width}
         shaping = [flag for flag, value in given.items() if value not in (None, False)]
         if shaping and self.model_name != "gpt":
-            raise UserError(f"{', '.join(shaping)} shape --model gpt, and this job trains --model {self.model_name}, "
-                            f"which would ignore them. Drop them, or train --model gpt.")
+            one = len(shaping) == 1
+            raise UserError(f"{', '.join(shaping)} {'shapes' if one else 'shape'} --model gpt, and this job trains "
+                            f"--model {self.model_name}, which would ignore {'it' if one else 'them'}. Drop "
+                            f"{'it' if one else 'them'}, or train --model gpt.")
         if self.context is not None and not self.language_model:
             raise UserError(f"--context is the length of the token sequences a language model reads, and --model "
                             f"{self.model_name} takes images, which would ignore it. Drop it, or train --model gpt "

@@ -179,6 +179,10 @@ def test_gpt_sizes_and_overrides_come_from_the_flags():
     assert config.gpt_shape == GPT_SIZES["small"].__class__(layers=2, heads=6, width=384, context=64)
     with pytest.raises(Exception, match="--gpt-width 100 must split evenly across --gpt-heads 6"):
         TrainConfig(model="gpt", dataset="synthetic", gpt_size="small", gpt_width=100).validate(world_size=1)
+    with pytest.raises(Exception, match=r"^--gpt-heads shapes --model gpt, .* which would ignore it\. Drop it, or"):
+        TrainConfig(model="mnist_cnn", dataset="synthetic", gpt_heads=4).validate(world_size=1)
+    with pytest.raises(Exception, match=r"^--gpt-layers, --gpt-width shape --model gpt, .* ignore them\. Drop them"):
+        TrainConfig(model="mnist_cnn", dataset="synthetic", gpt_layers=2, gpt_width=64).validate(world_size=1)
     with pytest.raises(Exception, match="always held resident"):
         TrainConfig(model="gpt", dataset="synthetic", loader="dataloader").validate(world_size=1)
 
