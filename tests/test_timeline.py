@@ -65,6 +65,16 @@ def test_the_window_of_steps_and_the_straggler_are_parsed_or_refused():
     for bad in ("x", "0:3", "9:2", "3-4"):
         with pytest.raises(ValueError, match="--timeline-steps"):
             parse_window(bad)
+    # a window outside the steps the job runs (its last, or those a resumed job has done) records nothing: refused
+    from mpi_train.config import TrainConfig
+    from mpi_train.loop.job import window_outside
+
+    assert window_outside(TrainConfig(timeline_steps="100:200"), 1, 4) == (
+        "--timeline-steps 100:200 lies outside the steps this job runs, 1 to 4: the timeline would record none. Give "
+        "a window within them, e.g. --timeline-steps 1:4, or leave --timeline-steps out to record them all.")
+    assert "steps this job runs, 31 to 60" in window_outside(TrainConfig(timeline_steps="10:20"), 31, 60)
+    assert window_outside(TrainConfig(timeline_steps="3:200"), 1, 4) is None  # cut to 3..4
+    assert window_outside(TrainConfig(timeline=True), 31, 60) is None and window_outside(TrainConfig(), 1, 4) is None
     assert Slowdown(1, 0.3) == Slowdown(1, 0.3)
     for bad in ("1", "a:0.3", "1:-1", "-1:0.3"):
         with pytest.raises(UserError, match="MPI_TRAIN_SLOW"):

@@ -119,6 +119,9 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
     checkpoints = Checkpointer(config, cluster)
     resume = load_for_resume(config, cluster, total_steps, model)
+    outside = window_outside(config, resume.position.step + 1 if resume else 1, total_steps)
+    if outside:
+        raise UserError(outside)
     gradients = OptimizerGradients(precision=precision, method=method, optimizer=optimizer,
                                    max_norm=config.clip_grad_norm, device=device, world_size=info.world_size)
     if resume:
@@ -196,6 +199,17 @@ def long_warmup(config: TrainConfig, steps_per_epoch: int) -> str | None:
             f"epoch(s) of {steps_per_epoch:,}): the rate climbs to --lr {config.optimizer_settings.lr:g} until step "
             f"{config.warmup_steps:,} (the schedule's last: {schedule:,}), and --lr-schedule {config.lr_schedule} "
             f"never begins. Give fewer warm-up steps, or more --epochs.")
+
+
+def window_outside(config: TrainConfig, first: int, last: int) -> str | None:
+    """Why --timeline-steps records nothing of the steps `first` to `last` this job runs, else None (a window that
+    runs past them is cut to them, and says so where it is written)."""
+    window = config.timeline_window
+    if window is None or (window[0] <= last and window[1] >= first):
+        return None
+    return (f"--timeline-steps {config.timeline_steps} lies outside the steps this job runs, {first:,} to {last:,}: "
+            f"the timeline would record none. Give a window within them, e.g. --timeline-steps "
+            f"{max(first, last - 9)}:{last}, or leave --timeline-steps out to record them all.")
 
 
 def samples_per_step(config: TrainConfig, sampler: ResumableSampler | None, world_size: int) -> int:
