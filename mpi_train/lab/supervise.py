@@ -78,11 +78,15 @@ class Attempt:
     checkpoint_step: int | None
     own_error: str | None
     seconds: float
+    spoke: bool = True  # some rank printed a line (Launch.spoke)
 
     def verdict(self, previous: Attempt | None) -> str | None:
         """Why a restart cannot help (None: it may)."""
         if self.status == BAD_INPUT:
             return "the job refused its input (exit status 2); relaunching would refuse it again"
+        if previous is None and not self.spoke:
+            return ("the launch line ended before any rank of the job printed a line: the launcher's own message is "
+                    "above, and a relaunch would meet it again")
         if self.own_error:
             return f"a rank raised an error of its own ({self.own_error}); relaunching would run the same code again"
         if previous and previous.status == self.status and previous.checkpoint_step == self.checkpoint_step:
@@ -284,7 +288,8 @@ class Supervisor:
         first_step = launch.progress.first_at()
         if relaunch_began is not None and first_step is not None:
             self.relaunch_s = first_step - relaunch_began
-        return Attempt(status, latest_step(self.folder), launch.own_error(), time.monotonic() - launch.launched_at)
+        return Attempt(status, latest_step(self.folder), launch.own_error(), time.monotonic() - launch.launched_at,
+                       launch.spoke())
 
     def run(self) -> int:
         options = self.options

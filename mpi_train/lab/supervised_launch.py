@@ -19,6 +19,7 @@ from .growth import Progress
 OWN_ERROR = re.compile(r"^mpi_train: rank \d+ on \S+ failed \((.*)\); stopping every rank\.")
 JOB_ENDING = re.compile(r"[Ss]topping every rank")  # a rank's last word on a failed job (rankguard)
 KEPT_LINES = 400  # of the job's output, to find why it failed
+RANK_SPOKE = re.compile(r"^(mpi_train\b|epoch \d)")  # a line only a rank of the job prints
 LINGER_GRACE_S = 5.0  # after a rank said the job is stopping, before a launcher still up is ended
 
 
@@ -83,6 +84,11 @@ class Launch:
         exits with REQUEUE_EXIT."""
         self.stop_asked_at = time.monotonic()
         self.process.send_signal(signal.SIGUSR1)
+
+    def spoke(self) -> bool:
+        """Some rank of the job printed a line: the launcher started it (a launcher that refused its line, as Open
+        MPI refuses root without --allow-run-as-root, prints only its own)."""
+        return self.progress.first_at() is not None or any(RANK_SPOKE.match(text) for text in self.lines)
 
     def own_error(self) -> str | None:
         for text in self.lines:

@@ -90,6 +90,14 @@ def test_bad_input_a_rank_error_and_a_repeated_failure_are_not_retried(mlflow_se
     assert parent.data.tags["mpi_train.restart.1"].endswith("attempt 2 started again (no checkpoint yet)")
     assert client.get_metric_history(parent.info.run_id, "learning/loss") == []  # no step is covered by a checkpoint
 
+    # a launch line its launcher refuses (an option it does not know): no rank starts, and it is not relaunched
+    line, line_env = mpirun_launch(2, [*JOB, "--checkpoint-dir", "ck-line", "--no-tracking"])
+    unknown = launch.run([sys.executable, "-m", "mpi_train", "supervise", "--backoff", "0.5", "--", line[0],
+                          "--no-such-launcher-option", *line[1:]], env=line_env, timeout=60, cwd=tmp_path)
+    assert unknown.returncode not in (0, 2) and "no-such-launcher-option" in unknown.stderr
+    assert "attempt 1 failed (exit status" in unknown.stderr and "not relaunched: the launch line ended before any " \
+        "rank of the job printed a line" in unknown.stderr, unknown.stderr
+
     def refused(*flags: str, line: tuple[str, ...] = ("mpirun", "-np", "2", "python", "-m", "mpi_train")) -> str:
         done = subprocess.run([sys.executable, "-m", "mpi_train", "supervise", *flags, "--", *line],
                               capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
