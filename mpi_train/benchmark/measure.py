@@ -37,10 +37,9 @@ def measure(entries: list[Contender], images: torch.Tensor, labels: torch.Tensor
             times[entry.name].update(codec=[], codec_intervals=[], codec_backward=[])
     clock = BackwardClock(entries[0].model, now)  # the no-sync baseline: nothing else runs in its backward
     total = warmup + steps
-    explained = contextlib.ExitStack()  # a method's own failure that the model causes, said as the job says it
-    for entry in entries:
-        explained.enter_context(entry.method.explaining())
-    with explained:
+    with contextlib.ExitStack() as explained:  # a method's own failure that the model causes, said as the job says it
+        for entry in entries:
+            explained.enter_context(entry.method.explaining())
         for step in range(total):
             shift = step % len(entries)
             for entry in entries[shift:] + entries[:shift]:  # a different method goes first each step

@@ -58,10 +58,16 @@ def option_value(name: str, value):
     return float(value) if field_kinds()[name] is float else value
 
 
-def read_toml(path: str | Path) -> str:
+def read_toml(path: str | Path, named: str, fix: str) -> str:
     """A TOML file's text, UTF-8 as TOML is, less the byte-order mark Windows' editors put before it (which TOML's
-    parser takes for a stray character); OSError and UnicodeDecodeError for the caller to name."""
-    return Path(path).read_text(encoding="utf-8-sig")
+    parser takes for a stray character); a UserError `cannot read the {named}: why. {fix}` when it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        reason = "it is not UTF-8 text"
+    except OSError as error:
+        reason = error.strerror or str(error)
+    raise UserError(f"cannot read the {named}: {reason}. {fix}")
 
 
 def toml_mistake(error: tomllib.TOMLDecodeError) -> tuple[int | None, str]:
@@ -73,14 +79,8 @@ def toml_mistake(error: tomllib.TOMLDecodeError) -> tuple[int | None, str]:
 
 def read_job_file(path: str) -> str:
     """A job file's text; a UserError says why it cannot be read."""
-    try:
-        return read_toml(path)
-    except UnicodeDecodeError:
-        reason = "it is not UTF-8 text"
-    except OSError as error:
-        reason = error.strerror or str(error)
-    raise UserError(f"cannot read the job file {path} (--config): {reason}. Give the path of a TOML file of training "
-                    f"options, e.g. the config.toml a tracked run logged.")
+    return read_toml(path, f"job file {path} (--config)", "Give the path of a TOML file of training options, e.g. "
+                                                          "the config.toml a tracked run logged.")
 
 
 def parse_job_file(text: str, path: str) -> dict:

@@ -456,10 +456,5 @@ def _network(checker: KeyChecker, table: dict) -> NetworkPlan:
 def load(path: str | Path) -> Sweep:
     """Read and check an experiment file."""
     path = Path(path)
-    try:
-        text = read_toml(path)
-    except (OSError, UnicodeDecodeError) as error:
-        reason = "it is not UTF-8 text" if isinstance(error, UnicodeDecodeError) else error.strerror or error
-        raise UserError(f"cannot read the experiment file {path}: {reason}. Give the path of a .toml file, e.g. "
-                        f"experiments/smoke.toml.") from None
+    text = read_toml(path, f"experiment file {path}", "Give the path of a .toml file, e.g. experiments/smoke.toml.")
     return parse(text, path)
