@@ -3,6 +3,7 @@ against measured sync time, and a bench's sync costs against their floors."""
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 
 from ..files import write_figure
@@ -26,6 +27,13 @@ def remove_stale(out: Path, written: list[Path]) -> None:
         (out / name).unlink(missing_ok=True)
 
 
+def shown_as(jobs: list[FinishedJob]) -> list[str]:
+    """Each job's name in the plots: its method and ranks where no other job shares them, else its run name (told
+    apart by finished_jobs.distinct_names): jobs of one label would share a legend entry, and a bar chart's one bar."""
+    counts = collections.Counter(job.label for job in jobs)
+    return [job.label if counts[job.label] == 1 else job.name for job in jobs]
+
+
 def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = None,
          target_loss: float | None = None) -> list[Path]:
     """Three PNGs a person would rather look at than the table, and accuracy against time and bytes for runs that
@@ -38,10 +46,11 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
     out.mkdir(parents=True, exist_ok=True)
     written = []
 
+    shown = shown_as(jobs)
     fig, ax = plt.subplots(figsize=(8, 5))
-    for job in jobs:
+    for job, name in zip(jobs, shown):
         steps, values = zip(*job.loss_curve) if job.loss_curve else ((), ())
-        ax.plot(steps, values, marker="o", markersize=3, label=job.label)
+        ax.plot(steps, values, marker="o", markersize=3, label=name)
     ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="Loss against step")
     ax.legend()
     ax.grid(alpha=0.3)
@@ -51,7 +60,7 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
     bottom = [0.0] * len(jobs)
     for phase in PLOTTED_PHASES:
         heights = [1000 * (timing(j.metrics, phase) or 0.0) for j in jobs]
-        ax.bar([j.label for j in jobs], heights, bottom=bottom, label=phase.removesuffix("_time_s"))
+        ax.bar(shown, heights, bottom=bottom, label=phase.removesuffix("_time_s"))
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set(ylabel="mean time per step (ms)", title="Where a step's time goes")
     ax.legend()
@@ -60,10 +69,10 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
 
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(jobs) + 2), 5))
     data, labels, positions, position = [], [], [], 0
-    for job in jobs:
+    for job, name in zip(jobs, shown):
         for rank, times in enumerate(job.rank_step_times):
             data.append([1000 * t for t in times] or [0.0])
-            labels.append(f"{job.label}\nrank {rank}")
+            labels.append(f"{name}\nrank {rank}")
             positions.append(position)
             position += 1
         position += 1  # a gap between jobs

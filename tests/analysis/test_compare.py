@@ -203,6 +203,10 @@ def test_jobs_of_several_workloads_are_said_to_compare_within_one_and_stale_plot
     assert [one.name for one in distinct_names(jobs)] == ["a [mnist_cnn on synthetic] [a]",
                                                          "a [resnet18 on imagefolder]",
                                                          "a [mnist_cnn on synthetic] [31b07e44]"]
+    # in the plots too, where a label (method and ranks) two jobs share would be one legend entry and one bar
+    from mpi_train.analysis.compare_plots import shown_as
+    jobs[2].world_size = 4
+    assert shown_as(jobs) == ["a [mnist_cnn on synthetic] [a]", "a [resnet18 on imagefolder]", "ddp np4"]
     for name in ("loss_vs_step.png", "validation_loss_vs_time.png", "mine.png"):
         (tmp_path / name).write_bytes(PNG)
     remove_stale(tmp_path, [tmp_path / "loss_vs_step.png"])
