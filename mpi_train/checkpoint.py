@@ -1,13 +1,13 @@
 """Checkpoints a job can resume from, exactly: the losses after a resume equal those of an uninterrupted run.
 
-One file per checkpoint, `step-00000040.pt` under --checkpoint-dir, written by global
-rank 0 only: to a hidden temporary file in the same folder, flushed and fsynced, then
-renamed over (os.replace is atomic on POSIX), so a crash mid-write leaves at most a
-stray `.step-*.partial` file and never touches the last good checkpoint.
+One file per checkpoint, `step-00000040.pt` under --checkpoint-dir, written by global rank 0 only: to a hidden
+temporary file in the same folder, flushed and fsynced, then renamed over (os.replace is atomic on POSIX), so a crash
+mid-write leaves at most a stray `.step-*.partial` file and never touches the last good checkpoint.
 
 What a checkpoint holds, and why that is enough for an exact continuation:
 - the job's identity, which check_compatible holds a resumed job to: the model and its shape (model_shape: each
-  sample's, gpt's layers, heads and width), the data set, ranks, global batch and optimizer;
+  sample's, gpt's layers, heads and width), the data set, ranks, global batch and optimizer; and what a resumed job
+  may change but is told of (loop/job.py changed_course): the precision, the seed and the sync method;
 - the weights and the optimizer state (SGD's momentum, AdamW's moments and step) and the optimizer's name (a state
   loads only into the optimizer that kept it), from rank 0: every sync method
   leaves them identical on all ranks (the replica check at the end verifies it); a
@@ -28,15 +28,13 @@ What a checkpoint holds, and why that is enough for an exact continuation:
   the steps skipped so far), the same on every rank: the resumed job scales as the uninterrupted one would have (a
   checkpoint without it, or a job at another precision, starts the scaler afresh).
 
---resume takes a checkpoint file, or a folder whose latest checkpoint is used. Rank 0
-reads and checks it and sends each rank its part over MPI, so only rank 0's host needs
-the file (it is the one that wrote it).
+--resume takes a checkpoint file, or a folder whose latest checkpoint is used. Rank 0 reads and checks it and sends
+each rank its part over MPI, so only rank 0's host needs the file (it is the one that wrote it).
 
-A damaged checkpoint (cut short, bytes overwritten: every part's checksum is checked, since
-torch.load reads overwritten tensor bytes as values) stops a job that named it, and the
-message names the newest intact one beside it. Under --resume auto the job goes on from the
-newest intact checkpoint by itself, says so in one line, and renames the damaged file to
-`step-N.pt.damaged` (kept, never picked again): auto is what unattended relaunches use (the
+A damaged checkpoint (cut short, bytes overwritten: every part's checksum is checked, since torch.load reads
+overwritten tensor bytes as values) stops a job that named it, and the message names the newest intact one beside it.
+Under --resume auto the job goes on from the newest intact checkpoint by itself, says so in one line, and renames the
+damaged file to `step-N.pt.damaged` (kept, never picked again): auto is what unattended relaunches use (the
 supervisor, Slurm's requeue), where a stop waits for a person only to give the same answer.
 """
 
@@ -153,9 +151,10 @@ def save_atomically(payload: dict, target: Path) -> None:
 class Checkpointer:
     """Saves a checkpoint every `--checkpoint-every` steps and at the end; a no-op without --checkpoint-dir."""
 
-    def __init__(self, config: TrainConfig, cluster: Cluster):
-        # the folder was checked and claimed for this job before any work (reporter.check_outputs)
-        self.config, self.cluster = config, cluster
+    def __init__(self, config: TrainConfig, cluster: Cluster, precision: str | None = None):
+        # the folder was checked and claimed for this job before any work (reporter.check_outputs); `precision`:
+        # --precision as it runs (auto resolved)
+        self.config, self.cluster, self.precision = config, cluster, precision
         self.folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
 
     def due(self, step: int, total_steps: int) -> bool:
@@ -167,8 +166,7 @@ class Checkpointer:
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, method: SyncMethod, position: Position,
              run_id: str | None, unsent_metrics: list[tuple] = (), loss_scaler: dict | None = None) -> None:
         """Collective: gather every rank's state, rank 0 writes; a failed write stops every rank together."""
-        self.write(self.capture(model, optimizer, method, position, run_id, unsent_metrics, loss_scaler),
-                   position.step)
+        self.write(self.capture(model, optimizer, method, position, run_id, unsent_metrics, loss_scaler), position.step)
 
     def capture(self, model: nn.Module, optimizer: torch.optim.Optimizer, method: SyncMethod, position: Position,
                 run_id: str | None, unsent_metrics: list[tuple] = (), loss_scaler: dict | None = None) -> dict | None:
@@ -183,7 +181,7 @@ class Checkpointer:
         if not self.cluster.info.is_main:
             return None
         return checkpoint_payload(self.config, self.cluster.info.world_size, position, saved["model"],
-                                  saved["optimizer"], rank_states, run_id, unsent_metrics, loss_scaler)
+                                  saved["optimizer"], rank_states, run_id, unsent_metrics, loss_scaler, self.precision)
 
     def write(self, payload: dict | None, step: int) -> None:
         """Collective: rank 0 writes what `capture` took and prunes the oldest; every rank learns the outcome."""
@@ -193,7 +191,8 @@ class Checkpointer:
 
 def checkpoint_payload(config: TrainConfig, world_size: int, position: Position, model_state: dict,
                        optimizer_state: dict, rank_states: list[dict], run_id: str | None,
-                       unsent_metrics: list[tuple] = (), loss_scaler: dict | None = None) -> dict:
+                       unsent_metrics: list[tuple] = (), loss_scaler: dict | None = None,
+                       precision: str | None = None) -> dict:
     """What a checkpoint file holds: the job's identity (what check_compatible compares), its position and states."""
     return {
         "format": FORMAT_VERSION, "model": config.model_name, "dataset": config.dataset,
@@ -201,6 +200,7 @@ def checkpoint_payload(config: TrainConfig, world_size: int, position: Position,
         "model_shape": model_shape(config),
         "world_size": world_size, "batch_size": config.batch_size, "sync": config.sync,
         "compression": config.compression, "seed": config.seed, "optimizer": config.optimizer_settings.optimizer,
+        "precision": precision,
         "epoch": position.epoch, "step": position.step, "step_in_epoch": position.step_in_epoch,
         "elapsed_s": position.elapsed_s, "sent_bytes": position.sent_bytes,
         "model_state": model_state, "optimizer_state": copy.deepcopy(optimizer_state), "ranks": rank_states,
@@ -256,6 +256,7 @@ class Resume:
     world_size: int  # the ranks that wrote it (another number than this job's only under --reshard)
     unsent_metrics: list  # on rank 0: what the attempt that wrote it may not have sent (tracker.resend)
     loss_scaler: dict | None = None  # 16-mixed's scaler state, if the job that wrote it had one
+    written_with: dict | None = None  # the precision (None before it was kept), seed, sync and compression it ran
 
     def resharded(self, world_size: int) -> bool:
         """Written by another number of ranks: each rank's sync method state (compression residuals, a share of
@@ -481,6 +482,7 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int,
         shared["method"] = label(payload["sync"], payload.get("compression", "none"))
         shared["world_size"] = payload["world_size"]
         shared["loss_scaler"] = payload.get("loss_scaler")
+        shared["written_with"] = {key: payload.get(key) for key in ("precision", "seed", "sync", "compression")}
     shared = cluster.bcast(shared)
     unsent = payload.get("unsent_metrics", []) if cluster.info.is_main else []
     # under --reshard, ranks the checkpoint had take theirs back; the others keep the fresh state they started with
@@ -494,4 +496,5 @@ def load_for_resume(config: TrainConfig, cluster: Cluster, total_steps: int,
                                     sent_bytes=shared["sent_bytes"]),
                   model_state=shared["model_state"], optimizer_state=shared["optimizer_state"],
                   rank_state=rank_state, parent_run_id=shared["mlflow_parent_run_id"], method=shared["method"],
-                  world_size=shared["world_size"], unsent_metrics=unsent, loss_scaler=shared["loss_scaler"])
+                  world_size=shared["world_size"], unsent_metrics=unsent, loss_scaler=shared["loss_scaler"],
+                  written_with=shared["written_with"])

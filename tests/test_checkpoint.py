@@ -28,6 +28,7 @@ from mpi_train.cluster import Cluster
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.files import CLAIM_FILE, partial_name, write_atomically
+from mpi_train.loop.job import changed_course
 from mpi_train.optimizers import OPTIMIZERS
 
 # 256 samples at a global batch of 64: 4 steps an epoch. The MNIST CNN has dropout, so each
@@ -197,7 +198,7 @@ def one_rank():
     return Cluster.from_mpi()
 
 
-def stepped_payload(step: int, **flags) -> dict:
+def stepped_payload(step: int, precision: str | None = None, **flags) -> dict:
     """A checkpoint's payload as a job with `flags` writes it, with the state of its optimizer after one real step."""
     config = TrainConfig(**SMALL, **flags)
     settings = config.optimizer_settings
@@ -206,12 +207,12 @@ def stepped_payload(step: int, **flags) -> dict:
     model(torch.ones(3, 4)).square().sum().backward()
     optimizer.step()
     return checkpoint_payload(config, 1, Position(1, step, step), model.state_dict(), optimizer.state_dict(), [{}],
-                              None)
+                              None, precision=precision)
 
 
-def written(folder, step: int, **flags):
+def written(folder, step: int, precision: str | None = None, **flags):
     path = folder / checkpoint_name(step)
-    save_atomically(stepped_payload(step, **flags), path)
+    save_atomically(stepped_payload(step, precision, **flags), path)
     return path
 
 
@@ -407,3 +408,20 @@ def test_a_job_started_afresh_on_a_folder_of_checkpoints_warns_that_they_would_m
     said = " ".join(capsys.readouterr().err.split())
     assert said.startswith(f"mpi_train: warning: --checkpoint-dir {tmp_path} holds 1 checkpoint(s) this job did not "
                            f"write (the newest step-00000004.pt), and it starts afresh")
+
+
+def test_a_job_resumed_at_another_precision_seed_or_method_is_told_what_it_changed(tmp_path, one_rank):
+    path = written(tmp_path, 4, "bf16-mixed", seed=7, sync="ring")
+    config = TrainConfig(**SMALL, resume=str(path))
+    said = " ".join(changed_course(load_for_resume(config, one_rank, total_steps=20), config, "32-true").split())
+    assert said.startswith(f"this job goes on from step 4 of {path} with --precision 32-true (it ran bf16-mixed), "
+                           f"--seed 42 (it ran 7: the rest of this epoch is drawn in another order"), said
+    assert "--sync allreduce (it ran ring)" in said
+    assert said.endswith("Relaunch with --precision bf16-mixed --seed 7 --sync ring to continue that job exactly.")
+    same = TrainConfig(**SMALL, resume=str(path), seed=7, sync="ring")
+    assert changed_course(load_for_resume(same, one_rank, total_steps=20), same, "bf16-mixed") is None
+    older = written(tmp_path, 5, compression="fp16")  # kept no precision: only what it kept is compared
+    config = TrainConfig(**SMALL, resume=str(older))
+    said = changed_course(load_for_resume(config, one_rank, total_steps=20), config, "32-true")
+    assert "--precision" not in said and said.endswith("Relaunch with --sync allreduce --compression fp16 to continue "
+                                                       "that job exactly."), said

@@ -35,7 +35,7 @@ from ..step.compiling import compile_net, shared_sizes, toolchain_error, wants_c
 from ..step.gradients import OptimizerGradients
 from ..step.precision import Precision, slow_on_cpu
 from ..step.precision import agreed as agreed_precision
-from ..sync import SYNC_METHODS, SyncMethod, backend_error, build_method
+from ..sync import SYNC_METHODS, SyncMethod, backend_error, build_method, label
 from ..timeline import Alignment, StepRecorder, align_clocks
 from .replicas import BUILT_APART, check_replicas_agree, seed_everything
 
@@ -117,7 +117,7 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
     if not steps_per_epoch:
         raise UserError(no_step_error(config, info.world_size, loaders.sampler))
     total_steps = min(config.epochs * steps_per_epoch, config.max_steps or float("inf"))
-    checkpoints = Checkpointer(config, cluster)
+    checkpoints = Checkpointer(config, cluster, precision.name)
     resume = load_for_resume(config, cluster, total_steps, model)
     outside = window_outside(config, resume.position.step + 1 if resume else 1, total_steps)
     if outside:
@@ -138,7 +138,8 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         data_path=loaders.describe(), compile_s=replica.compile_s, precision=precision.name,
         warnings=tuple(filter(None, [slow_on_cpu(precision, device),
                                      short_set(len(train_set), config, info.world_size),
-                                     long_warmup(config, steps_per_epoch)])),
+                                     long_warmup(config, steps_per_epoch),
+                                     changed_course(resume, config, precision.name)])),
         overlap_lost_to_compile=method.traits.lost_when_compiled if config.compile else None,
         untrained_parameters=untrained,
     )
@@ -199,6 +200,35 @@ def long_warmup(config: TrainConfig, steps_per_epoch: int) -> str | None:
             f"epoch(s) of {steps_per_epoch:,}): the rate climbs to --lr {config.optimizer_settings.lr:g} until step "
             f"{config.warmup_steps:,} (the schedule's last: {schedule:,}), and --lr-schedule {config.lr_schedule} "
             f"never begins. Give fewer warm-up steps, or more --epochs.")
+
+
+def changed_course(resume: Resume | None, config: TrainConfig, precision: str) -> str | None:
+    """A sentence for a resumed job that runs another precision, seed or sync method than the checkpoint's job did,
+    else None. Each is allowed (a checkpoint written on a GPU goes on on a CPU; a method's state starts afresh), but
+    the losses from there are no longer the ones the checkpoint's job would have reached, and a job relaunched by
+    hand without the --seed it first had would otherwise draw the rest of its epoch from another order unseen."""
+    ran = resume.written_with if resume else None
+    if not ran:
+        return None
+    changes, fixes = [], []
+    if ran["precision"] and ran["precision"] != precision:
+        changes.append(f"--precision {precision} (it ran {ran['precision']})")
+        fixes.append(f"--precision {ran['precision']}")
+    if ran["seed"] is not None and ran["seed"] != config.seed:
+        drawn = ("the windows drawn from here are another seed's" if config.language_model else
+                 "the rest of this epoch is drawn in another order, which may train some of its samples twice and "
+                 "skip others")
+        changes.append(f"--seed {config.seed} (it ran {ran['seed']}: {drawn})")
+        fixes.append(f"--seed {ran['seed']}")
+    method, held = label(config.sync, config.compression), label(ran["sync"], ran["compression"] or "none")
+    if ran["sync"] and held != method:
+        changes.append(f"--sync {method} (it ran {held})")
+        fixes.append(f"--sync {ran['sync']}" + (f" --compression {ran['compression']}" if held != ran["sync"] else ""))
+    if not changes:
+        return None
+    return (f"this job goes on from step {resume.position.step} of {resume.path} with " + ", ".join(changes)
+            + ": allowed, but its losses from here are not those the checkpoint's job would have reached. Relaunch "
+              "with " + " ".join(fixes) + " to continue that job exactly.")
 
 
 def window_outside(config: TrainConfig, first: int, last: int) -> str | None:
