@@ -216,6 +216,7 @@ def changed_course(resume: Resume | None, config: TrainConfig, precision: str) -
         fixes.append(f"--precision {ran['precision']}")
     if ran["seed"] is not None and ran["seed"] != config.seed:
         drawn = ("the windows drawn from here are another seed's" if config.language_model else
+                 "the epochs from here are drawn in another order" if not resume.position.step_in_epoch else
                  "the rest of this epoch is drawn in another order, which may train some of its samples twice and "
                  "skip others")
         changes.append(f"--seed {config.seed} (it ran {ran['seed']}: {drawn})")
