@@ -243,10 +243,7 @@ class Reporter(SilentReporter):
         if not files and not unrecorded:
             return None
         if not files:
-            return (f"the job trained to its end and its console lines hold its figures, but {unrecorded}. Free "
-                    f"space on the store's disk (or make its file writable), or point --tracking-uri at another "
-                    f"store for the next run.")
+            return f"the job trained to its end and its console lines hold its figures, but {unrecorded}."
         return (f"the job trained to its end, and its console lines and MLflow run (unless --no-tracking) hold its "
-                f"figures, but {' and '.join(files)} could not be written"
-                f"{f', and {unrecorded}' if unrecorded else ''}. Free space there, or name another place for the "
-                f"next run.")
+                f"figures, but {' and '.join(files)} could not be written. Free space there, or name another place "
+                f"for the next run{f'; and {unrecorded}' if unrecorded else ''}.")

@@ -21,6 +21,8 @@ WRITES = frozenset({"log_batch", "log_metric", "log_param", "set_tag", "set_term
                     "log_artifact"})
 # what a database driver said, after SQLAlchemy's own words: `(sqlite3.OperationalError) database or disk is full`
 DRIVER_SAID = re.compile(r"\((?:sqlite3|psycopg2?|pymysql|MySQLdb|pyodbc)[\w.]*\)\s*([^\n\[]+)")
+# MLflow's refusal of a write to a run someone deleted (or whose experiment they deleted) while the job ran
+DELETED_RUN = re.compile(r"The run (\w+) must be in the 'active' state\. Current state is deleted")
 
 
 def store_said(error: BaseException) -> str:
@@ -42,6 +44,7 @@ class StoreWrites:
         self.lock = threading.Lock()
         self.dropped = 0
         self.reason: str | None = None  # the store's reason for the first write it refused
+        self.deleted: str | None = None  # the id of the run deleted under the job, if that is why
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.client, name)
@@ -62,12 +65,26 @@ class StoreWrites:
             if self.reason is not None:
                 return
             self.reason = store_said(error)
+            deleted = DELETED_RUN.search(str(error))
+            self.deleted = deleted.group(1) if deleted else None
+        if self.deleted:
+            self.warn(f"the job's run {self.deleted} was deleted from the MLflow store at {redact_uri(self.uri)} (or "
+                      f"its experiment was) while the job ran: training continues, and what it would have recorded "
+                      f"is left out.")
+            return
         self.warn(f"the MLflow store at {redact_uri(self.uri)} refused a write ({self.reason}); training continues, "
                   f"and what the store does not take is left out of its runs.")
 
     def unrecorded(self) -> str | None:
-        """What the job's runs lack, in a sentence; None when the store took every write."""
+        """What the job's runs lack and what mends it next time, in a sentence; None when the store took every
+        write."""
         if not self.dropped:
             return None
+        if self.deleted:
+            return (f"its run {self.deleted} was deleted from the MLflow store at {redact_uri(self.uri)} (or its "
+                    f"experiment was) while the job ran, so {self.dropped} of its writes were refused and the run "
+                    f"lacks them. `mlflow runs restore --run-id {self.deleted}` (or `mlflow experiments restore`), "
+                    f"with MLFLOW_TRACKING_URI={redact_uri(self.uri)}, brings back what it took")
         return (f"the MLflow store at {redact_uri(self.uri)} refused {self.dropped} of its writes ({self.reason}), so "
-                f"its runs lack those figures and may still show RUNNING")
+                f"its runs lack those figures and may still show RUNNING: free space on the store's disk (or make its "
+                f"file writable), or point --tracking-uri at another store for the next run")

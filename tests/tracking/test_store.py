@@ -98,7 +98,9 @@ def test_a_store_whose_disk_fills_mid_job_is_said_once_and_what_it_lacks_is_coun
                                             f"training continues, and what the store does not take is left out of "
                                             f"its runs.")]
     assert client.unrecorded() == (f"the MLflow store at {uri} refused {client.dropped} of its writes (database or "
-                                   f"disk is full), so its runs lack those figures and may still show RUNNING")
+                                   f"disk is full), so its runs lack those figures and may still show RUNNING: free "
+                                   f"space on the store's disk (or make its file writable), or point --tracking-uri "
+                                   f"at another store for the next run")
     assert [m.value for m in client.get_metric_history(run, "loss")] == [1.0]  # what it took before is there
     # --save-model's files go to the same full disk: the job says it was not saved, not how to load it
     saver = ModelSaving()
@@ -108,6 +110,28 @@ def test_a_store_whose_disk_fills_mid_job_is_said_once_and_what_it_lacks_is_coun
     err = capfd.readouterr().err
     assert "Traceback" not in err and "SQLAlchemy database error" not in err, err
     assert "the MLflow store did not take the trained model (database or disk is full); it is not saved." in err
+
+
+def test_a_run_deleted_mid_job_is_named_as_deleted_with_how_to_restore_it(tmp_path):
+    from mlflow.entities import Metric
+
+    from mpi_train.tracking.store import mlflow_client
+    from mpi_train.tracking.store_writes import StoreWrites
+
+    said: list[str] = []
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = StoreWrites(mlflow_client(uri), uri, warn=said.append)
+    experiment = client.create_experiment("gone", artifact_location=str(tmp_path / "artifacts"))
+    run = client.create_run(experiment).info.run_id
+    client.log_batch(run, metrics=[Metric("loss", 1.0, 0, 0)])
+    mlflow_client(uri).delete_run(run)  # another process, say the UI's trash button
+    client.log_batch(run, metrics=[Metric("loss", 0.5, 0, 1)])
+    client.set_terminated(run, "FINISHED")
+    assert client.dropped == 2 and len(said) == 1 and f"run {run} was deleted" in said[0], said
+    lacking = client.unrecorded()
+    assert lacking.startswith(f"its run {run} was deleted from the MLflow store at {uri} (or its experiment was) "
+                              f"while the job ran, so 2 of its writes were refused") and "disk" not in lacking
+    assert f"`mlflow runs restore --run-id {run}`" in lacking
 
 
 class HealthOnly(http.server.BaseHTTPRequestHandler):
