@@ -19,10 +19,13 @@ import uuid
 import pytest
 from conftest import LiveJob, MlflowServer, artifact_texts, client_for, free_port, job_runs, listening_on, mpirun
 
+from mpi_train.analysis.compare import main as compare_main
 from mpi_train.environments.store import StoreChannel
 from mpi_train.errors import UserError
+from mpi_train.tracking.replay import main as replay_main
 from mpi_train.tracking.runs import checked_failure
 from mpi_train.tracking.server import main as server_main
+from mpi_train.tracking.spool import Spool
 from mpi_train.wire import decode, encode
 
 QUICK = ["--dataset", "synthetic", "--synthetic-size", "256", "--batch-size", "32", "--max-steps", "4", "--log-every",
@@ -114,7 +117,7 @@ def test_the_rendezvous_store_listens_on_loopback_alone_for_a_job_on_one_host(tm
 
 
 @pytest.mark.e2e
-def test_an_authenticated_server_lets_in_the_job_with_credentials_and_no_one_else(tmp_path):
+def test_an_authenticated_server_lets_in_the_job_with_credentials_and_no_one_else(tmp_path, capsys):
     password = f"pw-{uuid.uuid4().hex}"
     credentials = {"MLFLOW_TRACKING_USERNAME": "tester", "MLFLOW_TRACKING_PASSWORD": password}
     server = MlflowServer(tmp_path, credentials=credentials)
@@ -129,9 +132,18 @@ def test_an_authenticated_server_lets_in_the_job_with_credentials_and_no_one_els
                          env={"MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""}, cwd=tmp_path)
         assert without.returncode != 0 and time.monotonic() - started < 30
         message = " ".join(without.stderr.split())
-        assert f"The MLflow server at {uri} requires authentication and refused this job (401" in message, message
+        assert f"The MLflow server at {uri} requires authentication and refused this request (401" in message, message
         assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in message
         assert not (tmp_path / "mlruns" / "spool").exists() or not list((tmp_path / "mlruns" / "spool").iterdir())
+        # the commands that read or send runs: refused in the same words, and a replay keeps what it did not send
+        spool = Spool(tmp_path / "elsewhere" / "job-1.jsonl")
+        spool.add({"kind": "create_run", "local_id": "offline-1", "experiment": "secured", "run_name": "r",
+                   "tags": {}, "start_time": 0}, uri)
+        for command, arguments in ((compare_main, ["--experiment", "secured"]), (replay_main, [str(spool.path)])):
+            assert command([*arguments, "--tracking-uri", uri]) == 2
+            said = " ".join(capsys.readouterr().err.split())
+            assert "refused this request (401: no user and password were given)" in said, said
+        assert len(spool) == 1 and not spool.acked_path.exists()
 
         summary = tmp_path / "secured.json"
         with_them = mpirun(2, [*QUICK, "--tracking-uri", uri, "--experiment", "secured", "--summary-json",

@@ -30,7 +30,7 @@ from ..config import redact_uri
 from ..errors import ArgumentParser, UserError, format_error
 from ..files import kept, unwritable
 from ..sync import BASELINE, SYNC_METHODS, split_label
-from ..tracking import check_store_exists, check_uri, mlflow_client, probe_server, resolve_uri
+from ..tracking import check_api, check_store_exists, check_uri, mlflow_client, probe_server, resolve_uri
 from ..tracking import names as metric_names
 from . import time_to_accuracy
 from .accuracy_race import accuracy_runs, carried_to_links, race_target
@@ -300,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             probe_server(uri)
         check_store_exists(uri)
         client = mlflow_client(uri)
+        check_api(client, uri, "Nothing was compared.")
         experiment = client.get_experiment_by_name(args.experiment)
         if experiment is None:
             raise UserError(f"Experiment {args.experiment!r} does not exist at {redact_uri(uri)}. Name one that "

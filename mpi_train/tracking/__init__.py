@@ -31,6 +31,7 @@ from .sampler import HostSampler
 from .store import (
     DEFAULT_STORE_DIR,
     Connection,
+    check_api,
     check_store_dir,
     check_store_exists,
     check_uri,
@@ -48,6 +49,7 @@ __all__ = [
     "Connection",
     "NullTracker",
     "ServerUnreachable",
+    "check_api",
     "check_store_dir",
     "check_store_exists",
     "check_uri",

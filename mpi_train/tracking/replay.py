@@ -24,7 +24,7 @@ from ..config import redact_uri
 from ..errors import ArgumentParser, UserError, format_error
 from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, first_line
-from .store import SERVER_SCHEMES, check_uri, given_uri, mlflow_client
+from .store import SERVER_SCHEMES, check_api, check_uri, given_uri, mlflow_client
 
 WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
 
@@ -101,6 +101,7 @@ def replay_one(path: Path, override: str | None) -> str | None:
                             f"server (`python -m mpi_train server`) or pass --tracking-uri http://HOST:PORT, and run "
                             f"this command again.") from None
     client = mlflow_client(uri)  # a damaged store is named here, before anything is sent
+    check_api(client, uri, f"Nothing was sent; {path} is kept.")
     try:
         sent, ids = spool.replay(client, uri)
     except Exception as error:  # noqa: BLE001 - what was sent is acknowledged; the rest waits for the next replay

@@ -34,7 +34,7 @@ from pathlib import Path
 from ..errors import ArgumentParser, UserError, format_error
 from ..files import write_private
 from .probe import wait_for_server
-from .store import DEFAULT_STORE_DIR, check_database, check_store_dir
+from .store import DEFAULT_STORE_DIR, check_database, check_schema, check_store_dir
 
 START_TIMEOUT_S = 120.0  # a cold start (database migrations) takes ~15 s on two cores
 # the fix for a damaged database under --root, {where} being its path
@@ -158,8 +158,8 @@ def wait_until_healthy(url: str, process: subprocess.Popen, timeout_s: float = S
     if wait_for_server(url, timeout_s, every_s=0.5, gave_up=lambda: process.poll() is not None) is None:
         return
     if process.poll() is not None:
-        raise UserError(f"mlflow server exited with status {process.returncode} before it answered at {url} "
-                        f"(its messages are above). A port already in use is the usual cause: pick another --port.")
+        raise UserError(f"mlflow server exited with status {process.returncode} before it answered at {url}: its "
+                        f"messages above say why (the port and the store were checked before it started).")
     raise UserError(f"mlflow server did not answer at {url} within {timeout_s:.0f} s. Its messages are above.")
 
 
@@ -215,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         databases = (root / "mlflow.db", *([root / "basic_auth.db"] if args.auth else []))
         for database in databases:
             check_database(database, MOVE_OR_START_ELSEWHERE)  # before the server starts: nothing is left running
+        check_schema(root / "mlflow.db", "or pass --root with another folder")
         new = NewStore(root, databases)
         env, who = dict(os.environ), "none: anyone who reaches it may read and write every run"
         if args.auth:

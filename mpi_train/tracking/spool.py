@@ -56,6 +56,8 @@ OFFLINE_PREFIX = "offline-"
 # a replayed run keeps its local id here, so a checkpoint naming it can be traced
 OFFLINE_ID_TAG = "mpi_train.offline_id"
 DAMAGED_SUFFIX = ".damaged"  # a spool with damaged lines, set aside once everything intact in it was sent
+# MLflow's words for an HTTP answer that is not its own JSON: which request, and the status
+FOREIGN_ANSWER = re.compile(r"API request to endpoint (\S+) failed with error code (\d+) != 200")
 
 
 def server_run_id(client, experiment_id: str, run_id: str | None) -> str | None:
@@ -72,13 +74,15 @@ def refused(error: BaseException, uri: str) -> bool:
 
     An outage is a server that does not answer /health, or one that failed on its side
     (5xx, 429 after MLflow's own retries; MLflow reports a lost connection as 500 too):
-    those writes are kept and sent again. A 4xx (a deleted run, a changed param) is final.
+    those writes are kept and sent again. MLflow's own 4xx (a deleted run, a changed param) is final. An answer
+    that is not MLflow's (a login wall's 401 or 403, another server's 404 page) refuses every write alike, not this
+    one: those are kept too, for a replay with the credentials or the address that reaches MLflow.
     """
     from mlflow.exceptions import MlflowException
 
     if isinstance(error, MlflowException):
         status = error.get_http_status_code()
-        if status >= 500 or status == 429:
+        if status >= 500 or status == 429 or FOREIGN_ANSWER.search(str(error)):
             return False
     return server_answers(uri)
 

@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -19,7 +20,7 @@ from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
 from ..errors import UserError
 from ..files import partial_name, remove_dead_partials, write_error
 from .probe import ServerUnreachable, probe_server
-from .spool import SPOOL_DIR, Spool, SpoolingClient, first_line, refused
+from .spool import FOREIGN_ANSWER, SPOOL_DIR, Spool, SpoolingClient, first_line, refused
 from .store_writes import StoreWrites
 
 DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
@@ -36,6 +37,8 @@ HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
 # (links.py).
 QUIET_LINKS = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+# MLflow's words for a store whose tables another version of it made
+OTHER_SCHEMA = re.compile(r"out-of-date database schema \(found version (\S+), but expected (\S+)\)")
 SQLITE_DAMAGE = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB: SQLite's codes for a damaged file, or not a database's
 # the fix for a damaged store file, {where} being its path
 MOVE_OR_POINT_ELSEWHERE = ("Move it aside (`mv {where} {where}.damaged`) and MLflow starts an empty store in its "
@@ -179,14 +182,43 @@ def sqlite_damage(error: BaseException) -> int | None:
 
 
 def store_damage(uri: str, error: BaseException) -> UserError | None:
-    """The one paragraph for `error`, if it is SQLite finding the store at `uri` damaged, else None."""
+    """The one paragraph for `error`, if it is SQLite finding the store at `uri` damaged, or MLflow finding its
+    tables another version's, else None."""
     database, code = sqlite_file(uri), sqlite_damage(error)
+    schema = OTHER_SCHEMA.search(str(error))
+    if schema:
+        return other_schema(uri, *schema.groups(), "or point --tracking-uri at another store")
     if database is not None and "_alembic_tmp_" in str(error):  # a migration's table, left by a job stopped midway
         return damaged_store(database, "it was left half-made, by a job stopped while MLflow created or upgraded "
                                        "its tables", MOVE_OR_POINT_ELSEWHERE)
     if database is None or code is None:
         return None
     return damaged_store(database, f"SQLite cannot read its pages (error code {code})", MOVE_OR_POINT_ELSEWHERE)
+
+
+def other_schema(uri: str, found: str, expected: str, elsewhere: str) -> UserError:
+    """The one paragraph for a store whose tables another MLflow made (MLflow upgrades none by itself)."""
+    from mlflow import __version__
+
+    return UserError(f"The MLflow store {redact_uri(uri)} was made by another version of MLflow: its tables are at "
+                     f"schema {found}, and MLflow {__version__} here reads {expected}. Back it up, then upgrade its "
+                     f"tables with `mlflow db upgrade {redact_uri(uri)}`; if a newer MLflow made it (the upgrade "
+                     f"then names an unknown revision), install that version here instead, {elsewhere}.")
+
+
+def check_schema(database: Path, elsewhere: str) -> None:
+    """Raise unless `database` is missing, new, or at the schema this MLflow reads: a server started on another
+    version's store exits with a traceback, read only from its log. Read-only, as check_database."""
+    try:
+        with contextlib.closing(sqlite3.connect(database.absolute().as_uri() + "?mode=ro", uri=True)) as db:
+            found = db.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:  # missing, new, or no MLflow store: MLflow makes or names it
+        return
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    expected = _get_latest_schema_revision()
+    if found and found[0] != expected:
+        raise other_schema(f"sqlite:///{database}", found[0], expected, elsewhere)
 
 
 def damaged_store(database: Path, why: str, fix: str) -> UserError:
@@ -315,19 +347,18 @@ def open_store(config: TrainConfig) -> Connection:
     except UserError:
         raise
     except Exception as error:  # noqa: BLE001 - any store failure here is the user's setup
+        refusal = credentials_refused(str(error), uri, "Or pass --no-tracking. Nothing was trained and nothing was "
+                                                       "spooled.")
+        if refusal:
+            raise UserError(refusal) from None
         if scheme in SERVER_SCHEMES and not refused(error, uri):  # /health answered, the tracking API did not
-            what = (f"The MLflow server at {redact_uri(uri)} answers its /health but not its tracking API "
-                    f"({first_line(error)}).")
+            what = api_refusal(error, uri, "")
             if config.tracking_spool:
                 return _offline(config, uri, what)
-            raise UserError(f"{what} See the server's log; to train now and send the runs later, pass "
-                            f"--tracking-spool.") from None
+            raise UserError(f"{what} To train now and send the runs later, pass --tracking-spool.") from None
         damaged = store_damage(uri, error)
         if damaged:
             raise damaged from None
-        refusal = credentials_refused(str(error), uri)
-        if refusal:
-            raise UserError(refusal) from None
         raise UserError(
             f"The MLflow store at {redact_uri(uri)} could not open experiment {config.experiment!r}: "
             f"{str(error).splitlines()[0] if str(error) else type(error).__name__}. Check --tracking-uri, "
@@ -335,19 +366,47 @@ def open_store(config: TrainConfig) -> Connection:
         ) from None
 
 
-def credentials_refused(error: str, uri: str) -> str | None:
-    """The one paragraph for a server that wants credentials this job did not give (or gave wrong), else None."""
+def credentials_refused(error: str, uri: str, outcome: str) -> str | None:
+    """The one paragraph for a server that wants credentials this process did not give (or gave wrong), ending in
+    `outcome` (what was done and what else to do), else None."""
     if "error code 401" not in error and "error code 403" not in error:
         return None
     given = os.environ.get("MLFLOW_TRACKING_USERNAME") and os.environ.get("MLFLOW_TRACKING_PASSWORD")
     answer = ("401: it does not know this user and password" if "error code 401" in error and given else
-              "401: this job gave no user and password" if "error code 401" in error else
+              "401: no user and password were given" if "error code 401" in error else
               "403: the user may not write to this experiment")
-    return (f"The MLflow server at {redact_uri(uri)} requires authentication and refused this job ({answer}). Set "
-            f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD for rank 0 (or MLFLOW_TRACKING_TOKEN) to a user "
-            f"the server knows; for a server started by `python -m mpi_train server --auth` without them, its admin is "
-            f"in its --root folder: `set -a; . mlruns/credentials; set +a`. Or pass --no-tracking. Nothing was "
-            f"trained and nothing was spooled.")
+    return (f"The MLflow server at {redact_uri(uri)} requires authentication and refused this request ({answer}). "
+            f"Set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (for a job, rank 0's; or "
+            f"MLFLOW_TRACKING_TOKEN) to a user the server knows; for a server started by `python -m mpi_train server "
+            f"--auth` without them, its admin is in its --root folder: `set -a; . mlruns/credentials; set +a`. "
+            f"{outcome}").strip()
+
+
+def api_refusal(error: BaseException, uri: str, outcome: str) -> str:
+    """Why a server that answers its /health refused a request of its tracking API, in one paragraph ending in
+    `outcome`: the credentials it wants, an address that is not MLflow's, or what it said."""
+    credentials = credentials_refused(str(error), uri, outcome)
+    if credentials:
+        return credentials
+    foreign = FOREIGN_ANSWER.search(str(error))
+    if foreign:
+        return (f"{redact_uri(uri)} answered {foreign.group(1)} with HTTP {foreign.group(2)} and a page that is not "
+                f"MLflow's: nothing there is an MLflow tracking server (or a proxy in front of one turned the request "
+                f"away). Check the address's host, port and path (`python -m mpi_train server` prints its own). "
+                f"{outcome}").strip()
+    return (f"The MLflow server at {redact_uri(uri)} answers its /health but not its tracking API "
+            f"({first_line(error)}). See the server's log. {outcome}").strip()
+
+
+def check_api(client, uri: str, outcome: str) -> None:
+    """A command that reads or sends runs asks a server once first, so that one that will refuse every request is
+    told in one paragraph (api_refusal) before anything is read or sent."""
+    if check_uri(uri) not in SERVER_SCHEMES:
+        return
+    try:
+        client.get_experiment_by_name("Default")
+    except Exception as error:  # noqa: BLE001 - what any request would meet: said in the user's terms
+        raise UserError(api_refusal(error, uri, outcome)) from None
 
 
 def job_spool_path() -> Path:

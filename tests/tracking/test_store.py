@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import tmpfs
+from conftest import free_port, tmpfs
 
 from mpi_train.files import partial_name
 from mpi_train.lab.bad_input_workspace import fill
@@ -167,7 +167,7 @@ def test_a_server_whose_api_hangs_at_the_start_is_refused_unless_spooling_was_ch
             open_store(TrainConfig(tracking_uri=uri))
         assert str(refused.value).startswith(f"The MLflow server at {uri} answers its /health but not its tracking "
                                              f"API (MlflowException: API request to {uri}/api/2.0/mlflow/experiments/"
-                                             f"get-by-name got no answer within 1 s). See the server's log; to train "
+                                             f"get-by-name got no answer within 1 s). See the server's log. To train "
                                              f"now and send the runs later, pass --tracking-spool."), refused.value
         connection = open_store(TrainConfig(tracking_uri=uri, tracking_spool=True))
     finally:
@@ -175,6 +175,51 @@ def test_a_server_whose_api_hangs_at_the_start_is_refused_unless_spooling_was_ch
     assert connection.experiment_id is None and connection.client.down  # offline: every write goes to the spool
     said = capsys.readouterr().err
     assert "not its tracking API" in said and "Training anyway (--tracking-spool)" in said, said
+
+
+class NotMlflow(http.server.BaseHTTPRequestHandler):
+    """Some other web server at the address given: its /health answers, any other path is its 404 page."""
+
+    def do_GET(self):
+        found = self.path.startswith("/health")
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "text/plain" if found else "text/html")
+        self.end_headers()
+        self.wfile.write(b"OK" if found else b"<html><body><h1>404 Not Found</h1></body></html>")
+
+    do_POST = do_GET
+
+    def log_message(self, *args): ...
+
+
+def test_replay_and_compare_at_an_address_that_is_not_mlflow_keep_the_spool_and_say_so(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """A replay aimed at the wrong server once marked the run's creation refused, so a later replay to the right one
+    lost the run: nothing is sent or marked, and both commands name the address as not MLflow's."""
+    from mpi_train.analysis.compare import main as compare_main
+    from mpi_train.tracking.replay import main as replay_main
+    from mpi_train.tracking.spool import Spool
+
+    monkeypatch.chdir(tmp_path)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotMlflow)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    spool = Spool(tmp_path / "mlruns" / "spool" / "job-1.jsonl")
+    spool.add({"kind": "create_run", "local_id": "offline-1", "experiment": "e", "run_name": "r", "tags": {},
+               "start_time": 0}, "http://127.0.0.1:1")
+    try:
+        assert replay_main(["--tracking-uri", uri]) == 2
+        said = " ".join(capsys.readouterr().err.split())
+        assert compare_main(["--tracking-uri", uri, "--experiment", "e"]) == 2
+        compared = " ".join(capsys.readouterr().err.split())
+    finally:
+        server.shutdown()
+    assert (f"{uri} answered /api/2.0/mlflow/experiments/get-by-name with HTTP 404 and a page that is not MLflow's: "
+            f"nothing there is an MLflow tracking server") in said, said
+    assert "Nothing was sent; mlruns/spool/job-1.jsonl is kept." in said and "Traceback" not in said
+    assert len(spool) == 1 and not spool.acked_path.exists()
+    assert "is not MLflow's" in compared and compared.endswith("Nothing was compared."), compared
 
 
 def test_a_store_made_by_a_job_stopped_midway_is_not_left_half_made(tmp_path):
@@ -218,3 +263,26 @@ def test_a_database_whose_driver_is_not_installed_names_the_package_to_install()
     assert str(refused.value).startswith("--tracking-uri mssql://user:***@localhost/runs needs the Python package "
                                          "pyodbc (the database's driver), which is not installed where rank 0 runs")
     assert "pip install 'pyodbc'" in str(refused.value) and "secret" not in str(refused.value)
+
+
+def test_a_store_another_mlflow_made_is_named_with_its_upgrade_by_every_command(tmp_path, capsys):
+    import sqlite3
+
+    from mpi_train.errors import UserError
+    from mpi_train.tracking.server import main as server_main
+    from mpi_train.tracking.store import mlflow_client
+
+    database = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{database}"
+    mlflow_client(f"sqlite:///{tmp_path}/./mlflow.db")  # MLflow keeps a store per address, checked once
+    with sqlite3.connect(database) as db:  # as an older MLflow left it
+        db.execute("UPDATE alembic_version SET version_num = '0c779009ac13'")
+    with pytest.raises(UserError) as refused:
+        mlflow_client(uri)  # what a job's rank 0, compare and replay open their store with
+    message = str(refused.value)
+    assert message.startswith(f"The MLflow store {uri} was made by another version of MLflow: its tables are at "
+                              f"schema 0c779009ac13"), message
+    assert f"`mlflow db upgrade {uri}`" in message and message.endswith("or point --tracking-uri at another store.")
+    assert server_main(["--root", str(tmp_path), "--port", str(free_port())]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "was made by another version of MLflow" in said and said.endswith("or pass --root with another folder.")
