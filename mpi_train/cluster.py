@@ -183,9 +183,10 @@ class Cluster:
         self.liveness: Liveness = NoLiveness()  # heartbeats, once the process group is open (liveness.py)
 
     @classmethod
-    def discover(cls, launcher: str = "auto") -> Cluster:
-        """Connect through the launcher's environment (auto: the one that started us) and learn every rank's host."""
-        environment = environments.choose(launcher)
+    def discover(cls, launcher: str = "auto", timeout_s: float = 300.0) -> Cluster:
+        """Connect through the launcher's environment (auto: the one that started us) and learn every rank's host;
+        `timeout_s` (--timeout) bounds the wait for the others to meet."""
+        environment = environments.choose(launcher, timeout_s=timeout_s)
         environment.connect()
         rank, world = environment.global_rank(), environment.world_size()
         environments.check_world(world, environment.name)

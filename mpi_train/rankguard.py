@@ -26,6 +26,7 @@ RANK_0_FIRST_S = 2.0
 # what a backend's error says of a peer whose process ended (its sockets closed), not one that hangs or is slow
 PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe", re.IGNORECASE)
 SOURCE_LINE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")  # Gloo's `[.../pair.cc:561] `
+MEETING_TIMEOUT_S = 300.0  # --timeout's default: how long ranks a store brings together (torchrun, srun) wait
 
 
 class RankAwareParser(ArgumentParser):
@@ -134,9 +135,14 @@ def join_job(argv: Sequence[str] | None) -> Cluster:
     parsed (they print on rank 0 only); a clear error and exit status 2 if it fails."""
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--launcher", default="auto")
+    early.add_argument("--timeout", default="")
     known, _ = early.parse_known_args(argv)
+    try:  # the ranks meet within --timeout too; a value it refuses is said once the flags are read
+        timeout_s = min(max(float(known.timeout), 1.0), MEETING_TIMEOUT_S) if known.timeout else MEETING_TIMEOUT_S
+    except ValueError:
+        timeout_s = MEETING_TIMEOUT_S
     try:
-        cluster = Cluster.discover(known.launcher)
+        cluster = Cluster.discover(known.launcher, timeout_s)
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr, flush=True)
         raise SystemExit(2) from None

@@ -22,6 +22,7 @@ from ..sync.flag_fields import option_names
 from .fields import RESUME_AUTO
 
 UNBOUNDED = ("clip_grad_norm", "bucket_mb")  # float flags to which infinity means something (check_numbers)
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 1e9  # --timeout's range (check_ranges)
 
 
 def validate(config, world_size: int) -> None:
@@ -72,6 +73,11 @@ def check_ranges(config) -> None:
     for flag, value in positive.items():
         if value <= 0:
             raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
+    if not MIN_TIMEOUT_S <= config.timeout <= MAX_TIMEOUT_S:
+        raise UserError(f"--timeout {config.timeout:g} is out of range: give from {MIN_TIMEOUT_S:g} s (a collective "
+                        f"waits that long for the slowest rank, and a shorter wait would end healthy jobs as if a "
+                        f"rank had failed) to {MAX_TIMEOUT_S:,.0f} s (about {MAX_TIMEOUT_S / 86400 / 365:.0f} years: waiting "
+                        f"for ever).")
     optimizer = config.optimizer_settings
     for flag, value in {"--momentum": optimizer.momentum, "--weight-decay": optimizer.weight_decay,
                         "--check-every": config.check_every, "--warmup-steps": optimizer.warmup_steps,

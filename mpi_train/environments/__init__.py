@@ -41,12 +41,13 @@ def detect(env: Mapping[str, str] = os.environ) -> str:
     return "mpi"
 
 
-def choose(launcher: str, env: Mapping[str, str] = os.environ) -> ClusterEnvironment:
-    """The environment for --launcher (auto: detected), not yet connected."""
+def choose(launcher: str, env: Mapping[str, str] = os.environ, timeout_s: float = 300.0) -> ClusterEnvironment:
+    """The environment for --launcher (auto: detected), not yet connected; the ranks wait `timeout_s` (--timeout)
+    for each other to meet (MPI's launcher has them all started when it starts any)."""
     if launcher not in LAUNCHERS:
         raise UserError(f"--launcher {launcher!r} is unknown; choose one of {', '.join(LAUNCHERS)}.")
     name = detect(env) if launcher == "auto" else launcher
-    return ENVIRONMENTS[name](env)
+    return ENVIRONMENTS[name](env, timeout_s=timeout_s)
 
 
 def check_world(found: int, launcher: str, env: Mapping[str, str] = os.environ) -> None:

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import UserError
 from ..wire import decode, encode
 
 DAEMON_END_DELAY_S = 1  # a cut-off host's daemon is ended this long after its rank's abort: its console lines go first
@@ -126,3 +127,53 @@ class ClusterEnvironment(ABC):
     def end_daemon_if_cut_off(self, delay_s: float) -> None:
         """End this host's launch daemon `delay_s` from now if it can no longer reach the launcher (mpi.py)."""
 
+
+
+def whole_number(env: Mapping[str, str], name: str, launcher: str) -> int:
+    """A launcher's variable that must hold a whole number, read; one left over from another shell is told so."""
+    value = env.get(name, "")
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{name}={value!r} is not a whole number, and the {launcher} launcher reads this process's "
+                        f"place in the job from it. {left_over(launcher)}") from None
+
+
+def check_place(environment: ClusterEnvironment) -> None:
+    """A rank and world size read from variables must make a place in a job, checked before meeting: ranks that
+    cannot all come would wait out the timeout."""
+    rank, world = environment.global_rank(), environment.world_size()
+    if not 0 <= rank < world:
+        raise UserError(f"the {environment.name} launcher's variables put this process at rank {rank} of {world}, "
+                        f"which no job has. {left_over(environment.name)}")
+
+
+def left_over(launcher: str) -> str:
+    return (f"If {launcher} did not start this process, its variables are left over from elsewhere (a shell's "
+            f"exports, a batch script): unset them, or name the launcher that did start it with --launcher.")
+
+
+def check_meeting_point(environment: ClusterEnvironment, variables: str) -> None:
+    """The store's host must resolve before the ranks wait there: torch would retry a name that never resolves,
+    warning each time, until the timeout."""
+    import socket
+
+    host, port = environment.main_address, environment.main_port
+    try:
+        socket.getaddrinfo(host, port)
+    except (OSError, UnicodeError):
+        raise UserError(f"the ranks meet at {host}:{port} ({variables}), and {host} does not resolve on this host. "
+                        f"{left_over(environment.name)}") from None
+
+
+def meeting_failed(environment: ClusterEnvironment, variables: str, error: BaseException, timeout_s: float) -> str:
+    """Why the ranks of a launcher that meets through a store (torchrun, srun) did not meet, in one paragraph."""
+    host, port, launcher = environment.main_address, environment.main_port, environment.name
+    said = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    if "EADDRINUSE" in said or "address already in use" in said.lower():
+        return (f"rank {environment.global_rank()} serves the ranks' meeting point at {host}:{port} ({variables}), "
+                f"and port {port} is in use by another program ({said}). Set MASTER_PORT to a free port; "
+                f"{left_over(launcher)[0].lower()}{left_over(launcher)[1:]}")
+    return (f"the ranks did not meet at {host}:{port} ({variables}) within --timeout {timeout_s:g} s ({said}): "
+            f"{environment.world_size()} were to come. Check that every rank's host reaches that address and port. "
+            f"{left_over(launcher)}")

@@ -145,7 +145,7 @@ LAUNCH_DAEMONS = ("prted", "orted")  # what Open MPI's mpirun starts on each hos
 class MpiEnvironment(ClusterEnvironment):
     name = "mpi"
 
-    def __init__(self, env: Mapping[str, str] = os.environ):
+    def __init__(self, env: Mapping[str, str] = os.environ, timeout_s: float | None = None):
         pass  # MPI's answers come from COMM_WORLD once connected, never from variables
 
     def connect(self) -> None:

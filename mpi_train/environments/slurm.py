@@ -14,10 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UserError
-from .base import ClusterEnvironment, ObjectChannel
+from .base import ClusterEnvironment, ObjectChannel, check_meeting_point, check_place, meeting_failed, whole_number
 from .store import StoreChannel
 
 PORT_BASE, PORT_SPAN = 15000, 20000  # derived ports fall in 15000-34999
+# what says where the ranks meet, named when they do not
+MEETING_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_STEP_NODELIST",
+                     "SLURM_JOB_NODELIST", "SLURM_NODELIST", "MASTER_ADDR", "MASTER_PORT")
 
 
 def first_host(nodelist: str) -> str:
@@ -54,18 +57,26 @@ class SlurmEnvironment(ClusterEnvironment):
     def connect(self) -> None:
         from torch.distributed import TCPStore
 
+        check_place(self)
         rank, world = self.global_rank(), self.world_size()
-        self._store = TCPStore(self.main_address, self.main_port, world, is_master=rank == 0, timeout=self._timeout)
+        variables = " ".join(f"{name}={self.env[name]}" for name in MEETING_VARIABLES if self.env.get(name))
+        check_meeting_point(self, variables)
+        try:
+            self._store = TCPStore(self.main_address, self.main_port, world, is_master=rank == 0,
+                                   timeout=self._timeout)
+        except Exception as error:  # noqa: BLE001 - a store that cannot be served or reached, said in one paragraph
+            raise UserError(meeting_failed(self, variables, error, self._timeout.total_seconds())) from None
         self._channel = StoreChannel(self._store, rank, world)
 
     def world_size(self) -> int:
-        return int(self.env.get("SLURM_STEP_NUM_TASKS") or self.env["SLURM_NTASKS"])
+        return whole_number(self.env, "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in self.env else "SLURM_NTASKS",
+                            self.name)
 
     def global_rank(self) -> int:
-        return int(self.env["SLURM_PROCID"])
+        return whole_number(self.env, "SLURM_PROCID", self.name)
 
     def local_rank(self) -> int:
-        return int(self.env["SLURM_LOCALID"])
+        return whole_number(self.env, "SLURM_LOCALID", self.name)
 
     def node_key(self) -> Any:
         return ("node", self.env["SLURM_NODEID"])
@@ -80,9 +91,9 @@ class SlurmEnvironment(ClusterEnvironment):
     @property
     def main_port(self) -> int | None:
         if self.env.get("MASTER_PORT"):
-            return int(self.env["MASTER_PORT"])
-        job = int(self.env.get("SLURM_JOB_ID") or self.env.get("SLURM_JOBID") or 0)
-        step = int(self.env.get("SLURM_STEP_ID") or self.env.get("SLURM_STEPID") or 0)
+            return whole_number(self.env, "MASTER_PORT", self.name)
+        job, step = (next((whole_number(self.env, name, self.name) for name in names if self.env.get(name)), 0)
+                     for names in (("SLURM_JOB_ID", "SLURM_JOBID"), ("SLURM_STEP_ID", "SLURM_STEPID")))
         return PORT_BASE + (job * 7 + step) % PORT_SPAN  # steps of one job in a row differ too
 
     @property

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UserError
-from .base import ClusterEnvironment, ObjectChannel
+from .base import ClusterEnvironment, ObjectChannel, check_meeting_point, check_place, meeting_failed, whole_number
 from .store import StoreChannel
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -48,8 +48,14 @@ class TorchrunEnvironment(ClusterEnvironment):
     def connect(self) -> None:
         import torch.distributed as dist
 
-        store, _, _ = next(dist.rendezvous("env://", rank=self.global_rank(), world_size=self.world_size(),
-                                           timeout=self._timeout))
+        check_place(self)
+        rank, world = self.global_rank(), self.world_size()
+        variables = " ".join(f"{name}={self.env[name]}" for name in VARIABLES)
+        check_meeting_point(self, variables)
+        try:
+            store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world, timeout=self._timeout))
+        except Exception as error:  # noqa: BLE001 - a store that cannot be served or reached, said in one paragraph
+            raise UserError(meeting_failed(self, variables, error, self._timeout.total_seconds())) from None
         store = dist.PrefixStore(self.attempt_prefix(), store)
         self._store = store
         self._channel = StoreChannel(store, self.global_rank(), self.world_size())
@@ -69,13 +75,13 @@ class TorchrunEnvironment(ClusterEnvironment):
         return all(name in env for name in VARIABLES)
 
     def world_size(self) -> int:
-        return int(self.env["WORLD_SIZE"])
+        return whole_number(self.env, "WORLD_SIZE", self.name)
 
     def global_rank(self) -> int:
-        return int(self.env["RANK"])
+        return whole_number(self.env, "RANK", self.name)
 
     def local_rank(self) -> int:
-        return int(self.env["LOCAL_RANK"])
+        return whole_number(self.env, "LOCAL_RANK", self.name)
 
     def node_key(self) -> Any:
         return ("node", self.env["GROUP_RANK"]) if "GROUP_RANK" in self.env else None  # None: grouped by host name
@@ -88,7 +94,7 @@ class TorchrunEnvironment(ClusterEnvironment):
         if not batch_size % (self.world_size() * accumulate):
             return None
         return elastic_split_error(batch_size, accumulate, nodes=int(self.env.get("GROUP_WORLD_SIZE", "1")),
-                                   per_node=int(self.env["LOCAL_WORLD_SIZE"]))
+                                   per_node=whole_number(self.env, "LOCAL_WORLD_SIZE", self.name))
 
     @property
     def main_address(self) -> str | None:
@@ -96,7 +102,7 @@ class TorchrunEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int | None:
-        return int(self.env["MASTER_PORT"])
+        return whole_number(self.env, "MASTER_PORT", self.name)
 
     @property
     def channel(self) -> ObjectChannel:

@@ -54,7 +54,8 @@ def test_zero_or_negative_numbers_are_rejected(field, value):
     ("timeout", float("inf"), "--timeout must be a finite"), ("weight_decay", float("nan"), "--weight-decay must"),
     ("clip_grad_norm", float("nan"), "--clip-grad-norm must be a number, got nan"),
     ("bucket_mb", float("nan"), "--bucket-mb must be a number"), ("seed", -1, "--seed must be in [0, 2**32)"),
-    ("seed", 2**32, "--seed must be in [0, 2**32)")])
+    ("seed", 2**32, "--seed must be in [0, 2**32)"),
+    ("timeout", 0.001, "--timeout 0.001 is out of range: give from 1 s"), ("timeout", 1e15, "to 1,000,000,000 s")])
 def test_numbers_no_run_can_use_are_refused_before_any_work(field, value, says):
     with pytest.raises(UserError) as error:
         TrainConfig(**{field: value}).validate(world_size=1)

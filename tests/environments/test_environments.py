@@ -66,6 +66,41 @@ def test_a_launcher_named_without_its_variables_says_how_to_start_it():
     assert set(ENVIRONMENTS) == {"mpi", "torchrun", "slurm"}
 
 
+@pytest.mark.parametrize("changed, said", [
+    ({"RANK": "x"}, "RANK='x' is not a whole number"),
+    ({"RANK": "5", "WORLD_SIZE": "2"}, "put this process at rank 5 of 2, which no job has"),
+    ({"WORLD_SIZE": "0", "RANK": "0"}, "at rank 0 of 0"),
+    ({"MASTER_ADDR": "no-such-host.invalid"}, "and no-such-host.invalid does not resolve on this host"),
+])
+def test_torchrun_variables_left_over_in_a_shell_are_named_before_any_wait(changed, said):
+    """Left-over variables once hung for 300 s whatever --timeout said, then raised a traceback."""
+    environment = TorchrunEnvironment({**TORCHRUN, **changed}, timeout_s=1)
+    with pytest.raises(UserError) as refused:
+        environment.connect()
+    message = str(refused.value)
+    assert said in message and "If torchrun did not start this process, its variables are left over" in message
+
+
+def test_ranks_that_never_meet_wait_for_timeout_and_a_port_in_use_is_named():
+    import socket
+    import time
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(UserError) as missed:
+        TorchrunEnvironment({**TORCHRUN, "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"},
+                            timeout_s=1).connect()  # rank 0 alone, on a free port: the other 3 never come
+    assert time.monotonic() - started < 10 and "within --timeout 1 s" in str(missed.value), missed.value
+    with pytest.raises(UserError) as taken:
+        SlurmEnvironment({**SRUN_TASK, "SLURM_PROCID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                         timeout_s=1).connect()
+    holder.close()
+    assert f"and port {port} is in use by another program" in str(taken.value), taken.value
+
+
 @pytest.mark.parametrize("env, variable", [
     (TORCHRUN, "WORLD_SIZE=4"), (OPEN_MPI, "OMPI_COMM_WORLD_SIZE=4"), (SRUN_TASK, "SLURM_STEP_NUM_TASKS=4"),
     ({"PMI_SIZE": "8"}, "PMI_SIZE=8"),
