@@ -76,8 +76,8 @@ def check_ranges(config) -> None:
     if not MIN_TIMEOUT_S <= config.timeout <= MAX_TIMEOUT_S:
         raise UserError(f"--timeout {config.timeout:g} is out of range: give from {MIN_TIMEOUT_S:g} s (a collective "
                         f"waits that long for the slowest rank, and a shorter wait would end healthy jobs as if a "
-                        f"rank had failed) to {MAX_TIMEOUT_S:,.0f} s (about {MAX_TIMEOUT_S / 86400 / 365:.0f} years: waiting "
-                        f"for ever).")
+                        f"rank had failed) to {MAX_TIMEOUT_S:,.0f} s (about {MAX_TIMEOUT_S / 86400 / 365:.0f} years: "
+                        f"waiting for ever).")
     optimizer = config.optimizer_settings
     for flag, value in {"--momentum": optimizer.momentum, "--weight-decay": optimizer.weight_decay,
                         "--check-every": config.check_every, "--warmup-steps": optimizer.warmup_steps,
