@@ -23,6 +23,7 @@ from .fields import RESUME_AUTO
 
 UNBOUNDED = ("clip_grad_norm", "bucket_mb")  # float flags to which infinity means something (check_numbers)
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 1e9  # --timeout's range (check_ranges)
+MAX_EXPERIMENT_NAME = 500  # MLflow's own limit on an experiment's name
 
 
 def validate(config, world_size: int) -> None:
@@ -36,6 +37,10 @@ def validate(config, world_size: int) -> None:
         raise UserError(f"--system-metrics-every must not be negative, got {config.system_metrics_every}; 0 turns "
                         f"system metrics off.")
     validate_averaging(config)
+    if not config.no_tracking and not 0 < len(config.experiment.strip()) <= MAX_EXPERIMENT_NAME:
+        got = f"{len(config.experiment):,} characters" if config.experiment.strip() else "an empty name"
+        raise UserError(f"--experiment must name an MLflow experiment in 1 to {MAX_EXPERIMENT_NAME} characters (MLflow "
+                        f"takes no other), and got {got}. Name one of that length, or leave the flag out for mpi_train.")
     refused = (combination_error(config.sync, config.compression) or compile_flags_error(config)
                or scaled_compression_error(config.precision, config.sync, config.compression))
     if refused:

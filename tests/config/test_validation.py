@@ -62,6 +62,15 @@ def test_numbers_no_run_can_use_are_refused_before_any_work(field, value, says):
     assert says in str(error.value)
 
 
+@pytest.mark.parametrize("name, says", [("", "and got an empty name"), ("  ", "and got an empty name"),
+                                        ("e" * 501, "and got 501 characters")])
+def test_an_experiment_name_mlflow_would_refuse_is_refused_before_any_work(name, says):
+    with pytest.raises(UserError) as error:
+        TrainConfig(experiment=name).validate(world_size=1)
+    assert says in str(error.value) and "1 to 500 characters" in str(error.value)
+    TrainConfig(experiment=name, no_tracking=True).validate(world_size=1)  # not used: not checked
+
+
 def test_infinity_where_it_means_something_is_taken():
     TrainConfig(clip_grad_norm=float("inf")).validate(world_size=1)  # the norm logged, nothing clipped
     TrainConfig(sync="bucketed", bucket_mb=float("inf")).validate(world_size=1)  # one bucket
