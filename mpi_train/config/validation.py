@@ -39,8 +39,9 @@ def validate(config, world_size: int) -> None:
     validate_averaging(config)
     if not config.no_tracking and not 0 < len(config.experiment.strip()) <= MAX_EXPERIMENT_NAME:
         got = f"{len(config.experiment):,} characters" if config.experiment.strip() else "an empty name"
-        raise UserError(f"--experiment must name an MLflow experiment in 1 to {MAX_EXPERIMENT_NAME} characters (MLflow "
-                        f"takes no other), and got {got}. Name one of that length, or leave the flag out for mpi_train.")
+        raise UserError(f"--experiment must name an MLflow experiment in 1 to {MAX_EXPERIMENT_NAME} characters "
+                        f"(MLflow takes no other), and got {got}. Name one of that length, or leave the flag out for "
+                        f"mpi_train.")
     refused = (combination_error(config.sync, config.compression) or compile_flags_error(config)
                or scaled_compression_error(config.precision, config.sync, config.compression))
     if refused:
