@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,10 +133,11 @@ def default_shape(spec: ModelSpec, gpt_shape: GptShape) -> tuple[int, ...]:
 
 
 def _probe(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int
-           ) -> tuple[nn.Module, torch.Tensor | str, torch.Tensor]:
-    """The model built on the meta device (no memory, no compute), or a real copy where its builder cannot run there,
-    with what it gives for a batch of two samples of `shape` (or why it fails, in one line) and their labels. The
-    random streams are left as they were."""
+           ) -> tuple[nn.Module, torch.Tensor | str, torch.Tensor, bool]:
+    """The model built on the meta device (no memory, no compute), or a real copy where its builder or its forward
+    cannot run there, with what it gives for a batch of two samples of `shape` (or why it fails, in one line), their
+    labels, and whether its path depends on the values (then zeros took one path of several). The random streams are
+    left as they were."""
     inputs, labels = example(spec, shape, 2, device="meta")
     outputs = num_classes(spec, classes)
     with torch.random.fork_rng(devices=[]):
@@ -147,10 +149,21 @@ def _probe(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes
             model = spec.make(outputs, shape, None, gpt_shape)
             inputs, labels = example(spec, shape, 2)
         try:
-            return model, model.train()(inputs), labels
+            return model, model.train()(inputs), labels, False
         except Exception as error:  # noqa: BLE001 - whatever the model's forward raises on this shape
-            text = str(error).strip().splitlines()
-            return model, f"{type(error).__name__}: {text[0].rstrip('.') if text else ''}{raised_at(error)}", labels
+            failed = error
+        decided = inputs.is_meta and bool(NEEDS_VALUES.search(str(failed)))
+        if decided:  # a forward whose path its values decide (an `if`
+            # on a tensor) cannot run on the meta device, which has none: a real copy runs on zeros instead
+            model = spec.make(outputs, shape, None, gpt_shape)
+            inputs, labels = example(spec, shape, 2)
+            try:
+                return model, model.train()(inputs), labels, True
+            except Exception as error:  # noqa: BLE001 - as above
+                failed = error
+        text = str(failed).strip().splitlines()
+        return (model, f"{type(failed).__name__}: {text[0].rstrip('.') if text else ''}{raised_at(failed)}", labels,
+                decided)
 
 
 def raised_at(error: BaseException) -> str:
@@ -161,6 +174,8 @@ def raised_at(error: BaseException) -> str:
     return f" (at {Path(frames[-1].filename).name} line {frames[-1].lineno}, in {frames[-1].name})" if frames else ""
 
 
+# what torch says of an operation that needs a tensor's values, which the meta device does not hold
+NEEDS_VALUES = re.compile(r"meta tensor|meta device|data-independent implementation", re.IGNORECASE)
 # how a refusal says the model's logits per image differ from the data's classes
 CLASS_MISMATCH = "its last layer must give one logit per class: a model function of your own is given num_classes"
 
@@ -179,7 +194,7 @@ def refuse_other_dtypes(spec: ModelSpec, model: nn.Module) -> None:
 
 def _refusal(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int = NUM_CLASSES) -> str | None:
     """Why the model cannot take a batch of `shape` and give a logit per class (None: it can)."""
-    model, output, labels = _probe(spec, shape, gpt_shape, classes)
+    model, output, labels, _ = _probe(spec, shape, gpt_shape, classes)
     refuse_other_dtypes(spec, model)
     if isinstance(output, str):
         return output
@@ -208,12 +223,14 @@ def untrained_parameters(name: str, shape: tuple[int, ...], gpt_shape: GptShape,
 
 def probe_untrained(spec: ModelSpec, shape: tuple[int, ...], gpt_shape: GptShape, classes: int) -> tuple[str, ...]:
     """untrained_parameters, found by a backward from the logits of the model built on the meta device."""
-    model, output, _ = _probe(spec, shape, gpt_shape, classes)
+    model, output, _, decided = _probe(spec, shape, gpt_shape, classes)
     trainable = [(path, param) for path, param in model.named_parameters() if param.requires_grad]
     if not trainable:
         raise UserError(f"--model {spec.name} has no parameter that requires a gradient (every one has requires_grad "
                         f"False, or it has none): there is nothing to train. Leave requires_grad on for the layers to "
                         f"train (a frozen backbone is fine; its head must learn).")
+    if decided:  # the path zeros took is one of several: what it leaves out, another may train
+        return ()
     try:
         output.float().sum().backward()
     except Exception:  # noqa: BLE001 - a backward the meta device cannot run: nothing known, nothing claimed

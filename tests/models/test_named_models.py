@@ -21,6 +21,7 @@ from mpi_train.models import (
     untrained_parameters,
 )
 from mpi_train.models.gpt import GPT_SIZES
+from mpi_train.throughput import flops_per_sample
 
 
 def test_built_in_and_torchvision_names_resolve_in_one_place():
@@ -112,6 +113,13 @@ def user_module(tmp_path, monkeypatch):
         def frozen(num_classes, input_shape):
             return build(num_classes, input_shape).requires_grad_(False)
 
+        class Branchy(WithSpare):
+            def forward(self, images):  # an `if` on the values: the meta device, which has none, cannot run it
+                return self.head(images) if images.sum() > 0 else self.head(-images)
+
+        def branchy(num_classes):
+            return Branchy(num_classes)
+
         def doubled(num_classes, input_shape):
             return build(num_classes, input_shape).double()
 
@@ -154,6 +162,16 @@ def test_parameters_no_logit_depends_on_are_named_and_a_model_with_nothing_to_tr
         assert probe_untrained(spec, config.input_shape, config.gpt_shape, 10) == (), name
     with pytest.raises(UserError, match=r"^--model my_models:frozen has no parameter that requires a gradient "):
         _ = TrainConfig(model="my_models:frozen", dataset="synthetic").untrained_parameters
+
+
+def test_a_forward_whose_path_its_values_decide_is_checked_and_counted_on_a_real_copy(user_module):
+    """The meta device holds no values, so an `if` on a tensor once refused the model as taking no image size; and
+    since zeros take one path of several, nothing is claimed untrained (another path may train it)."""
+    config = TrainConfig(model="my_models:branchy", dataset="synthetic")
+    config.validate(world_size=1)
+    assert config.untrained_parameters == ()
+    flops = flops_per_sample(config.make_model, config.input_shape)
+    assert flops == 2 * 2 * 3 * 32 * 32 * 10, flops  # the head's matmul forward, and its weights' gradient
 
 
 @pytest.mark.parametrize("path,words", [
