@@ -103,6 +103,10 @@ def test_the_server_refuses_a_port_in_use_or_an_address_not_this_machines_before
     error = " ".join(capsys.readouterr().err.split())
     assert "192.0.2.1 is not an address of this machine (`ip -brief address` lists them)" in error
     assert not (tmp_path / "mlruns").exists()
+    (tmp_path / "a-file").write_text("")
+    assert server_main(["--port", str(free_port()), "--root", str(tmp_path / "a-file")]) == 2
+    error = " ".join(capsys.readouterr().err.split())  # the server's own words: it has no job, nor --no-tracking
+    assert "The server keeps its runs and artifacts there" in error and "--no-tracking" not in error, error
 
 
 @pytest.mark.e2e

@@ -297,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     uri = resolve_uri(args.tracking_uri)
     try:
         if check_uri(uri) in ("http", "https"):
-            probe_server(uri)
+            probe_server(uri, otherwise="or name the store the jobs wrote to")
         check_store_exists(uri)
         client = mlflow_client(uri)
         check_api(client, uri, "Nothing was compared.")

@@ -3,6 +3,7 @@ and the tests."""
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.error
 import urllib.request
@@ -13,6 +14,9 @@ from ..errors import UserError
 
 STARTUP_PROBE_S = 5.0  # before a job starts: an unreachable server is reported well within 30 s, before training
 OUTAGE_PROBE_S = 2.0  # one /health request while a running job thinks the server is down
+# what the resolver says of a host name it does not know (glibc's words, and macOS's)
+UNRESOLVED = re.compile(r"Name or service not known|nodename nor servname|No address associated|Temporary failure in "
+                        r"name resolution")
 
 
 class ServerUnreachable(UserError):
@@ -56,15 +60,23 @@ def wait_for_server(uri: str, timeout_s: float, every_s: float = 1.0, gave_up=la
         time.sleep(every_s)
 
 
-def probe_server(uri: str, timeout_s: float = STARTUP_PROBE_S) -> None:
+def probe_server(uri: str, timeout_s: float = STARTUP_PROBE_S,
+                 otherwise: str = "or pass --no-tracking to train without tracking") -> None:
     """Raise ServerUnreachable unless the server answers within `timeout_s`: a clear error now beats MLflow's minutes
-    of retries."""
+    of retries. `otherwise`: what else the command's user may do, after the fixes for the address."""
     problem = wait_for_server(uri, timeout_s)
     if problem is None:
         return
     parts = urlsplit(uri)
     what = (f"No MLflow tracking server answers at {redact_uri(uri)} "
             f"(asked {health_url(uri)} for {timeout_s:.0f} s: {problem}).")
-    raise ServerUnreachable(
-        f"{what} Start one with `python -m mpi_train server --host {parts.hostname} --port {parts.port or 5000}`, "
-        f"correct --tracking-uri or $MLFLOW_TRACKING_URI, or pass --no-tracking to train without tracking.", what, uri)
+    if UNRESOLVED.search(problem):
+        fix = f"The host name {parts.hostname} does not resolve here: correct --tracking-uri or $MLFLOW_TRACKING_URI"
+    elif parts.scheme == "https" and "WRONG_VERSION_NUMBER" in problem:
+        fix = (f"Something there answers plain HTTP, not HTTPS: write http://{parts.netloc} in --tracking-uri or "
+               f"$MLFLOW_TRACKING_URI")
+    else:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        fix = (f"Start one with `python -m mpi_train server --host {parts.hostname} --port {port}`, correct "
+               f"--tracking-uri or $MLFLOW_TRACKING_URI")
+    raise ServerUnreachable(f"{what} {fix}, {otherwise}.", what, uri)

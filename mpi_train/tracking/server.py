@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_exposure(args.host, args.auth, args.insecure)
         check_address(args.host, args.port)
-        check_store_dir(root, "pass --root with another folder")
+        check_store_dir(root, "or pass --root with another folder", for_a_job=False)
         databases = (root / "mlflow.db", *([root / "basic_auth.db"] if args.auth else []))
         for database in databases:
             check_database(database, MOVE_OR_START_ELSEWHERE)  # before the server starts: nothing is left running

@@ -245,15 +245,17 @@ def resolve_uri(flag: str | None) -> str:
     return given_uri(flag) or default_store_uri()
 
 
-def check_store_dir(directory: Path, flag_hint: str) -> None:
+def check_store_dir(directory: Path, flag_hint: str, for_a_job: bool = True) -> None:
     """`directory` must be a folder this user can write, or one that can be made: the SQLite file and artifacts live
-    there. Creates nothing: a job stopped before its store is made leaves no empty folder."""
+    there. Creates nothing: a job stopped before its store is made leaves no empty folder. `for_a_job`: a job's
+    store (else the server's, which has no job and no --no-tracking)."""
     reason = write_error(directory, folder=True)
     if reason:
+        kept, otherwise = (("The job's runs and artifacts are kept there", ", or pass --no-tracking") if for_a_job
+                           else ("The server keeps its runs and artifacts there", ""))
         raise UserError(
             f"The MLflow store folder {directory.resolve()} is not a writable folder: it {reason}. "
-            f"The job's runs and artifacts are kept there. Make it a writable folder, run from another working "
-            f"directory, {flag_hint}, or pass --no-tracking."
+            f"{kept}. Make it a writable folder, run from another working directory, {flag_hint}{otherwise}."
         ) from None
 
 
@@ -416,7 +418,7 @@ def job_spool_path() -> Path:
 def _offline(config: TrainConfig, uri: str, unreachable: str) -> Connection:
     """--tracking-spool with no server (`unreachable` says why, in a sentence): runs get local ids and everything goes
     to the spool."""
-    check_store_dir(SPOOL_DIR, "run from another working directory")
+    check_store_dir(SPOOL_DIR, "start the server so that nothing waits in a spool")
     spool = Spool(job_spool_path())
     print(f"mpi_train: warning: {unreachable} Training anyway (--tracking-spool): the runs "
           f"are kept in {spool.path}; send them with `python -m mpi_train replay --tracking-uri {redact_uri(uri)}`.",

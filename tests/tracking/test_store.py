@@ -286,3 +286,23 @@ def test_a_store_another_mlflow_made_is_named_with_its_upgrade_by_every_command(
     assert server_main(["--root", str(tmp_path), "--port", str(free_port())]) == 2
     said = " ".join(capsys.readouterr().err.split())
     assert "was made by another version of MLflow" in said and said.endswith("or pass --root with another folder.")
+
+
+@pytest.mark.parametrize("uri, says", [
+    ("https://no-such-host.invalid", "The host name no-such-host.invalid does not resolve here: correct"),
+    ("http://127.0.0.1:{port}", "Start one with `python -m mpi_train server --host 127.0.0.1 --port {port}`"),
+    ("https://127.0.0.1:{plain}", "Something there answers plain HTTP, not HTTPS: write http://127.0.0.1:{plain}"),
+])
+def test_a_server_that_does_not_answer_is_told_by_what_the_address_lacks(uri, says):
+    from mpi_train.tracking.probe import ServerUnreachable, probe_server
+
+    plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotMlflow)
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+    closed = free_port()
+    values = {"port": closed, "plain": plain.server_address[1]}
+    try:
+        with pytest.raises(ServerUnreachable) as refused:
+            probe_server(uri.format(**values), timeout_s=1, otherwise="or else")
+    finally:
+        plain.shutdown()
+    assert says.format(**values) in str(refused.value) and str(refused.value).endswith(", or else."), refused.value
