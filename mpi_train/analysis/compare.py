@@ -292,6 +292,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def unfinished(client, experiment_id: str) -> str:
+    """What jobs the experiment does hold, by status, as a clause: compare reads only the finished ones."""
+    runs = client.search_runs([experiment_id], filter_string="tags.`mpi_train.role` = 'job'", max_results=1000)
+    counts = collections.Counter(run.info.status for run in runs)
+    if not counts:
+        return ""
+    held = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
+    return f" (its jobs: {held}; compare reads the FINISHED ones, whose figures are whole)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     uri = resolve_uri(args.tracking_uri)
@@ -310,8 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"{problem} Nothing was compared.")
         jobs = load_jobs(client, experiment.experiment_id)
         if not jobs:
-            raise UserError(f"Experiment {args.experiment!r} at {redact_uri(uri)} has no FINISHED jobs to compare. "
-                            f"Run some first: python -m mpi_train --experiment {args.experiment} ...")
+            raise UserError(f"Experiment {args.experiment!r} at {redact_uri(uri)} has no FINISHED jobs to compare"
+                            f"{unfinished(client, experiment.experiment_id)}. Run some first: python -m mpi_train "
+                            f"--experiment {args.experiment} ...")
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code

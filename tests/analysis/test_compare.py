@@ -183,6 +183,21 @@ def test_a_store_that_is_not_there_is_named_and_not_created(tmp_path, capsys):
     assert not (tmp_path / "typo").exists() and not (tmp_path / "out").exists()
 
 
+def test_an_experiment_of_unfinished_jobs_is_told_by_what_it_holds(tmp_path, capsys):
+    from mpi_train.tracking.store import mlflow_client
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow_client(uri)
+    experiment = client.create_experiment("broken", artifact_location=str(tmp_path / "artifacts"))
+    for status in ("FAILED", "FAILED", "RUNNING"):
+        run = client.create_run(experiment, tags={"mpi_train.role": "job"}).info.run_id
+        if status != "RUNNING":
+            client.set_terminated(run, status)
+    assert main(["--experiment", "broken", "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "has no FINISHED jobs to compare (its jobs: 2 FAILED, 1 RUNNING; compare reads the FINISHED ones" in error
+
+
 def test_jobs_of_several_workloads_are_said_to_compare_within_one_and_stale_plots_go(tmp_path):
     from mpi_train.analysis.compare import mixed_workloads
     from mpi_train.analysis.compare_plots import remove_stale

@@ -220,6 +220,9 @@ def test_replay_and_compare_at_an_address_that_is_not_mlflow_keep_the_spool_and_
     assert "Nothing was sent; mlruns/spool/job-1.jsonl is kept." in said and "Traceback" not in said
     assert len(spool) == 1 and not spool.acked_path.exists()
     assert "is not MLflow's" in compared and compared.endswith("Nothing was compared."), compared
+    assert replay_main(["mlruns/spool/sent-and-removed.jsonl"]) == 2
+    assert "sent-and-removed.jsonl does not exist: a spool is removed once everything in it was sent" in " ".join(
+        capsys.readouterr().err.split())
 
 
 def test_a_store_made_by_a_job_stopped_midway_is_not_left_half_made(tmp_path):
