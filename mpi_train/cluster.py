@@ -246,6 +246,12 @@ class Cluster:
         info = self.info
         timeout = datetime.timedelta(seconds=timeout_s)
         store = self.environment.store
+        if store is not None and master_addr:  # every rank was given the flag: every rank says it alike
+            raise UserError(f"--master-addr {master_addr} sets where rank 0 listens under mpirun, and this job was "
+                            f"started by {self.environment.name}, whose ranks meet where its variables say "
+                            f"({self.environment.main_address}:{self.environment.main_port}): drop --master-addr, or "
+                            f"set the address the launcher's way (torchrun's own --master-addr, MASTER_ADDR under "
+                            f"srun).")
         if store is not None:
             store.set_timeout(timeout)
             address = f"{self.environment.main_address}:{self.environment.main_port}"
@@ -356,11 +362,17 @@ def listen_on(address: str) -> socket.socket:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.bind((socket.gethostbyname(address), 0))
-    except OSError as error:
+    except (OSError, UnicodeError) as error:
         listener.close()
-        raise UserError(f"rank 0 cannot listen for the rendezvous on {address!r} ({error.strerror or error}): it is "
-                        f"not an address of rank 0's host. Pass --master-addr (or set MASTER_ADDR) to an address of "
-                        f"that host which the other hosts reach.") from None
+        why = ("it names a port too, and rank 0 picks a free port itself: give the address alone"
+               if address.count(":") == 1 else
+               "it is an IPv6 address, and the rendezvous listens on IPv4: give an IPv4 address or a host name"
+               if ":" in address else
+               "it is a name that does not resolve on rank 0's host" if isinstance(error, socket.gaierror) else
+               "it is not an address of rank 0's host")
+        raise UserError(f"rank 0 cannot listen for the rendezvous on {address!r} ({error.strerror or error}): {why}. "
+                        f"Pass --master-addr (or set MASTER_ADDR) to an address of that host which the other hosts "
+                        f"reach.") from None
     listener.listen(128)
     return listener
 

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from mpi_train.cluster import Cluster, RankInfo, address_on_other_host, host_labels, rendezvous_address
+from mpi_train.cluster import Cluster, RankInfo, address_on_other_host, host_labels, listen_on, rendezvous_address
 from mpi_train.errors import UserError
 from mpi_train.models import build_model
 from mpi_train.train import parameter_digest
@@ -50,3 +50,15 @@ def test_rendezvous_routes_towards_an_address_only_the_other_host_has():
     assert address_on_other_host(hosts, addresses) == "10.0.0.2"
     with pytest.raises(UserError, match="--master-addr"):
         address_on_other_host(hosts, [["10.0.0.1"], ["10.0.0.1"], ["10.0.0.1"], []])
+
+
+@pytest.mark.parametrize("address, why", [
+    ("no-such-host.invalid", "it is a name that does not resolve on rank 0's host"),
+    ("127.0.0.1:9999", "it names a port too, and rank 0 picks a free port itself: give the address alone"),
+    ("::1", "it is an IPv6 address, and the rendezvous listens on IPv4"),
+    ("192.0.2.1", "it is not an address of rank 0's host"),
+])
+def test_an_address_rank_0_cannot_listen_on_is_told_by_what_is_wrong_with_it(address, why):
+    with pytest.raises(UserError) as refused:
+        listen_on(address)
+    assert why in str(refused.value) and "Pass --master-addr" in str(refused.value)

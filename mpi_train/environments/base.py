@@ -175,5 +175,5 @@ def meeting_failed(environment: ClusterEnvironment, variables: str, error: BaseE
                 f"and port {port} is in use by another program ({said}). Set MASTER_PORT to a free port; "
                 f"{left_over(launcher)[0].lower()}{left_over(launcher)[1:]}")
     return (f"the ranks did not meet at {host}:{port} ({variables}) within --timeout {timeout_s:g} s ({said}): "
-            f"{environment.world_size()} were to come. Check that every rank's host reaches that address and port. "
-            f"{left_over(launcher)}")
+            f"{environment.world_size()} rank(s) were to meet. Check that every rank's host reaches that address and "
+            f"port. {left_over(launcher)}")

@@ -81,9 +81,12 @@ def test_torchrun_variables_left_over_in_a_shell_are_named_before_any_wait(chang
     assert said in message and "If torchrun did not start this process, its variables are left over" in message
 
 
-def test_ranks_that_never_meet_wait_for_timeout_and_a_port_in_use_is_named():
+def test_ranks_that_never_meet_wait_for_timeout_and_a_port_in_use_is_named(monkeypatch):
     import socket
     import time
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # torch's env:// reads the process's own variables
+    monkeypatch.setenv("MASTER_PORT", "0")
 
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
@@ -93,7 +96,8 @@ def test_ranks_that_never_meet_wait_for_timeout_and_a_port_in_use_is_named():
     with pytest.raises(UserError) as missed:
         TorchrunEnvironment({**TORCHRUN, "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"},
                             timeout_s=1).connect()  # rank 0 alone, on a free port: the other 3 never come
-    assert time.monotonic() - started < 10 and "within --timeout 1 s" in str(missed.value), missed.value
+    said = str(missed.value)
+    assert time.monotonic() - started < 10 and "within --timeout 1 s" in said and "clients joined" in said, said
     with pytest.raises(UserError) as taken:
         SlurmEnvironment({**SRUN_TASK, "SLURM_PROCID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
                          timeout_s=1).connect()
@@ -159,3 +163,19 @@ def test_a_launch_daemon_knows_whether_mpirun_still_answers():
     listener.close()
     assert launcher_reachable(arguments) is False  # nothing listens there any more
     assert launcher_reachable("prted --prtemca ess env") is None  # the command line does not say: leave it be
+
+
+def test_master_addr_is_refused_under_a_launcher_that_says_where_ranks_meet(monkeypatch):
+    from mpi_train.cluster import Cluster, RankInfo
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # torch's env:// reads the process's own variables
+    monkeypatch.setenv("MASTER_PORT", "0")
+
+    environment = TorchrunEnvironment({**TORCHRUN, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}, timeout_s=5)
+    environment.connect()  # one rank: the store is up at once
+    cluster = Cluster(environment, RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, host="h"), ("h",))
+    with pytest.raises(UserError) as refused:
+        cluster.open_process_group("gloo", "10.250.250.250", 10)
+    assert "--master-addr 10.250.250.250 sets where rank 0 listens under mpirun, and this job was started by " \
+           "torchrun" in str(refused.value)
