@@ -46,7 +46,7 @@ def spool_files(paths: Sequence[str]) -> list[Path]:
             found += sorted(path.glob("*.jsonl"))
         elif path.is_file() and path.suffix == ".jsonl":
             found.append(path)
-        elif not path.exists():
+        elif not path.exists() and path.suffix == ".jsonl":
             raise UserError(f"{name} does not exist: a spool is removed once everything in it was sent, so it may "
                             f"have been sent already (by its job once the server was back, or by an earlier replay). "
                             f"Name a spool file (*.jsonl) or a folder of them, such as {SPOOL_DIR}.")
