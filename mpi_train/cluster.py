@@ -278,6 +278,12 @@ class Cluster:
             interface = _interface_of(_route_address(socket.gethostbyname(host)))
             if interface:
                 os.environ["GLOO_SOCKET_IFNAME"] = interface  # Gloo must listen where peers can reach
+        if backend == "gloo" and (missing := missing_interfaces(os.environ.get("GLOO_SOCKET_IFNAME", ""))):
+            raise UserError(f"GLOO_SOCKET_IFNAME names {', '.join(missing)}, which host {info.host} has no interface "
+                            f"called (it has {', '.join(sorted(name for _, name in socket.if_nameindex()))}): Gloo "
+                            f"would fail in its first collective as if another rank had. Name an interface every "
+                            f"host has, or unset it and the job picks the one that reaches rank 0.",
+                            collective=False)
         bound = {"device_id": device} if backend == "nccl" and device is not None else {}
         dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout,
                                 **bound)
@@ -375,6 +381,12 @@ def listen_on(address: str) -> socket.socket:
                         f"reach.") from None
     listener.listen(128)
     return listener
+
+
+def missing_interfaces(names: str) -> list[str]:
+    """The interfaces of a comma-separated list (GLOO_SOCKET_IFNAME's form) that this host lacks."""
+    present = {name for _, name in socket.if_nameindex()}
+    return [name for name in filter(None, (part.strip() for part in names.split(","))) if name not in present]
 
 
 def _route_address(destination: str) -> str:

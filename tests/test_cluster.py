@@ -62,3 +62,10 @@ def test_an_address_rank_0_cannot_listen_on_is_told_by_what_is_wrong_with_it(add
     with pytest.raises(UserError) as refused:
         listen_on(address)
     assert why in str(refused.value) and "Pass --master-addr" in str(refused.value)
+
+
+def test_gloo_interfaces_this_host_lacks_are_found_before_gloo_would_fail():
+    from mpi_train.cluster import missing_interfaces
+
+    assert missing_interfaces("lo, nosuch0,") == ["nosuch0"] and missing_interfaces("lo") == []
+    assert missing_interfaces("") == []  # unset: Gloo's own choice
