@@ -11,6 +11,7 @@ A subcommand's module is imported only when it runs, so `mpi-train --help` lists
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -120,6 +121,9 @@ def is_rank_program(argv: Sequence[str]) -> bool:
 def console_main() -> None:
     """The `mpi-train` command and `python -m mpi_train`: a rank program ends through exit_process, the rest exit."""
     argv = sys.argv[1:]
+    for name in ("stdout", "stderr"):  # a stream the shell closed (`>&-`): written nowhere, as print already does
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - the process's own stream, for its whole life
     code = main(argv)
     if is_rank_program(argv):
         # here, not at the top: cluster imports torch, which --help and the lab's subcommands need not wait for

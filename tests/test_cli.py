@@ -75,3 +75,16 @@ def test_each_subcommand_module_has_a_main():
         tree = ast.parse(Path(spec.origin).read_text())
         assert any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in tree.body), name
         assert name == name.lower() and "_" not in name  # subcommands read as words joined by -
+
+
+def test_a_job_whose_output_reader_ends_stops_in_one_paragraph(tmp_path):
+    """`python -m mpi_train ... | head -1`: the job stops at its next line, saying why, not with a traceback."""
+    job = subprocess.Popen([sys.executable, "-m", "mpi_train", "--dataset", "synthetic", "--synthetic-size", "2048",
+                            "--batch-size", "64", "--epochs", "20", "--log-every", "1", "--no-tracking"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert job.stdout.readline().startswith("mpi_train: 1 rank(s)")
+    job.stdout.close()  # as head does once it has its line
+    said = " ".join(job.stderr.read().split())
+    assert job.wait(60) == 2 and "Traceback" not in said, said
+    assert "its standard output takes no more lines (the program reading it ended, as `| head` does)" in said

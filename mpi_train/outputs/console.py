@@ -7,6 +7,7 @@ and the time left. Anywhere else the lines are all there is.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -18,6 +19,7 @@ from .. import memory
 from ..advice.cache import described
 from ..config import RESUME_AUTO, JobInfo
 from ..environments import ENVIRONMENTS
+from ..errors import UserError
 from ..liveness import Stall
 from ..sync import SYNC_METHODS
 from ..sync.traits import INSIDE_DDP
@@ -52,6 +54,17 @@ def untrained_line(names: tuple[str, ...], config: dict) -> str:
             f"logit depends on them, so they keep their first values{looks}.")
 
 
+def output_lost(error: OSError) -> str:
+    """Why the job stops when its standard output takes no more lines, after pointing it at nothing: what is still
+    written (the abort's flush, Python's own at its end) must not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    cause = ("the program reading it ended, as `| head` does" if isinstance(error, BrokenPipeError) else
+             error.strerror or str(error))
+    return (f"its standard output takes no more lines ({cause}), so the job stops here rather than train unseen. "
+            f"Send the output to a file (`> train.log`) or through `tee`, or let the reader read to the end.")
+
+
 def perplexity(test_loss: float) -> float:
     return math.exp(min(test_loss, 50))
 
@@ -67,11 +80,14 @@ class Console:
 
     def print(self, line: str) -> None:
         """A line above the progress bar, if one is drawn."""
-        if self.bar is None:
-            self._print(line)
-        else:
-            with tqdm.external_write_mode(file=sys.stdout):  # the bar is cleared, the line printed, the bar redrawn
+        try:
+            if self.bar is None:
                 self._print(line)
+            else:
+                with tqdm.external_write_mode(file=sys.stdout):  # the bar is cleared, the line printed, the bar redrawn
+                    self._print(line)
+        except OSError as error:  # the reader of a pipe ended (`| head`), or the file's disk is full
+            raise UserError(output_lost(error), collective=False) from None
         self.echo(line)
 
     def start(self, job: JobInfo, where: str | None) -> None:
