@@ -189,7 +189,11 @@ class Cluster:
         environment = environments.choose(launcher, timeout_s=timeout_s)
         environment.connect()
         rank, world = environment.global_rank(), environment.world_size()
-        environments.check_world(world, environment.name)
+        try:
+            environments.check_world(world, environment.name)
+        except UserError as error:  # every rank found the same: rank 0 says it (rankguard.join_job)
+            error.rank = rank
+            raise
         ranks = environment.channel.allgather((socket.gethostname(), environment.node_key()))
         keys = [key if key is not None else name for name, key in ranks]  # no node key: the host name tells
         leaders = [keys.index(key) for key in keys]  # the host's first rank identifies the host

@@ -144,7 +144,10 @@ def join_job(argv: Sequence[str] | None) -> Cluster:
     try:
         cluster = Cluster.discover(known.launcher, timeout_s)
     except UserError as error:
-        print(format_error(str(error)), file=sys.stderr, flush=True)
+        if getattr(error, "rank", 0):  # found alike by every rank of a job that met: rank 0 says it
+            time.sleep(RANK_0_FIRST_S)  # before this rank's exit can end rank 0's
+        else:
+            print(format_error(str(error)), file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     try:
         check_same_software(cluster.allgather(software()), cluster.hosts)

@@ -59,7 +59,8 @@ def check_world(found: int, launcher: str, env: Mapping[str, str] = os.environ) 
                 f"{variable}={value} says {setter} started {value} processes, but the {launcher} launcher found "
                 f"{found} rank(s) in this job: each process would train alone, as {value} separate jobs. "
                 f"Pick the launcher that started the job with --launcher ({', '.join(ENVIRONMENTS)}; auto detects it), "
-                f"or, for mpirun, use an mpi4py built against that mpirun's MPI library."
+                f"or, for mpirun, use an mpi4py built against that mpirun's MPI library; if no such launcher started "
+                f"it, {variable} is left over from elsewhere (a shell's exports, a batch script): unset it."
             )
 
 
