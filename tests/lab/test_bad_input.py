@@ -17,8 +17,8 @@ import torch
 from mpi_train.data import cache
 from mpi_train.errors import UserError
 from mpi_train.lab import bad_input_judge
-from mpi_train.lab.bad_input import COLUMNS, Row, chosen, format_table
-from mpi_train.lab.bad_input_cases import CASES, same_message
+from mpi_train.lab.bad_input import CASES, COLUMNS, Row, chosen, format_table
+from mpi_train.lab.bad_input_cases import same_message
 from mpi_train.lab.bad_input_judge import Run, judge, launch, message, processes_of
 from mpi_train.lab.bad_input_workspace import Setups, Workspace, fill
 
