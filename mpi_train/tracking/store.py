@@ -36,6 +36,7 @@ HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
 # MLflow's own "View experiment at .../#/experiments/<id>" opens its GenAI overview: we print the runs page instead
 # (links.py).
 QUIET_LINKS = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+SQLITE_MAX_PATH = 504  # the longest database path SQLite opens: its journal's, 8 characters longer, must fit in 512
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 # MLflow's words for a store whose tables another version of it made
 OTHER_SCHEMA = re.compile(r"out-of-date database schema \(found version (\S+), but expected (\S+)\)")
@@ -311,6 +312,11 @@ def open_store(config: TrainConfig) -> Connection:
             raise UserError(f"{given_as(uri)} {redact_uri(uri)} names a database held in memory, which lives in rank "
                             f"0's process alone and goes with it: nothing of the job's runs could be read. Name a "
                             f"file, e.g. sqlite:///mlruns/mlflow.db, or pass --no-tracking.")
+        if len(str(database.absolute())) > SQLITE_MAX_PATH:  # SQLite fails to open it, and MLflow retries
+            raise UserError(f"The MLflow store {database.absolute()} has a path of {len(str(database.absolute())):,} "
+                            f"characters, and SQLite opens none longer than {SQLITE_MAX_PATH}. Run from a folder "
+                            f"with a shorter path, point --tracking-uri at a shorter one (sqlite:////tmp/runs/"
+                            f"mlflow.db), or pass --no-tracking.")
         check_store_dir(database.parent, "point --tracking-uri at another sqlite:/// file")
         # where artifacts land: MLflow makes the folder with the first one, so a job refused before it leaves none
         artifacts = Path(DEFAULT_STORE_DIR).absolute()

@@ -309,3 +309,15 @@ def test_a_server_that_does_not_answer_is_told_by_what_the_address_lacks(uri, sa
     finally:
         plain.shutdown()
     assert says.format(**values) in str(refused.value) and str(refused.value).endswith(", or else."), refused.value
+
+
+def test_a_store_path_too_long_for_sqlite_is_refused_before_mlflow_retries_it(tmp_path, monkeypatch):
+    from mpi_train.config import TrainConfig
+    from mpi_train.errors import UserError
+    from mpi_train.tracking.store import SQLITE_MAX_PATH, open_store
+
+    deep = tmp_path / ("d" * (SQLITE_MAX_PATH - len(f"{tmp_path}//mlflow.db") + 1))  # one character too many
+    with pytest.raises(UserError) as refused:
+        open_store(TrainConfig(tracking_uri=f"sqlite:///{deep}/mlflow.db"))
+    assert f"has a path of {SQLITE_MAX_PATH + 1} characters, and SQLite opens none longer than" in str(refused.value)
+    assert not deep.exists()
