@@ -74,22 +74,32 @@ def store_disk(tmp_path):
         yield disk
 
 
+def store_writes_to_a_run(folder: Path) -> tuple:
+    """A job's client of a new SQLite store in `folder` (store_writes.py), what it warns, the store's address, an
+    experiment and a run that holds one loss."""
+    from mlflow.entities import Metric
+
+    from mpi_train.tracking.store import mlflow_client
+    from mpi_train.tracking.store_writes import StoreWrites
+
+    said: list[str] = []
+    uri = f"sqlite:///{folder}/mlflow.db"
+    client = StoreWrites(mlflow_client(uri), uri, warn=said.append)
+    experiment = client.create_experiment("runs", artifact_location=str(folder / "artifacts"))
+    run = client.create_run(experiment).info.run_id
+    client.log_batch(run, metrics=[Metric("loss", 1.0, 0, 0)])
+    return client, said, uri, experiment, run
+
+
 def test_a_store_whose_disk_fills_mid_job_is_said_once_and_what_it_lacks_is_counted(store_disk, tmp_path, capfd,
                                                                                     monkeypatch):
     from mlflow.entities import Metric
 
     from mpi_train.config import TrainConfig
     from mpi_train.tracking.saved_model import ModelSaving
-    from mpi_train.tracking.store import mlflow_client
-    from mpi_train.tracking.store_writes import StoreWrites
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # MLflow's model files leave folders in it
-    said: list[str] = []
-    uri = f"sqlite:///{store_disk}/mlflow.db"
-    client = StoreWrites(mlflow_client(uri), uri, warn=said.append)
-    experiment = client.create_experiment("full", artifact_location=str(store_disk / "artifacts"))
-    run = client.create_run(experiment).info.run_id
-    client.log_batch(run, metrics=[Metric("loss", 1.0, 0, 0)])
+    client, said, uri, experiment, run = store_writes_to_a_run(store_disk)
     fill(store_disk, leave=0)
     for step in range(1, 21):  # rows enough to need pages the disk no longer has
         client.log_batch(run, metrics=[Metric(f"m{key}", float(step), 0, step) for key in range(200)])
@@ -116,14 +126,8 @@ def test_a_run_deleted_mid_job_is_named_as_deleted_with_how_to_restore_it(tmp_pa
     from mlflow.entities import Metric
 
     from mpi_train.tracking.store import mlflow_client
-    from mpi_train.tracking.store_writes import StoreWrites
 
-    said: list[str] = []
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    client = StoreWrites(mlflow_client(uri), uri, warn=said.append)
-    experiment = client.create_experiment("gone", artifact_location=str(tmp_path / "artifacts"))
-    run = client.create_run(experiment).info.run_id
-    client.log_batch(run, metrics=[Metric("loss", 1.0, 0, 0)])
+    client, said, uri, _, run = store_writes_to_a_run(tmp_path)
     mlflow_client(uri).delete_run(run)  # another process, say the UI's trash button
     client.log_batch(run, metrics=[Metric("loss", 0.5, 0, 1)])
     client.set_terminated(run, "FINISHED")
