@@ -79,7 +79,12 @@ class ModelSaving:
                       f"{self.parent_id} ({refused}); it is stored with the run's artifacts under {self.MODEL_NAME}/ "
                       f"instead, which mlflow.pytorch.load_model(\"{uri}\") loads as well.", file=sys.stderr,
                       flush=True)
-            return uri if self._server_up() else None
+            if self._server_up():
+                return uri
+            print("mpi_train: trained model spooled with the run's other writes: once `python -m mpi_train replay` has "
+                  "sent them, mlflow.pytorch.load_model(\"runs:/<run id>/model\") loads it (the replay names the run "
+                  "ids it created).", flush=True)
+            return None
 
     def _server_up(self) -> bool:
         """Writes reach the store now: the job did not train offline, and no outage is being spooled."""

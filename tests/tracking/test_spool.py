@@ -129,7 +129,8 @@ def outage(tmp_path_factory):
         # and is stopped with SIGTERM.
         started = time.monotonic()
         job_c = Job(c_dir, "C", "--max-steps", "4", "--tracking-uri", uri)
-        job_b = Job(b_dir, "B", "--max-steps", str(STEPS_B), "--tracking-uri", uri, "--tracking-spool")
+        job_b = Job(b_dir, "B", "--max-steps", str(STEPS_B), "--tracking-uri", uri, "--tracking-spool",
+                    "--save-model")
         job_d = Job(d_dir, "D", "--tracking-uri", uri, "--tracking-spool")
         jobs += [job_b, job_c, job_d]
         paused_at = job_a.step()
@@ -195,6 +196,7 @@ def test_a_job_started_without_a_server_by_choice_is_replayed_once(outage):
     code, out, err = outage["b"]
     assert code == 0, out + err
     assert "--tracking-spool" in err and "python -m mpi_train replay" in err
+    assert "trained model spooled with the run's other writes: once `python -m mpi_train replay` has sent" in out, out
     replay, again = outage["replay"], outage["again"]
     assert (replay.returncode == 0 and "sent" in replay.stdout
             and "removed" in replay.stdout), replay.stdout + replay.stderr
@@ -203,8 +205,8 @@ def test_a_job_started_without_a_server_by_choice_is_replayed_once(outage):
     client = outage["client"]
     parent, children = runs_named(client, "outage", "B")
     assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"] * 2
-    assert (parent.data.params["sync"] == "allreduce"
-            and "config.json" in {a.path for a in client.list_artifacts(parent.info.run_id)})
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert parent.data.params["sync"] == "allreduce" and {"config.json", "model"} <= artifacts, artifacts
     assert_every_step_once(client, parent, "learning/loss", STEPS_B)
     for child in children:
         assert_every_step_once(client, child, "rank/loss", STEPS_B)
