@@ -8,6 +8,7 @@ one never starts anything; an environment's constructor reads variables, and `co
 from __future__ import annotations
 
 import os
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
@@ -128,7 +129,6 @@ class ClusterEnvironment(ABC):
         """End this host's launch daemon `delay_s` from now if it can no longer reach the launcher (mpi.py)."""
 
 
-
 def whole_number(env: Mapping[str, str], name: str, launcher: str) -> int:
     """A launcher's variable that must hold a whole number, read; one left over from another shell is told so."""
     value = env.get(name, "")
@@ -156,8 +156,6 @@ def left_over(launcher: str) -> str:
 def check_meeting_point(environment: ClusterEnvironment, variables: str) -> None:
     """The store's host must resolve before the ranks wait there: torch would retry a name that never resolves,
     warning each time, until the timeout."""
-    import socket
-
     host, port = environment.main_address, environment.main_port
     try:
         socket.getaddrinfo(host, port)
