@@ -69,8 +69,8 @@ class SlurmEnvironment(ClusterEnvironment):
         self._channel = StoreChannel(self._store, rank, world)
 
     def world_size(self) -> int:
-        return whole_number(self.env, "SLURM_STEP_NUM_TASKS" if self.env.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS",
-                            self.name)
+        name = "SLURM_STEP_NUM_TASKS" if self.env.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
+        return whole_number(self.env, name, self.name)
 
     def global_rank(self) -> int:
         return whole_number(self.env, "SLURM_PROCID", self.name)
