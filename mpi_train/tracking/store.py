@@ -199,7 +199,7 @@ def store_damage(uri: str, error: BaseException) -> UserError | None:
 
 def other_schema(uri: str, found: str, expected: str, elsewhere: str) -> UserError:
     """The one paragraph for a store whose tables another MLflow made (MLflow upgrades none by itself)."""
-    from mlflow import __version__
+    from mlflow import __version__  # here, not at the top: as the client, MLflow only once a store is opened
 
     return UserError(f"The MLflow store {redact_uri(uri)} was made by another version of MLflow: its tables are at "
                      f"schema {found}, and MLflow {__version__} here reads {expected}. Back it up, then upgrade its "
@@ -215,7 +215,7 @@ def check_schema(database: Path, elsewhere: str) -> None:
             found = db.execute("SELECT version_num FROM alembic_version").fetchone()
     except sqlite3.Error:  # missing, new, or no MLflow store: MLflow makes or names it
         return
-    from mlflow.store.db.utils import _get_latest_schema_revision
+    from mlflow.store.db.utils import _get_latest_schema_revision  # here, not at the top: only a found store
 
     expected = _get_latest_schema_revision()
     if found and found[0] != expected:
