@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from .cluster import STOP_TOGETHER_S, Cluster, SharedError, note_shared_error
+from .config.validation import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from .errors import ArgumentParser, UserError, format_error, raised_in_collective
 from .memory import ran_out, shortfall
 from .same_job import check_same_software, software
@@ -138,8 +139,10 @@ def join_job(argv: Sequence[str] | None) -> Cluster:
     early.add_argument("--timeout", default="")
     known, _ = early.parse_known_args(argv)
     try:  # the ranks meet within --timeout too; a value it refuses is said once the flags are read
-        timeout_s = min(max(float(known.timeout), 1.0), MEETING_TIMEOUT_S) if known.timeout else MEETING_TIMEOUT_S
+        timeout_s = float(known.timeout) if known.timeout else MEETING_TIMEOUT_S
     except ValueError:
+        timeout_s = MEETING_TIMEOUT_S
+    if not MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S:  # NaN too
         timeout_s = MEETING_TIMEOUT_S
     try:
         cluster = Cluster.discover(known.launcher, timeout_s)

@@ -9,8 +9,8 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 
+from ..tracking.probe import wait_for_server
 from ..tracking.spool import Spool
 from .bad_input_cases import SMALL, TRACKED
 from .bad_input_judge import Run
@@ -53,12 +53,10 @@ def replay_to_another_server(ws: Workspace) -> list[list[str]]:
     spool = Spool(ws.folder / "mlruns" / "spool" / "job-1.jsonl")
     spool.add({"kind": "create_run", "local_id": "offline-1", "experiment": "e", "run_name": "r", "tags": {},
                "start_time": 0}, "http://127.0.0.1:1")
-    for _ in range(100):
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return [ws.command("replay", "--tracking-uri", f"http://127.0.0.1:{port}")]
-        time.sleep(0.1)
-    raise NotRunnable("the web server never listened")
+    uri = f"http://127.0.0.1:{port}"
+    if wait_for_server(uri, 10, every_s=0.1) is not None:  # its /health, as the replay asks it
+        raise NotRunnable("the web server never answered")
+    return [ws.command("replay", "--tracking-uri", uri)]
 
 
 def spool_kept(ws: Workspace, runs: list[Run]) -> list[str]:

@@ -221,8 +221,8 @@ def changed_course(resume: Resume | None, config: TrainConfig, precision: str) -
                  "skip others")
         changes.append(f"--seed {config.seed} (it ran {ran['seed']}: {drawn})")
         fixes.append(f"--seed {ran['seed']}")
-    method, held = label(config.sync, config.compression), label(ran["sync"], ran["compression"] or "none")
-    if ran["sync"] and held != method:
+    method, held = label(config.sync, config.compression), resume.method
+    if held != method:
         changes.append(f"--sync {method} (it ran {held})")
         fixes.append(f"--sync {ran['sync']}" + (f" --compression {ran['compression']}" if held != ran["sync"] else ""))
     if not changes:
