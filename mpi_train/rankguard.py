@@ -12,11 +12,14 @@ import argparse
 import re
 import sys
 import time
+import tomllib
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from .cluster import STOP_TOGETHER_S, Cluster, SharedError, note_shared_error
 from .config.validation import MAX_TIMEOUT_S, MIN_TIMEOUT_S
+from .environments import LAUNCHERS
 from .errors import ArgumentParser, UserError, format_error, raised_in_collective
 from .memory import ran_out, shortfall
 from .same_job import check_same_software, software
@@ -131,21 +134,41 @@ def guarded(cluster: Cluster, body: Callable[[], int | None], timeout_s: float |
     return 1  # not reached: abort ends the process
 
 
+def local_job_file(path: str | None) -> dict:
+    """The keys of this host's copy of the job file (--config), or none where it is missing or unreadable: the
+    file's mistakes are said once the flags are read, from rank 0's copy."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8-sig")) if path else {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def meeting_options(argv: Sequence[str] | None) -> tuple[str, float]:
+    """--launcher and --timeout, which the ranks need before they meet to read the other flags: each from the
+    command line, else this host's job file, else its default. A value the flags refuse is said once they are read;
+    until then the default stands in (NaN too)."""
+    early = argparse.ArgumentParser(add_help=False)
+    for flag in ("--launcher", "--timeout", "--config"):
+        early.add_argument(flag)
+    known, _ = early.parse_known_args(argv)
+    in_file = local_job_file(known.config)
+    launcher = known.launcher or (in_file.get("launcher") if in_file.get("launcher") in LAUNCHERS else "auto")
+    timeout = known.timeout if known.timeout is not None else in_file.get("timeout")
+    try:
+        timeout_s = MEETING_TIMEOUT_S if timeout is None or isinstance(timeout, bool) else float(timeout)
+    except (TypeError, ValueError):
+        timeout_s = MEETING_TIMEOUT_S
+    if not MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S:
+        timeout_s = MEETING_TIMEOUT_S
+    return launcher, timeout_s
+
+
 def join_job(argv: Sequence[str] | None) -> Cluster:
     """Discovery through the launcher --launcher names (auto: the one detected), before the other flags are
     parsed (they print on rank 0 only); a clear error and exit status 2 if it fails."""
-    early = argparse.ArgumentParser(add_help=False)
-    early.add_argument("--launcher", default="auto")
-    early.add_argument("--timeout", default="")
-    known, _ = early.parse_known_args(argv)
-    try:  # the ranks meet within --timeout too; a value it refuses is said once the flags are read
-        timeout_s = float(known.timeout) if known.timeout else MEETING_TIMEOUT_S
-    except ValueError:
-        timeout_s = MEETING_TIMEOUT_S
-    if not MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S:  # NaN too
-        timeout_s = MEETING_TIMEOUT_S
+    launcher, timeout_s = meeting_options(argv)
     try:
-        cluster = Cluster.discover(known.launcher, timeout_s)
+        cluster = Cluster.discover(launcher, timeout_s)
     except UserError as error:
         if getattr(error, "rank", 0):  # found alike by every rank of a job that met: rank 0 says it
             time.sleep(RANK_0_FIRST_S)  # before this rank's exit can end rank 0's

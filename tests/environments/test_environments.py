@@ -179,3 +179,19 @@ def test_master_addr_is_refused_under_a_launcher_that_says_where_ranks_meet(monk
         cluster.open_process_group("gloo", "10.250.250.250", 10)
     assert "--master-addr 10.250.250.250 sets where rank 0 listens under mpirun, and this job was started by " \
            "torchrun" in str(refused.value)
+
+
+def test_the_meeting_takes_launcher_and_timeout_from_the_flags_else_the_job_file(tmp_path):
+    """Ranks meet before the flags are read; a job file's timeout once left them waiting the default 300 s."""
+    from mpi_train.rankguard import MEETING_TIMEOUT_S, meeting_options
+
+    job = tmp_path / "job.toml"
+    job.write_text('timeout = 20\nlauncher = "torchrun"\nbatch_size = 64\n')
+    assert meeting_options(["--config", str(job)]) == ("torchrun", 20.0)
+    assert meeting_options(["--config", str(job), "--timeout", "7", "--launcher", "mpi"]) == ("mpi", 7.0)
+    assert meeting_options([]) == ("auto", MEETING_TIMEOUT_S)
+    job.write_text('timeout = "soon"\nlauncher = "pbs"\n')  # refused, with its line, once the flags are read
+    assert meeting_options(["--config", str(job)]) == ("auto", MEETING_TIMEOUT_S)
+    job.write_text("timeout = [\n")  # not TOML: the same
+    assert meeting_options(["--config", str(job)]) == ("auto", MEETING_TIMEOUT_S)
+    assert meeting_options(["--config", str(tmp_path / "absent.toml"), "--timeout", "nan"]) == ("auto", MEETING_TIMEOUT_S)
