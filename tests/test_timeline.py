@@ -11,7 +11,7 @@ from conftest import client_for, job_runs, train_several
 
 from mpi_train.errors import UserError
 from mpi_train.failpoints import Slowdown
-from mpi_train.outputs.timeline_files import against_model
+from mpi_train.outputs.timeline_files import against_model, claim_names
 from mpi_train.timeline import (
     Alignment,
     Message,
@@ -163,6 +163,18 @@ def test_a_message_is_on_the_wire_from_the_last_rank_s_launch_or_the_end_of_the_
                                                                                   "allreduce": 0.4, "all-gather": 0.1}
                          ) == ("reduce-scatter 250.0 ms (model 200.0 ms, -20%), allreduce (DDP bucket) 500.0 ms (model "
                                "400.0 ms, -20%); the model: all-gather 100.0 ms")
+
+
+def test_a_second_job_of_one_run_name_keeps_the_first_jobs_timeline(tmp_path):
+    """The default run name (SYNC-npN-seedS) recurs across models and reruns; the second job once overwrote the
+    first's files."""
+    (tmp_path / "ddp-np4-seed0.trace.json").write_text("{}")  # an earlier job's
+    assert claim_names(tmp_path, "ddp-np4-seed0") == (tmp_path / "ddp-np4-seed0-2.trace.json",
+                                                     tmp_path / "ddp-np4-seed0-2.swimlanes.png")
+    (tmp_path / "ddp-np4-seed0-3.swimlanes.png").write_bytes(b"")  # a picture without its trace is taken too
+    assert claim_names(tmp_path, "ddp-np4-seed0")[0].name == "ddp-np4-seed0-4.trace.json"
+    assert (tmp_path / "ddp-np4-seed0.trace.json").read_text() == "{}"
+    assert claim_names(tmp_path, "flat-np2-seed1")[0].name == "flat-np2-seed1.trace.json"
 
 
 @pytest.mark.e2e

@@ -44,20 +44,39 @@ def predicted_plan(sync_model, recorder, method) -> dict | None:
     return swimlanes.predicted(recorder.kept[0], sync_model, method)
 
 
+def claim_names(folder: Path, run: str) -> tuple[Path, Path]:
+    """The trace and picture paths for `run`: `run`'s own, else `run-2`'s, `run-3`'s..., the first that no earlier
+    job left (a rerun, or another model at the same method and seed, takes the default run name again). The trace is
+    created empty at once, so that two jobs that end together cannot claim one name."""
+    number = 1
+    while True:
+        stem = run if number == 1 else f"{run}-{number}"
+        trace, picture = folder / f"{stem}.trace.json", folder / f"{stem}.swimlanes.png"
+        number += 1
+        if picture.exists():
+            continue
+        try:
+            trace.open("x").close()
+        except FileExistsError:
+            continue
+        return trace, picture
+
+
 def save(folder: Path, about: dict, job: dict, per_rank_events: list | None, alignments, recorder, method,
          sync_model) -> SavedTimeline:
     """Writes the trace and the picture of `recorder`'s window into `folder`; `about` names the run in both. Where
     the system refuses (a disk that filled), neither is left behind, nor the folder if this made it."""
     document = timeline.trace(per_rank_events, job["hosts"], alignments, about)
-    path, picture = folder / f"{about['run']}.trace.json", folder / f"{about['run']}.swimlanes.png"
+    path = picture = None
     made = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        path, picture = claim_names(folder, about["run"])
         write_json_atomically(str(path), document)
         plan = predicted_plan(sync_model, recorder, method)
         swimlanes.draw(document, picture, plan)
     except OSError:
-        for written in (path, picture):
+        for written in (path, picture) if path else ():
             with contextlib.suppress(OSError):
                 written.unlink(missing_ok=True)
         if made:
