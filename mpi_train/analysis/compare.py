@@ -29,6 +29,7 @@ from pathlib import Path
 from ..config import redact_uri
 from ..errors import ArgumentParser, UserError, format_error
 from ..files import kept, unwritable
+from ..outputs.text_table import clipped, text_table
 from ..sync import BASELINE, SYNC_METHODS, split_label
 from ..tracking import check_api, check_store_exists, check_uri, mlflow_client, probe_server, resolve_uri
 from ..tracking import names as metric_names
@@ -121,10 +122,7 @@ def format_table(rows: list[dict], speed_up: str = SPEED_UP) -> str:
 
     headers = [speed_up if column == SPEED_UP else column for column in COLUMNS]
     cells = [headers] + [[cell(c, row[c]) for c in COLUMNS] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(cells)
 
 
 def runs_table(jobs: list[FinishedJob]) -> str:
@@ -189,10 +187,7 @@ def format_prediction_table(rows: list[dict]) -> str:
         return "-" if row[column] is None else str(row[column])
 
     cells = [list(PREDICTION_COLUMNS)] + [[cell(row, c) for c in PREDICTION_COLUMNS] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(PREDICTION_COLUMNS))]
-    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(cells)
 
 
 def log_comparison(client, experiment_id: str, jobs: list[FinishedJob], text: str, paths: list[Path],
@@ -216,12 +211,12 @@ def communication_table(jobs: list[FinishedJob]) -> str:
             rows.append((job, figures))
     if not rows:
         return ""
-    name_width = max(28, *(len(job.name) + 2 for job, _ in rows))  # long run names keep their column apart
+    name_width = max(28, *(len(clipped(job.name)) + 2 for job, _ in rows))  # long run names keep their column apart
     header = (f"{'run':<{name_width}}{'sync':<22}{'np':>4}{'exposed_ms':>12}{'wait_ms':>10}{'transfer_ms':>13}"
               f"{'overlap':>9}")
     lines = [header]
     for job, (wait, transfer, exposed, overlap) in sorted(rows, key=lambda r: r[1][2]):
-        lines.append(f"{job.name:<{name_width}}{job.sync:<22}{job.world_size:>4}{1000 * exposed:>12.1f}"
+        lines.append(f"{clipped(job.name):<{name_width}}{job.sync:<22}{job.world_size:>4}{1000 * exposed:>12.1f}"
                      f"{1000 * wait:>10.1f}{1000 * transfer:>13.1f}{100 * overlap:>8.0f}%")
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..files import write_figure
+from ..outputs.text_table import text_table
 from ..sync import BASELINE
 
 DEFAULT_MARGIN = 0.02  # the default target: the best final accuracy minus 2 points
@@ -128,10 +129,7 @@ def format_rows(table: list[dict]) -> str:
         return str(value)
 
     cells = [list(COLUMNS)] + [[cell(row, c) for c in COLUMNS] for row in table]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(cells)
 
 
 def describe(table: list[dict], given: bool) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import netmodel
+from ..outputs.text_table import text_table
 from ..step.precision import UNNAMED_PRECISION
 from .calibration import CALIBRATED_COLLECTIVES
 from .contenders import NO_SYNC
@@ -49,10 +50,7 @@ def format_table(rows: list[dict]) -> str:
         return f"{value * factor:.2f}" if column in ("efficiency", "busbw_GB/s") else f"{value * factor:.1f}"
 
     cells = [list(COLUMNS)] + [[cell(row, c) for c in COLUMNS] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(cells)
 
 
 def describe(result: dict) -> str:

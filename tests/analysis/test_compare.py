@@ -41,6 +41,19 @@ def test_table_rows_give_speed_up_against_the_slowest_job_without_allreduce():
     assert lines[0].split() == list(COLUMNS) and len(lines) == 4
 
 
+def test_a_long_run_name_is_cut_in_its_middle_not_the_table_widened():
+    """--run-name takes 500 characters; such a name once made every table of compare 500 characters wide."""
+    def job(name):
+        return FinishedJob(run_id=name, name=name, sync="ring", world_size=2,
+                           metrics={"summary/step_s": 0.1, "summary/sync_s": 0.01, "summary/samples_per_s": 320.0})
+
+    long_a, long_b = "sweep-" + "x" * 480 + "-lr0.1", "sweep-" + "x" * 480 + "-lr0.2"
+    lines = format_table(table_rows([job(long_a), job(long_b), job("short")])).splitlines()
+    assert max(map(len, lines)) < 200 and lines[2].startswith("sweep-xxx") and "…" in lines[2]
+    assert lines[2].split()[0].endswith("-lr0.1") and lines[3].split()[0].endswith("-lr0.2")  # still told apart
+    assert lines[4].split()[0] == "short"
+
+
 def test_speed_up_is_against_ddp_at_its_smallest_world_size_and_says_so():
     def job(name, sync, np, step_s):
         return FinishedJob(run_id=name, name=name, sync=sync, world_size=np,
