@@ -12,10 +12,11 @@ import argparse
 import re
 import sys
 import time
-import tomllib
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import tomllib
 
 from .cluster import STOP_TOGETHER_S, Cluster, SharedError, note_shared_error
 from .config.validation import MAX_TIMEOUT_S, MIN_TIMEOUT_S
