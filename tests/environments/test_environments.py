@@ -194,4 +194,5 @@ def test_the_meeting_takes_launcher_and_timeout_from_the_flags_else_the_job_file
     assert meeting_options(["--config", str(job)]) == ("auto", MEETING_TIMEOUT_S)
     job.write_text("timeout = [\n")  # not TOML: the same
     assert meeting_options(["--config", str(job)]) == ("auto", MEETING_TIMEOUT_S)
-    assert meeting_options(["--config", str(tmp_path / "absent.toml"), "--timeout", "nan"]) == ("auto", MEETING_TIMEOUT_S)
+    absent = str(tmp_path / "absent.toml")
+    assert meeting_options(["--config", absent, "--timeout", "nan"]) == ("auto", MEETING_TIMEOUT_S)
