@@ -157,16 +157,32 @@ def meta_model(workload: TrainConfig):
         return workload.make_model()
 
 
-def compute_from_bench(bench: dict) -> float:
-    """Seconds per sample of the bench's no-sync baseline (forward + backward on one rank's share of its batch)."""
-    baseline = next(row for row in bench["methods"] if row["method"] == "no-sync")
-    return baseline["compute_s"] / (bench["batch_size"] / bench["world_size"])
+def compute_from_bench(bench: dict, path: str) -> float:
+    """Seconds per sample of the bench's no-sync baseline (forward + backward on one rank's share of its batch); a
+    UserError where the file holds none (an advice, whose links a job's --calibration reads, times no step)."""
+    rows = bench.get("methods") if isinstance(bench.get("methods"), list) else []
+    baseline = next((row for row in rows if isinstance(row, dict) and row.get("method") == "no-sync"), {})
+    try:
+        per_sample = baseline["compute_s"] / (bench["batch_size"] / bench["world_size"])
+    except (KeyError, TypeError, ZeroDivisionError):
+        per_sample = math.nan
+    if isinstance(per_sample, float) and 0 < per_sample < math.inf:
+        return per_sample
+    raise UserError(f"--calibration {path} holds no time of the model's step without sync, which prices its compute "
+                    f"(a bench JSON's no-sync row, with compute_s, batch_size and world_size, each above 0). Give "
+                    f"a bench JSON of this version (python -m mpi_train bench --json PATH), or pass "
+                    f"--compute-per-sample SECONDS.")
 
 
 def precision_error(args: argparse.Namespace, bench: dict) -> None:
     """A --precision other than the one --calibration's bench timed its compute in is refused (its compute per
     sample would be another precision's), unless --compute-per-sample replaces it; auto takes the bench's."""
     timed = bench.get("precision", UNNAMED_PRECISION)
+    if not (isinstance(timed, str) and timed in PRECISIONS) and args.compute_per_sample is None:
+        raise UserError(f"--calibration {args.calibration} says it timed the model in precision {timed!r}, which is "
+                        f"none of {', '.join(PRECISIONS)}: it was changed after the bench wrote it, or written by "
+                        f"another version. Bench again (python -m mpi_train bench --json PATH), or pass "
+                        f"--compute-per-sample SECONDS.")
     if args.precision in (PRECISION_AUTO, timed) or args.compute_per_sample is not None:
         return
     raise UserError(f"--calibration {args.calibration} timed the model's forward and backward in {timed}, and this "
@@ -273,6 +289,9 @@ class Compute:
     when: str  # how the gradients' ready times were found, for the assumptions printed
 
 
+LARGEST = 1e9  # beyond any real batch, bucket or second per sample; 1e300 overflowed the model's sums to inf and nan
+
+
 def check_numbers(args: argparse.Namespace) -> None:
     """The numbers the flags give, refused before any work (a prediction from a negative batch means nothing)."""
     if args.momentum is not None and not 0 <= args.momentum < 1:
@@ -280,8 +299,8 @@ def check_numbers(args: argparse.Namespace) -> None:
     for flag, value in {"--batch-size": args.batch_size, "--ranks-per-host": args.ranks_per_host,
                         "--bucket-mb": args.bucket_mb, "--per-rank-batch": args.per_rank_batch,
                         "--compute-per-sample": args.compute_per_sample}.items():
-        if value is not None and not 0 < value < math.inf:  # (nan is neither)
-            raise UserError(f"{flag} must be a positive number, got {value}.")
+        if value is not None and not 0 < value <= LARGEST:  # (nan is neither)
+            raise UserError(f"{flag} must be a positive number up to {LARGEST:g}, got {value}.")
     if args.link:
         try:
             netmodel.rate_bytes_per_s(args.link)
@@ -335,7 +354,7 @@ def compute_of(args: argparse.Namespace, workload: TrainConfig, bench: dict | No
         per_sample, source = args.compute_per_sample, "--compute-per-sample" + (
             f", {args.precision}" if args.precision != PRECISION_AUTO else "")
     elif bench is not None:
-        per_sample = compute_from_bench(bench)
+        per_sample = compute_from_bench(bench, args.calibration)
         source = f"in {benched}, the no-sync baseline of {args.calibration}"
     else:
         per_sample, backward = measured_compute(workload, precision=precision)

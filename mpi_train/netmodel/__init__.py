@@ -16,6 +16,7 @@ from .calibration import (
            collective_costs,
            load_backward,
            load_calibration,
+           network_problem,
            ping_pong,
            with_collective_costs,
 )
@@ -93,6 +94,7 @@ __all__ = [
            "load_backward",
            "load_calibration",
            "message_plan",
+           "network_problem",
            "nominal_link",
            "overlapped_exposed",
            "ping_pong",

@@ -51,12 +51,40 @@ def load_backward(path: str | Path, tensors: int) -> Backward:
     return backward if backward.ready is not None and len(backward.ready) == tensors else ASSUMED_BACKWARD
 
 
+def network_problem(data) -> str | None:
+    """What makes a calibration's "network" unfit to price messages with (a hand edit, another version's file), in
+    words; None when its links and measured collectives are numbers the model can use."""
+    try:
+        network = Network.from_dict(data)
+    except (TypeError, KeyError, AttributeError, ValueError) as error:
+        return f"its links cannot be read ({type(error).__name__}: {error})"
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+    links = {"intra-host": network.intra, "inter-host": network.inter, "slow host's": network.slow}
+    for name, link in links.items():
+        if link is not None and not (number(link.alpha) and number(link.beta)):
+            return (f"its {name} link has alpha {link.alpha!r} s and beta {link.beta!r} s/byte, where a fit gives "
+                    f"numbers of 0 or more")
+    for cost in network.collectives:
+        if not (number(cost.alpha) and number(cost.beta_factor)):
+            return (f"its measured {cost.name} has alpha {cost.alpha!r} and beta_factor {cost.beta_factor!r}, where a "
+                    f"fit gives numbers of 0 or more")
+    return None
+
+
 def _calibration(path: str | Path) -> tuple[Network, Backward]:
     try:
         data = json.loads(Path(path).read_text())
         if not isinstance(data, dict) or not isinstance(data.get("calibration"), dict):
             raise UserError(f"the calibration file {path} is not a bench's JSON (it holds no \"calibration\" with "
                             f"fitted links); write one with python -m mpi_train bench --json PATH.")
+        problem = network_problem(data["calibration"].get("network"))
+        if problem:
+            raise UserError(f"the calibration file {path} cannot be used: {problem}. It was changed after the bench "
+                            f"wrote it, or written by another version; write one with python -m mpi_train bench "
+                            f"--json PATH.")
         network = Network.from_dict(data["calibration"]["network"])
         layout = data.get("layout")
         if layout and not network.collectives:  # the fits of the sharded collectives, held against the links

@@ -221,8 +221,33 @@ def test_timed_here_the_model_runs_in_the_precision_asked(capsys):
 
 
 @pytest.mark.parametrize("flag,value", [("--compute-per-sample", "inf"), ("--compute-per-sample", "nan"),
-                                        ("--bucket-mb", "0"), ("--per-rank-batch", "-2")])
+                                        ("--compute-per-sample", "1e300"), ("--bucket-mb", "0"),
+                                        ("--per-rank-batch", "-2")])
 def test_a_number_no_prediction_can_use_is_refused_in_one_line(flag, value, capsys):
+    """1e300 seconds a sample once printed step times of inf and nan, and named a winner among them."""
     assert predict.main(["--ranks", "4", "--link", "1gbit", flag, value]) == 2
     said = capsys.readouterr().err.strip()
-    assert said == f"mpi_train predict: error: {flag} must be a positive number, got {float(value)}."
+    assert said == f"mpi_train predict: error: {flag} must be a positive number up to 1e+09, got {float(value)}."
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda bench: bench.pop("methods"), "holds no time of the model's step without sync"),  # an advice's form
+    (lambda bench: bench["methods"][0].update(compute_s=-0.02), "holds no time of the model's step without sync"),
+    (lambda bench: bench.update(batch_size=0), "holds no time of the model's step without sync"),
+    (lambda bench: bench["calibration"]["network"]["inter"].update(beta=-1e-9), "inter-host link has alpha"),
+    (lambda bench: bench["calibration"]["network"]["intra"].update(beta="fast"), "intra-host link has alpha"),
+    (lambda bench: bench.update(precision="fp8"), "in precision 'fp8', which is none of 32-true"),
+])
+def test_a_calibration_edited_by_hand_or_of_another_kind_is_named_not_a_traceback(tmp_path, capsys, edit, said):
+    """Each of these once ended in a traceback (KeyError, StopIteration, ZeroDivisionError, TypeError), or priced
+    negative step times with exit 0."""
+    link = netmodel.Link(100e-6, 1 / 12.5e6, source="ping-pong")
+    bench = {"world_size": 2, "batch_size": 64, "model": "mnist_cnn", "precision": "32-true",
+             "calibration": {"network": netmodel.Network(link, link).as_dict()},
+             "methods": [{"method": "no-sync", "compute_s": 0.064}]}
+    edit(bench)
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    assert predict.main(["--model", "mnist_cnn", "--ranks", "4", "--calibration", str(path), "--methods", "ddp"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and err.count("\n") == 0 and "Traceback" not in err, err
