@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import time
-import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +28,10 @@ from ..config import ADVICE_DIR, SYNC_AUTO, TrainConfig
 from ..errors import UserError
 from ..files import write_json_atomically
 from ..step.precision import PRECISION_AUTO, UNNAMED_PRECISION
-from ..sync import SYNC_METHODS
+from ..netmodel import network_problem
+from ..sync import GRADIENTS, SYNC_METHODS
 
+ADVISED = {"sync": str, "bucket_mb": float}  # the flags an advice sets, and their types
 KIND = "mpi_train.advice"  # the "kind" of every advice file, so a stray JSON in the folder is not taken for one
 VERSION = 1
 
@@ -89,7 +91,7 @@ class Setting:
 
 
 def read(path: str | Path) -> dict:
-    """An advice file's contents; a UserError when it cannot be read or is not an advice."""
+    """An advice file's contents; a UserError when it cannot be read, is not an advice, or was damaged."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as error:
@@ -101,7 +103,36 @@ def read(path: str | Path) -> dict:
     if not isinstance(data, dict) or data.get("kind") != KIND or not isinstance(data.get("recommended"), dict):
         raise UserError(f"{path} is not an advice of python -m mpi_train advise (no \"kind\": {KIND!r} with a "
                         f"recommendation); write one with python -m mpi_train advise --json PATH.")
+    problem = damage(data)
+    if problem:
+        raise UserError(f"the advice {path} cannot be used: {problem}. It was changed after the advisor wrote it, or "
+                        f"by another version; run python -m mpi_train advise again (and delete this one).")
     return data
+
+
+def damage(data: dict) -> str | None:
+    """What in an advice's contents no advisor of this version writes, in words; None when all of it reads."""
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    hosts, flags = data.get("hosts"), data["recommended"].get("flags")
+    version = data.get("version", VERSION)
+    found = [
+        (not number(version) or version > VERSION, f"its version {version!r} is newer than this one's ({VERSION})"),
+        (not number(data.get("created_s")), f"its created_s {data.get('created_s')!r} is no time"),
+        (not (isinstance(hosts, list) and hosts and all(isinstance(host, str) for host in hosts)),
+         f"its hosts {hosts!r} are not a list of host names"),
+        (not isinstance(data.get("model"), str), f"its model {data.get('model')!r} is not a name"),
+        (not (isinstance(data.get("batch_size"), int) and data["batch_size"] > 0),
+         f"its batch_size {data.get('batch_size')!r} is not a whole number above 0"),
+        (not isinstance(hosts, list) or data.get("world_size") != len(hosts),
+         f"its world_size {data.get('world_size')!r} does not count its hosts"),
+        (not (isinstance(flags, list) and all(isinstance(flag, str) for flag in flags)),
+         f"its recommended flags {flags!r} are not a list of strings"),
+    ]
+    problem = next((why for wrong, why in found if wrong), None)
+    network = (data.get("calibration") or {}).get("network") if isinstance(data.get("calibration"), dict) else None
+    return problem or (network_problem(network) if network is not None else None)
 
 
 def advice_in(folder: str | Path) -> list[tuple[Path, dict]]:
@@ -112,7 +143,7 @@ def advice_in(folder: str | Path) -> list[tuple[Path, dict]]:
             found.append((path, read(path)))
         except UserError:
             continue
-    return sorted(found, key=lambda item: item[1].get("created_s", 0.0))
+    return sorted(found, key=lambda item: item[1]["created_s"])
 
 
 def newest(folder: str | Path, fits: Callable[[dict], bool]) -> tuple[Path, dict] | None:
@@ -189,7 +220,7 @@ def follow(config: TrainConfig, hosts: Sequence[str], now: float | None = None) 
                             f"--sync ddp.")
         path, data = found
     recommended = data["recommended"]
-    created = float(data.get("created_s", 0.0))
+    created = data["created_s"]
     return {"file": str(path), "created": data.get("created"), "age_s": (now or time.time()) - created,
             "label": recommended.get("label"), "flags": list(recommended.get("flags") or []),
             "why": recommended.get("why", ""), "predicted_step_s": recommended.get("predicted_step_s"),
@@ -207,25 +238,35 @@ def described(pick: dict) -> str:
 
 
 def applied(config: TrainConfig, pick: dict) -> TrainConfig:
-    """The job's config with the advice's flags (`--sync bucketed --bucket-mb 8`) in place of --sync auto."""
-    fields = {field.name for field in dataclasses.fields(TrainConfig)}
-    hints = typing.get_type_hints(TrainConfig)
+    """The job's config with the advice's flags (`--sync bucketed --bucket-mb 8`) in place of --sync auto. An advice
+    names a lossless method and its bucket size, nothing else: it never changes what the job was told to train."""
     flags, changes = list(pick["flags"]), {}
     for flag, value in zip(flags[::2], flags[1::2]):
         name = flag.removeprefix("--").replace("-", "_")
-        if not flag.startswith("--") or name not in fields or name == "advice":
-            raise UserError(f"the advice {pick['file']} recommends {flag!r}, which python -m mpi_train does not take "
-                            f"here (an advice of another version?). Run python -m mpi_train advise again.")
-        kind = next((a for a in typing.get_args(hints[name]) if a is not type(None)), hints[name])
+        if not flag.startswith("--") or name not in ADVISED:
+            raise UserError(f"the advice {pick['file']} recommends {flag} {value!r}, and an advice sets --sync and "
+                            f"--bucket-mb only (an advice of another version, or edited by hand?). Run python -m "
+                            f"mpi_train advise again.")
         try:
-            changes[name] = kind(value)
+            changes[name] = ADVISED[name](value)
         except ValueError:
-            raise UserError(f"the advice {pick['file']} recommends {flag} {value!r}, which is not a "
-                            f"{kind.__name__}. Run python -m mpi_train advise again.") from None
-    if len(flags) % 2 or changes.get("sync") not in SYNC_METHODS:
+            changes[name] = None
+        problem = (f"is not one of this version's lossless methods ({', '.join(lossless_methods())})"
+                   if name == "sync" else "is not a size in MB above 0")
+        if changes[name] is None or not (changes[name] in lossless_methods() if name == "sync"
+                                         else 0 < changes[name] < math.inf):
+            raise UserError(f"the advice {pick['file']} recommends {flag} {value!r}, which {problem}. Run python -m "
+                            f"mpi_train advise again.")
+    if len(flags) % 2 or "sync" not in changes:
         raise UserError(f"the advice {pick['file']} recommends {' '.join(flags) or 'nothing'}, which names no sync "
                         f"method of this version. Run python -m mpi_train advise again.")
     return dataclasses.replace(config, **changes, advice=pick["file"])
+
+
+def lossless_methods() -> list[str]:
+    """The methods an advice may name: those that average the gradients as they are (what --sync auto promises)."""
+    return [name for name, method in SYNC_METHODS.items()
+            if method.traits.averages == GRADIENTS and not method.traits.fixed_compression]
 
 
 def resolve(config: TrainConfig, cluster) -> tuple[TrainConfig, dict | None]:

@@ -13,6 +13,7 @@ from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 
 HOSTS = ("h1", "h1", "h2", "h2")
+LINK = {"alpha": 1e-4, "beta": 1e-8}
 
 
 def advice(setting: Setting, created_s: float, flags=("--sync", "bucketed", "--bucket-mb", "8"), link=None) -> dict:
@@ -20,7 +21,7 @@ def advice(setting: Setting, created_s: float, flags=("--sync", "bucketed", "--b
     return {"kind": cache.KIND, "version": cache.VERSION, "created": "then", "created_s": created_s,
             "hosts": list(setting.hosts), "world_size": setting.world_size, "model": setting.model,
             "batch_size": setting.batch_size, "link": link,
-            "calibration": {"network": {"intra": {}, "inter": {}}, "measured_at_s": created_s - 5},
+            "calibration": {"network": {"intra": LINK, "inter": LINK}, "measured_at_s": created_s - 5},
             "recommended": {"label": "x", "flags": list(flags), "why": "because", "predicted_step_s": 1.0,
                             "measured_step_s": 1.1}}
 
@@ -91,9 +92,43 @@ def test_an_advice_named_for_another_setting_is_refused_and_other_hosts_only_not
     assert pick["note"] == "made for hosts a, b (this job: h1, h2): followed as --advice asks"
     (tmp_path / "bad.json").write_text(json.dumps(advice(Setting(HOSTS, "mnist_cnn", 64), 1.0,
                                                          flags=("--sink", "flat"))))
-    with pytest.raises(UserError, match="recommends '--sink'"):
+    with pytest.raises(UserError, match="recommends --sink 'flat', and an advice sets --sync and --bucket-mb only"):
         cache.applied(job("--sync", "auto"), cache.follow(job("--sync", "auto", "--advice", str(tmp_path / "bad.json")),
                                                           HOSTS))
+
+
+@pytest.mark.parametrize("flags, said", [
+    (("--sync", "ddp", "--max-steps", "1", "--lr", "5"), "recommends --max-steps '1', and an advice sets --sync and"),
+    (("--sync", "localsgd"), "recommends --sync 'localsgd', which is not one of this version's lossless methods"),
+    (("--sync", "bucketed", "--bucket-mb", "0"), "recommends --bucket-mb '0', which is not a size in MB above 0"),
+])
+def test_an_advice_sets_a_lossless_method_and_its_bucket_size_and_nothing_else(tmp_path, flags, said):
+    """An edited advice once set any option (--lr 5, --max-steps 1) over the user's own flags, and a lossy method."""
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(advice(Setting(HOSTS, "mnist_cnn", 64), 1.0, flags=flags)))
+    with pytest.raises(UserError, match=said):
+        cache.applied(job("--sync", "auto"), cache.follow(job("--sync", "auto", "--advice", str(path)), HOSTS))
+
+
+@pytest.mark.parametrize("edit, said", [
+    ({"created_s": "yesterday"}, "its created_s 'yesterday' is no time"),
+    ({"batch_size": "64"}, "its batch_size '64' is not a whole number above 0"),
+    ({"world_size": "4"}, "its world_size '4' does not count its hosts"),
+    ({"hosts": None}, "its hosts None are not a list of host names"),
+    ({"version": 99}, "its version 99 is newer than this one's"),
+    ({"calibration": {"network": {"intra": LINK, "inter": {"alpha": 0, "beta": "x"}}}}, "its inter-host link has alpha"),
+])
+def test_a_damaged_advice_is_named_when_given_and_passed_over_in_a_folder(tmp_path, edit, said):
+    """Each once broke --sync auto or advise with a traceback, for the whole folder it lay in, or compared '64' with
+    64 and called them different."""
+    mine = Setting(HOSTS, "mnist_cnn", 64)
+    good = keep(tmp_path, mine, 1000.0)
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text(json.dumps({**advice(mine, 2000.0), **edit}))
+    with pytest.raises(UserError, match=f"the advice {damaged} cannot be used: {said}"):
+        cache.follow(job("--sync", "auto", "--advice", str(damaged)), HOSTS)
+    assert cache.follow(job("--sync", "auto", "--advice", str(tmp_path)), HOSTS)["file"] == str(good)
+    assert cache.reusable_calibration(tmp_path, HOSTS, None)[0] == good
 
 
 def test_an_advice_fits_a_jobs_precision_as_given_or_as_it_ran(tmp_path):
