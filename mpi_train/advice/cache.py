@@ -27,8 +27,8 @@ from pathlib import Path
 from ..config import ADVICE_DIR, SYNC_AUTO, TrainConfig
 from ..errors import UserError
 from ..files import write_json_atomically
-from ..step.precision import PRECISION_AUTO, UNNAMED_PRECISION
 from ..netmodel import network_problem
+from ..step.precision import PRECISION_AUTO, UNNAMED_PRECISION
 from ..sync import GRADIENTS, SYNC_METHODS
 
 ADVISED = {"sync": str, "bucket_mb": float}  # the flags an advice sets, and their types

@@ -116,7 +116,8 @@ def test_an_advice_sets_a_lossless_method_and_its_bucket_size_and_nothing_else(t
     ({"world_size": "4"}, "its world_size '4' does not count its hosts"),
     ({"hosts": None}, "its hosts None are not a list of host names"),
     ({"version": 99}, "its version 99 is newer than this one's"),
-    ({"calibration": {"network": {"intra": LINK, "inter": {"alpha": 0, "beta": "x"}}}}, "its inter-host link has alpha"),
+    ({"calibration": {"network": {"intra": LINK, "inter": {"alpha": 0, "beta": "x"}}}},
+     "its inter-host link has alpha"),
 ])
 def test_a_damaged_advice_is_named_when_given_and_passed_over_in_a_folder(tmp_path, edit, said):
     """Each once broke --sync auto or advise with a traceback, for the whole folder it lay in, or compared '64' with
