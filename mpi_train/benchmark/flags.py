@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..config import add_config_arguments
+from ..config import add_config_arguments, check_timeout
 from ..errors import UserError
 from ..netmodel import rate_bytes_per_s
 
@@ -29,8 +29,12 @@ def add_job_arguments(parser, names: Sequence[str], helps: dict[str, str] | None
 
 
 def check_job_arguments(args, world: int) -> None:
-    """The checks of the flags both commands take from a job: a --link rate that reads, and a global --batch-size
-    that splits evenly across the ranks."""
+    """The checks of the flags both commands take from a job: a --link rate that reads, --threads above 0, a
+    --timeout in range, and a global --batch-size that splits evenly across the ranks."""
+    if args.threads is not None and args.threads <= 0:
+        raise UserError(f"--threads must be positive, got {args.threads}. Leave it out to split this host's cores "
+                        f"among its ranks.")
+    check_timeout(args.timeout)
     if args.link:
         try:
             rate_bytes_per_s(args.link)

@@ -103,8 +103,8 @@ def validate(args: argparse.Namespace, world: int) -> None:
         raise UserError("the advisor compares ways of syncing ranks, and this job has one rank. Start it like the "
                         "training job, e.g. mpirun -np 4 --hostfile hostfile python -m mpi_train advise.")
     for flag, value in {"--batch-size": args.batch_size, "--steps": args.steps, "--measure": args.measure,
-                        "--link-iters": args.link_iters, "--timeout": args.timeout}.items():
-        if value <= 0:
+                        "--link-iters": args.link_iters}.items():
+        if not value > 0:
             raise UserError(f"{flag} must be positive, got {value}.")
     if args.warmup < 0:
         raise UserError(f"--warmup must not be negative, got {args.warmup}.")

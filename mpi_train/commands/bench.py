@@ -116,14 +116,11 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
 
 def validate(args: argparse.Namespace, world: int) -> None:
     for flag, value in {"--batch-size": args.batch_size, "--steps": args.steps, "--link-iters": args.link_iters,
-                        "--timeout": args.timeout}.items():
-        if value <= 0:
+                        "--bucket-mb": args.bucket_mb, "--powersgd-rank": args.powersgd_rank}.items():
+        if not value > 0:
             raise UserError(f"{flag} must be positive, got {value}.")
     if args.warmup < 0:
         raise UserError(f"--warmup must not be negative, got {args.warmup}.")
-    for flag, value in {"--bucket-mb": args.bucket_mb, "--powersgd-rank": args.powersgd_rank}.items():
-        if value <= 0:
-            raise UserError(f"{flag} must be positive, got {value}.")
     parse_labels(args.methods)
     check_job_arguments(args, world)
 
@@ -139,6 +136,9 @@ def run(cluster: Cluster, args: argparse.Namespace) -> int:
     # Set up: a replica per method, what each sends, then the links they cross
     entries, unavailable = contenders(settings, device, args.bucket_mb, parse_labels(args.methods), backend,
                                       args.powersgd_rank, job.precision)
+    if args.methods and len(entries) == 1:  # the baseline alone: every method named is refused here
+        raise UserError(f"--methods {args.methods} leaves the bench nothing to measure, as the {backend} backend "
+                        f"runs none of them. " + " ".join(why for _, why in unavailable))
     sent_and_later = traffic(entries)
     largest = gradient_bytes(entries[0].model)
     if world > 1:

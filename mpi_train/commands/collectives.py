@@ -23,13 +23,14 @@ import torch
 import torch.distributed as dist
 
 from ..cluster import Cluster
-from ..config import BACKENDS, LAUNCHERS
+from ..config import BACKENDS, LAUNCHERS, check_timeout
 from ..devices import resolve_backend
 from ..errors import UserError
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync.zero import all_gather_single, reduce_scatter_single
 
 CHECK_ELEMENTS = 1024
+MAX_SIZE_MB = 1e6  # a TiB, beyond any device's memory
 
 
 def _contribution(rank: int, device: torch.device, n: int = CHECK_ELEMENTS) -> torch.Tensor:
@@ -153,9 +154,21 @@ def _parse(argv: Sequence[str] | None, quiet: bool) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """The flags' numbers, refused before any collective (a buffer of -1 MiB, or 0 timed repetitions, means
+    nothing)."""
+    if not 0 < args.size_mb <= MAX_SIZE_MB:
+        raise UserError(f"--size-mb must be a buffer size in MiB above 0 and up to {MAX_SIZE_MB:g}, got "
+                        f"{args.size_mb:g}.")
+    if args.iters < 1:
+        raise UserError(f"--iters is how many times each collective is timed, at least 1; got {args.iters}.")
+    check_timeout(args.timeout)
+
+
 def check(cluster: Cluster, args: argparse.Namespace) -> None:
     """Run the checks on every rank; rank 0 prints the table. Wrong results raise on every rank."""
     info = cluster.info
+    check_numbers(args)
     backend, device_name = resolve_backend(cluster, args.backend)
     device = torch.device(device_name)
     address = cluster.open_process_group(backend, args.master_addr, args.timeout, device)

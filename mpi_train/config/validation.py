@@ -63,6 +63,15 @@ def check_numbers(config) -> None:
         raise UserError(f"--seed must be in [0, 2**32), the seeds numpy and torch take alike, got {config.seed}.")
 
 
+def check_timeout(seconds: float) -> None:
+    """--timeout within MIN_TIMEOUT_S..MAX_TIMEOUT_S (NaN is not), for every command whose ranks wait on each other."""
+    if not MIN_TIMEOUT_S <= seconds <= MAX_TIMEOUT_S:
+        raise UserError(f"--timeout {seconds:g} is out of range: give from {MIN_TIMEOUT_S:g} s (a collective waits "
+                        f"that long for the slowest rank, and a shorter wait would end healthy jobs as if a rank had "
+                        f"failed) to {MAX_TIMEOUT_S:,.0f} s (about {MAX_TIMEOUT_S / 86400 / 365:.0f} years: waiting "
+                        f"for ever).")
+
+
 def check_ranges(config) -> None:
     """Numbers that must be positive, or not negative; the methods' options check their own."""
     check_numbers(config)
@@ -79,11 +88,7 @@ def check_ranges(config) -> None:
     for flag, value in positive.items():
         if value <= 0:
             raise UserError(f"{flag} must be positive, got {value}. Pass a value greater than zero.")
-    if not MIN_TIMEOUT_S <= config.timeout <= MAX_TIMEOUT_S:
-        raise UserError(f"--timeout {config.timeout:g} is out of range: give from {MIN_TIMEOUT_S:g} s (a collective "
-                        f"waits that long for the slowest rank, and a shorter wait would end healthy jobs as if a "
-                        f"rank had failed) to {MAX_TIMEOUT_S:,.0f} s (about {MAX_TIMEOUT_S / 86400 / 365:.0f} years: "
-                        f"waiting for ever).")
+    check_timeout(config.timeout)
     optimizer = config.optimizer_settings
     for flag, value in {"--momentum": optimizer.momentum, "--weight-decay": optimizer.weight_decay,
                         "--check-every": config.check_every, "--warmup-steps": optimizer.warmup_steps,

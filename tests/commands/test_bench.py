@@ -130,6 +130,23 @@ def test_methods_named_for_the_bench_are_checked_before_it_starts():
         parse_labels("bucketted")
 
 
+
+@pytest.mark.parametrize("flags, said", [
+    ({"threads": 0}, "--threads must be positive, got 0"),
+    ({"timeout": float("nan")}, "--timeout nan is out of range"),
+])
+def test_the_flags_the_bench_and_the_advisor_share_with_a_job_are_checked_as_a_jobs_are(flags, said):
+    """--threads 0 once reached torch.set_num_threads, whose RuntimeError ended every rank in a traceback."""
+    from argparse import Namespace
+
+    from mpi_train.benchmark.flags import check_job_arguments
+
+    args = {"link": None, "threads": None, "timeout": 300.0, "batch_size": 64}
+    check_job_arguments(Namespace(**args), 4)
+    with pytest.raises(UserError, match=said):
+        check_job_arguments(Namespace(**{**args, **flags}), 4)
+
+
 @pytest.mark.e2e
 def test_the_tracking_overhead_benchmark_runs_both_jobs_and_reports_the_share(mlflow_server, tmp_path):
     result = launch.run([sys.executable, "-m", "mpi_train", "bench-tracking", "--np", "2", "--steps", "4", "--repeats",

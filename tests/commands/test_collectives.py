@@ -1,9 +1,12 @@
 """The cluster check: closed-form collectives under a real mpirun, and its report."""
 
+from argparse import Namespace
+
 import pytest
 from conftest import mpirun
 
-from mpi_train.commands.collectives import CHECKS, format_table
+from mpi_train.commands.collectives import CHECKS, check_numbers, format_table
+from mpi_train.errors import UserError
 
 
 @pytest.mark.e2e
@@ -22,3 +25,17 @@ def test_table_marks_a_wrong_result():
     table = format_table([good, {**good, "gather": False}], ["a", "b"])
     assert table.splitlines()[2].split()[:2] == ["1", "b"] and "WRONG" in table.splitlines()[2]
     assert "WRONG" not in table.splitlines()[1]
+
+
+@pytest.mark.parametrize("numbers, said", [
+    ({"size_mb": -1.0}, "--size-mb must be a buffer size in MiB above 0"),
+    ({"size_mb": float("nan")}, "--size-mb must be a buffer size in MiB above 0"),
+    ({"iters": 0}, "--iters is how many times each collective is timed, at least 1; got 0"),
+    ({"timeout": float("nan")}, "--timeout nan is out of range"),
+])
+def test_the_checks_numbers_are_refused_before_any_collective(numbers, said):
+    """Each once ended every rank in a traceback (a negative dimension, NaN to int, a division by zero), or printed
+    a negative bandwidth with exit 0 (--iters -3)."""
+    check_numbers(Namespace(size_mb=16.0, iters=10, timeout=60.0))
+    with pytest.raises(UserError, match=said):
+        check_numbers(Namespace(**{"size_mb": 16.0, "iters": 10, "timeout": 60.0, **numbers}))
