@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ..errors import UserError
 from ..models import BUILT_IN, TOKENS
 from ..sync import GRADIENTS, SYNC_METHODS, split_label
@@ -56,7 +58,7 @@ def race_target(jobs: list[FinishedJob], target_accuracy: float | None = None,
                         f"target loss ({target_loss}) are given. Keep the accuracy for image models, the "
                         f"validation loss for language models.")
     if target_loss is not None:
-        if not target_loss > 0:
+        if not 0 < target_loss < math.inf:
             raise UserError(f"--target-loss {target_loss:g} is no validation loss to race to: give a positive one, "
                             f"e.g. 2.0 nats per byte for gpt.")
         return Target(target_loss, time_to_accuracy.LOSS)

@@ -139,7 +139,8 @@ def describe(table: list[dict], given: bool) -> str:
     if target.kind == LOSS:
         source = "as given" if given else f"the best final validation loss plus {DEFAULT_LOSS_MARGIN:g} nats"
         return (f"Time to validation loss: steps, training time (evaluations left out) and megabytes rank 0 sent "
-                f"until the first evaluation at or below {target.show()} nats per byte ({source}); final = the last "
+                f"until the first evaluation at or below {target.show()} nats (a mean cross-entropy: per byte for gpt, "
+                f"per sample for an image model) ({source}); final = the last "
                 f"validation loss; time_vs = time against {reference or 'the reference'}'s:\n" + format_rows(table))
     source = ("as given" if given
               else f"the best final accuracy minus {100 * DEFAULT_MARGIN:.0f} points")

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,9 @@ def parse(text: str, path: Path) -> Sweep:
     bench = _bench(checker, data["bench"], train, runs, network) if "bench" in data else None
     target_accuracy, target_loss = _targets(checker, experiment)
     launch = data.get("launch", {})
+    if "timeout" in launch and not 0 < launch["timeout"] < math.inf:
+        raise checker.fail(("launch", "timeout"), f"is how many seconds one run may take before it is stopped, a "
+                                                  f"number above 0 (no limit: leave it out); got {launch['timeout']}.")
     name = experiment["name"]
     return Sweep(
         path=path, name=name, description=experiment.get("description", ""),
@@ -419,7 +423,7 @@ def _targets(checker: KeyChecker, experiment: dict) -> tuple[float | None, float
                            f"{target} is set too. Keep target_accuracy for image models and target_loss (a "
                            f"validation loss) for language models; without either, a sweep of language models races "
                            f"to a validation loss.")
-    if target_loss is not None and not target_loss > 0:
+    if target_loss is not None and not 0 < target_loss < math.inf:
         raise checker.fail(("experiment", "target_loss"), f"must be a positive validation loss, e.g. 2.0 nats per "
                                                           f"byte for gpt, got {target_loss}.")
     return target, target_loss

@@ -125,7 +125,8 @@ def test_a_language_model_races_to_the_first_validation_loss_at_or_below_the_tar
     assert (by_sync["ddp"]["steps"], by_sync["ddp"]["time_s"], by_sync["localsgd"]["time_s"]) == (100, 120.0, 60.0)
     assert by_sync["localsgd"]["time_vs"] == pytest.approx(0.5) and by_sync["ddp"]["final_accuracy"] == 1.95
     text = time_to_accuracy.describe(rows, given=True)
-    assert "Time to validation loss" in text and "at or below 2.450 nats per byte (as given)" in text
+    assert "Time to validation loss" in text and "at or below 2.450 nats (a mean cross-entropy" in text
+    assert "(as given)" in text
     assert "1.950" in text and "2.100" in text and "%" not in text.splitlines()[2]
 
 
@@ -147,11 +148,14 @@ def test_a_comparison_of_gpt_jobs_races_to_a_validation_loss_unless_told_otherwi
     assert race_target(jobs) == time_to_accuracy.Target(pytest.approx(2.0), time_to_accuracy.LOSS)
     assert race_target(jobs, target_accuracy=0.3).kind == time_to_accuracy.ACCURACY
     text = comparison(jobs, "gpt", target_loss=2.45)
-    assert "Time to validation loss" in text and "at or below 2.450 nats per byte (as given)" in text
+    assert "Time to validation loss" in text and "at or below 2.450 nats (a mean cross-entropy" in text
+    assert "(as given)" in text
     with pytest.raises(UserError, match="both a target accuracy"):
         race_target(jobs, 0.3, 2.0)
     with pytest.raises(UserError, match=r"^--target-accuracy 60 is not a fraction in \(0, 1\] \(did you mean 0\.6\?\)"):
         race_target(jobs, 60)
     with pytest.raises(UserError, match="^--target-loss -1 is no validation loss"):
         race_target(jobs, target_loss=-1)
+    with pytest.raises(UserError, match="^--target-loss inf is no validation loss"):  # every run once reached it
+        race_target(jobs, target_loss=float("inf"))
     assert "validation_loss_vs_time.png" in {path.name for path in plot(jobs, tmp_path)}
