@@ -95,10 +95,6 @@ def check_setup(sweep: Sweep, uri: str | None) -> None:
     if shutil.which("mpirun") is None:
         raise UserError("mpirun is not on PATH. Install an MPI (pip install -e '.[mpi]' brings Open MPI) or load "
                         "your cluster's MPI module. Nothing was launched.")
-    if sweep.hostfile and not Path(sweep.hostfile).is_file():
-        raise UserError(f"the hostfile {sweep.hostfile!r} (from [launch] hostfile in {sweep.path}) does not exist in "
-                        f"{Path.cwd()}. Run from the repository root, pass --hostfile PATH, or --hostfile \"\" to "
-                        f"let mpirun run every rank here. Nothing was launched.")
     if problem := unwritable([("the output folder (--out, or out in the file)", str(sweep.out), True)]):
         raise UserError(f"{problem} Nothing was launched.")
     if sweep.network:
@@ -113,15 +109,26 @@ def check_setup(sweep: Sweep, uri: str | None) -> None:
 
 def check_runs(sweep: Sweep, launches: list[Launch]) -> None:
     """What would fail runs the moment they start, said before --dry-run lists them: save_model without tracking, a
-    run asking more ranks than the hostfile's slots (mpirun refuses it: "not enough slots")."""
+    hostfile that is not there or does not read, a run asking more ranks than its slots (mpirun refuses it: "not
+    enough slots")."""
     if not sweep.tracking and any(run.config.save_model for run in sweep.runs):
         raise UserError(f"{sweep.path}: save_model = true keeps each trained model in its MLflow run, and this "
                         f"experiment tracks nothing ([experiment] tracking = false, or --no-tracking). Drop "
                         f"save_model, or track the runs. Nothing was launched.")
-    if not sweep.hostfile or not Path(sweep.hostfile).is_file() or any("oversubscribe" in arg.lower()
-                                                                        for arg in sweep.mpirun_args):
+    if not sweep.hostfile:
         return
-    offered = sum(slots for _, slots in read_hostfile(Path(sweep.hostfile)))
+    if not Path(sweep.hostfile).is_file():
+        kind = "is a folder" if Path(sweep.hostfile).is_dir() else f"does not exist in {Path.cwd()}"
+        raise UserError(f"the hostfile {sweep.hostfile!r} (--hostfile, or [launch] hostfile in {sweep.path}) {kind}. "
+                        f"Run from the repository root, pass --hostfile PATH, or --hostfile \"\" to let mpirun run "
+                        f"every rank here. Nothing was launched.")
+    try:
+        offered = sum(slots for _, slots in read_hostfile(Path(sweep.hostfile)))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise UserError(f"the hostfile {sweep.hostfile} cannot be read: {error}. Write one host a line, "
+                        f"`name slots=N`. Nothing was launched.") from None
+    if any("oversubscribe" in arg.lower() for arg in sweep.mpirun_args):
+        return
     over = [(launch.name, np) for launch in launches if "--hostfile" in launch.command
             and launch.command[launch.command.index("--hostfile") + 1] == sweep.hostfile
             and (np := int(launch.command[launch.command.index("-np") + 1])) > offered]

@@ -79,14 +79,17 @@ def _value(line: list[str], flags: tuple[str, ...]) -> tuple[int, str] | None:
 
 
 def read_hostfile(path: Path) -> tuple[tuple[str, int], ...]:
-    """`host slots=N` lines (comments and blank lines skipped; a host without slots= has one; repeats add up)."""
+    """`host slots=N` lines (comments and blank lines skipped; a host without slots= has one; repeats add up); a
+    ValueError names the line of a slot count that is not a whole number."""
     slots: dict[str, int] = {}
-    for raw in path.read_text().splitlines():
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
         words = raw.split("#", 1)[0].split()
         if not words:
             continue
-        count = next((int(w.split("=", 1)[1]) for w in words[1:] if w.startswith(("slots=", "max_slots="))), 1)
-        slots[words[0]] = slots.get(words[0], 0) + count
+        given = next((w.split("=", 1)[1] for w in words[1:] if w.startswith(("slots=", "max_slots="))), "1")
+        if not given.isdigit():
+            raise ValueError(f"line {number} of {path}, {raw.strip()!r}: slots= takes a whole number of ranks")
+        slots[words[0]] = slots.get(words[0], 0) + int(given)
     return tuple(slots.items())
 
 

@@ -242,13 +242,15 @@ def test_dry_run_lists_every_planned_command(tmp_path, capsys):
     ("save_model = true\n", "", ("save_model = true keeps each trained model in its MLflow run, and this experiment "
                                 "tracks nothing")),
     ("", "localhost slots=2\n", "ask for more ranks than the hostfile hosts offers (2 slot(s)), the first "),
+    ("", "# mine\nlocalhost slots=two\n", "line 2 of hosts, 'localhost slots=two': slots= takes a whole number"),
+    ("", "folder", "the hostfile 'hosts' (--hostfile, or [launch] hostfile in"),  # once a pass, then a failed run
 ])
 def test_runs_that_would_fail_as_they_start_are_refused_before_the_dry_run_lists_them(tmp_path, capsys, change,
                                                                                        hostfile, words):
     path = tmp_path / "grid.toml"
     path.write_text(GOOD.replace("max_steps = 5\n", f"max_steps = 5\n{change}"))
     hosts = tmp_path / "hosts"
-    hosts.write_text(hostfile)
+    hosts.mkdir() if hostfile == "folder" else hosts.write_text(hostfile)
     assert main([str(path), "--dry-run", "--hostfile", str(hosts) if hostfile else ""]) == 2
     out, err = capsys.readouterr()
     assert not out and words in " ".join(err.split()).replace(str(hosts), "hosts") and "Nothing was launched." in err
