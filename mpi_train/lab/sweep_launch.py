@@ -99,6 +99,9 @@ FAILURE_LINES = (  # what says why a run failed, most telling first
 )
 
 
+BANNER = re.compile(r"^-{20,}$")  # how Open MPI frames a message of its own
+
+
 def last_error(lines: list[str]) -> str:
     """The line that says why a run failed: the remote agent's error when a host could not be reached, the run's
     exception or error message, else the last line it printed."""
@@ -113,7 +116,23 @@ def last_error(lines: list[str]) -> str:
                         break
                     paragraph.append(line)
                 return " ".join(line.strip() for line in paragraph)
-    return next((line.strip(" \t\x00") for line in reversed(lines) if line.strip(" \t\x00")), "(no output)")
+    return banner_text(lines) or next((line.strip(" \t\x00") for line in reversed(lines) if line.strip(" \t\x00")),
+                                      "(no output)")
+
+
+def banner_text(lines: list[str]) -> str | None:
+    """The first paragraph of the last message Open MPI framed in lines of dashes, where the output ends with one
+    (mpirun refusing a hostfile, say): the closing dashes say nothing."""
+    framed = [index for index, line in enumerate(lines) if BANNER.match(line.strip())]
+    if len(framed) < 2 or any(line.strip(" \t\x00") for line in lines[framed[-1] + 1:]):
+        return None
+    paragraph = []
+    for line in lines[framed[-2] + 1:framed[-1]]:
+        if line.strip():
+            paragraph.append(line.strip())
+        elif paragraph:
+            break
+    return " ".join(paragraph) or None
 
 
 def execute(launch: Launch, progress: Progress, timeout: float | None) -> None:

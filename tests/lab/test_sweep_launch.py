@@ -43,6 +43,10 @@ def test_a_run_refused_in_one_paragraph_is_reported_whole_and_mpirun_s_refusal_i
     assert last_error(["", "There are not enough slots available in the system to satisfy the 8", "slots", "\x00"]) == \
         "There are not enough slots available in the system to satisfy the 8"
     assert last_error(["mpirun said little", "\x00", ""]) == "mpirun said little"
+    duplicate_host = ["-" * 74, "A hostfile was provided that contains multiple definitions of the slot",
+                      "count for at least one node:", "", "   hostfile:  /tmp/hf", "", "-" * 74, " "]
+    assert last_error(duplicate_host) == ("A hostfile was provided that contains multiple definitions of the slot "
+                                          "count for at least one node:")  # once its closing line of dashes
 
 
 def test_time_left_counts_later_runs_by_their_steps():
