@@ -76,9 +76,19 @@ def write_error(path: Path, folder: bool) -> str | None:
 def unwritable(outputs: Sequence[tuple[str, str | None, bool]]) -> str | None:
     """Why each of `outputs` named (flag, path or None, a folder?) could not be written, a sentence each, or None.
     Creates nothing."""
-    return " ".join(f"{flag} {path} {reason}; name a {'folder' if folder else 'file in a folder'} this user can "
-                    f"write." for flag, path, folder in outputs if path and (reason := write_error(Path(path), folder))
-                    ) or None
+    return " ".join(f"{flag} {path or repr(path)} {reason}; name a {'folder' if folder else 'file in a folder'} this "
+                    f"user can write." for flag, path, folder in outputs
+                    if path is not None and (reason := named_error(path, folder))) or None
+
+
+def named_error(path: str, folder: bool) -> str | None:
+    """write_error, and before it what the name itself rules out: nothing at all, or a file's name that ends in /
+    (a folder's, which Path would drop, writing a file of the folder's name)."""
+    if not path:
+        return "names nothing"
+    if not folder and path.endswith(("/", os.sep)):
+        return "ends in /, as a folder's name does, not a file's"
+    return write_error(Path(path), folder)
 
 
 def kept(what: str, write) -> str | None:

@@ -433,6 +433,9 @@ def run(args: argparse.Namespace) -> None:
     check_numbers(args)
     if len(ranks) > 1 and (problem := unwritable([("--plot", args.plot, False)])):
         raise UserError(f"{problem} Nothing was predicted.")
+    if len(ranks) > 1 and Path(args.plot).suffix.lower() != ".png":
+        raise UserError(f"--plot {args.plot}: the plot is drawn as a PNG image, and this name says otherwise. Name a "
+                        f"file ending in .png. Nothing was predicted.")
     workload = model_config(args, optimizer=args.optimizer, momentum=args.momentum)
     workload.validate_optimizer()  # --momentum with adamw: refused
     bench, calibrated = calibration(args, workload)

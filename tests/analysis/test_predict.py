@@ -88,6 +88,10 @@ def test_a_plot_that_cannot_be_written_is_refused_first_or_said_after_the_tables
     out, err = capsys.readouterr()
     said = " ".join(err.split())
     assert not out and f"--plot {tmp_path}/notes.txt/p.png lies under {tmp_path}/notes.txt, which is a file" in said
+    for name, words in (("", "--plot '' names nothing"), (str(tmp_path / "p.pdf"), "the plot is drawn as a PNG image")):
+        assert predict.main([*scaling, "--plot", name]) == 2  # once a traceback; a PNG written as p.pdf
+        out, err = capsys.readouterr()
+        assert not out and words in " ".join(err.split()) and not (tmp_path / "p.pdf").exists(), err
     disk = filled(small_disk)  # the check at the start passes: an empty file still fits
     assert predict.main([*scaling, "--plot", str(disk / "p.png")]) == 2
     out, err = capsys.readouterr()

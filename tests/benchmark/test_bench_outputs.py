@@ -20,6 +20,10 @@ def test_outputs_that_cannot_be_written_are_named_before_anything_is_made(tmp_pa
     assert f"--advice-dir {tmp_path}/afile is a file, not a folder; name a folder this user can write." in problems
     assert "new" not in problems and not (tmp_path / "new").exists()
     assert unwritable([("--json", str(tmp_path / "bench.json"), False), ("--advice-dir", str(tmp_path), True)]) is None
+    # a name no file can take: once a file named jdir was written, and --plot "" ended in a traceback
+    assert unwritable([("--json", "jdir/", False)]) == ("--json jdir/ ends in /, as a folder's name does, not a "
+                                                        "file's; name a file in a folder this user can write.")
+    assert unwritable([("--plot", "", False)]).startswith("--plot '' names nothing;")
 
 
 def test_a_full_disk_at_the_end_keeps_no_half_file_and_says_what_is_missing_once(small_disk, capsys):
