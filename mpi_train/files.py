@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import glob
 import json
+import math
 import os
 import shutil
 import socket
@@ -139,6 +140,18 @@ def write_json_atomically(path: str, payload: dict) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(target, lambda handle: handle.write((json.dumps(payload, indent=2) + "\n").encode()))
+
+
+def without_nan(value):
+    """`value` with every float that is not finite as None: JSON has no NaN or Infinity, and strict readers
+    (JavaScript's JSON.parse, jq --strict) refuse the tokens Python writes for them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: without_nan(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_nan(item) for item in value]
+    return value
 
 
 def append_private(path: Path):

@@ -79,7 +79,7 @@ from ..cluster import Cluster
 from ..config import TrainConfig, add_config_arguments, add_model_arguments, model_config
 from ..data import synthetic_batch
 from ..errors import UserError
-from ..files import kept, write_json_atomically
+from ..files import kept, without_nan, write_json_atomically
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import parse_labels
 from ..tracking.links import where
@@ -171,7 +171,7 @@ def report(args: argparse.Namespace, result: dict, connection: tracking.Connecti
     """Rank 0: the table on stdout, the JSON to --json, the runs to MLflow; the exit status (2: a file not kept)."""
     text = describe(result)
     print(text, flush=True)
-    unwritten = args.json and kept(f"--json {args.json}", lambda: write_json_atomically(args.json, result))
+    unwritten = args.json and kept(f"--json {args.json}", lambda: write_json_atomically(args.json, without_nan(result)))
     if args.json and not unwritten:
         print(f"wrote {args.json}")
     if connection is not None:

@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 from conftest import filled
 
 from mpi_train.benchmark.job import unkept
-from mpi_train.files import kept, unwritable, write_figure, write_json_atomically
+from mpi_train.files import kept, unwritable, without_nan, write_figure, write_json_atomically
 
 
 def test_outputs_that_cannot_be_written_are_named_before_anything_is_made(tmp_path):
@@ -24,6 +24,15 @@ def test_outputs_that_cannot_be_written_are_named_before_anything_is_made(tmp_pa
     assert unwritable([("--json", "jdir/", False)]) == ("--json jdir/ ends in /, as a folder's name does, not a "
                                                         "file's; name a file in a folder this user can write.")
     assert unwritable([("--plot", "", False)]).startswith("--plot '' names nothing;")
+
+
+def test_the_bench_json_is_strict_json():
+    """A method timed once has no spread: its noise_s was written as NaN, which JSON.parse and jq --strict refuse."""
+    import json
+
+    row = {"method": "ddp", "noise_s": float("nan"), "floor_s": float("inf"), "steps": [0.1, float("-inf")]}
+    text = json.dumps(without_nan({"methods": [row]}), allow_nan=False)  # raises on any NaN or Infinity left
+    assert json.loads(text) == {"methods": [{"method": "ddp", "noise_s": None, "floor_s": None, "steps": [0.1, None]}]}
 
 
 def test_a_full_disk_at_the_end_keeps_no_half_file_and_says_what_is_missing_once(small_disk, capsys):
