@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -449,9 +450,13 @@ def main(argv: list[str] | None = None) -> int:
     if not line:
         parser.error("no launch line: put it after `--`, e.g. -- mpirun -np 4 python -m mpi_train --checkpoint-dir "
                      "ckpt --checkpoint-every 50")
-    if min(args.max_restarts, args.backoff, args.host_wait, args.host_cooldown, args.relaunch_cost or 0) < 0:
-        parser.error("--max-restarts, --backoff, --host-wait, --host-cooldown and --relaunch-cost must not be "
-                     "negative")
+    seconds = {"--backoff": args.backoff, "--host-wait": args.host_wait, "--host-cooldown": args.host_cooldown,
+               "--relaunch-cost": args.relaunch_cost or 0.0}
+    wrong = [f"{flag} {value:g}" for flag, value in {"--max-restarts": args.max_restarts, **seconds}.items()
+             if not 0 <= value < math.inf]  # NaN is not
+    if wrong:
+        parser.error(f"--max-restarts, --backoff, --host-wait, --host-cooldown and --relaunch-cost take finite numbers "
+                     f"of 0 or more, got {', '.join(wrong)}")
     if args.min_ranks is not None and args.min_ranks < 1:
         parser.error(f"--min-ranks must be at least 1, got {args.min_ranks}")
     if args.max_ranks is not None and args.max_ranks < max(1, args.min_ranks or 1):
