@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ArgumentParser, UserError, format_error
-from ..files import unwritable
+from ..files import claim_folder, unwritable
 from ..tracking import check_uri, probe_server, resolve_uri
 from .experiment_file import Sweep, load
 from .launchline import read_hostfile
@@ -205,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(describe_plan(sweep, launches, uri))
             return 0
         check_setup(sweep, uri)
+        if holder := claim_folder(sweep.out):
+            raise UserError(f"the output folder {sweep.out} (--out, or out in {sweep.path}) is in use by another "
+                            f"experiment runner ({holder}): the two would write each other's logs, summaries and "
+                            f"report. Wait for it to end, or pass --out OTHER. Nothing was launched.")
     except UserError as error:
         print(format_error(str(error), prog="mpi_train experiment"), file=sys.stderr)
         return error.exit_code

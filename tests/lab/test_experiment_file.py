@@ -254,3 +254,24 @@ def test_runs_that_would_fail_as_they_start_are_refused_before_the_dry_run_lists
     assert main([str(path), "--dry-run", "--hostfile", str(hosts) if hostfile else ""]) == 2
     out, err = capsys.readouterr()
     assert not out and words in " ".join(err.split()).replace(str(hosts), "hosts") and "Nothing was launched." in err
+
+
+def test_a_second_runner_on_the_same_output_folder_is_refused_while_the_first_runs(tmp_path, capsys):
+    """Two runners on one --out once both ended "2 of 2 run(s) succeeded", each report holding the other's figures."""
+    path, out = tmp_path / "grid.toml", tmp_path / "out"
+    path.write_text(GOOD)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from mpi_train.files import claim_folder; claim_folder(Path(sys.argv[1])); "
+                               "print('held', flush=True); time.sleep(60)", str(out)],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main([str(path), "--out", str(out), "--hostfile", "", "--no-tracking"]) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    out_text, err = capsys.readouterr()
+    said = " ".join(err.split())
+    assert f"the output folder {out} (--out, or out in {path}) is in use by another experiment runner (process " \
+           f"{holder.pid} on host" in said and "Nothing was launched." in said and "[1/" not in out_text, said
+    assert sorted(entry.name for entry in out.iterdir()) == [".mpi_train.lock"]  # no log, summary or report
