@@ -260,10 +260,10 @@ def test_a_second_runner_on_the_same_output_folder_is_refused_while_the_first_ru
     """Two runners on one --out once both ended "2 of 2 run(s) succeeded", each report holding the other's figures."""
     path, out = tmp_path / "grid.toml", tmp_path / "out"
     path.write_text(GOOD)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from mpi_train.files import claim_folder; claim_folder(Path(sys.argv[1])); "
-                               "print('held', flush=True); time.sleep(60)", str(out)],
-                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    hold = ("import sys, time; from pathlib import Path; from mpi_train.files import claim_folder; "
+            "claim_folder(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         assert holder.stdout.readline().strip() == "held"
         assert main([str(path), "--out", str(out), "--hostfile", "", "--no-tracking"]) == 2
