@@ -157,7 +157,7 @@ def parse(text: str, path: Path) -> Sweep:
     return Sweep(
         path=path, name=name, description=experiment.get("description", ""),
         tracking=experiment.get("tracking", True), tracking_uri=experiment.get("tracking_uri"),
-        out=Path(experiment.get("out", f"results/{name}")),
+        out=Path(experiment.get("out", f"results/{folder_name(name)}")),
         hostfile=launch.get("hostfile", "hostfile") or None,
         mpirun_args=tuple(launch.get("mpirun_args", ("--bind-to", "none"))),
         timeout=launch.get("timeout"), runs=tuple(runs), bench=bench, network=network,
@@ -409,6 +409,12 @@ def _check_bench(checker: KeyChecker, bench: BenchPlan, network: NetworkPlan | N
     if bench.gpt_size is not None and (bench.gpt_size not in GPT_SIZES or bench.model != "gpt"):
         raise checker.fail(("bench", "gpt_size"), f"is gpt's size, one of {', '.join(GPT_SIZES)}, with model = "
                            f'"gpt"; got {bench.gpt_size!r} with model {bench.model!r}.')
+
+
+def folder_name(name: str) -> str:
+    """The default output folder's name for an experiment `name`: MLflow takes any name ("team/run 1", "../x"),
+    and a folder under results/ must neither nest nor climb out of it."""
+    return re.sub(r"[^\w.-]+", "_", name).strip("._") or "experiment"
 
 
 def _targets(checker: KeyChecker, experiment: dict) -> tuple[float | None, float | None]:

@@ -275,3 +275,12 @@ def test_a_second_runner_on_the_same_output_folder_is_refused_while_the_first_ru
     assert f"the output folder {out} (--out, or out in {path}) is in use by another experiment runner (process " \
            f"{holder.pid} on host" in said and "Nothing was launched." in said and "[1/" not in out_text, said
     assert sorted(entry.name for entry in out.iterdir()) == [".mpi_train.lock"]  # no log, summary or report
+
+
+def test_the_default_output_folder_neither_nests_nor_climbs_out_of_results(tmp_path):
+    """An experiment named "a/../../b" once wrote its output outside results/."""
+    path = tmp_path / "grid.toml"
+    for name, folder in (("a/../../b", "a_.._.._b"), ("team/run 1", "team_run_1"), ("..", "experiment"),
+                         ("compare_sync", "compare_sync")):
+        path.write_text(GOOD.replace('name = "grid"', f'name = "{name}"'))
+        assert load(path).out == Path("results") / folder
