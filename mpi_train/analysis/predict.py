@@ -249,6 +249,9 @@ def parse_steps(text: str | None, methods: Sequence[str]) -> dict[str, int]:
                             f"covers ({', '.join(methods)}) and a positive number of steps, e.g. "
                             f"--steps-to-accuracy allreduce=180,localsgd=150 (the steps column of a report's time "
                             f"to accuracy).")
+        if name.strip() in steps and steps[name.strip()] != int(count):
+            raise UserError(f"--steps-to-accuracy names {name.strip()} twice, with {steps[name.strip()]} and "
+                            f"{int(count)} steps: give each method once.")
         steps[name.strip()] = int(count)
     return steps
 
@@ -328,8 +331,10 @@ def calibration(args: argparse.Namespace, workload: TrainConfig) -> tuple[dict |
 
 def check_averaging(args: argparse.Namespace) -> None:
     """localsgd's and diloco's --period, --host-period and --fragments, refused as training refuses them."""
-    if args.period is not None and args.period < 1 or args.host_period is not None and args.host_period < 0:
-        raise UserError(f"--period must be at least 1 and --host-period not negative, got {args.period} and "
+    if args.period is not None and args.period < 1:
+        raise UserError(f"--period must be at least 1 (the steps between two averages), got {args.period}.")
+    if args.host_period is not None and args.host_period < 0:
+        raise UserError(f"--host-period must not be negative (0: no average inside a host between them), got "
                         f"{args.host_period}.")
     period = args.period if args.period is not None else DEFAULT_PERIOD
     if args.fragments is not None and (args.fragments < 1 or period % args.fragments):
@@ -450,6 +455,13 @@ def run(args: argparse.Namespace) -> None:
     methods = registered_methods(args.bucket_mb, labels, args.period, args.host_period, args.overlap, args.fragments,
                                  compute.precision)
     steps_to_accuracy = parse_steps(args.steps_to_accuracy, list(methods))
+    shaping = [flag for flag, given in (("--overlap", args.overlap), ("--period", args.period is not None),
+                                        ("--host-period", args.host_period is not None),
+                                        ("--fragments", args.fragments is not None)) if given]
+    if shaping and not any(method.traits.averages == PARAMETERS for method in methods.values()):
+        raise UserError(f"{', '.join(shaping)} shape how localsgd and diloco average the models, and --methods "
+                        f"{args.methods} names neither, so the prediction would ignore them. Add localsgd or diloco "
+                        f"to --methods, or drop {shaping[0]}.")
     ratios = {name: (netmodel.wire_ratio(method, params), netmodel.later_share(method, params))
               for name, method in methods.items()}
     # each method's step and memory on each cluster size

@@ -105,6 +105,10 @@ def test_a_plot_that_cannot_be_written_is_refused_first_or_said_after_the_tables
     (["--ranks", "4", "--link", "fast"], "--link: link 'fast' is not a rate"),
     (["--ranks", "4"], "--link or --calibration is needed"),
     (["--ranks", "4", "--link", "1gbit", "--momentum", "1.5"], "--momentum must be in [0, 1), got 1.5"),
+    (["--ranks", "4", "--link", "1gbit", "--period", "0"], "--period must be at least 1 (the steps between two"),
+    (["--ranks", "4", "--link", "1gbit", "--methods", "ddp", "--overlap"], "--overlap shape how localsgd and diloco"),
+    (["--ranks", "4", "--link", "1gbit", "--methods", "ddp", "--steps-to-accuracy", "ddp=100,ddp=200"],
+     "names ddp twice, with 100 and 200 steps"),
 ])
 def test_bad_input_is_one_paragraph_and_exit_2(args, words, capsys):
     assert predict.main(["--model", "mnist_cnn", "--compute-per-sample", "0.001", *args]) == 2
