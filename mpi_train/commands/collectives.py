@@ -7,10 +7,10 @@ all_reduce(SUM) gives N(N+1)/2 everywhere, gather/all_gather give [1, 2, ..., N]
 It is the first thing to run on a new cluster: it exercises the same rendezvous and
 process group as training, and exits non-zero if any rank got a wrong answer.
 
-Then it times an allreduce of one buffer and, beside it, the reduce-scatter and all-gather the
-sharded methods (zero, fsdp) use in its place: a bandwidth-optimal backend (NCCL) does the two
-in an allreduce's time, since a ring allreduce is exactly those two; one that does not (Gloo
-over TCP here: docs/results.md, "What the sharded methods cost a step") shows it in their ratio.
+Then it times an allreduce of one buffer beside the reduce-scatter and all-gather the sharded
+methods (zero, fsdp) use in its place: a ring allreduce is exactly those two, so a bandwidth-optimal
+backend (NCCL) does them in an allreduce's time, and one that does not (Gloo over TCP, see
+docs/results.md) shows it in their ratio.
 """
 
 from __future__ import annotations
@@ -120,8 +120,7 @@ def allreduce_bandwidth(world: int, device: torch.device, megabytes: float, iter
     reduce-scatter and all-gather of the same buffer that stand for it in the sharded methods."""
     tensor = torch.ones(int(megabytes * 2**20 // 4 // world * world), device=device)
     shard = torch.empty(tensor.numel() // world, device=device)
-    seconds = timed(lambda: dist.all_reduce(tensor), device, iters)
-    size = tensor.numel() * 4
+    seconds, size = timed(lambda: dist.all_reduce(tensor), device, iters), tensor.numel() * 4
     algbw = size / seconds
     return {"bytes": size, "seconds": seconds, "algbw_gb_s": algbw / 1e9,
             "busbw_gb_s": algbw * 2 * (world - 1) / world / 1e9,
@@ -131,8 +130,7 @@ def allreduce_bandwidth(world: int, device: torch.device, megabytes: float, iter
 
 def format_table(rows: list[dict], hosts: Sequence[str]) -> str:
     width = max(len(name) for name in CHECKS) + 2
-    header = f"{'rank':>4}  {'host':<16}" + "".join(f"{name:>{width}}" for name in CHECKS)
-    lines = [header]
+    lines = [f"{'rank':>4}  {'host':<16}" + "".join(f"{name:>{width}}" for name in CHECKS)]
     for rank, results in enumerate(rows):
         lines.append(f"{rank:>4}  {hosts[rank]:<16}"
                      + "".join(f"{'ok' if results[n] else 'WRONG':>{width}}" for n in CHECKS))
@@ -155,11 +153,9 @@ def _parse(argv: Sequence[str] | None, quiet: bool) -> argparse.Namespace:
 
 
 def check_numbers(args: argparse.Namespace) -> None:
-    """The flags' numbers, refused before any collective (a buffer of -1 MiB, or 0 timed repetitions, means
-    nothing)."""
+    """The flags' numbers, refused before any collective (-1 MiB, or 0 timed repetitions, means nothing)."""
     if not 0 < args.size_mb <= MAX_SIZE_MB:
-        raise UserError(f"--size-mb must be a buffer size in MiB above 0 and up to {MAX_SIZE_MB:g}, got "
-                        f"{args.size_mb:g}.")
+        raise UserError(f"--size-mb must be above 0 and up to {MAX_SIZE_MB:g} MiB, got {args.size_mb:g}.")
     if args.iters < 1:
         raise UserError(f"--iters is how many times each collective is timed, at least 1; got {args.iters}.")
     check_timeout(args.timeout)

@@ -28,8 +28,8 @@ def test_table_marks_a_wrong_result():
 
 
 @pytest.mark.parametrize("numbers, said", [
-    ({"size_mb": -1.0}, "--size-mb must be a buffer size in MiB above 0"),
-    ({"size_mb": float("nan")}, "--size-mb must be a buffer size in MiB above 0"),
+    ({"size_mb": -1.0}, "--size-mb must be above 0 and up to 1e.06 MiB, got -1"),
+    ({"size_mb": float("nan")}, "--size-mb must be above 0 and up to 1e.06 MiB, got nan"),
     ({"iters": 0}, "--iters is how many times each collective is timed, at least 1; got 0"),
     ({"timeout": float("nan")}, "--timeout nan is out of range"),
 ])

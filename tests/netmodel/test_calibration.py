@@ -39,8 +39,11 @@ def test_a_calibration_file_round_trips_and_a_bad_one_is_refused(tmp_path):
     with pytest.raises(UserError, match="is not a bench's JSON"):
         load_calibration(bad)
     bad.write_text('{"calibration": {"network": 3}}')  # a bench's, damaged
-    with pytest.raises(UserError, match="holds no fitted links"):
+    with pytest.raises(UserError, match="cannot be used: its links cannot be read"):
         load_calibration(bad)
+    bad.write_text(json.dumps({"calibration": {"network": {**NET.as_dict(), "inter": {"alpha": 0, "beta": -1}}}}))
+    with pytest.raises(UserError, match=r"its inter-host link has alpha 0 s and beta -1 s/byte"):
+        load_calibration(bad)  # once priced a negative time for every message
     with pytest.raises(UserError, match="cannot read the calibration file"):
         load_calibration(tmp_path / "missing.json")
 
