@@ -1,7 +1,7 @@
 """`python -m mpi_train soak --bad-input`: each fault a user can cause, as a real job, held to one standard.
 
-Each case (bad_input_cases.py, bad_input_surroundings.py) runs in a fresh temporary folder, as a user would from an
-empty one, two at a time. A case is `ok` when each run of it
+Each case (bad_input_cases.py, bad_input_surroundings.py, bad_input_commands.py) runs in a fresh temporary folder,
+as a user would from an empty one, two at a time. A case is `ok` when each run of it
 
   exits non-zero (a warning case: exits 0 and prints its warning),
   prints no line with "Traceback",
@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
-from . import bad_input_cases, bad_input_surroundings
+from . import bad_input_cases, bad_input_commands, bad_input_surroundings
 from .bad_input_judge import STOP, Run, judge, launch, message
 from .bad_input_workspace import Case, NotRunnable, Setups, Workspace
 
-CASES = [*bad_input_cases.CASES, *bad_input_surroundings.CASES]
+CASES = [*bad_input_cases.CASES, *bad_input_surroundings.CASES, *bad_input_commands.CASES]
 # cases at a time: a job spends much of its start waiting (mpirun's launch, the rendezvous, the ranks' imports on a
 # busy machine), so two of them keep this 2-core machine busier than one, and the probe inside 10 minutes
 CONCURRENT = 2

@@ -1,0 +1,57 @@
+"""The bad-input probe's faults of the commands around training: a calibration or an advice that no bench or advisor
+wrote as it is, the cluster check's and the bench's numbers, an experiment's hostfile, a plot's name (bad_input.py
+runs them with the rest)."""
+
+from __future__ import annotations
+
+import json
+
+from .bad_input_cases import SMALL
+from .bad_input_workspace import Case, Workspace
+
+LINK = {"alpha": 1e-4, "beta": 1e-8}
+PREDICT = ("predict", "--model", "mnist_cnn", "--methods", "ddp")
+EXPERIMENT = '[experiment]\nname = "probe"\ntracking = false\n[train]\ndataset = "synthetic"\nmax_steps = 2\n' \
+             '[[sweep]]\nsync = "ddp"\nnp = 2\n'
+
+
+def advice(created_s) -> dict:
+    """An advice's fields as the advisor writes them, for one rank on this host, made at `created_s`."""
+    return {"kind": "mpi_train.advice", "version": 1, "created": "then", "created_s": created_s, "hosts": ["h"],
+            "world_size": 1, "model": "mnist_cnn", "batch_size": 64, "link": None,
+            "calibration": {"network": {"intra": LINK, "inter": LINK}, "measured_at_s": 0.0},
+            "recommended": {"label": "ddp", "flags": ["--sync", "ddp"], "why": "", "predicted_step_s": 0.1}}
+
+
+def advice_as_calibration(ws: Workspace) -> list[list[str]]:
+    """An advice given to predict's --calibration: its links read, and it times no step to price compute with."""
+    (ws.folder / "advice.json").write_text(json.dumps(advice(1.0e9)))
+    return [ws.command(*PREDICT, "--ranks", "4", "--calibration", "advice.json")]
+
+
+def advice_edited(ws: Workspace) -> list[list[str]]:
+    """An advice whose time was edited into words, followed by --sync auto."""
+    (ws.folder / "advice.json").write_text(json.dumps(advice("yesterday")))
+    return [ws.train(*SMALL, "--sync", "auto", "--advice", "advice.json", np=1)]
+
+
+def experiment_hostfile(ws: Workspace) -> list[list[str]]:
+    (ws.folder / "probe.toml").write_text(EXPERIMENT)
+    (ws.folder / "hosts").write_text("localhost slots=two\n")
+    return [ws.command("experiment", "probe.toml", "--hostfile", "hosts", "--dry-run")]
+
+
+CASES = [
+    Case("advice-as-calibration", advice_as_calibration, (r"holds no time of the model's step without sync",
+                                                          r"--compute-per-sample")),
+    Case("advice-edited", advice_edited, (r"advice\.json cannot be used: its created_s 'yesterday' is no time",)),
+    Case("collectives-no-iterations", lambda ws: [ws.command("collectives", "--iters", "0")],
+         (r"--iters is how many times each collective is timed",)),
+    Case("bench-no-threads", lambda ws: [ws.command("bench", "--model", "mnist_cnn", "--batch-size", "16", "--steps",
+                                                    "1", "--threads", "0", "--no-tracking")],
+         (r"--threads must be positive, got 0",)),
+    Case("experiment-slots-in-words", experiment_hostfile, (r"line 1 of hosts, 'localhost slots=two'",)),
+    Case("predict-plot-not-png", lambda ws: [ws.command(*PREDICT, "--ranks", "2,4", "--link", "1gbit",
+                                                        "--compute-per-sample", "0.001", "--plot", "p.pdf")],
+         (r"drawn as a PNG image",)),
+]
