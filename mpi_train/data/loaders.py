@@ -225,7 +225,8 @@ def text_loaders(train: text.TextSplit, test: text.TextSplit, config: TrainConfi
     micro_batch = config.micro_batch(info.world_size)
     steps = max(1, len(train) // (config.batch_size * context))  # an epoch: the training bytes once, in expectation
     loader = text.TextTrainLoader(split=train, device=device, context=context, batch_size=micro_batch,
-                                  batches=steps * config.accumulate, seed=config.seed, rank=info.rank)
+                                  batches=steps * config.accumulate, seed=config.seed, rank=info.rank,
+                                  world_size=info.world_size, accumulate=config.accumulate)
     test_batch = config.per_rank(info.world_size)
     scored = text.TextTestLoader(split=test, device=device, context=context, batch_size=test_batch, rank=info.rank,
                                  world_size=info.world_size)

@@ -111,9 +111,9 @@ def splits(data: bytes, context: int, source: str) -> tuple[TextSplit, TextSplit
     return TextSplit(as_tensor(train), source), TextSplit(as_tensor(validation), source)
 
 
-def window_seed(seed: int, rank: int, epoch: int, batch: int) -> int:
-    """A 63-bit seed of its own for each (seed, rank, epoch, micro-batch of the epoch)."""
-    return int(np.random.SeedSequence([seed, rank, epoch, batch]).generate_state(2, dtype=np.uint64)[0] >> 1)
+def window_seed(seed: int, epoch: int, step: int) -> int:
+    """A 63-bit seed of its own for each (seed, epoch, optimizer step of the epoch)."""
+    return int(np.random.SeedSequence([seed, epoch, step]).generate_state(2, dtype=np.uint64)[0] >> 1)
 
 
 def windows(data: torch.Tensor, starts: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,12 +151,15 @@ class WindowSampler:
 
 
 class TextTrainLoader:
-    """The rank's training windows of one epoch: `batches` micro-batches of `batch_size` random windows each."""
+    """The rank's training windows of one epoch: `batches` micro-batches of `batch_size` random windows each. Each
+    optimizer step draws its global batch of windows from a seed of its own, and each rank trains on its share of
+    them, `accumulate` micro-batches in turn: a step trains on the same windows on any number of ranks (--reshard)
+    and at any --accumulate, as the image samplers' steps do."""
 
     def __init__(self, split: TextSplit, device: torch.device, context: int, batch_size: int, batches: int,
-                 seed: int, rank: int):
+                 seed: int, rank: int, world_size: int = 1, accumulate: int = 1):
         self.data, self.context, self.batch_size, self.batches = split.data.to(device), context, batch_size, batches
-        self.seed, self.rank = seed, rank
+        self.seed, self.rank, self.world_size, self.accumulate = seed, rank, world_size, accumulate
         self.sampler = WindowSampler(batches * batch_size)
 
     @property
@@ -168,10 +171,16 @@ class TextTrainLoader:
 
     def __iter__(self):
         first = self.sampler.next_pass() // self.batch_size  # a resumed epoch: the micro-batches already trained on
+        share = self.batch_size * self.accumulate  # the rank's windows of a step
+        drawn = None
         for batch in range(first, self.batches):
-            generator = torch.Generator().manual_seed(window_seed(self.seed, self.rank, self.sampler.epoch, batch))
-            starts = torch.randint(0, len(self.data) - self.context, (self.batch_size,), generator=generator)
-            yield windows(self.data, starts.to(self.data.device), self.context)
+            step, micro = divmod(batch, self.accumulate)
+            if drawn is None or drawn[0] != step:
+                generator = torch.Generator().manual_seed(window_seed(self.seed, self.sampler.epoch, step))
+                drawn = step, torch.randint(0, len(self.data) - self.context, (share * self.world_size,),
+                                            generator=generator)
+            begin = self.rank * share + micro * self.batch_size
+            yield windows(self.data, drawn[1][begin:begin + self.batch_size].to(self.data.device), self.context)
 
 
 class TextTestLoader:

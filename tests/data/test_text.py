@@ -47,21 +47,37 @@ def test_a_window_predicts_each_next_byte():
     assert targets.tolist() == [1, 2, 3, 4, 51, 52, 53, 54]  # flattened, as the GPT's logits are
 
 
-def loader(rank: int, batches: int = 5) -> text.TextTrainLoader:
+def loader(rank: int, batches: int = 5, world_size: int = 1, accumulate: int = 1,
+           batch_size: int = 3) -> text.TextTrainLoader:
     data = torch.randint(0, 256, (5000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     split = text.TextSplit(data, "t")
-    return text.TextTrainLoader(split, DEVICE, context=8, batch_size=3, batches=batches, seed=42, rank=rank)
+    return text.TextTrainLoader(split, DEVICE, context=8, batch_size=batch_size, batches=batches, seed=42, rank=rank,
+                                world_size=world_size, accumulate=accumulate)
 
 
 def test_windows_are_seeded_by_seed_rank_and_step():
-    first, again, other = (list(loader(rank)) for rank in (0, 0, 1))
+    first, again, other = (list(loader(rank, world_size=2)) for rank in (0, 0, 1))
     assert len(first) == 5 and first[0][0].shape == (3, 8) and first[0][1].shape == (24,)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
     assert not torch.equal(first[0][0], other[0][0])  # each rank its own windows
     assert not torch.equal(first[0][0], first[1][0])  # each step its own
-    later = loader(0)
+    later = loader(0, world_size=2)
     later.sampler.set_epoch(1)
     assert not torch.equal(next(iter(later))[0], first[0][0])  # each epoch its own
+
+
+def test_a_step_trains_on_the_same_windows_at_any_number_of_ranks_and_any_accumulate():
+    """Text's windows were once drawn per rank and micro-batch: --reshard or --accumulate changed what a step saw."""
+    def step_windows(world_size: int, accumulate: int) -> list[list[list[int]]]:
+        micro = 12 // (world_size * accumulate)  # a global batch of 12 windows
+        ranks = [list(loader(rank, batches=2 * accumulate, world_size=world_size, accumulate=accumulate,
+                             batch_size=micro)) for rank in range(world_size)]
+        return [sorted(row for shard in ranks for tokens, _ in shard[step * accumulate:(step + 1) * accumulate]
+                       for row in tokens.tolist()) for step in range(2)]
+
+    alone = step_windows(1, 1)
+    assert alone[0] != alone[1]
+    assert step_windows(2, 1) == alone and step_windows(4, 1) == alone and step_windows(2, 3) == alone
 
 
 def test_a_resumed_epoch_draws_the_windows_the_uninterrupted_one_did():
