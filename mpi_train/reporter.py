@@ -233,9 +233,9 @@ class Reporter(SilentReporter):
 
     def save_weights(self, state: dict) -> None:
         """--save-model: the trained model, logged to MLflow as a model that loads (tracking/runs.py), and how."""
-        uri = self.tracker.save_weights(state)
-        if uri:
-            self.print(f"mpi_train: trained model saved: mlflow.pytorch.load_model(\"{uri}\") loads it")
+        loading = self.tracker.save_weights(state)
+        if loading:
+            self.print(f"mpi_train: trained model saved: {loading} loads it")
 
     def unwritten(self) -> str | None:
         files = [text for text in (self.timeline_unwritten, self.summary.unwritten) if text]

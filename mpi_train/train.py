@@ -42,7 +42,7 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
     job = setup(config, cluster, advised)
     compiled_at_setup = graphs_compiled() if config.compile else 0
     if job.resume and job.resume.finished(job.info.total_steps):
-        return nothing_left(job, cluster)
+        return nothing_left(job, cluster, config.save_model)
     tracker = tracking.start(job.connection, config, cluster, job.info, job.preemption)
     reporter = make_reporter(config, cluster, job, tracker)
     # a host that went silent and came back, when the job spans hosts
@@ -89,11 +89,17 @@ def run(config: TrainConfig, cluster: Cluster) -> int:
     return REQUEUE_EXIT if loop.after_step.requeued else 0
 
 
-def nothing_left(job: Job, cluster: Cluster) -> int:
-    """A relaunch (--resume auto) of a job whose checkpoint is its last step's, evaluated already: nothing to do."""
+def nothing_left(job: Job, cluster: Cluster, save_model: bool = False) -> int:
+    """A relaunch (--resume auto) of a job whose checkpoint is its last step's, evaluated already: nothing to do.
+    `save_model`: say where the trained weights are, as no model is saved without a job's end."""
     if cluster.info.is_main:
         print(f"mpi_train: {job.resume.path} is at step {job.resume.position.step}, this job's last is "
               f"{job.info.total_steps}: it has finished (and been evaluated) already, nothing to do.", flush=True)
+        if save_model:
+            print(f"mpi_train: warning: --save-model logs the model a job ends with, and this one trains no step, so "
+                  f"no model is saved. Its weights are the checkpoint's: torch.load(\"{job.resume.path}\", "
+                  f"weights_only=True)[\"model_state\"] is the state_dict of the job's --model.", file=sys.stderr,
+                  flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..config import redact_uri
 from ..models import example, resolve
 from .spool import OFFLINE_PREFIX, first_line
 from .store_writes import store_said
@@ -37,7 +38,7 @@ def save_model_files(model, inputs, path: Path, run_id: str | None) -> str:
 
 
 class ModelSaving:
-    """MlflowTracker's part that logs the trained model (it sets `client`, `config`, `parent_id` and
+    """MlflowTracker's part that logs the trained model (it sets `client`, `config`, `uri`, `parent_id` and
     `experiment_id`)."""
 
     MODEL_NAME = "model"  # what --save-model logs: runs:/<run id>/model loads it
@@ -49,7 +50,7 @@ class ModelSaving:
         SyncMethod.save's "model"), in eval mode, with an input example of the data's shape (whence its signature).
         It is a logged model of the job's run; a server that is away, or cannot take logged models (MLflow 2), gets
         the same files as the run's artifacts under model/, sent or spooled like any artifact, which the same URI
-        loads once they are on the server. Where it can be loaded from now, if anywhere (not while spooled)."""
+        loads once they are on the server. The code that loads it now, if it can be (not while spooled)."""
         import torch
 
         with torch.random.fork_rng(devices=[]):  # building draws initial weights: the job's streams stay as they were
@@ -65,7 +66,7 @@ class ModelSaving:
             up = self._server_up()
             refused = self._log_model(path) if up else None
             if up and refused is None:
-                return uri
+                return self.loading_code(uri)
             dropped = getattr(self.client, "dropped", 0)  # a database store's refused writes (store_writes.py)
             for file in sorted(found for found in path.rglob("*") if found.is_file()):  # sent, or spooled
                 self.client.log_artifact(self.parent_id, str(file),
@@ -80,11 +81,19 @@ class ModelSaving:
                       f"instead, which mlflow.pytorch.load_model(\"{uri}\") loads as well.", file=sys.stderr,
                       flush=True)
             if self._server_up():
-                return uri
+                return self.loading_code(uri)
             print("mpi_train: trained model spooled with the run's other writes: once `python -m mpi_train replay` has "
                   "sent them, mlflow.pytorch.load_model(\"runs:/<run id>/model\") loads it (the replay names the run "
                   "ids it created).", flush=True)
             return None
+
+    def loading_code(self, model_uri: str) -> str:
+        """The calls that load the model from any folder: MLflow's own default store is not this tool's (./mlflow.db,
+        not ./mlruns/mlflow.db), and a relative SQLite path holds in the job's folder only."""
+        store = self.uri
+        if store.startswith("sqlite:///") and not store.startswith("sqlite:////"):
+            store = f"sqlite:///{Path(store.removeprefix('sqlite:///')).resolve()}"
+        return f'mlflow.set_tracking_uri("{redact_uri(store)}"); mlflow.pytorch.load_model("{model_uri}")'
 
     def _server_up(self) -> bool:
         """Writes reach the store now: the job did not train offline, and no outage is being spooled."""

@@ -66,7 +66,7 @@ class NullTracker:
         `message` as the error."""
     def save_weights(self, state: dict) -> str | None:
         """The trained model, `state` its whole state_dict on CPU, as an MLflow model of the job's run (see
-        MlflowTracker.save_weights); the URI that loads it, if it can be loaded now."""
+        MlflowTracker.save_weights); the code that loads it, if it can be loaded now."""
         return None
     def log_artifact(self, path, folder: str) -> None: ...
     def unrecorded(self) -> str | None:

@@ -173,8 +173,8 @@ def test_the_saved_model_loads_with_the_trained_weights_and_the_registry_takes_i
     with torch.no_grad():
         torch.testing.assert_close(mlflow.pytorch.load_model(f"models:/tests-mnist-cnn/{version.version}")(batch),
                                    logits)
-    assert f'mlflow.pytorch.load_model("{uri}") loads it' in read_artifact(client, parent.info.run_id, "console.log",
-                                                                           tmp_path)
+    assert (f'mlflow.set_tracking_uri("{mlflow_server}"); mlflow.pytorch.load_model("{uri}") loads it'
+            in read_artifact(client, parent.info.run_id, "console.log", tmp_path))
 
 
 @pytest.mark.e2e
