@@ -11,12 +11,14 @@ expectation: train bytes // (global batch x context), at least one.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..errors import UserError
+from .folders import reached_twice
 
 TRAIN_SHARE = 0.9
 VALIDATION_BYTES = 2**18  # at most this much of the held-out split is scored at each evaluation (the first bytes)
@@ -48,13 +50,34 @@ def read_files(root: Path) -> list[tuple[Path, bytes]]:
     if not root.is_dir():
         raise UserError(f"--dataset text reads the text file or folder at --data-dir, and {root} does not exist. "
                         f"Point --data-dir at a UTF-8 text file or a folder of them, or use --dataset synthetic.")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
-                                                                           p.relative_to(root).parts))
+    files = text_files(root)
     if not files:
         raise UserError(f"--dataset text reads every file under the folder --data-dir {root}, and it holds none"
                         f"{' but hidden ones' if any(root.rglob('*')) else ''}. Put UTF-8 text files in it, point "
                         f"--data-dir at one file, or use --dataset synthetic.")
     return [(path, path.read_bytes()) for path in files]
+
+
+def text_files(root: Path) -> list[Path]:
+    """Every file under the folder `root`, sorted, hidden ones left out, through links as imagefolder goes (a
+    folder of links to the books is a corpus too); a UserError for a link that loops or leads to nothing, whose files
+    would be read twice or silently missed."""
+    if twice := reached_twice(root):
+        raise UserError(f"{twice[1]} is {twice[0]} again, reached through a link (a link to a folder above it "
+                        f"loops): its files would be read more than once. Remove the link, or copy what it leads to.")
+    found, broken = [], []
+    for here, folders, names in os.walk(root, followlinks=True):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        for path in (Path(here) / name for name in names if not name.startswith(".")):
+            if path.is_file():
+                found.append(path)
+            elif path.is_symlink() and not path.exists():
+                broken.append(path)
+    if broken:
+        raise UserError(f"{root} holds {len(broken):,} link(s) to no file ({broken[0]} leads to "
+                        f"{os.readlink(broken[0])}, which does not exist): their text would be left out. Remove "
+                        f"them, or restore what they lead to.")
+    return sorted(found)
 
 
 def read_bytes(root: Path) -> bytes:

@@ -113,3 +113,23 @@ def test_a_binary_file_trains_with_a_one_line_warning_and_text_without(tmp_path,
     assert "54% of its bytes are not UTF-8 text" in warning
     load_datasets(TrainConfig(dataset="text", data_dir=str(prose), context=32), cluster)
     assert capsys.readouterr().err == ""
+
+
+def test_a_text_folder_is_read_through_its_links_and_a_link_to_nothing_is_refused(tmp_path):
+    """rglob passed over linked folders: a corpus of links to the books once trained on its README alone."""
+    books, corpus = tmp_path / "books", tmp_path / "corpus"
+    books.mkdir()
+    corpus.mkdir()
+    (books / "a.txt").write_text("the book")
+    (corpus / "README.txt").write_text("read me")
+    (corpus / "books").symlink_to(books)
+    (corpus / ".cache").mkdir()
+    (corpus / ".cache" / "x.txt").write_text("hidden")
+    assert text.read_bytes(corpus) == b"read me" + b"the book"  # sorted by path: README.txt before books/a.txt
+    (corpus / "gone.txt").symlink_to(tmp_path / "nowhere.txt")
+    with pytest.raises(UserError, match=r"holds 1 link\(s\) to no file .*gone\.txt leads to"):
+        text.read_bytes(corpus)
+    (corpus / "gone.txt").unlink()
+    (books / "up").symlink_to(corpus)  # corpus/books/up is corpus again
+    with pytest.raises(UserError, match="reached through a link"):
+        text.read_bytes(corpus)
