@@ -24,7 +24,8 @@ BACKENDS = ("auto", "gloo", "nccl")
 LOADERS = ("auto", "resident", "dataloader")  # the data paths (data/loaders.py)
 RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-dir, if any
 SYNC_AUTO = "auto"  # --sync auto: the method an advice recommends (advice/cache.py), resolved before setup
-ADVICE_DIR = "mlruns/advice"  # where python -m mpi_train advise keeps its advice and --sync auto looks for it
+STORE_DIR = "mlruns"  # the embedded MLflow store's folder (tracking/store.py), where the advice is kept too
+ADVICE_DIR = f"{STORE_DIR}/advice"  # where python -m mpi_train advise keeps its advice and --sync auto looks for it
 # a field's `choices` names one (--model: models/)
 REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS, "optimizer": OPTIMIZERS}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import socket
 import sys
@@ -16,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..cluster import Cluster
-from ..config import TrainConfig
+from ..config import ENV_DEFAULTS, STORE_DIR, TrainConfig
 from ..errors import UserError
 from ..models import NUM_CLASSES
 from ..models.user import is_path
@@ -228,6 +229,24 @@ def load_users(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]
             user_data.Named(data.test, config.dataset, "test", data.num_classes, data.shape))
 
 
+def refuse_own_outputs(root: Path, config: TrainConfig) -> None:
+    """A UserError where the job's own outputs lie in the text folder --data-dir: read as text, they would make each
+    rerun train on other data (the store's database, the checkpoints of the run before)."""
+    uri = config.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or f"sqlite:///{STORE_DIR}/mlflow.db"
+    store = Path(uri.removeprefix("sqlite:///")).parent if uri.startswith("sqlite:///") else None
+    outputs = {"the MLflow store": None if config.no_tracking else store, "--checkpoint-dir": config.checkpoint_dir,
+               "--timeline-dir": config.timeline_dir if config.timeline or config.timeline_steps else None,
+               "--summary-json": config.summary_json}
+    if not root.is_dir():
+        return
+    inside = [f"{what} {where}" for what, where in outputs.items()
+              if where is not None and Path(where).resolve().is_relative_to(root.resolve())]
+    if inside:
+        raise UserError(f"--dataset text reads every file under --data-dir {root}, and this job writes there too "
+                        f"({', '.join(inside)}): a rerun would train on those files as text. Put the text in a "
+                        f"folder of its own and point --data-dir at it.")
+
+
 def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, text.TextSplit]:
     """(train, validation) bytes of --data-dir, or of synthetic words; every rank reads its own copy. Collective."""
     context = config.gpt_shape.context
@@ -235,6 +254,7 @@ def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, te
         return text.splits(text.synthetic_text(config.synthetic_size * context), context, "synthetic text")
     root, outcome, splits, files = Path(config.data_dir), None, None, []
     try:
+        refuse_own_outputs(root, config)
         files = text.read_files(root)
         splits = text.splits(b"".join(data for _, data in files), context, str(root))
     except UserError as error:

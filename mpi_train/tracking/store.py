@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..config import ENV_DEFAULTS, TrainConfig, redact_uri
+from ..config import ENV_DEFAULTS, STORE_DIR, TrainConfig, redact_uri
 from ..errors import UserError
 from ..files import partial_name, remove_dead_partials, write_error
 from .probe import ServerUnreachable, probe_server
 from .spool import FOREIGN_ANSWER, SPOOL_DIR, Spool, SpoolingClient, first_line, refused
 from .store_writes import StoreWrites
 
-DEFAULT_STORE_DIR = "mlruns"  # the embedded default: SQLite store and artifacts under ./mlruns
+DEFAULT_STORE_DIR = STORE_DIR  # the embedded default: SQLite store and artifacts under ./mlruns
 SERVER_SCHEMES = ("http", "https")
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 # the pip package of each database driver SQLAlchemy imports, by the module it imports

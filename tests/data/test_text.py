@@ -1,5 +1,7 @@
 """Text for the GPT (mpi_train/data/text.py): the 90/10 split, each rank's seeded windows, a resumed epoch's."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -133,3 +135,17 @@ def test_a_text_folder_is_read_through_its_links_and_a_link_to_nothing_is_refuse
     (books / "up").symlink_to(corpus)  # corpus/books/up is corpus again
     with pytest.raises(UserError, match="reached through a link"):
         text.read_bytes(corpus)
+
+
+def test_a_text_folder_that_holds_the_jobs_own_outputs_is_refused(tmp_path, monkeypatch):
+    """--data-dir . once read the job's own mlruns/mlflow.db as text, and each rerun its checkpoints too."""
+    from mpi_train.data.sets import refuse_own_outputs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "corpus").mkdir()
+    with pytest.raises(UserError, match=r"this job writes there too \(the MLflow store mlruns, --checkpoint-dir ck\)"):
+        refuse_own_outputs(Path("."), TrainConfig(dataset="text", data_dir=".", checkpoint_dir="ck"))
+    refuse_own_outputs(Path("corpus"), TrainConfig(dataset="text", data_dir="corpus", checkpoint_dir="ck"))
+    refuse_own_outputs(Path("."), TrainConfig(dataset="text", data_dir=".", no_tracking=True,
+                                              tracking_uri="http://127.0.0.1:5000"))
