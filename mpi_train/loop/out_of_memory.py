@@ -16,7 +16,7 @@ import torch
 from ..cluster import Cluster
 from ..config import TrainConfig
 from ..errors import UserError
-from ..memory import ran_out, shortfall, size
+from ..memory import host_memory, ran_out, shortfall, size
 from ..optimizers import state_slots
 
 SCORED_BATCH = 256  # the least a test batch holds per rank (data/loaders.py): scoring keeps no activations
@@ -43,6 +43,13 @@ class Shortage:
     micro: int  # what its forward and backward take at once
     step: float  # as Cluster.note_progress last recorded it: 0 while setting up, n + 0.5 while scoring after n
     on_gpu: bool
+    held: int  # the model's parameters, gradients and optimizer state, in bytes
+    room: int | None  # the device's memory in all, where known (the GPU's, else the host's)
+
+    @property
+    def model_alone(self) -> bool:
+        """The model's own state cannot fit the device, whatever the batch (sharded over the ranks, it might)."""
+        return self.room is not None and self.held >= self.room
 
     @property
     def scoring(self) -> bool:
@@ -52,9 +59,10 @@ class Shortage:
 def paragraph(config: TrainConfig, cluster: Cluster, error: BaseException) -> str:
     """`ran out of memory in step 3: one allocation asked for 1.20 GiB, ... Lower --batch-size, or ...`."""
     info = cluster.info
+    on_gpu = isinstance(error, torch.OutOfMemoryError) or "CUDA" in str(error)
     short = Shortage(config=config, world_size=info.world_size, per_rank=config.per_rank(info.world_size),
-                     micro=config.micro_batch(info.world_size), step=cluster.step_reached,
-                     on_gpu=isinstance(error, torch.OutOfMemoryError) or "CUDA" in str(error))
+                     micro=config.micro_batch(info.world_size), step=cluster.step_reached, on_gpu=on_gpu,
+                     held=model_state_bytes(config), room=device_bytes(on_gpu))
     unit = f"sequences of {config.gpt_shape.context} tokens" if config.language_model else "images"
     if short.step == 0:
         where = "while setting up, before the first step"
@@ -71,7 +79,10 @@ def paragraph(config: TrainConfig, cluster: Cluster, error: BaseException) -> st
 
 
 def smaller_pieces(short: Shortage) -> str:
-    """The batch lowered, or kept and taken in more micro-batches (the next --accumulate that divides the share)."""
+    """The batch lowered, or kept and taken in more micro-batches (the next --accumulate that divides the share);
+    nothing where the model's own state outgrows the device, which no batch mends."""
+    if short.model_alone:
+        return ""
     if short.scoring:
         return (f"Scoring takes the larger of that share and {SCORED_BATCH} per rank at once: lower --batch-size."
                 if short.per_rank > SCORED_BATCH else "")
@@ -86,7 +97,7 @@ def smaller_pieces(short: Shortage) -> str:
 def lower_precision(short: Shortage) -> str:
     """On a GPU, float32's activations halve under bf16-mixed."""
     return ("--precision bf16-mixed about halves what the activations hold."
-            if short.on_gpu and short.config.precision == "32-true" else "")
+            if short.on_gpu and short.config.precision == "32-true" and not short.model_alone else "")
 
 
 def data_on_host(short: Shortage) -> str:
@@ -99,11 +110,26 @@ def data_on_host(short: Shortage) -> str:
 
 def sharded(short: Shortage) -> str:
     """The model's own parameters, gradients and optimizer state, their size, and the methods that shard them."""
-    if short.scoring:
+    if short.scoring and not short.model_alone:
         return ""
-    held = f"The model's parameters, gradients and optimizer state take {size(model_state_bytes(short.config))}"
+    held = f"The model's parameters, gradients and optimizer state take {size(short.held)}"
+    if short.model_alone:
+        return (f"{held}, more than the {size(short.room)} this {'GPU' if short.on_gpu else 'host'} holds in all: no "
+                f"batch size fits. Train a smaller model, or shard it over more ranks (--sync fsdp keeps 1/N of it "
+                f"on each).")
     return (f"{held} per rank; where that is much of the device, --sync fsdp or zero shards them over the ranks."
             if short.world_size > 1 else f"{held}.")
+
+
+def device_bytes(on_gpu: bool) -> int | None:
+    """The memory of the device that ran out, in all: the current GPU's, else the host's; None where unknown."""
+    if on_gpu:
+        try:
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        except (RuntimeError, AssertionError):  # no CUDA here after all (an error that only says so)
+            return None
+    host = host_memory()
+    return host[1] if host else None
 
 
 def model_state_bytes(config: TrainConfig) -> int:

@@ -69,6 +69,13 @@ def test_the_paragraph_says_where_with_what_batch_and_what_to_change():
     assert "one sample at once already" in setting_up
     assert "--loader dataloader keeps it in the host's memory" in setting_up
 
+    # a model whose own state outgrows the host: no batch mends it (the paragraph once said to lower the batch)
+    huge = TrainConfig(dataset="synthetic", model="gpt", gpt_width=65536, gpt_heads=8, gpt_layers=8, batch_size=8)
+    model_alone = paragraph(huge, ranks(2, 0), RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried "
+                                                            "to allocate 1099511627776 bytes."))
+    assert re.search(r"state take [\d.]+ TiB, more than the [\d.]+ GiB this host holds in all: no batch size fits",
+                     model_alone) and "--batch-size" not in model_alone and "--accumulate" not in model_alone
+
     scoring = paragraph(TrainConfig(dataset="synthetic", batch_size=1024), ranks(1, 4.5), gpu)
     assert scoring.startswith("ran out of memory scoring the test set after step 4: ")
     assert "Scoring takes the larger of that share and 256 per rank at once: lower --batch-size." in scoring
