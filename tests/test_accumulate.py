@@ -151,3 +151,14 @@ def test_a_warm_up_given_that_lasts_the_whole_schedule_is_warned_of():
         "more --epochs.")
     assert long_warmup(TrainConfig(warmup_steps=16, epochs=2), 16) is None
     assert long_warmup(TrainConfig(model="mnist_cnn", epochs=1), 16) is None  # its default of 40: a demonstration run
+
+
+def test_a_host_period_on_one_host_is_warned_of():
+    """--host-period on one host changed no loss and said nothing."""
+    from mpi_train.loop.job import one_host_level
+
+    config = TrainConfig(sync="localsgd", period=4, host_period=2)
+    assert one_host_level(config, ("h", "h")).startswith("--host-period 2 averages inside each host between the "
+                                                          "averages over all hosts, and this job's 2 rank(s) share one")
+    assert one_host_level(config, ("h1", "h1", "h2", "h2")) is None
+    assert one_host_level(TrainConfig(sync="localsgd", period=4), ("h", "h")) is None

@@ -139,7 +139,8 @@ def setup(config: TrainConfig, cluster: Cluster, advised: dict | None = None) ->
         warnings=tuple(filter(None, [slow_on_cpu(precision, device),
                                      short_set(len(train_set), config, info.world_size),
                                      long_warmup(config, steps_per_epoch),
-                                     changed_course(resume, config, precision.name)])),
+                                     changed_course(resume, config, precision.name),
+                                     one_host_level(config, cluster.hosts)])),
         overlap_lost_to_compile=method.traits.lost_when_compiled if config.compile else None,
         untrained_parameters=untrained,
     )
@@ -200,6 +201,16 @@ def long_warmup(config: TrainConfig, steps_per_epoch: int) -> str | None:
             f"epoch(s) of {steps_per_epoch:,}): the rate climbs to --lr {config.optimizer_settings.lr:g} until step "
             f"{config.warmup_steps:,} (the schedule's last: {schedule:,}), and --lr-schedule {config.lr_schedule} "
             f"never begins. Give fewer warm-up steps, or more --epochs.")
+
+
+def one_host_level(config: TrainConfig, hosts) -> str | None:
+    """A sentence for a --host-period given to a job on one host, else None: the average inside each host is then
+    the average of all, taken every --period steps already, so the flag changes nothing."""
+    if not config.host_period or len(set(hosts)) > 1:
+        return None
+    return (f"--host-period {config.host_period} averages inside each host between the averages over all hosts, and "
+            f"this job's {len(hosts)} rank(s) share one host: it changes nothing here (a two-level average needs "
+            f"ranks on several hosts). Drop it, or launch on several hosts.")
 
 
 def changed_course(resume: Resume | None, config: TrainConfig, precision: str) -> str | None:
