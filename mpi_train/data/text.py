@@ -48,8 +48,9 @@ def read_files(root: Path) -> list[tuple[Path, bytes]]:
     if root.is_file():
         return [(root, root.read_bytes())]
     if not root.is_dir():
-        raise UserError(f"--dataset text reads the text file or folder at --data-dir, and {root} does not exist. "
-                        f"Point --data-dir at a UTF-8 text file or a folder of them, or use --dataset synthetic.")
+        what = "is neither a file nor a folder (a pipe or a device)" if root.exists() else "does not exist"
+        raise UserError(f"--dataset text reads the text file or folder at --data-dir, and {root} {what}. Point "
+                        f"--data-dir at a UTF-8 text file or a folder of them, or use --dataset synthetic.")
     files = text_files(root)
     if not files:
         raise UserError(f"--dataset text reads every file under the folder --data-dir {root}, and it holds none"
