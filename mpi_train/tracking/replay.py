@@ -106,6 +106,7 @@ def replay_one(path: Path, override: str | None) -> str | None:
                             f"this command again.") from None
     client = mlflow_client(uri)  # a damaged store is named here, before anything is sent
     check_api(client, uri, f"Nothing was sent; {path} is kept.")
+    creating = {record["local_id"]: record for record in spool.records() if record["kind"] == "create_run"}
     try:
         sent, ids = spool.replay(client, uri)
     except Exception as error:  # noqa: BLE001 - what was sent is acknowledged; the rest waits for the next replay
@@ -113,10 +114,19 @@ def replay_one(path: Path, override: str | None) -> str | None:
         raise UserError(f"sending {path} to {redact_uri(uri)} stopped after {pending - left} of {pending} write(s) "
                         f"({first_line(error)}). The "
                         f"spool is kept; run this command again to send the rest (nothing is sent twice).") from None
-    created = f"; runs created: {', '.join(sorted(ids.values()))}" if ids else ""
+    runs = [created_run(creating.get(local, {}), run) for local, run in ids.items()]
+    created = f"; runs created: {', '.join(runs)}" if runs else ""
     damaged = spool.damaged()
     print(f"{path}: sent {sent} write(s) to {redact_uri(uri)}{created}" + ("." if damaged else "; removed."))
     return set_aside(spool, sent) if damaged else None
+
+
+def created_run(record: dict, run_id: str) -> str:
+    """How the replay's line names a run it created: the job's run says it is, since a saved model loads from it
+    (runs:/ID/model), not from a rank's."""
+    job = (record.get("tags") or {}).get("mpi_train.role") == "job"
+    return f"{record.get('run_name') or 'a run'} {run_id}" + (
+        f" (the job's run: a model it saved loads as runs:/{run_id}/model)" if job else "")
 
 
 SHOWN_LINES = 5  # damaged lines named one by one; the rest are counted
