@@ -108,7 +108,9 @@ class GPT(nn.Module):
         x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x)).view(-1, VOCAB_SIZE)
+        # the head takes the positions flattened, so that its output is a tensor of its own, not a view (FSDP2 warns
+        # of a wrapped module that returns one)
+        return self.head(self.norm(x).flatten(0, 1))
 
 
 def gpt(shape: GptShape, dropout: float | None = None) -> GPT:
