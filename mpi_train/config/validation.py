@@ -150,6 +150,11 @@ def check_data(config) -> None:
     if len(shape) == 1 and config.loader == "dataloader":
         raise UserError(f"--loader dataloader reads images one by one, and --model {config.model_name} trains on "
                         f"text, which is always held resident (a uint8 tensor of its bytes). Drop --loader.")
+    if config.loader_workers is not None and (len(shape) == 1 or config.loader == "resident"):
+        held = "text, always held" if len(shape) == 1 else "--loader resident: the data set held"
+        raise UserError(f"--loader-workers sets the processes torch's DataLoader reads images with, and this job reads "
+                        f"{held} on each rank's device, through no DataLoader, so it would ignore them. Drop "
+                        f"--loader-workers, or read images with --loader dataloader.")
     if config.sync_bn:
         # here, not at the top: its torch.compiler.disable imports torch's compiler, a second of every command's start
         from ..models.sync_batchnorm import has_batchnorm

@@ -93,3 +93,9 @@ def test_the_data_path_flags_are_checked():
     assert TrainConfig().loader == "auto"
     with pytest.raises(UserError, match="--loader-workers must not be negative"):
         TrainConfig(loader="dataloader", loader_workers=-1).validate(1)
+    # workers for a DataLoader the job never makes: once ignored without a word
+    for ignored in (TrainConfig(model="gpt", dataset="synthetic", loader_workers=4),
+                    TrainConfig(dataset="synthetic", loader="resident", loader_workers=4)):
+        with pytest.raises(UserError, match="--loader-workers sets the processes torch's DataLoader reads images"):
+            ignored.validate(1)
+    TrainConfig(dataset="synthetic", loader="dataloader", loader_workers=4).validate(1)
