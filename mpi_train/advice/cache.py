@@ -31,7 +31,7 @@ from ..netmodel import network_problem
 from ..step.precision import PRECISION_AUTO, UNNAMED_PRECISION
 from ..sync import GRADIENTS, SYNC_METHODS
 
-ADVISED = {"sync": str, "bucket_mb": float}  # the flags an advice sets, and their types
+ADVISED = ("sync", "bucket_mb")  # the flags an advice sets
 KIND = "mpi_train.advice"  # the "kind" of every advice file, so a stray JSON in the folder is not taken for one
 VERSION = 1
 
@@ -247,20 +247,27 @@ def applied(config: TrainConfig, pick: dict) -> TrainConfig:
             raise UserError(f"the advice {pick['file']} recommends {flag} {value!r}, and an advice sets --sync and "
                             f"--bucket-mb only (an advice of another version, or edited by hand?). Run python -m "
                             f"mpi_train advise again.")
-        try:
-            changes[name] = ADVISED[name](value)
-        except ValueError:
-            changes[name] = None
-        problem = (f"is not one of this version's lossless methods ({', '.join(lossless_methods())})"
-                   if name == "sync" else "is not a size in MB above 0")
-        if changes[name] is None or not (changes[name] in lossless_methods() if name == "sync"
-                                         else 0 < changes[name] < math.inf):
-            raise UserError(f"the advice {pick['file']} recommends {flag} {value!r}, which {problem}. Run python -m "
+        changes[name] = advised_value(name, value)
+        if changes[name] is None:
+            wrong = (f"is not one of this version's lossless methods ({', '.join(lossless_methods())})"
+                     if name == "sync" else "is not a size in MB above 0")
+            raise UserError(f"the advice {pick['file']} recommends {flag} {value!r}, which {wrong}. Run python -m "
                             f"mpi_train advise again.")
     if len(flags) % 2 or "sync" not in changes:
         raise UserError(f"the advice {pick['file']} recommends {' '.join(flags) or 'nothing'}, which names no sync "
                         f"method of this version. Run python -m mpi_train advise again.")
     return dataclasses.replace(config, **changes, advice=pick["file"])
+
+
+def advised_value(name: str, value: str):
+    """`value` as field `name` (ADVISED) takes it, or None where no advisor of this version would have written it."""
+    if name == "sync":
+        return value if value in lossless_methods() else None
+    try:
+        size = float(value)
+    except ValueError:
+        return None
+    return size if 0 < size < math.inf else None
 
 
 def lossless_methods() -> list[str]:
