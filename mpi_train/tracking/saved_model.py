@@ -9,7 +9,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..config import redact_uri
 from ..models import example, resolve
 from .spool import OFFLINE_PREFIX, first_line
 from .store_writes import store_said
@@ -89,11 +88,15 @@ class ModelSaving:
 
     def loading_code(self, model_uri: str) -> str:
         """The calls that load the model from any folder: MLflow's own default store is not this tool's (./mlflow.db,
-        not ./mlruns/mlflow.db), and a relative SQLite path holds in the job's folder only."""
+        not ./mlruns/mlflow.db), and a relative SQLite path holds in the job's folder only. No password is printed:
+        a server's credentials are left to $MLFLOW_TRACKING_USERNAME and $MLFLOW_TRACKING_PASSWORD."""
         store = self.uri
         if store.startswith("sqlite:///") and not store.startswith("sqlite:////"):
             store = f"sqlite:///{Path(store.removeprefix('sqlite:///')).resolve()}"
-        return f'mlflow.set_tracking_uri("{redact_uri(store)}"); mlflow.pytorch.load_model("{model_uri}")'
+        scheme, _, rest = store.partition("://")
+        if "@" in rest.split("/", 1)[0]:  # a server's credentials: MLflow takes them from its variables instead
+            store = f"{scheme}://{rest.split('@', 1)[1]}"
+        return f'mlflow.set_tracking_uri("{store}"); mlflow.pytorch.load_model("{model_uri}")'
 
     def _server_up(self) -> bool:
         """Writes reach the store now: the job did not train offline, and no outage is being spooled."""

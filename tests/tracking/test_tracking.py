@@ -418,3 +418,18 @@ def test_batch_sender_groups_per_run_and_caps_batches_at_1000():
     assert calls == []  # putting never calls the client
     sender.stop()
     assert sorted(calls) == [("child", 6), ("parent", 500), ("parent", 1000)]
+
+
+def test_the_saved_models_line_names_its_store_whole_and_no_password(tmp_path, monkeypatch):
+    """The line once said load_model("runs:/...") alone, which MLflow looks up in its own default ./mlflow.db."""
+    from types import SimpleNamespace
+
+    from mpi_train.tracking.saved_model import ModelSaving
+
+    monkeypatch.chdir(tmp_path)
+    def line(uri):
+        return ModelSaving.loading_code(SimpleNamespace(uri=uri), "runs:/r/model")
+
+    assert line("sqlite:///mlruns/mlflow.db") == (f'mlflow.set_tracking_uri("sqlite:///{tmp_path}/mlruns/mlflow.db"); '
+                                                  f'mlflow.pytorch.load_model("runs:/r/model")')
+    assert line("http://alice:s3cret@h:5000").startswith('mlflow.set_tracking_uri("http://h:5000");')
