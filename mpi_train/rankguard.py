@@ -14,11 +14,11 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import tomllib
 
 from .cluster import STOP_TOGETHER_S, Cluster, SharedError, note_shared_error
+from .config.job_file import read_job_file
 from .config.validation import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from .environments import LAUNCHERS
 from .errors import ArgumentParser, UserError, format_error, raised_in_collective
@@ -139,8 +139,8 @@ def local_job_file(path: str | None) -> dict:
     """The keys of this host's copy of the job file (--config), or none where it is missing or unreadable: the
     file's mistakes are said once the flags are read, from rank 0's copy."""
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8-sig")) if path else {}
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return tomllib.loads(read_job_file(path)) if path else {}
+    except (UserError, tomllib.TOMLDecodeError):
         return {}
 
 
