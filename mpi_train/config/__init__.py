@@ -34,6 +34,9 @@ from .fields import (
     USERS_DATASET_MODEL,
     DatasetNames,
     SyncChoice,
+    default_store_uri,
+    given_uri,
+    resolve_uri,
 )
 from .flags import (
     MODEL_FLAGS,
@@ -85,8 +88,10 @@ __all__ = [
     "add_config_arguments",
     "add_model_arguments",
     "check_timeout",
+    "default_store_uri",
     "field_choices",
     "field_kinds",
+    "given_uri",
     "job_file",
     "model_config",
     "model_flag_words",
@@ -98,6 +103,7 @@ __all__ = [
     "ranks_that_split",
     "read_job_file",
     "redact_uri",
+    "resolve_uri",
     "shown",
     "toml_value",
 ]

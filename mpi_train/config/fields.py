@@ -6,6 +6,7 @@ without the class that composes them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..environments import LAUNCHERS  # the --launcher names, one per cluster environment
@@ -26,6 +27,23 @@ RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-
 SYNC_AUTO = "auto"  # --sync auto: the method an advice recommends (advice/cache.py), resolved before setup
 STORE_DIR = "mlruns"  # the embedded MLflow store's folder (tracking/store.py), where the advice is kept too
 ADVICE_DIR = f"{STORE_DIR}/advice"  # where python -m mpi_train advise keeps its advice and --sync auto looks for it
+def default_store_uri() -> str:
+    """The embedded store: SQLite under ./mlruns (MLflow 3 takes no folder of files)."""
+    return f"sqlite:///{STORE_DIR}/mlflow.db"
+
+
+def given_uri(flag: str | None) -> str | None:
+    """The destination the user named, the flag over $MLFLOW_TRACKING_URI; None where neither names one (a replay
+    then sends each spool where its job was writing)."""
+    return flag or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
+
+
+def resolve_uri(flag: str | None) -> str:
+    """Where runs are recorded, the one rule every command follows: the flag, else $MLFLOW_TRACKING_URI, else the
+    embedded store. Here, not in tracking/, so the data layer can tell which folder the job writes its store to."""
+    return given_uri(flag) or default_store_uri()
+
+
 # a field's `choices` names one (--model: models/)
 REGISTRIES = {"sync": SYNC_METHODS, "compression": COMPRESSORS, "optimizer": OPTIMIZERS}
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from ..config import JobInfo, TrainConfig, redact_uri
+from ..config import JobInfo, TrainConfig, default_store_uri, redact_uri, resolve_uri
 from ..errors import UserError
 from .probe import ServerUnreachable, probe_server, server_answers
 from .runs import MlflowTracker
@@ -35,10 +35,8 @@ from .store import (
     check_store_dir,
     check_store_exists,
     check_uri,
-    default_store_uri,
     mlflow_client,
     open_store,
-    resolve_uri,
 )
 from .store_writes import store_said
 from .summary_metrics import job_metrics

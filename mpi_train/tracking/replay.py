@@ -20,11 +20,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config import redact_uri
+from ..config import given_uri, redact_uri
 from ..errors import ArgumentParser, UserError, format_error
 from .probe import ServerUnreachable, probe_server
 from .spool import SPOOL_DIR, Spool, first_line
-from .store import SERVER_SCHEMES, check_api, check_uri, given_uri, mlflow_client
+from .store import SERVER_SCHEMES, check_api, check_uri, mlflow_client
 
 WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
 

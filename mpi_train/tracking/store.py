@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..config import ENV_DEFAULTS, STORE_DIR, TrainConfig, redact_uri
+from ..config import ENV_DEFAULTS, STORE_DIR, TrainConfig, redact_uri, resolve_uri
 from ..errors import UserError
 from ..files import partial_name, remove_dead_partials, write_error
 from .probe import ServerUnreachable, probe_server
@@ -227,23 +227,6 @@ def damaged_store(database: Path, why: str, fix: str) -> UserError:
     where = database.absolute()
     return UserError(f"The MLflow store {where} is damaged: {why}. No run can be read from it or written to it. "
                      f"{fix.format(where=where)}")
-
-
-def default_store_uri() -> str:
-    """The embedded store: SQLite under ./mlruns (MLflow 3 takes no folder of files)."""
-    return f"sqlite:///{DEFAULT_STORE_DIR}/mlflow.db"
-
-
-def given_uri(flag: str | None) -> str | None:
-    """The destination the user named, the flag over $MLFLOW_TRACKING_URI; None where neither names one (a replay
-    then sends each spool where its job was writing)."""
-    return flag or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or None
-
-
-def resolve_uri(flag: str | None) -> str:
-    """Where runs are recorded, the one rule every command follows: the flag, else $MLFLOW_TRACKING_URI, else the
-    embedded store."""
-    return given_uri(flag) or default_store_uri()
 
 
 def check_store_dir(directory: Path, flag_hint: str, for_a_job: bool = True) -> None:

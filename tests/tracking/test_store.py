@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import free_port, tmpfs
 
+from mpi_train.config import given_uri
 from mpi_train.files import partial_name
 from mpi_train.lab.bad_input_workspace import fill
 from mpi_train.tracking import default_store_uri, resolve_uri
-from mpi_train.tracking.store import given_uri
 
 
 def test_the_flag_wins_then_the_environment_then_the_embedded_store(monkeypatch):
