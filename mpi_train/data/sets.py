@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import shutil
 import socket
 import sys
@@ -17,8 +16,10 @@ import torch
 from torch.utils.data import Dataset
 
 from ..cluster import Cluster
-from ..config import ENV_DEFAULTS, STORE_DIR, TrainConfig
+from ..config import TrainConfig, resolve_uri
 from ..errors import UserError
+from ..memory import host_memory
+from ..memory import size as memory_size
 from ..models import NUM_CLASSES
 from ..models.user import is_path
 from . import folders, spec, text
@@ -31,6 +32,8 @@ MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 DOWNLOAD_TIMEOUT_S = 30
 # what each data set's download writes in --data-dir (torchvision's layout)
 DOWNLOADED = {"cifar10": ("cifar-10-python.tar.gz", "cifar-10-batches-py"), "mnist": ("MNIST",)}
+# bytes held per byte of synthetic text while it is made (data/text.py synthetic_text: picks, slices, copies)
+SYNTHETIC_TEXT_PEAK = 7
 SYNTHETIC_DATA_SEED = 1234  # fixed, so the synthetic data set is the same whatever --seed says
 
 
@@ -232,7 +235,7 @@ def load_users(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]
 def refuse_own_outputs(root: Path, config: TrainConfig) -> None:
     """A UserError where the job's own outputs lie in the text folder --data-dir: read as text, they would make each
     rerun train on other data (the store's database, the checkpoints of the run before)."""
-    uri = config.tracking_uri or os.environ.get(ENV_DEFAULTS["tracking_uri"]) or f"sqlite:///{STORE_DIR}/mlflow.db"
+    uri = resolve_uri(config.tracking_uri)
     store = Path(uri.removeprefix("sqlite:///")).parent if uri.startswith("sqlite:///") else None
     outputs = {"the MLflow store": None if config.no_tracking else store, "--checkpoint-dir": config.checkpoint_dir,
                "--timeline-dir": config.timeline_dir if config.timeline or config.timeline_steps else None,
@@ -247,10 +250,25 @@ def refuse_own_outputs(root: Path, config: TrainConfig) -> None:
                         f"folder of its own and point --data-dir at it.")
 
 
+def check_room_for_synthetic_text(config: TrainConfig, cluster: Cluster) -> None:
+    """A UserError, before any is made, where the synthetic text (--synthetic-size windows of --context bytes, one
+    copy a rank) would not fit this host's free memory: a long --context makes it large, and running out while
+    making it would be blamed on the batch. Collective."""
+    size, room = config.synthetic_size * config.gpt_shape.context, host_memory()
+    ranks = cluster.info.local_world_size
+    short = room is not None and size * SYNTHETIC_TEXT_PEAK * ranks > room[0]
+    cluster.agree(f"--dataset synthetic makes each rank --synthetic-size x --context bytes of text "
+                  f"({config.synthetic_size:,} x {config.gpt_shape.context:,} = {memory_size(size)}), and making it "
+                  f"takes about {SYNTHETIC_TEXT_PEAK} times that: more than the {memory_size(room[0])} this host has "
+                  f"free for its {ranks} rank(s). Lower --synthetic-size or --context." if short else None,
+                  "cannot make synthetic text")
+
+
 def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, text.TextSplit]:
     """(train, validation) bytes of --data-dir, or of synthetic words; every rank reads its own copy. Collective."""
     context = config.gpt_shape.context
     if config.dataset == "synthetic":
+        check_room_for_synthetic_text(config, cluster)
         return text.splits(text.synthetic_text(config.synthetic_size * context), context, "synthetic text")
     root, outcome, splits, files = Path(config.data_dir), None, None, []
     try:

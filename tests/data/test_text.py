@@ -103,6 +103,20 @@ def test_synthetic_text_is_fixed_and_of_the_size_asked():
     assert len(text.synthetic_text(1000)) == 1000 and b" " in text.synthetic_text(1000)
 
 
+def test_synthetic_text_is_its_words_joined_by_spaces_across_slices(monkeypatch):
+    monkeypatch.setattr(text, "SYNTHETIC_SLICE", 7)  # many slices, and a word cut at the end
+    made = text.synthetic_text(1001)
+    words = made.split(b" ")
+    assert len(made) == 1001 and all(2 <= len(word) <= 8 for word in words[:-1]) and 1 <= len(words[-1]) <= 8
+    assert made.startswith(text.synthetic_text(500)) and set(words) <= set(text.synthetic_text(100_000).split(b" "))
+
+
+def test_synthetic_text_too_large_for_the_hosts_memory_is_refused_before_it_is_made():
+    config = TrainConfig(dataset="synthetic", model="gpt", context=10**7)
+    with pytest.raises(UserError, match=r"4,096 x 10,000,000 = 38\.15 GiB.*Lower --synthetic-size or --context"):
+        load_datasets(config, Cluster.from_mpi())
+
+
 def test_a_binary_file_trains_with_a_one_line_warning_and_text_without(tmp_path, capsys):
     cluster = Cluster.from_mpi()
     binary, prose = tmp_path / "weights.bin", tmp_path / "prose.txt"
