@@ -59,10 +59,15 @@ def train_flags(config: TrainConfig) -> list[str]:
 
 
 def run_command(sweep: Sweep, run: PlannedRun, uri: str | None, summary: Path) -> list[str]:
-    """A training run's command: its options, and where it files its summary and its MLflow run."""
+    """A training run's command: its options, and where it files its summary, its MLflow run and its checkpoints
+    (`checkpoint_dir`/<run name>, where the file names a checkpoint_dir)."""
     tracking = {"experiment": sweep.name, "tracking_uri": uri} if uri else {"no_tracking": True}
     timelines = {"timeline_dir": str(sweep.out / "timelines")} if run.config.timeline_window else {}
-    config = dataclasses.replace(run.config, summary_json=str(summary), run_name=run.name, **timelines, **tracking)
+    # each run its own checkpoints: in one folder, a run would start among another's and --resume auto continue them
+    folder = run.config.checkpoint_dir
+    checkpoints = {"checkpoint_dir": str(Path(folder) / run.name)} if folder else {}
+    config = dataclasses.replace(run.config, summary_json=str(summary), run_name=run.name, **timelines, **tracking,
+                                 **checkpoints)
     return [*mpirun_prefix(sweep, run.np, run.network), sys.executable, "-m", "mpi_train", *train_flags(config)]
 
 

@@ -6,7 +6,7 @@ from conftest import REPO
 
 from mpi_train.config import TrainConfig
 from mpi_train.lab.experiment_file import PlannedRun, load
-from mpi_train.lab.sweep_plan import estimated_steps, train_flags
+from mpi_train.lab.sweep_plan import estimated_steps, run_command, train_flags
 
 
 def planned(np: int = 1, **options) -> PlannedRun:
@@ -32,3 +32,15 @@ def test_flags_passed_to_training_are_the_non_default_options():
     adamw = replace(config, optimizer="adamw")
     flags = train_flags(adamw)
     assert flags[flags.index("--optimizer") + 1] == "adamw" and adamw.optimizer_settings.optimizer == "adamw"
+
+
+def test_each_run_keeps_its_checkpoints_in_a_folder_of_its_own(tmp_path):
+    file = tmp_path / "ck.toml"
+    file.write_text('[experiment]\nname = "ck"\ntracking = false\n[train]\ndataset = "synthetic"\nmax_steps = 4\n'
+                    'checkpoint_dir = "ck"\n[[sweep]]\nsync = ["allreduce", "ddp"]\nnp = [2]\n')
+    sweep = load(file)
+    commands = [run_command(sweep, run, None, tmp_path / f"{run.name}.json") for run in sweep.runs]
+    folders = [command[command.index("--checkpoint-dir") + 1] for command in commands]
+    assert folders == ["ck/allreduce-np2-seed42", "ck/ddp-np2-seed42"]
+    plain = replace(sweep.runs[0], config=replace(sweep.runs[0].config, checkpoint_dir=None))
+    assert "--checkpoint-dir" not in run_command(sweep, plain, None, tmp_path / "s.json")
