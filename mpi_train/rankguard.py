@@ -103,11 +103,13 @@ def said_once(cluster: Cluster, error: UserError, timeout_s: float | None = None
     return error.exit_code
 
 
-def guarded(cluster: Cluster, body: Callable[[], int | None], timeout_s: float | None = None) -> int:
+def guarded(cluster: Cluster, body: Callable[[], int | None], timeout_s: float | None = None,
+            memory_fix: str = "lower --batch-size, or use a smaller model") -> int:
     """Run `body`; a failure on any rank ends the whole job instead of leaving peers blocked.
 
     Errors every rank raised together exit normally (rank 0 prints them once); anything
     else prints on the rank that failed and aborts the MPI job, which stops every rank.
+    `memory_fix`: what to change when a rank runs out of memory (the program's own flags).
     """
     info = cluster.info
     try:
@@ -127,7 +129,7 @@ def guarded(cluster: Cluster, body: Callable[[], int | None], timeout_s: float |
             print(format_error(collective_failure(cluster, error, timeout_s)), file=sys.stderr)
         elif ran_out(error):  # a batch or a model too large for the device: where in torch tells nothing
             print(format_error(f"rank {info.rank} on {info.host} ran out of memory: {shortfall(error)}. Stopping "
-                               f"every rank: lower --batch-size, or use a smaller model."), file=sys.stderr)
+                               f"every rank: {memory_fix}."), file=sys.stderr)
         else:
             print(f"mpi_train: rank {info.rank} on {info.host} failed ({type(error).__name__}: {error}); stopping "
                   f"every rank.\n{traceback.format_exc()}", file=sys.stderr, end="")

@@ -262,10 +262,11 @@ class MlflowServer:
         self.launch()
         return self.uri()
 
-    def stop(self) -> None:
-        """What Ctrl-C or `kill` does: the command stops mlflow and its workers; SIGKILL if it lingers."""
+    def stop(self, sent: signal.Signals = signal.SIGTERM) -> None:
+        """What Ctrl-C, `kill` or a closed terminal (SIGHUP) does: the command stops mlflow and its workers; SIGKILL if
+        it lingers."""
         if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(sent)
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:

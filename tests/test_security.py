@@ -99,9 +99,10 @@ def test_the_server_refuses_a_port_in_use_or_an_address_not_this_machines_before
         assert server_main(["--port", str(port), "--root", str(tmp_path / "mlruns")]) == 2
     error = " ".join(capsys.readouterr().err.split())
     assert f"the server cannot listen on 127.0.0.1:{port}: port {port} is in use by another program" in error
-    assert server_main(["--host", "192.0.2.1", "--insecure", "--root", str(tmp_path / "mlruns")]) == 2  # TEST-NET-1
+    assert server_main(["--host", "192.0.2.1", "--root", str(tmp_path / "mlruns")]) == 2  # TEST-NET-1, no --auth:
     error = " ".join(capsys.readouterr().err.split())
-    assert "192.0.2.1 is not an address of this machine (`ip -brief address` lists them)" in error
+    assert "192.0.2.1 is not an address of this machine (`ip -brief address` lists them)" in error  # said first
+    assert "--auth to require" not in error
     assert not (tmp_path / "mlruns").exists()
     (tmp_path / "a-file").write_text("")
     assert server_main(["--port", str(free_port()), "--root", str(tmp_path / "a-file")]) == 2

@@ -197,4 +197,4 @@ def check(cluster: Cluster, args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     cluster = join_job(argv)
     args = _parse(argv, quiet=not cluster.info.is_main)
-    return guarded(cluster, lambda: check(cluster, args))
+    return guarded(cluster, lambda: check(cluster, args), memory_fix="lower --size-mb")

@@ -13,8 +13,12 @@ of the relaunch all the same (when --min-ranks allows), and rejoins by growing.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +27,7 @@ from ..errors import UserError
 from . import launchline
 
 DISCOVERY_TIMEOUT_S = 30.0
+DISCOVERY_POLL_S = 0.2  # how often a discovery that runs on is checked for the supervision's stop
 MAX_COOLDOWN_FACTOR = 16  # a host lost again and again waits at most this many --host-cooldown
 HOST_SLOTS = re.compile(r"^([A-Za-z0-9_.-]+|\[[0-9A-Fa-f:]+\])(?::(\d+))?$")  # host or host:slots ([IPv6]:slots)
 
@@ -38,6 +43,9 @@ class Discovered:
 def check_script(script: str) -> None:
     """Refuse a discovery command that cannot be run at all, before any job starts."""
     path = Path(script)
+    if path.is_dir():
+        raise UserError(f"--host-discovery-script {script} is a folder, not a file. Give the path of an executable "
+                        f"that prints one `host:slots` line per host that may take ranks (Horovod's contract).")
     if not path.is_file():
         raise UserError(f"--host-discovery-script {script}: no such file. Give the path of an executable that prints "
                         f"one `host:slots` line per host that may take ranks (Horovod's contract).")
@@ -65,18 +73,31 @@ def parse_discovered(text: str) -> Discovered:
     return Discovered(tuple(hosts.items()), problem)
 
 
-def discover(script: str) -> Discovered:
-    """Run the discovery command once; a failure is a problem to report, never the job's end."""
+def discover(script: str, cancel: threading.Event | None = None) -> Discovered:
+    """Run the discovery command once; a failure is a problem to report, never the job's end. It runs in a session of
+    its own, so that a timeout, or `cancel` (the supervision stopping), ends whatever it started, not the script
+    alone."""
     try:
-        done = subprocess.run([script], capture_output=True, text=True, timeout=DISCOVERY_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return Discovered((), f"it did not finish within {DISCOVERY_TIMEOUT_S:g} s")
+        process = subprocess.Popen([script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as error:
         return Discovered((), f"it could not be run ({error.strerror})")
-    if done.returncode != 0:
-        said = (done.stderr.strip().splitlines() or ["nothing on stderr"])[-1][:200]
-        return Discovered((), f"it exited with status {done.returncode} ({said})")
-    return parse_discovered(done.stdout)
+    deadline = time.monotonic() + DISCOVERY_TIMEOUT_S
+    while True:
+        try:  # retried, communicate loses no output
+            out, err = process.communicate(timeout=DISCOVERY_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() < deadline and not (cancel is not None and cancel.is_set()):
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            cancelled = time.monotonic() < deadline  # nothing to say: the supervision is ending
+            return Discovered((), None if cancelled else f"it did not finish within {DISCOVERY_TIMEOUT_S:g} s")
+    if process.returncode != 0:
+        said = (err.decode(errors="replace").strip().splitlines() or ["nothing on stderr"])[-1][:200]
+        return Discovered((), f"it exited with status {process.returncode} ({said})")
+    return parse_discovered(out.decode(errors="replace"))  # bytes that are not UTF-8 make a line that is named
 
 
 @dataclass
@@ -147,8 +168,9 @@ class Candidates:
     script: str | None
     said: set[str] = field(default_factory=set)
 
-    def offered(self, say) -> dict[str, int]:
-        """Every host that may take ranks, with its slots (the discovery command's word last)."""
+    def offered(self, say, cancel: threading.Event | None = None) -> dict[str, int]:
+        """Every host that may take ranks, with its slots (the discovery command's word last); `cancel` stops a
+        discovery that runs on."""
         slots = dict(self.first.hosts)
         if self.hostfile is not None:
             try:
@@ -157,7 +179,7 @@ class Candidates:
                 self._once(say, f"the hostfile {self.hostfile} could not be read again ({error}); the job keeps "
                                 f"running, and the hosts it named before are still asked.")
         if self.script:
-            found = discover(self.script)
+            found = discover(self.script, cancel)
             slots.update(found.hosts)
             if found.problem:
                 self._once(say, f"the host discovery script {self.script}: {found.problem}. The job keeps running; "

@@ -91,8 +91,9 @@ class Attempt:
         if self.own_error:
             return f"a rank raised an error of its own ({self.own_error}); relaunching would run the same code again"
         if previous and previous.status == self.status and previous.checkpoint_step == self.checkpoint_step:
+            latest = "none yet" if self.checkpoint_step is None else f"step {self.checkpoint_step}"
             return (f"it failed the same way twice (exit status {self.status}) with no checkpoint in between "
-                    f"(latest: step {self.checkpoint_step})")
+                    f"(latest: {latest})")
         return None
 
 
@@ -191,7 +192,8 @@ class GrowWatch(threading.Thread):
 
     def outside(self) -> dict[str, int]:
         sup = self.supervisor
-        return {host: slots for host, slots in sup.candidates.offered(say).items() if host not in sup.where.names}
+        offered = sup.candidates.offered(say, cancel=self.done)
+        return {host: slots for host, slots in offered.items() if host not in sup.where.names}
 
     def consider(self, outside: dict[str, int]) -> None:
         sup = self.supervisor
@@ -389,6 +391,10 @@ def check_growth_flags(options: SuperviseOptions, first: launchline.Placement | 
         raise UserError("--min-ranks lets a job go on without a host that is gone, and the launch line names no "
                         "hosts to leave out. Use it with an mpirun line with --hostfile or --host over 2 or more "
                         "hosts, or drop --min-ranks.")
+    if options.min_ranks is not None and options.min_ranks > first.ranks:
+        raise UserError(f"--min-ranks {options.min_ranks} is the fewest ranks the job may go on with after a host is "
+                        f"gone, and the launch line starts {first.ranks}: it could never go on without one. Give "
+                        f"--min-ranks at most {first.ranks}, or drop it.")
     if (options.max_ranks or options.discovery_script) and first is None:
         raise UserError("--max-ranks and --host-discovery-script grow a job onto more hosts, and the launch line "
                         "names none to grow from. Use them with an mpirun line with --hostfile or --host.")

@@ -209,8 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(args.root).resolve()
     url = f"http://{args.host}:{args.port}"
     try:
+        check_address(args.host, args.port)  # first: a host that is no address here needs no word on exposure
         check_exposure(args.host, args.auth, args.insecure)
-        check_address(args.host, args.port)
         check_store_dir(root, "or pass --root with another folder", for_a_job=False)
         databases = (root / "mlflow.db", *([root / "basic_auth.db"] if args.auth else []))
         for database in databases:
@@ -229,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even if started where SIGINT was ignored
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
+    for ending in (signal.SIGTERM, signal.SIGHUP):  # `kill`, or the terminal or ssh session closed: as Ctrl-C
+        signal.signal(ending, _interrupt)
     try:
         wait_until_healthy(url, process)
         new.made()
@@ -241,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
-        print("\nstopping the MLflow server...", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            print("\nstopping the MLflow server...", file=sys.stderr, flush=True)
         return 0
     finally:
         stop(process)

@@ -3,9 +3,14 @@ hostfile re-read, and a host's cooldown that doubles each time it is lost."""
 
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
 from mpi_train.errors import UserError
+from mpi_train.lab import host_watch
 from mpi_train.lab.host_watch import (
     MAX_COOLDOWN_FACTOR,
     Candidates,
@@ -35,9 +40,32 @@ def test_discovered_lines_are_host_colon_slots_and_a_bad_line_is_named_not_fatal
     assert failing.hosts == () and failing.problem == "it exited with status 3 (cannot reach the scheduler)"
 
 
+def test_a_discovery_that_runs_on_is_ended_with_what_it_started_and_bytes_that_are_not_text_are_a_named_line(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(host_watch, "DISCOVERY_TIMEOUT_S", 1.0)
+    pid_file = tmp_path / "sleeper.pid"
+    hangs = script(tmp_path, f"sleep 60 & echo $! > {pid_file}; wait\n", "hangs.sh")
+    begun = time.monotonic()
+    assert discover(hangs).problem == "it did not finish within 1 s" and time.monotonic() - begun < 5
+    sleeper = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{sleeper}").exists() or "Z" in Path(f"/proc/{sleeper}/stat").read_text().split()[2]
+
+    monkeypatch.setattr(host_watch, "DISCOVERY_TIMEOUT_S", 30.0)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    begun = time.monotonic()
+    assert discover(hangs, stop) == host_watch.Discovered(()) and time.monotonic() - begun < 3  # stopped: said nothing
+
+    garbled = discover(script(tmp_path, "echo h1:2; printf 'h\\377\\376:2\\n'\n", "garbled.sh"))
+    assert garbled.hosts == (("h1", 2),) and "line 2 'h\ufffd\ufffd:2'" in garbled.problem
+
+
 def test_a_script_that_cannot_run_is_refused_before_the_job_and_one_that_fails_later_is_said_once(tmp_path):
     with pytest.raises(UserError, match="no such file"):
         check_script(str(tmp_path / "missing.sh"))
+    with pytest.raises(UserError, match="is a folder, not a file"):
+        check_script(str(tmp_path))
     plain = tmp_path / "plain.sh"
     plain.write_text("echo h1:2\n")
     with pytest.raises(UserError, match=r"is not executable\. Make it so \(chmod \+x"):

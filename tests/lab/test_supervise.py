@@ -111,6 +111,8 @@ def test_bad_input_a_rank_error_and_a_repeated_failure_are_not_retried(mlflow_se
     on_hosts = ("mpirun", "-np", "4", "--hostfile", str(hostfile), "python", "-m", "mpi_train", "--checkpoint-dir",
                 "ck")
     assert "--max-ranks 1 is below --min-ranks 2" in refused("--min-ranks", "2", "--max-ranks", "1", line=on_hosts)
+    assert "--min-ranks 8 is the fewest ranks the job may go on with after a host is gone, and the launch line " \
+           "starts 4" in refused("--min-ranks", "8", line=on_hosts)
     assert "take finite numbers of 0 or more, got --backoff nan" in refused("--backoff", "nan", line=on_hosts)
     here_only = ("mpirun", "-np", "2", "python", "-m", "mpi_train", "--checkpoint-dir", "ck")
     assert "names none to grow from" in refused("--max-ranks", "4", line=here_only)

@@ -90,6 +90,8 @@ def test_any_commands_rank_out_of_memory_prints_a_paragraph_not_a_traceback_and_
     said = " ".join(capsys.readouterr().err.split())
     assert re.fullmatch(r"mpi_train: error: rank 0 on h0 ran out of memory: one allocation asked for 256\.00 TiB, with "
                         r".* free\. Stopping every rank: lower --batch-size, or use a smaller model\.", said), said
+    guarded(cluster, lambda: torch.empty(2**48, dtype=torch.uint8), memory_fix="lower --size-mb")  # collectives
+    assert capsys.readouterr().err.split()[-3:] == ["rank:", "lower", "--size-mb."]
 
 
 HUGE_ACTIVATIONS = textwrap.dedent("""

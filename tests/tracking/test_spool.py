@@ -124,7 +124,7 @@ def outage(tmp_path_factory):
         rank1 = int(a_children[1].data.tags["pid"])
         os.kill(rank1, signal.SIGSTOP)
         wait_for(lambda: has_logged(client, "A"), 30, "job A's first steps to reach the server")
-        server.stop()
+        server.stop(signal.SIGHUP)  # as when the server's terminal is closed: the server does not answer after it
         # With the server away: B trains offline by choice; C did not choose to and is refused; D trains offline
         # and is stopped with SIGTERM.
         started = time.monotonic()
