@@ -136,7 +136,7 @@ def running(pid: int) -> bool:
     return True
 
 
-def write_json_atomically(path: str, payload: dict) -> None:
+def write_json_atomically(path: str, payload: dict | list) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(target, lambda handle: handle.write((json.dumps(payload, indent=2) + "\n").encode()))

@@ -20,7 +20,6 @@ a check fails. On CPUs (`--backend gloo`) it dry-runs its own code with whatever
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -40,11 +39,13 @@ from ..benchmark.gpu import (
     method_names,
     table,
 )
+from ..benchmark.job import unkept
 from ..cluster import Cluster
 from ..config import add_config_arguments, add_model_arguments
 from ..config.command_line import parse_config
 from ..devices import place
 from ..errors import UserError
+from ..files import kept, unwritable, write_json_atomically
 from ..rankguard import RankAwareParser, guarded, join_job
 
 
@@ -95,8 +96,22 @@ def chosen_parts(args: argparse.Namespace) -> list[str]:
     return parts
 
 
+def check_paths(cluster: Cluster, args: argparse.Namespace, parts: list[str]) -> None:
+    """--data-dir (read by every rank) and --json (written by rank 0) refused before the check's minutes of work,
+    not after them. Collective."""
+    data = Path(args.data_dir) if args.data_dir and "epoch" in parts else None
+    if data is not None and not data.is_dir():
+        raise UserError(f"--data-dir {data} {'is a file, not a folder' if data.exists() else 'does not exist'}: the "
+                        f"one-epoch check reads CIFAR-10 from a folder (an unpacked archive, or a folder of "
+                        f"train/<class>/ and test/<class>/ images). Point --data-dir at one, or leave it out to "
+                        f"skip the epoch.", collective=True)
+    cluster.agree(unwritable([("--json", args.json, False)]) if cluster.info.is_main and args.json else None,
+                  "the GPU check could not keep its rows")
+
+
 def check(cluster: Cluster, args: argparse.Namespace) -> int:
     parts = chosen_parts(args)
+    check_paths(cluster, args, parts)
     # cuBLAS reads it once, at its first handle: the resume check's --deterministic job comes after other jobs
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     device = place(cluster, args.backend, None).device  # this rank's GPU, current before the bare loop runs on it
@@ -108,9 +123,8 @@ def check(cluster: Cluster, args: argparse.Namespace) -> int:
         return 0
     print(table(checks.rows, f"{machine(device, cluster.info.world_size)}, {checks.setting()}")
           + f" in {time.perf_counter() - began:.0f} s", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(checks.rows, indent=2) + "\n")
-    return 0 if all(row["ok"] for row in checks.rows) else 1
+    unwritten = args.json and kept(f"--json {args.json}", lambda: write_json_atomically(args.json, checks.rows))
+    return unkept([unwritten], "The GPU check ran") or (0 if all(row["ok"] for row in checks.rows) else 1)
 
 
 def main(argv: list[str] | None = None) -> int:
