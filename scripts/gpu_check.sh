@@ -12,18 +12,26 @@
 # H200 with inductor's cache empty the whole check, compiles included, should take about 8); each stage's whole log
 # goes to LOG_DIR (default: a temporary folder), its table to the console, and the rows a stage had printed when its
 # limit cut it. BACKEND=gloo DRY=1 dry-runs every stage on CPUs with tiny sizes and 6x the limits. Exit status: the
-# number of stages that failed.
+# number of stages that failed; 64 for an argument or a machine that cannot serve, said in one line before any stage.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+refuse() { echo "gpu_check.sh: $*" >&2; exit 64; }
 data=${1:?"give the CIFAR-10 JPEG folders (train/, test/) or the tarball holding them"}
 logs=${2:-$(mktemp -d)}
-mkdir -p "$logs"
+case $data in /*) ;; *) data=$PWD/$data ;; esac  # both named from where the script was started
+case $logs in /*) ;; *) logs=$PWD/$logs ;; esac
+cd "$(dirname "$0")/.."
+[ -e "$data" ] || refuse "$data does not exist: give the CIFAR-10 JPEG folders (train/, test/) or the tarball holding them"
+mkdir -p "$logs" 2>/dev/null || refuse "LOG_DIR $logs cannot be made a folder (a file stands in its way, or it is not writable)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 backend=${BACKEND:-nccl}
+if [ "$backend" = nccl ] && ! python -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+    refuse "torch finds no CUDA device here: run it on a GPU machine, or dry-run it on CPUs with BACKEND=gloo DRY=1"
+fi
 if [ -f "$data" ]; then
-    tar xzf "$data" -C "$work" && data=$work
+    tar xzf "$data" -C "$work" 2>"$work/tar.err" || refuse "$data could not be unpacked as a gzipped tarball ($(tail -1 "$work/tar.err"))"
+    data=$work
 fi
 if [ -n "${DRY:-}" ]; then  # the same stages on CPUs: tiny batches and steps, a few methods; CPUs compile slower
     vgg=(--batch-size 16 --steps 2 --timed-steps 3 --methods ddp,zero,localsgd --float16-methods ddp --epoch-steps 3)
