@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .. import netmodel, tracking
@@ -49,7 +49,7 @@ def log_bench(connection: tracking.Connection, run_name: str, result: dict, text
     from mlflow.entities import Param
 
     client, experiment = connection.client, connection.experiment_id
-    with parent_run(client, experiment, run_name, {"mpi_train.role": "bench"}) as (run_id, children):
+    with parent_run(connection, run_name, {"mpi_train.role": "bench"}) as (run_id, opened):
         params = {key: result[key] for key in ("world_size", "backend", "model", "batch_size", "steps", "warmup",
                                                "gradient_bytes", "precision")}
         layout = result.get("layout") or {}
@@ -62,35 +62,55 @@ def log_bench(connection: tracking.Connection, run_name: str, result: dict, text
                                                  if result.get("network_link") else "")
         stamp = int(time.time() * 1000)
         for row in result["methods"]:
-            children.append(log_child(client, experiment, run_id, f"{row['method']}-{setting}", "bench_method",
-                                      method_metrics(row), method_params(row, result), stamp))
+            log_child(client, experiment, run_id, f"{row['method']}-{setting}", "bench_method", method_metrics(row),
+                      method_params(row, result), stamp, opened)
     return run_id
 
 
 @contextlib.contextmanager
-def parent_run(client, experiment: str, run_name: str, tags: dict) -> Iterator[tuple[str, list[str]]]:
-    """A parent run and the list its child runs' ids go into: all ended FAILED if logging them fails, else the parent
-    FINISHED (each child ends itself) and the experiment's shared chart views set."""
+def parent_run(connection: tracking.Connection, run_name: str, tags: dict
+               ) -> Iterator[tuple[str, Callable[[str], None]]]:
+    """A parent run, and the function each child run's id is handed to as it is made. All end KILLED if interrupted,
+    FAILED if logging them fails, else the parent FINISHED (each child ends itself) and the experiment's shared chart
+    views set. A run guard (tracking/guard.py) ends them KILLED if this process is killed first: mpirun follows the
+    SIGTERM of a Ctrl-C with SIGKILL in well under a second."""
+    from ..tracking.guard import RunGuard  # here, not at the top: the guard's own process imports this package first
+
+    client, experiment = connection.client, connection.experiment_id
     run_id = client.create_run(experiment, run_name=run_name, tags=tags).info.run_id
+    guard = RunGuard(connection.uri, run_id, []) if connection.online else None
     children: list[str] = []
+
+    def opened(child_id: str) -> None:
+        children.append(child_id)
+        if guard is not None:
+            guard.add_child(child_id)
+
     try:
-        yield run_id, children
-    except BaseException:
-        for failed in [*children, run_id]:
-            client.set_terminated(failed, "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
-    share_views(client, experiment)
+        try:
+            yield run_id, opened
+        except BaseException as error:
+            status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+            for failed in [*children, run_id]:
+                with contextlib.suppress(Exception):  # the server's own failure: the guard has gone by then
+                    client.set_terminated(failed, status)
+            raise
+        client.set_terminated(run_id, "FINISHED")
+        share_views(client, experiment)
+    finally:
+        if guard is not None:
+            guard.done()
 
 
 def log_child(client, experiment: str, parent_id: str, name: str, role: str, metrics: dict, params: dict,
-              stamp: int) -> str:
+              stamp: int, opened: Callable[[str], None]) -> str:
     """One child run of `parent_id` (a bench's method, an advice's candidate) with its metrics and params, ended
-    FINISHED (FAILED if logging them fails); its id."""
+    FINISHED (FAILED if logging them fails); its id, handed to `opened` as soon as it exists."""
     from mlflow.entities import Metric, Param
 
     child = client.create_run(experiment, run_name=name, tags={"mlflow.parentRunId": parent_id,
                                                                "mpi_train.role": role}).info.run_id
+    opened(child)
     try:
         client.log_batch(child, metrics=[Metric(k, float(v), stamp, 0) for k, v in metrics.items()],
                          params=[Param(k, str(v)) for k, v in params.items()], synchronous=True)
@@ -99,6 +119,7 @@ def log_child(client, experiment: str, parent_id: str, name: str, role: str, met
         raise
     client.set_terminated(child, "FINISHED")
     return child
+
 
 def link_text(link: netmodel.Link) -> str:
     return f"{link.alpha * 1e6:.0f} us + m / {link.bandwidth / 1e6:,.1f} MB/s"
@@ -112,7 +133,7 @@ def log_advice(connection: tracking.Connection, run_name: str, result: dict, tex
     client, experiment = connection.client, connection.experiment_id
     recommended = " ".join(result["recommended"]["flags"])
     tags = {"mpi_train.role": "advice", "mpi_train.recommended": recommended}
-    with parent_run(client, experiment, run_name, tags) as (run_id, children):
+    with parent_run(connection, run_name, tags) as (run_id, opened):
         network = netmodel.Network.from_dict(result["calibration"]["network"])
         layout = result["layout"]
         links = result["calibration"]
@@ -138,10 +159,10 @@ def log_advice(connection: tracking.Connection, run_name: str, result: dict, tex
         for row in (row for row in result["candidates"] if row["shown"]):
             values = {key: row[key] for key in ("predicted_step_s", "predicted_exposed_s", "measured_step_s",
                                                 "measured_exposed_s") if row.get(key) is not None}
-            children.append(log_child(
+            log_child(
                 client, experiment, run_id, f"{row['label']}-{setting}", "advice_candidate",
                 {metric_names.advice_key(k): v for k, v in values.items()},
                 {"sync": row["sync"], "compression": "none", "bucket_mb": row["bucket_mb"] or "-",
                  "flags": " ".join(row["flags"]), "world_size": result["world_size"], "model": result["model"],
-                 "batch_size": result["batch_size"]}, stamp))
+                 "batch_size": result["batch_size"]}, stamp, opened)
     return run_id

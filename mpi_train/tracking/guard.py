@@ -33,6 +33,8 @@ for line in sys.stdin:
         setup = message
     elif message.get("done"):
         os._exit(0)
+    elif "child" in message:
+        setup["children"].append(message["child"])
     elif "run" in message:
         number += 1
         kept.append((number, message["run"], message["metrics"]))
@@ -78,6 +80,10 @@ class RunGuard:
                 self.process.stdin.flush()
             except (OSError, ValueError):  # the guard is gone: nothing more it can do
                 pass
+
+    def add_child(self, run_id: str) -> None:
+        """A child run made after the guard started (a bench's method): ended with the others."""
+        self._send({"child": run_id})
 
     def keep(self, run_id: str, metrics: list) -> None:
         self._send({"run": run_id, "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics]})

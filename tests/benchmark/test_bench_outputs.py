@@ -1,10 +1,15 @@
 """What the bench and the advisor write: checked before they measure, and a file the end cannot keep said once."""
 
+import subprocess
+import sys
+import textwrap
+
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from conftest import filled
+from conftest import REPO, client_for, filled, wait_for
 
 from mpi_train.benchmark.job import unkept
 from mpi_train.files import kept, unwritable, without_nan, write_figure, write_json_atomically
@@ -48,3 +53,35 @@ def test_a_full_disk_at_the_end_keeps_no_half_file_and_says_what_is_missing_once
     assert said.startswith("mpi_train: error: The bench measured every method and the lines above hold its figures, "
                            "but --json out.json could not be written (No space left on device); its plot could not")
     assert unkept([None, ""], "The bench measured") == 0 and not capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_a_bench_whose_logging_is_cut_short_leaves_no_run_running(mlflow_server):
+    """Ctrl-C while the bench's runs are logged ends them KILLED; a rank 0 killed then (mpirun follows its SIGTERM
+    with SIGKILL at once) has its guard end them, the child made after the guard started among them."""
+    from mpi_train.benchmark.mlflow_runs import log_child, parent_run
+    from mpi_train.tracking import Connection
+
+    uri, client = mlflow_server, client_for(mlflow_server)
+    experiment = client.create_experiment("tests-bench-cut-short")
+    with pytest.raises(KeyboardInterrupt), parent_run(Connection(client, uri, experiment), "interrupted", {}) as (
+            run_id, opened):
+        log_child(client, experiment, run_id, "measured", "bench_method", {"step_s": 1.0}, {}, 0, opened)
+        raise KeyboardInterrupt
+    killed = textwrap.dedent(f"""
+        import os
+        from mpi_train.benchmark.mlflow_runs import parent_run
+        from mpi_train.tracking import Connection, mlflow_client
+        client = mlflow_client({uri!r})
+        with parent_run(Connection(client, {uri!r}, {experiment!r}), "killed", {{}}) as (run_id, opened):
+            opened(client.create_run({experiment!r}, run_name="half-logged").info.run_id)
+            os._exit(9)  # as SIGKILL: nothing more of this process runs
+    """)
+    subprocess.run([sys.executable, "-c", killed], cwd=REPO, timeout=120, check=False)
+
+    def ended() -> dict:
+        statuses = {run.info.run_name: run.info.status for run in client.search_runs([experiment])}
+        return statuses if "RUNNING" not in statuses.values() and len(statuses) == 4 else None
+
+    assert wait_for(ended, 60, "the guard to end the killed runs") == {
+        "interrupted": "KILLED", "measured": "KILLED", "killed": "KILLED", "half-logged": "KILLED"}
