@@ -264,7 +264,7 @@ class MlflowServer:
 
     def stop(self, sent: signal.Signals = signal.SIGTERM) -> None:
         """What Ctrl-C, `kill` or a closed terminal (SIGHUP) does: the command stops mlflow and its workers; SIGKILL if
-        it lingers."""
+        it lingers. Sent SIGKILL, the command leaves it to its reaper, which stops them within a few seconds."""
         if self.process and self.process.poll() is None:
             self.process.send_signal(sent)
             try:
@@ -272,7 +272,7 @@ class MlflowServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        assert not self.answers()
+        wait_for(lambda: not self.answers(), 30, f"the mlflow server at {self.url} to stop")
 
 
 @pytest.fixture(scope="session")

@@ -163,6 +163,29 @@ def wait_until_healthy(url: str, process: subprocess.Popen, timeout_s: float = S
     raise UserError(f"mlflow server did not answer at {url} within {timeout_s:.0f} s. Its messages are above.")
 
 
+# The reaper's program: stop the server's process group once the command's pipe closes, however the command ended.
+REAPER = """\
+import os, signal, sys, time
+sys.stdin.buffer.read()
+group = int(sys.argv[1])
+for sent in (signal.SIGTERM, signal.SIGKILL):
+    try:
+        os.killpg(group, sent)
+        for _ in range(150):
+            time.sleep(0.1)
+            os.killpg(group, 0)
+    except ProcessLookupError:
+        break
+"""
+
+
+def reaper(process: subprocess.Popen) -> subprocess.Popen:
+    """A tiny process (no imports of note) that stops the server's group once this command is gone, SIGKILL
+    included: the server runs in a session of its own, which no signal to this command reaches."""
+    return subprocess.Popen([sys.executable, "-c", REAPER, str(process.pid)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def stop(process: subprocess.Popen) -> None:
     """SIGTERM to the server's process group (it forks workers), SIGKILL if it lingers."""
     if process.poll() is not None:
@@ -225,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Its own process group: Ctrl-C reaches only us, and we stop the server and its workers together.
         process = subprocess.Popen(server_command(args.host, args.port, root, args.workers, args.auth),
                                    start_new_session=True, env=env)
+        watcher = reaper(process)
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
@@ -246,5 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\nstopping the MLflow server...", file=sys.stderr, flush=True)
         return 0
     finally:
+        for ending in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C cannot cut the stop short
+            signal.signal(ending, signal.SIG_IGN)
         stop(process)
+        watcher.stdin.close()  # the server is gone: the reaper finds no group and leaves
+        watcher.wait()
         new.discard_if_unmade()

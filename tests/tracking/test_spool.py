@@ -171,7 +171,7 @@ def outage(tmp_path_factory):
             os.kill(rank1, signal.SIGCONT)
         for job in jobs:
             job.kill()
-        server.stop()
+        server.stop(signal.SIGKILL)  # the command killed: its reaper stops the server
 
 
 def test_a_job_keeps_training_through_an_outage_and_resends_everything_once(outage):
