@@ -30,6 +30,7 @@ from .same_job import check_same_software, software
 RANK_0_FIRST_S = 2.0
 # what a backend's error says of a peer whose process ended (its sockets closed), not one that hangs or is slow
 PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe", re.IGNORECASE)
+TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)  # what Gloo and NCCL say of a collective past --timeout
 SOURCE_LINE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")  # Gloo's `[.../pair.cc:561] `
 MEETING_TIMEOUT_S = 300.0  # --timeout's default: how long ranks a store brings together (torchrun, srun) wait
 
@@ -80,8 +81,13 @@ def collective_failure(cluster: Cluster, error: BaseException, timeout_s: float 
                   "--batch-size; with --checkpoint-every, --resume continues the job.")
     else:
         behind = ", ".join(f"rank {rank} on {cluster.hosts[rank]}" for rank in cluster.laggards())
-        cause = (f"Behind the others: {behind}; it failed, is stuck, or is too slow there." if behind else
-                 "Another rank most likely failed first; its own message is above or below.")
+        if behind:
+            cause = f"Behind the others: {behind}; it failed, is stuck, or is too slow there."
+        elif TIMED_OUT.search(str(error)):  # every rank's progress reached this step: one never left it
+            cause = ("Every rank had reached this step, so one is stuck inside it (stopped, or hung in its own code or "
+                     "a device call), or failed first and says why above or below.")
+        else:
+            cause = "Another rank most likely failed first; its own message is above or below."
         advice = f"If a rank is only slow (first-time data loading, a busy host), raise --timeout{limit}."
     return (f"rank {info.rank} on {info.host}: a collective operation failed ({first_line}). {cause} "
             f"Stopping every rank. {advice}")

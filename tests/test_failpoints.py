@@ -93,3 +93,22 @@ def test_a_failure_during_training_ends_the_job_and_keeps_the_record(mlflow_serv
     if fault.endswith("hang"):  # the rank that timed out names the one that never arrived
         assert parent.info.status == "FAILED"
         assert "Behind the others: rank 1 on" in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize("behind, said", [
+    ([1], "Behind the others: rank 1 on b; it failed, is stuck, or is too slow there."),
+    ([], ("Every rank had reached this step, so one is stuck inside it (stopped, or hung in its own code or a "
+          "device call), or failed first and says why above or below.")),  # SIGSTOP after its step was noted
+])
+def test_a_timed_out_collective_names_who_is_behind_or_says_that_one_is_stuck_inside_the_step(behind, said):
+    from types import SimpleNamespace
+
+    from mpi_train.cluster import RankInfo
+    from mpi_train.liveness import NoLiveness
+    from mpi_train.rankguard import collective_failure
+
+    cluster = SimpleNamespace(info=RankInfo(rank=0, local_rank=0, world_size=2, local_world_size=1, host="a"),
+                              hosts=("a", "b"), liveness=NoLiveness(), laggards=lambda: behind)
+    error = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 20000ms for recv operation")
+    assert f"a collective operation failed (Timed out waiting 20000ms for recv operation). {said}" in \
+        collective_failure(cluster, error, 20)
