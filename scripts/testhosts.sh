@@ -33,6 +33,11 @@ usage() {
     exit 2
 }
 
+# host i is ${PREFIX}i: a prefix that ends in a digit would take another prefix's hosts (pfx1 + 1 is pfx + 11) for its
+# own; interface names (${PREFIX}250v) take at most 15 characters
+[[ $PREFIX =~ ^[a-z]([a-z0-9]{0,8}[a-z])?$ ]] || die "TESTHOSTS_PREFIX '$PREFIX' must be 1 to 10 lower-case letters and digits that begin and end with a letter (host i is ${PREFIX}i)."
+[[ $SLOTS =~ ^[0-9]+$ && $SLOTS -ge 1 ]] || die "TESTHOSTS_SLOTS '$SLOTS' must be a whole number of ranks per host, 1 or more."
+
 require_tools() {
     [ "$(id -u)" -eq 0 ] || die "needs root: it creates network namespaces, virtual links and traffic limits. Run it as root (e.g. sudo $0 ${*:-up 2})."
     command -v ip >/dev/null || die "needs the ip command, which is missing. Install iproute2 (apt-get install iproute2) and run it again."
@@ -105,8 +110,10 @@ rate_bytes() {  # tc rate (e.g. 1gbit, 100mbit, 500kbit) -> bytes per second
     [[ $rate =~ ^([0-9]+)(kbit|mbit|gbit|bit)?$ ]] || die "rate '$1' is not understood; give bits per second like 1gbit, 100mbit or 500kbit."
     number=${BASH_REMATCH[1]}
     unit=${BASH_REMATCH[2]:-bit}
+    [ ${#number} -le 12 ] || die "rate '$1' is above 100gbit, more than tc shapes on these links."
     case $unit in kbit) number=$((number * 1000)) ;; mbit) number=$((number * 1000000)) ;; gbit) number=$((number * 1000000000)) ;; esac
     [ "$number" -gt 0 ] || die "rate '$1' must be positive."
+    [ "$number" -le 100000000000 ] || die "rate '$1' is above 100gbit, more than tc shapes on these links."
     echo $((number / 8))
 }
 
@@ -155,5 +162,5 @@ case $1 in
     shape) [ $# -ge 2 ] || usage; shift; shape "$@" ;;
     unshape) unshape ;;
     status) status ;;
-    *) usage ;;
+    *) echo "testhosts: unknown command '$1'; the commands are:" >&2; usage ;;
 esac

@@ -125,6 +125,9 @@ class Sweep:
     # final validation loss + 0.05 nats, others to the accuracy above)
 
 
+TC_RATE = re.compile(r"[0-9]+(bit|kbit|mbit|gbit)", re.IGNORECASE)  # what scripts/testhosts.sh passes on to tc
+MAX_SHAPED_BYTES_S = 100e9 / 8  # 100gbit, the most it shapes
+
 def _as_list(value) -> list:
     return value if isinstance(value, list) else [value]
 
@@ -448,13 +451,17 @@ def _network(checker: KeyChecker, table: dict) -> NetworkPlan:
     links = _as_list(table.get("link", "unlimited"))
     for link in links:
         try:
-            rate_bytes_per_s(link)
+            rate = rate_bytes_per_s(link)
         except ValueError as error:
             raise checker.fail(("network", "link"), f"{error}.") from None
+        if rate is not None and (not TC_RATE.fullmatch(link) or rate > MAX_SHAPED_BYTES_S):
+            raise checker.fail(("network", "link"), f"{link!r} is not a rate scripts/testhosts.sh shapes: a whole "
+                               f"number of bit, kbit, mbit or gbit per second, up to 100gbit (1500mbit for 1.5gbit).")
     prefix = table.get("prefix", NetworkPlan.prefix)
-    if not re.fullmatch(r"[a-z][a-z0-9]{0,9}", prefix):
-        raise checker.fail(("network", "prefix"), f"{prefix!r} must be 1 to 10 lower-case letters and digits, starting "
-                           f"with a letter (interface names allow 15 characters).")
+    if not re.fullmatch(r"[a-z]([a-z0-9]{0,8}[a-z])?", prefix):
+        raise checker.fail(("network", "prefix"), f"{prefix!r} must be 1 to 10 lower-case letters and digits, "
+                           f"beginning and ending with a letter (host i is the prefix and i; interface names allow "
+                           f"15 characters).")
     subnet = table.get("subnet", NetworkPlan.subnet)
     if not re.fullmatch(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) or any(int(x) > 255 for x in subnet.split(".")):
         raise checker.fail(("network", "subnet"), f"{subnet!r} must be the first three numbers of a /24 network, e.g. "
