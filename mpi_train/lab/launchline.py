@@ -108,6 +108,14 @@ def parse_hosts(spec: str) -> tuple[tuple[str, int], ...]:
     return tuple(slots.items())
 
 
+def whole(flag: str, value: str) -> int:
+    """A flag's whole number, or a ValueError that names the flag (not int()'s "invalid literal")."""
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{flag} {value!r} is not a whole number") from None
+
+
 def placement(line: list[str], hosts_at_least: int = 2) -> Placement | None:
     """Where an mpirun line puts its ranks; None for other launchers (torchrun, srun) or fewer named hosts than
     `hosts_at_least` (one host has none to leave out; a job that may grow can start on one)."""
@@ -117,11 +125,12 @@ def placement(line: list[str], hosts_at_least: int = 2) -> Placement | None:
         hostfile, hosts = _value(line, HOSTFILE_FLAGS), _value(line, HOST_FLAGS)
         named = read_hostfile(Path(hostfile[1])) if hostfile else parse_hosts(hosts[1]) if hosts else ()
         np_ = _value(line, NP_FLAGS)
-        ranks = int(np_[1]) if np_ else sum(slots for _, slots in named)
+        ranks = whole("-np", np_[1]) if np_ else sum(slots for _, slots in named)
         batch = _value(line, ("--batch-size",))
-        batch_size = int(batch[1]) if batch else TrainConfig.__dataclass_fields__["batch_size"].default
+        default_batch = TrainConfig.__dataclass_fields__["batch_size"].default
+        batch_size = whole("--batch-size", batch[1]) if batch else default_batch
         accumulate = _value(line, ("--accumulate",))
-        accumulate = int(accumulate[1]) if accumulate else 1
+        accumulate = whole("--accumulate", accumulate[1]) if accumulate else 1
     except (OSError, ValueError) as error:
         raise UserError(f"the launch line's hosts could not be read ({error}). Check its -np, --hostfile or --host, "
                         f"--batch-size and --accumulate.") from None

@@ -23,6 +23,8 @@ def test_the_hosts_and_slots_come_from_the_hostfile_or_the_host_list(tmp_path):
     assert launchline.placement(["torchrun", "--nproc-per-node", "2", "-m", "mpi_train"]) is None
     with pytest.raises(UserError, match="could not be read"):
         launchline.placement(["mpirun", "--hostfile", str(tmp_path / "missing"), *TRAIN])
+    with pytest.raises(UserError, match=r"could not be read \(-np 'two' is not a whole number\)"):
+        launchline.placement(["mpirun", "-np", "two", "--host", "a:2,b:2", "python"])
 
 
 def test_fewer_hosts_run_as_many_ranks_as_split_the_global_batch():
