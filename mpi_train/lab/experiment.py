@@ -145,12 +145,13 @@ def run_sweep(sweep: Sweep, launches: list[Launch], uri: str | None) -> int:
     since_ms = int(time.time() * 1000) - 1000
     progress = Progress(launches)
     interrupted = failed_setup = False
+    current = None  # the launch under way: one interrupted is stopped, not "not run"
     try:
         with lab(sweep) as hosts:  # test hosts down on every way out of here
-            for launch in launches:
-                if hosts is not None and launch.network is not None:
-                    hosts.apply(launch.network)
-                execute(launch, progress, sweep.timeout)
+            for current in launches:
+                if hosts is not None and current.network is not None:
+                    hosts.apply(current.network)
+                execute(current, progress, sweep.timeout)
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: the current run was stopped; reporting what finished.", file=sys.stderr)
@@ -164,12 +165,16 @@ def run_sweep(sweep: Sweep, launches: list[Launch], uri: str | None) -> int:
                            f"summaries are in {sweep.out}/."), file=sys.stderr)
         return 1
     failed = [l for l in launches if l.returncode not in (0, None)]
-    skipped = [l for l in launches if l.returncode is None]
-    ok = len(launches) - len(failed) - len(skipped)
+    stopped = current if interrupted and current is not None and current.returncode is None else None
+    skipped = [l for l in launches if l.returncode is None and l is not stopped]
+    ok = len(launches) - len(failed) - len(skipped) - (stopped is not None)
     print(f"\n{ok} of {len(launches)} run(s) succeeded in {duration(time.monotonic() - progress.started)}.")
     for launch in failed:
         print(f"FAILED [{launch.index}/{len(launches)}] {launch.name} (exit {launch.returncode}): {launch.error}\n"
               f"    log: {launch.log}")
+    if stopped is not None:
+        print(f"stopped [{stopped.index}/{len(launches)}] {stopped.name}: interrupted while it ran\n"
+              f"    log: {stopped.log}")
     for launch in skipped:
         print(f"not run [{launch.index}/{len(launches)}] {launch.name}")
     if interrupted:

@@ -67,3 +67,24 @@ seed = [1, 2]
     assert "2 of 3 run(s) succeeded" in output
     assert ("FAILED [1/3] gather_scatter-np2-seed42 (exit" in output
             and str(out / "logs" / "01-gather_scatter-np2-seed42.log") in output)
+
+
+def test_the_run_under_way_when_a_sweep_is_interrupted_is_said_stopped_and_those_after_it_not_run(
+        tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from mpi_train.lab import experiment
+    from mpi_train.lab.sweep_launch import Launch
+
+    def execute(launch, progress, timeout):  # the second run is under way when Ctrl-C comes
+        if launch.index == 2:
+            raise KeyboardInterrupt
+        launch.returncode = 0
+
+    monkeypatch.setattr(experiment, "execute", execute)
+    monkeypatch.setattr(experiment, "report", lambda *_: None)
+    launches = [Launch(index=i, name=f"run{i}", command=[], steps=4, log=tmp_path / f"{i}.log") for i in (1, 2, 3)]
+    assert experiment.run_sweep(SimpleNamespace(network=None, out=tmp_path, timeout=60), launches, None) == 130
+    said = capsys.readouterr().out
+    assert "1 of 3 run(s) succeeded" in said and "stopped [2/3] run2: interrupted while it ran" in said
+    assert "not run [3/3] run3" in said and "not run [2/3]" not in said
