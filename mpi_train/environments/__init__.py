@@ -55,9 +55,11 @@ def check_world(found: int, launcher: str, env: Mapping[str, str] = os.environ) 
     for variable, setter in WORLD_SIZE_VARIABLES.items():
         value = env.get(variable, "")
         if value.isdigit() and int(value) > found:
+            alone = (f"each process would train alone, as {value} separate jobs" if found == 1 else
+                     "the job would leave out processes that launcher started, or count ones it did not")
             raise UserError(
                 f"{variable}={value} says {setter} started {value} processes, but the {launcher} launcher found "
-                f"{found} rank(s) in this job: each process would train alone, as {value} separate jobs. "
+                f"{found} rank(s) in this job: {alone}. "
                 f"Pick the launcher that started the job with --launcher ({', '.join(ENVIRONMENTS)}; auto detects it), "
                 f"or, for mpirun, use an mpi4py built against that mpirun's MPI library; if no such launcher started "
                 f"it, {variable} is left over from elsewhere (a shell's exports, a batch script): unset it."

@@ -110,8 +110,10 @@ def test_ranks_that_never_meet_wait_for_timeout_and_a_port_in_use_is_named(monke
     ({"PMI_SIZE": "8"}, "PMI_SIZE=8"),
 ])
 def test_fewer_ranks_than_the_launcher_started_is_refused(env, variable):
-    with pytest.raises(UserError, match=f"{variable} says .* but the mpi launcher found 1 rank"):
+    with pytest.raises(UserError, match=f"{variable} says .* but the mpi launcher found 1 rank.*separate jobs"):
         check_world(1, "mpi", env)
+    with pytest.raises(UserError, match="found 2 rank.*would leave out processes that launcher started"):
+        check_world(2, "mpi", env)  # mpirun -np 2 with a launcher's count left over: not "separate jobs"
     check_world(int(variable.split("=")[1]), "mpi", env)  # as many as started: fine
 
 
