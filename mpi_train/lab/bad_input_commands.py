@@ -1,6 +1,6 @@
 """The bad-input probe's faults of the commands around training: a calibration or an advice that no bench or advisor
-wrote as it is, the cluster check's and the bench's numbers, an experiment's hostfile, a plot's name (bad_input.py
-runs them with the rest)."""
+wrote as it is, the cluster check's and the bench's numbers, an experiment's hostfile and link, a plot's name, the GPU
+check's data, the supervisor's --min-ranks (bad_input.py runs them with the rest)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,26 @@ def experiment_hostfile(ws: Workspace) -> list[list[str]]:
     return [ws.command("experiment", "probe.toml", "--hostfile", "hosts", "--dry-run")]
 
 
+def gpu_check_data_file(ws: Workspace) -> list[list[str]]:
+    """A tarball's name where the GPU check wants its unpacked folder: said before the check's minutes of work."""
+    (ws.folder / "cifar.tar.gz").write_bytes(b"not unpacked")
+    return [ws.command("gpu-check", "--backend", "gloo", "--data-dir", "cifar.tar.gz")]
+
+
+def supervise_min_ranks(ws: Workspace) -> list[list[str]]:
+    """--min-ranks above the ranks the launch line starts: no host could ever be left out."""
+    (ws.folder / "hosts").write_text("a slots=2\nb slots=2\n")
+    return [ws.command("supervise", "--min-ranks", "8", "--", "mpirun", "-np", "4", "--hostfile", "hosts",
+                       "python", "-m", "mpi_train", "--checkpoint-dir", "ck")]
+
+
+def experiment_link(ws: Workspace) -> list[list[str]]:
+    """A link rate predict reads and tc does not (scripts/testhosts.sh): refused at its line, not at its run."""
+    network = '[network]\nhosts = [2]\nranks_per_host = 1\nlink = ["1.5gbit"]\n'
+    (ws.folder / "probe.toml").write_text(EXPERIMENT + network)
+    return [ws.command("experiment", "probe.toml", "--dry-run")]
+
+
 CASES = [
     Case("advice-as-calibration", advice_as_calibration, (r"holds no time of the model's step without sync",
                                                           r"--compute-per-sample")),
@@ -54,4 +74,10 @@ CASES = [
     Case("predict-plot-not-png", lambda ws: [ws.command(*PREDICT, "--ranks", "2,4", "--link", "1gbit",
                                                         "--compute-per-sample", "0.001", "--plot", "p.pdf")],
          (r"drawn as a PNG image",)),
+    Case("gpu-check-data-dir-file", gpu_check_data_file, (r"--data-dir cifar\.tar\.gz is a file, not a folder",)),
+    Case("collectives-larger-than-memory", lambda ws: [ws.command("collectives", "--size-mb", "1000000", "--iters",
+                                                                  "1")],
+         (r"ran out of memory.{0,300}lower --size-mb",)),
+    Case("supervise-min-ranks-above-line", supervise_min_ranks, (r"--min-ranks 8 is the fewest ranks",)),
+    Case("experiment-link-not-tc", experiment_link, (r"'1\.5gbit' is not a rate scripts/testhosts\.sh shapes",)),
 ]
