@@ -27,6 +27,8 @@ RESUME_AUTO = "auto"  # --resume auto: the latest checkpoint under --checkpoint-
 SYNC_AUTO = "auto"  # --sync auto: the method an advice recommends (advice/cache.py), resolved before setup
 STORE_DIR = "mlruns"  # the embedded MLflow store's folder (tracking/store.py), where the advice is kept too
 ADVICE_DIR = f"{STORE_DIR}/advice"  # where python -m mpi_train advise keeps its advice and --sync auto looks for it
+
+
 def default_store_uri() -> str:
     """The embedded store: SQLite under ./mlruns (MLflow 3 takes no folder of files)."""
     return f"sqlite:///{STORE_DIR}/mlflow.db"

@@ -75,6 +75,8 @@ from .network import NetworkPlan, NetworkSetting
 
 ALL_METHODS = "all"
 DEFAULT_SEED = 42
+TC_RATE = re.compile(r"[0-9]+(bit|kbit|mbit|gbit)", re.IGNORECASE)  # what scripts/testhosts.sh passes on to tc
+MAX_SHAPED_BYTES_S = 100e9 / 8  # 100gbit, the most it shapes
 
 
 @dataclass(frozen=True)
@@ -124,9 +126,6 @@ class Sweep:
     target_loss: float | None = None  # or time to this validation loss (None: language models race to the best
     # final validation loss + 0.05 nats, others to the accuracy above)
 
-
-TC_RATE = re.compile(r"[0-9]+(bit|kbit|mbit|gbit)", re.IGNORECASE)  # what scripts/testhosts.sh passes on to tc
-MAX_SHAPED_BYTES_S = 100e9 / 8  # 100gbit, the most it shapes
 
 def _as_list(value) -> list:
     return value if isinstance(value, list) else [value]
