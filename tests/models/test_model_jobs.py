@@ -49,13 +49,15 @@ def check_the_others(runs: dict, reference: list[float], stop_at: int, resume_ga
 
 def test_resnet18_trains_and_bucketed_equals_allreduce(tmp_path):
     # a gentle rate: at 0.01, BatchNorm on 4 samples a rank amplifies the methods' different float rounding (a
-    # 1e-6 gap at step 2) into 0.5% by step 3, while allreduce itself reruns bit for bit
+    # 1e-6 gap at step 2) into 0.5% by step 3, while allreduce itself reruns bit for bit; at 0.002 step 3's gap was
+    # 1e-6 on one machine and 6e-4 on another. Step 2 holds the first update, where a missed gradient would show
     args = [*QUICK, "--model", "resnet18", "--dataset", "synthetic", "--synthetic-size", "64", "--batch-size", "16",
             "--max-steps", "3", "--lr", "0.002"]
     runs = train_several(4, tmp_path, with_resume(args, tmp_path, total=3, stop_at=2), timeout=600)
     reference = losses(runs["allreduce"])
     assert len(reference) == 3 and runs["allreduce"]["config"]["model"] == "resnet18"
-    assert relative_gap(losses(runs["bucketed"]), reference) <= 1e-5
+    bucketed = losses(runs["bucketed"])
+    assert relative_gap(bucketed[:2], reference[:2]) <= 1e-5 and relative_gap(bucketed, reference) <= 1e-2
     check_the_others(runs, reference, stop_at=2)
 
 
