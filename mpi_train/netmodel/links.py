@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 UNLIMITED = "unlimited"
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+MIN_RATE_BITS = 1e3  # below 1kbit a model's gradients take days a step: a typo for a unit, not a network
 
 
 def rate_bytes_per_s(link: str) -> float | None:
@@ -28,7 +29,11 @@ def rate_bytes_per_s(link: str) -> float | None:
     if not match or float(match.group(1)) <= 0:
         raise ValueError(f"link {link!r} is not a rate: give bits per second like 10gbit, 1gbit or 100mbit, or "
                          f"{UNLIMITED!r}")
-    return float(match.group(1)) * _UNITS[match.group(2)] / 8
+    bits = float(match.group(1)) * _UNITS[match.group(2)]
+    if bits < MIN_RATE_BITS:
+        raise ValueError(f"link {link!r} is below 1kbit, where one step's messages would take days: give bits per "
+                         f"second like 10gbit, 1gbit or 100mbit (was a unit left out?)")
+    return bits / 8
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ def test_rates_parse_like_tc_and_bad_ones_are_refused():
     assert rate_bytes_per_s("unlimited") is None
     with pytest.raises(ValueError, match="10gbit"):
         rate_bytes_per_s("fast")
+    assert rate_bytes_per_s("1kbit") == 125
+    with pytest.raises(ValueError, match="below 1kbit"):
+        rate_bytes_per_s("0.000001bit")  # a step of 5.8e16 ms, printed without a word
 
 
 def test_the_fit_recovers_alpha_and_beta_of_exact_points():
