@@ -196,7 +196,7 @@ def checkpoint_payload(config: TrainConfig, world_size: int, position: Position,
     """What a checkpoint file holds: the job's identity (what check_compatible compares), its position and states."""
     return {
         "format": FORMAT_VERSION, "model": config.model_name, "dataset": config.dataset,
-        "train_size": config.synthetic_size if config.dataset == "synthetic" else None,
+        "train_size": config.synthetic_samples if config.dataset == "synthetic" else None,
         "model_shape": model_shape(config),
         "world_size": world_size, "batch_size": config.batch_size, "sync": config.sync,
         "compression": config.compression, "seed": config.seed, "optimizer": config.optimizer_settings.optimizer,
@@ -397,7 +397,7 @@ def check_compatible(payload: dict, path: Path, config: TrainConfig, world_size:
     shapes), optimizer, ranks, global batch and data, and leave steps to do (under --resume auto, a checkpoint of the
     last step is a job that finished: see Resume.finished). The optimizer is compared as the job resolved it: its
     default depends on the model, so leaving out a flag can change it."""
-    train_size = config.synthetic_size if config.dataset == "synthetic" else None
+    train_size = config.synthetic_samples if config.dataset == "synthetic" else None
     optimizer = config.optimizer_settings.optimizer
     shaped = payload.get("model_shape")
     held = {"model": payload["model"], "optimizer": optimizer_of(payload), "ranks": payload["world_size"],

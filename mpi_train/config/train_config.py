@@ -26,11 +26,12 @@ from .fields import (
     DATASET_SHAPES,
     LAUNCHERS,
     LOADERS,
+    SYNTHETIC_SIZE,
     USERS_DATASET_MODEL,
     DatasetNames,
     SyncChoice,
 )
-from .validation import validate
+from .validation import refuse_weights_beyond_host, validate
 
 
 # Dataclasses collect fields along the reversed MRO: SyncChoice's come first, then the methods' options in their
@@ -50,8 +51,9 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
     model: str | None = _opt(None, MODEL_HELP, metavar="NAME|MODULE:CALLABLE")
     data_dir: str = _opt("data", "where data sets are read from (and downloaded to); --dataset text: a text file or a "
                          "folder of them")
-    synthetic_size: int = _opt(4096, "training samples of --dataset synthetic (its test set is a quarter of that); "
-                               "for gpt, sequences of the context's length")
+    synthetic_size: int | None = _opt(None, "--dataset synthetic only: the training samples it makes (its test set "
+                                      "is a quarter of that); for gpt, sequences of the context's length (default: "
+                                      f"{SYNTHETIC_SIZE})", metavar="N")
     gpt_size: str = _opt("tiny", "--model gpt's size: " + "; ".join(f"{name}: {shape.describe()}" for name, shape in
                                                                       GPT_SIZES.items()), choices=tuple(GPT_SIZES))
     gpt_layers: int | None = _opt(None, "--model gpt: transformer blocks (default: --gpt-size's)", metavar="N")
@@ -217,6 +219,11 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
         return data_spec(self.dataset, self.data_dir, self.image_size, DATASET_SHAPES, tuple(DATASET_DEFAULT_MODEL))
 
     @property
+    def synthetic_samples(self) -> int:
+        """The training samples --dataset synthetic makes: --synthetic-size, or its default."""
+        return SYNTHETIC_SIZE if self.synthetic_size is None else self.synthetic_size
+
+    @property
     def language_model(self) -> bool:
         """The model takes tokens (gpt), not images."""
         return resolve(self.model_name).takes == TOKENS
@@ -234,8 +241,9 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
 
     def as_dict(self) -> dict:
         """The resolved config, as saved in summaries and run artifacts (passwords in URIs masked)."""
+        synthetic = self.synthetic_samples if self.dataset == "synthetic" else None
         return {**dataclasses.asdict(self), "model": self.model_name, **dataclasses.asdict(self.optimizer_settings),
-                "tracking_uri": redact_uri(self.tracking_uri)}
+                "synthetic_size": synthetic, "tracking_uri": redact_uri(self.tracking_uri)}
 
     def validate(self, world_size: int) -> None:
         """Reject values no run can use, before any work starts (validation.py)."""
@@ -265,6 +273,8 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
         if gpt_shape.width % gpt_shape.heads:
             raise UserError(f"--gpt-width {gpt_shape.width} must split evenly across --gpt-heads {gpt_shape.heads}. "
                             f"Use a width that is a multiple of {gpt_shape.heads}, or other heads.")
+        if self.model_name == "gpt":
+            refuse_weights_beyond_host(gpt_shape)
         return self.input_shape  # resolves the model (importing a user's) and refuses one the data cannot feed
 
     def describe_model(self) -> str:

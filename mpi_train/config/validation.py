@@ -12,6 +12,9 @@ import math
 import torch
 
 from ..errors import UserError
+from ..memory import host_memory
+from ..memory import size as memory_size
+from ..models.gpt import GPT_SIZES
 from ..netmodel.links import rate_bytes_per_s
 from ..step.compiling import flags_error as compile_flags_error
 from ..step.gradients import scaled_compression_error
@@ -24,6 +27,7 @@ from .fields import RESUME_AUTO
 UNBOUNDED = ("clip_grad_norm", "bucket_mb")  # float flags to which infinity means something (check_numbers)
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 1e9  # --timeout's range (check_ranges)
 MAX_EXPERIMENT_NAME = 500  # MLflow's own limit on an experiment's name
+FLOAT32_BYTES = 4  # the weights' dtype whatever --precision (autocast computes in lower precision over them)
 
 
 def validate(config, world_size: int) -> None:
@@ -77,12 +81,12 @@ def check_ranges(config) -> None:
     check_numbers(config)
     positive = {
         "--batch-size": config.batch_size, "--epochs": config.epochs, "--log-every": config.log_every,
-        "--synthetic-size": config.synthetic_size, "--timeout": config.timeout, "--lr": config.optimizer_settings.lr,
-        "--accumulate": config.accumulate,
+        "--timeout": config.timeout, "--lr": config.optimizer_settings.lr, "--accumulate": config.accumulate,
     }
-    for flag, value in {"--eval-every": config.eval_every, "--max-steps": config.max_steps,
-                        "--threads": config.threads, "--checkpoint-every": config.checkpoint_every,
-                        "--clip-grad-norm": config.clip_grad_norm}.items():
+    optional = {"--synthetic-size": config.synthetic_size, "--eval-every": config.eval_every,
+                "--max-steps": config.max_steps, "--threads": config.threads,
+                "--checkpoint-every": config.checkpoint_every, "--clip-grad-norm": config.clip_grad_norm}
+    for flag, value in optional.items():
         if value is not None:
             positive[flag] = value
     for flag, value in positive.items():
@@ -147,6 +151,10 @@ def check_flag_pairs(config) -> None:
 def check_data(config) -> None:
     """The model takes the data set's samples, along the data path chosen."""
     shape = config.validate_model()
+    if config.synthetic_size is not None and config.dataset != "synthetic":
+        raise UserError(f"--synthetic-size is how many samples --dataset synthetic makes, and this job reads --dataset "
+                        f"{config.dataset}, which would ignore it. Drop --synthetic-size; to train on part of a data "
+                        f"set, stop early with --max-steps.")
     if len(shape) == 1 and config.loader == "dataloader":
         raise UserError(f"--loader dataloader reads images one by one, and --model {config.model_name} trains on "
                         f"text, which is always held resident (a uint8 tensor of its bytes). Drop --loader.")
@@ -227,3 +235,14 @@ def ranks_advice(batch_size: int, world_size: int, accumulate: int = 1) -> str |
         return None
     return f"{' or '.join(map(str, counts))} ranks (mpirun -np {' or -np '.join(map(str, counts))})"
 
+
+
+def refuse_weights_beyond_host(shape) -> None:
+    """A UserError where a GPT's float32 weights alone would not fit this host's memory: building it would take
+    minutes in silence before the host ran out. Every command builds the model whole on the host first."""
+    host, weights = host_memory(), shape.parameters * FLOAT32_BYTES
+    if host is not None and weights > host[1]:
+        raise UserError(f"--model gpt of {shape.describe()} has {shape.parameters:,} parameters, and their float32 "
+                        f"weights alone take {memory_size(weights)}, more than this host's {memory_size(host[1])} of "
+                        f"memory (training keeps gradients and optimizer state besides). Lower --gpt-layers or "
+                        f"--gpt-width: --gpt-size medium has {GPT_SIZES['medium'].parameters:,}.")

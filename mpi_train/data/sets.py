@@ -254,11 +254,11 @@ def check_room_for_synthetic_text(config: TrainConfig, cluster: Cluster) -> None
     """A UserError, before any is made, where the synthetic text (--synthetic-size windows of --context bytes, one
     copy a rank) would not fit this host's free memory: a long --context makes it large, and running out while
     making it would be blamed on the batch. Collective."""
-    size, room = config.synthetic_size * config.gpt_shape.context, host_memory()
+    size, room = config.synthetic_samples * config.gpt_shape.context, host_memory()
     ranks = cluster.info.local_world_size
     short = room is not None and size * SYNTHETIC_TEXT_PEAK * ranks > room[0]
     cluster.agree(f"--dataset synthetic makes each rank --synthetic-size x --context bytes of text "
-                  f"({config.synthetic_size:,} x {config.gpt_shape.context:,} = {memory_size(size)}), and making it "
+                  f"({config.synthetic_samples:,} x {config.gpt_shape.context:,} = {memory_size(size)}), and making it "
                   f"takes about {SYNTHETIC_TEXT_PEAK} times that: more than the {memory_size(room[0])} this host has "
                   f"free for its {ranks} rank(s). Lower --synthetic-size or --context." if short else None,
                   "cannot make synthetic text")
@@ -269,7 +269,7 @@ def load_text(config: TrainConfig, cluster: Cluster) -> tuple[text.TextSplit, te
     context = config.gpt_shape.context
     if config.dataset == "synthetic":
         check_room_for_synthetic_text(config, cluster)
-        return text.splits(text.synthetic_text(config.synthetic_size * context), context, "synthetic text")
+        return text.splits(text.synthetic_text(config.synthetic_samples * context), context, "synthetic text")
     root, outcome, splits, files = Path(config.data_dir), None, None, []
     try:
         refuse_own_outputs(root, config)
@@ -299,8 +299,8 @@ def _load(config: TrainConfig, cluster: Cluster) -> tuple[Dataset, Dataset]:
         return load_text(config, cluster)
     if config.dataset == "synthetic":
         shape = config.input_shape
-        test_size = max(1, config.synthetic_size // 4)
-        return SyntheticImages(config.synthetic_size, shape, True), SyntheticImages(test_size, shape, False)
+        test_size = max(1, config.synthetic_samples // 4)
+        return SyntheticImages(config.synthetic_samples, shape, True), SyntheticImages(test_size, shape, False)
     if config.dataset == "imagefolder":
         return load_image_folder(config, cluster)
     if is_path(config.dataset):

@@ -80,4 +80,11 @@ CASES = [
          (r"ran out of memory.{0,300}lower --size-mb",)),
     Case("supervise-min-ranks-above-line", supervise_min_ranks, (r"--min-ranks 8 is the fewest ranks",)),
     Case("experiment-link-not-tc", experiment_link, (r"'1\.5gbit' is not a rate scripts/testhosts\.sh shapes",)),
+    Case("predict-link-below-1kbit", lambda ws: [ws.command(*PREDICT, "--ranks", "4", "--link", "0.000001bit",
+                                                            "--compute-per-sample", "0.001")],
+         (r"'0\.000001bit' is below 1kbit",)),
+    # a million blocks: minutes of building in silence before the host ran out
+    Case("gpt-beyond-host-memory", lambda ws: [ws.train("--model", "gpt", "--dataset", "synthetic", "--gpt-layers",
+                                                        "1000000", "--no-tracking", np=1)],
+         (r"has [\d,]+ parameters.{0,200}more than this host's [\d.]+ GiB of memory",)),
 ]

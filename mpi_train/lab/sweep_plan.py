@@ -92,7 +92,7 @@ def estimated_steps(run: PlannedRun) -> int:
     """Steps the run will take, known before it starts (it prints the exact number when it does): for a data set of
     unknown size (text, an image folder, the user's own) its --max-steps, else 0 until it prints them."""
     config = run.config
-    size = config.synthetic_size if config.dataset == "synthetic" else DATASET_SIZES.get(config.dataset)
+    size = config.synthetic_samples if config.dataset == "synthetic" else DATASET_SIZES.get(config.dataset)
     if size is None:
         return config.max_steps or 0
     per_rank = config.batch_size // run.np

@@ -30,6 +30,13 @@ class GptShape:
     def describe(self) -> str:
         return f"{self.layers} layers, {self.heads} heads, width {self.width}, context {self.context}"
 
+    @property
+    def parameters(self) -> int:
+        """The GPT's parameter count, without building it: the embeddings, per block two LayerNorms, the attention's
+        qkv and projection and the MLP's two layers (12·w² + 13·w), and the final LayerNorm; the head is tied."""
+        w = self.width
+        return (VOCAB_SIZE + self.context) * w + self.layers * (12 * w * w + 13 * w) + 2 * w
+
 
 # The named sizes of --gpt-size. tiny trains a few hundred steps on a 2-core machine in minutes; small is nanoGPT's
 # shakespeare-char shape (10.8M parameters on bytes); medium has GPT-2 small's shape (85M parameters on bytes).

@@ -77,11 +77,13 @@ def test_the_logged_job_file_reads_back_to_the_same_job_but_its_outputs_and_wher
     read = TrainConfig(**job_options(text))
     assert read.bucket_mb == 0.1 + 0.2 and read.lr == 1 / 3 and read.run_name == config.run_name  # to the last bit
     # the model and its optimizer's settings as the job resolved them; paths and the rendezvous left out
-    assert (read.model, read.optimizer, read.momentum, read.warmup_steps) == ("mnist_cnn", "sgd", 0.9, 40)
+    # (and the synthetic data set's size)
+    resolved = (read.model, read.optimizer, read.momentum, read.warmup_steps, read.synthetic_size)
+    assert resolved == ("mnist_cnn", "sgd", 0.9, 40, 4096)
     for name, value in dataclasses.asdict(TrainConfig()).items():
         if name in JOB_FILE_LEAVES_OUT:
             assert getattr(read, name) == value, name
-        elif name not in ("model", "optimizer", "momentum", "weight_decay", "warmup_steps"):
+        elif name not in ("model", "optimizer", "momentum", "weight_decay", "warmup_steps", "synthetic_size"):
             assert getattr(read, name) == getattr(config, name), name
     assert set(JOB_FILE_LEAVES_OUT) == {"summary_json", "timeline_dir", "checkpoint_dir", "checkpoint_every", "resume",
                                         "reshard", "advice", "tracking_uri", "master_addr"}

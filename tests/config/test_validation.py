@@ -40,8 +40,9 @@ def test_reshard_advice_for_a_batch_that_does_not_split_is_advice_the_checks_acc
 
 
 @pytest.mark.parametrize("field,value", [("batch_size", 0), ("epochs", -1), ("lr", 0.0), ("max_steps", 0),
-                                         ("log_every", 0), ("threads", 0), ("timeout", -5.0), ("momentum", -0.1),
-                                         ("bucket_mb", 0.0), ("powersgd_rank", 0), ("powersgd_start_step", -1)])
+                                         ("log_every", 0), ("threads", 0), ("synthetic_size", 0), ("timeout", -5.0),
+                                         ("momentum", -0.1), ("bucket_mb", 0.0), ("powersgd_rank", 0),
+                                         ("powersgd_start_step", -1)])
 def test_zero_or_negative_numbers_are_rejected(field, value):
     with pytest.raises(UserError) as error:
         TrainConfig(**{field: value}).validate(world_size=1)
@@ -99,3 +100,10 @@ def test_the_data_path_flags_are_checked():
         with pytest.raises(UserError, match="--loader-workers sets the processes torch's DataLoader reads images"):
             ignored.validate(1)
     TrainConfig(dataset="synthetic", loader="dataloader", loader_workers=4).validate(1)
+    # a smaller data set asked of mnist: once trained on all 60,000 images without a word
+    with pytest.raises(UserError, match="--synthetic-size is how many samples --dataset synthetic makes, and this "
+                                        "job reads --dataset mnist, which would ignore it"):
+        TrainConfig(dataset="mnist", synthetic_size=512).validate(1)
+    assert TrainConfig(dataset="synthetic").synthetic_samples == 4096
+    assert TrainConfig(dataset="synthetic").as_dict()["synthetic_size"] == 4096  # the size the run logs
+    assert TrainConfig(dataset="mnist").as_dict()["synthetic_size"] is None

@@ -2,6 +2,7 @@
 and the refusal of a model the data set cannot feed (one process, models built on the meta device)."""
 
 import textwrap
+import time
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 from mpi_train.config import TrainConfig
 from mpi_train.errors import UserError
 from mpi_train.lr_schedule import MODEL_DEFAULTS, OTHER_MODELS
+from mpi_train.memory import host_memory
 from mpi_train.models import (
     BUILT_IN,
     NEED_LARGER,
@@ -20,7 +22,7 @@ from mpi_train.models import (
     smallest_square,
     untrained_parameters,
 )
-from mpi_train.models.gpt import GPT_SIZES
+from mpi_train.models.gpt import GPT_SIZES, gpt
 from mpi_train.throughput import flops_per_sample
 
 
@@ -197,6 +199,15 @@ def test_gpt_sizes_and_overrides_come_from_the_flags():
     assert config.gpt_shape == GPT_SIZES["small"].__class__(layers=2, heads=6, width=384, context=64)
     with pytest.raises(Exception, match="--gpt-width 100 must split evenly across --gpt-heads 6"):
         TrainConfig(model="gpt", dataset="synthetic", gpt_size="small", gpt_width=100).validate(world_size=1)
+    for size, shape in GPT_SIZES.items():  # the count the host-memory check reads, against the built model's
+        assert shape.parameters == sum(p.numel() for p in gpt(shape).parameters()), size
+    block_bytes = 4 * (GPT_SIZES["tiny"].parameters // GPT_SIZES["tiny"].layers)  # float32, a little over a block's
+    layers = 2 * host_memory()[1] // block_bytes  # weights of about twice the host's memory
+    started = time.monotonic()  # refused from the shape, before minutes of building it
+    with pytest.raises(Exception, match=rf"^--model gpt of {layers} layers, .* parameters, and their float32 weights "
+                                        r"alone take [\d.]+ GiB, more than this host's [\d.]+ GiB of memory") as huge:
+        TrainConfig(model="gpt", dataset="synthetic", gpt_layers=layers).validate(world_size=1)
+    assert type(huge.value).__name__ == "UserError" and time.monotonic() - started < 5
     with pytest.raises(Exception, match=r"^--gpt-heads shapes --model gpt, .* which would ignore it\. Drop it, or"):
         TrainConfig(model="mnist_cnn", dataset="synthetic", gpt_heads=4).validate(world_size=1)
     with pytest.raises(Exception, match=r"^--gpt-layers, --gpt-width shape --model gpt, .* ignore them\. Drop them"):

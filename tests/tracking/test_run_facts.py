@@ -11,12 +11,14 @@ def test_every_option_but_the_paths_and_output_switches_is_a_param():
                 "tracking_uri", "experiment", "run_name",  # where the run is, as MLflow shows
                 "no_tracking", "save_model", "tracking_spool"}  # output switches
     config = TrainConfig(sync="localsgd", overlap=True, fragments=2, dropout=0.1, gpt_layers=3, context=64,
-                         loader="dataloader", deterministic=True, synthetic_size=512, bucket_mb=4.0, threads=2,
-                         run_name="x", summary_json="s.json", resume="ckpt", calibration="c.json")
+                         loader="dataloader", deterministic=True, dataset="synthetic", synthetic_size=512,
+                         bucket_mb=4.0, threads=2, run_name="x", summary_json="s.json", resume="ckpt",
+                         calibration="c.json")
     job = JobInfo(world_size=2, backend="gloo", hosts=("h1", "h1"), threads=1, rendezvous="h1:1234",
                   batch_size_per_rank=128, steps_per_epoch=16, total_steps=16)
     assert {name for name in field_kinds() if name not in RUN_PARAMS} == unlogged
     params = run_params(config, job, ["h1", "h1"])
     assert {name for name in field_kinds() if name not in params and getattr(config, name) is not None} <= unlogged
     assert (params["overlap"], params["fragments"], params["dropout"], params["gpt_layers"], params["loader"],
-            params["bucket_mb"], params["threads"]) == (True, 2, 0.1, 3, "dataloader", 4.0, 1)  # threads: the job's
+            params["bucket_mb"], params["threads"], params["synthetic_size"]
+            ) == (True, 2, 0.1, 3, "dataloader", 4.0, 1, 512)  # threads: the job's
