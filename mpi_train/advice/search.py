@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from ..config import TrainConfig
 from ..netmodel import Backward, Layout, Link, Network, family_of, predict
 from ..sync import BASELINE, GRADIENTS, SYNC_METHODS, SyncMethod, backend_error, build_method
+from ..sync.bucketed import DEFAULT_BUCKET_MB
 from ..sync.messages import backward_order, message_groups
 
-DEFAULT_BUCKET_MB = TrainConfig.bucket_mb
 REFERENCE = BASELINE  # what every user would otherwise run: always measured beside the best predicted
 FREE = Link(0.0, 0.0, source="free")  # a link that costs nothing: what a method's time is without it
 FULL_BENCH_MB = (1.0, 2.0, 4.0, 8.0, 16.0, DEFAULT_BUCKET_MB, 50.0)  # the full bench's bucket sizes: powers of two

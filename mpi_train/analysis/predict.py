@@ -44,6 +44,7 @@ from ..optimizers import describe_state, state_slots
 from ..step.precision import PRECISION_AUTO, PRECISIONS, UNNAMED_PRECISION, resolve
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, build_method, parse_labels, split_label
 from ..sync.averaging import DEFAULT_PERIOD
+from ..sync.bucketed import DEFAULT_BUCKET_MB
 from .predict_tables import (
     Row,
     cuda_only_overlaps,
@@ -219,7 +220,7 @@ def network_for(args: argparse.Namespace, calibrated: netmodel.Network | None) -
     return netmodel.Network(intra, inter, collectives=measured), notes
 
 
-def registered_methods(bucket_mb: float = TrainConfig.bucket_mb, labels: Sequence[str] | None = None,
+def registered_methods(bucket_mb: float = DEFAULT_BUCKET_MB, labels: Sequence[str] | None = None,
                        period: int | None = None, host_period: int | None = None, overlap: bool = False,
                        fragments: int | None = None, precision: str = "32-true") -> dict[str, SyncMethod]:
     """Every registered method (or each of `labels`, like `localsgd+powersgd`) as a job with its default options would

@@ -12,6 +12,7 @@ from torch import nn
 from .. import netmodel
 from ..config import TrainConfig
 from ..sync import SyncMethod, backend_error, build_method, parse_labels, split_label
+from ..sync.compression.powersgd import DEFAULT_RANK
 
 NO_SYNC = "no-sync"  # the baseline: backward only; every method's exposed communication is measured against it
 
@@ -41,7 +42,7 @@ def contender(name: str, method: SyncMethod, template: nn.Module) -> Contender:
                      overlapped=method.traits.overlapped())
 
 
-def configured(text: str, bucket_mb: float, powersgd_rank: int = TrainConfig.powersgd_rank,
+def configured(text: str, bucket_mb: float, powersgd_rank: int = DEFAULT_RANK,
                precision: str = "32-true", workload: TrainConfig | None = None) -> SyncMethod:
     """The method a label names, as the bench runs it at --precision `precision` (resolved: fsdp gathers its
     parameters in it) for the model `workload` names (DDP's methods ask it for parameters no logit depends on):
@@ -58,7 +59,7 @@ def configured(text: str, bucket_mb: float, powersgd_rank: int = TrainConfig.pow
 
 def contenders(workload: TrainConfig, device: torch.device, bucket_mb: float, labels: list[str] | None = None,
                backend: str = "gloo",
-               powersgd_rank: int = TrainConfig.powersgd_rank,
+               powersgd_rank: int = DEFAULT_RANK,
                precision: str = "32-true") -> tuple[list[Contender], list[tuple[str, str]]]:
     """The no-sync baseline and each method at `precision`, each with an identical replica of the model `workload`
     names; and the methods the backend cannot run, with the reason."""

@@ -20,12 +20,13 @@ RANK_PROGRAM_HELP = {
 }
 
 
-def add_job_arguments(parser, names: Sequence[str], helps: dict[str, str] | None = None) -> None:
+def add_job_arguments(parser, names: Sequence[str], helps: dict[str, str] | None = None,
+                      defaults: dict | None = None) -> None:
     """TrainConfig's fields `names` as flags of `parser`, in that order (the order --help lists them in), each with
-    `helps`' text, else RANK_PROGRAM_HELP's, else the field's own."""
+    `helps`' text, else RANK_PROGRAM_HELP's, else the field's own, and `defaults`' value, else the field's."""
     for name in names:
         text = (helps or {}).get(name, RANK_PROGRAM_HELP.get(name))
-        add_config_arguments(parser, (name,), helps={name: text} if text else None)
+        add_config_arguments(parser, (name,), defaults, helps={name: text} if text else None)
 
 
 def check_job_arguments(args, world: int) -> None:

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .. import netmodel, tracking
-from ..config import TrainConfig
 from ..sync import split_label
+from ..sync.bucketed import DEFAULT_BUCKET_MB
 from ..sync.messages import BUCKETS
 from ..tracking import names as metric_names
 from ..tracking.links import share_views
@@ -22,7 +22,7 @@ def method_params(row: dict, result: dict) -> dict:
     """A method's child run params: what it is and where it ran, the same keys on every child."""
     name, compression = split_label(row["method"])
     layout = result.get("layout") or {}
-    method = configured(row["method"], result.get("bucket_mb", TrainConfig.bucket_mb))
+    method = configured(row["method"], result.get("bucket_mb", DEFAULT_BUCKET_MB))
     bucket = method.traits.bucket_caps[1] / 2**20 if method.traits.messages == BUCKETS else None
     return {"sync": name, "compression": compression, "bucket_mb": f"{bucket:g}" if bucket else "-",
             "collective": row.get("collective") or "-", "link": result.get("network_link") or "unlimited",

@@ -76,12 +76,14 @@ from ..benchmark.job import open_job, rank_zero_print, unkept
 from ..benchmark.measure import measure
 from ..benchmark.mlflow_runs import log_bench
 from ..cluster import Cluster
-from ..config import TrainConfig, add_config_arguments, add_model_arguments, model_config
+from ..config import add_config_arguments, add_model_arguments, model_config
 from ..data import synthetic_batch
 from ..errors import UserError
 from ..files import kept, without_nan, write_json_atomically
 from ..rankguard import RankAwareParser, guarded, join_job
 from ..sync import parse_labels
+from ..sync.bucketed import DEFAULT_BUCKET_MB
+from ..sync.compression.powersgd import DEFAULT_RANK
 from ..tracking.links import where
 
 
@@ -96,12 +98,13 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per method first (default: 2)")
     parser.add_argument("--json", metavar="PATH", help="rank 0 writes every figure here")
     add_job_arguments(parser, ("launcher", "backend", "threads", "bucket_mb"), {
-        "bucket_mb": f"bucket size for the bucketed method (default: {TrainConfig.bucket_mb:g})"})
+        "bucket_mb": f"bucket size for the bucketed method (default: {DEFAULT_BUCKET_MB:g})"},
+        defaults={"bucket_mb": DEFAULT_BUCKET_MB})
     parser.add_argument("--methods", help="comma-separated methods to measure, as labelled in the table, e.g. "
                         "ddp,bucketed,bucketed+powersgd (default: every method with every compression it carries)")
     add_job_arguments(parser, ("powersgd_rank",), {
-        "powersgd_rank": f"rank of PowerSGD's factors (default: {TrainConfig.powersgd_rank}); it compresses from the "
-                         f"first step here"})
+        "powersgd_rank": f"rank of PowerSGD's factors (default: {DEFAULT_RANK}); it compresses from the first "
+                         f"step here"}, defaults={"powersgd_rank": DEFAULT_RANK})
     parser.add_argument("--link-iters", type=int, default=3,
                         help="timed repetitions per message size of the link calibration (default: 3)")
     add_job_arguments(parser, ("link", "master_addr", "timeout", "tracking_uri", "experiment", "run_name",

@@ -7,6 +7,7 @@ order --help lists them) and holds every other option itself.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from ..errors import UserError
@@ -17,7 +18,7 @@ from ..models import check as check_model
 from ..optimizers import OPTIMIZERS
 from ..step.compiling import COMPILE_MODES
 from ..step.precision import PRECISION_AUTO, PRECISIONS
-from ..sync import METHOD_OPTIONS, label
+from ..sync import METHOD_OPTIONS, SYNC_METHODS, label, reads_option
 from ..sync.flag_fields import option as _opt
 from ..timeline import ALL_STEPS, parse_window
 from .fields import (
@@ -243,7 +244,15 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
         """The resolved config, as saved in summaries and run artifacts (passwords in URIs masked)."""
         synthetic = self.synthetic_samples if self.dataset == "synthetic" else None
         return {**dataclasses.asdict(self), "model": self.model_name, **dataclasses.asdict(self.optimizer_settings),
-                "synthetic_size": synthetic, "tracking_uri": redact_uri(self.tracking_uri)}
+                "synthetic_size": synthetic, **self.defaulted_options(), "tracking_uri": redact_uri(self.tracking_uri)}
+
+    def defaulted_options(self) -> dict:
+        """--bucket-mb and PowerSGD's flags as the job runs them: given, or their defaults where its method or
+        compressor reads them; left unset where nothing does (and under --sync auto, until the advice is applied)."""
+        reads = functools.partial(reads_option, self.sync, self.compression) if self.sync in SYNC_METHODS else None
+        rank, start = self.powersgd_settings
+        resolved = {"bucket_mb": self.bucket_size_mb, "powersgd_rank": rank, "powersgd_start_step": start}
+        return {name: value if reads and reads(name) else getattr(self, name) for name, value in resolved.items()}
 
     def validate(self, world_size: int) -> None:
         """Reject values no run can use, before any work starts (validation.py)."""

@@ -18,9 +18,16 @@ from ..models.gpt import GPT_SIZES
 from ..netmodel.links import rate_bytes_per_s
 from ..step.compiling import flags_error as compile_flags_error
 from ..step.gradients import scaled_compression_error
-from ..sync import METHOD_OPTIONS, PARAMETERS, SYNC_METHODS, combination_error, tuned_by
-from ..sync.averaging_options import AveragingOptions
-from ..sync.diloco import OuterStepOptions
+from ..sync import (
+    METHOD_OPTIONS,
+    PARAMETERS,
+    SYNC_METHODS,
+    combination_error,
+    compressions_tuned_by,
+    reads_option,
+    tuned_by,
+)
+from ..sync.compression import CompressionChoice
 from ..sync.flag_fields import option_names
 from .fields import RESUME_AUTO
 
@@ -40,7 +47,7 @@ def validate(config, world_size: int) -> None:
     if config.system_metrics_every < 0:
         raise UserError(f"--system-metrics-every must not be negative, got {config.system_metrics_every}; 0 turns "
                         f"system metrics off.")
-    validate_averaging(config)
+    validate_method_options(config)
     if not config.no_tracking and not 0 < len(config.experiment.strip()) <= MAX_EXPERIMENT_NAME:
         got = f"{len(config.experiment):,} characters" if config.experiment.strip() else "an empty name"
         raise UserError(f"--experiment must name an MLflow experiment in 1 to {MAX_EXPERIMENT_NAME} characters "
@@ -104,17 +111,29 @@ def check_ranges(config) -> None:
                         f"never forgets a gradient and the steps grow without bound. 0.9 is the usual value.")
 
 
-def validate_averaging(config) -> None:
-    """The flags of the methods that sync less often: only with a method that reads them, then in range."""
-    for name in (*option_names(AveragingOptions), *option_names(OuterStepOptions)):
-        flag, readers = "--" + name.replace("_", "-"), tuned_by(name)  # the methods whose class reads it
-        given = config.overlap if name == "overlap" else getattr(config, name) is not None
-        if given and config.sync not in readers:
-            raise UserError(f"{flag} is read by --sync {' and '.join(readers)} only, and this job runs --sync "
-                            f"{config.sync}, which would ignore it. Drop {flag}, or use --sync {readers[0]}.")
-    for _, check in METHOD_OPTIONS:
+def validate_method_options(config) -> None:
+    """The methods' and compressors' own flags: only with a job that reads them, then in range."""
+    for options, check in METHOD_OPTIONS:
+        for name in option_names(options) if options is not CompressionChoice else ():
+            given = config.overlap if name == "overlap" else getattr(config, name) is not None
+            if given and not reads_option(config.sync, config.compression, name):
+                raise UserError(unread_option_error(config, name))
         if check is not None:
             check(config)
+
+
+def unread_option_error(config, name: str) -> str:
+    """Why a method's or a compressor's flag given to a job that would ignore it is refused, and what to do."""
+    flag, methods, compressions = "--" + name.replace("_", "-"), tuned_by(name), compressions_tuned_by(name)
+    if methods:
+        return (f"{flag} is read by --sync {' and '.join(methods)} only, and this job runs --sync {config.sync}, "
+                f"which would ignore it. Drop {flag}, or use --sync {methods[0]}.")
+    fixed = [sync for sync, method in SYNC_METHODS.items() if method.traits.fixed_compression in compressions]
+    also = f" (and --sync {' and '.join(fixed)})" if fixed else ""
+    runs = f"--sync {config.sync}" + (f" --compression {config.compression}" if config.compression != "none" else "")
+    return (f"{flag} is read by --compression {' and '.join(compressions)}{also} only, and this job runs {runs}, "
+            f"which would ignore it. Drop {flag}, or add --compression "
+            f"{compressions[0]}.")
 
 
 def check_flag_pairs(config) -> None:

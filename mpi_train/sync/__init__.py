@@ -21,6 +21,7 @@ from .ddp import DDP
 from .ddp_fp16 import DDPFP16
 from .ddp_powersgd import DDPPowerSGD
 from .diloco import DiLoCo, OuterStepOptions
+from .flag_fields import option_names
 from .flat import Flat
 from .flat_fp16 import FlatFP16
 from .fsdp import FSDP
@@ -71,8 +72,27 @@ BASELINE = "ddp"  # torch's DDP: what every user would otherwise run, measured b
 
 
 def tuned_by(field: str) -> list[str]:
-    """The methods that read TrainConfig's `field` (their class's tunables): `tuned_by("bucket_mb")` -> ["bucketed"]."""
+    """The methods that read TrainConfig's `field` (their class's tunables): `tuned_by("period")` -> ["localsgd",
+    "diloco"]."""
     return [name for name, method in SYNC_METHODS.items() if field in method.traits.tunables]
+
+
+def compressions_tuned_by(field: str) -> list[str]:
+    """The compressions that read TrainConfig's `field`: `compressions_tuned_by("powersgd_rank")` -> ["powersgd"]."""
+    return [name for name, compressor in COMPRESSORS.items() if field in compressor.tunables]
+
+
+def method_option_names() -> tuple[str, ...]:
+    """The TrainConfig fields the methods' and compressors' option classes declare (--compression itself aside)."""
+    return tuple(name for options, _ in METHOD_OPTIONS if options is not CompressionChoice
+                 for name in option_names(options))
+
+
+def reads_option(sync: str, compression: str, field: str) -> bool:
+    """Whether a job of --sync `sync` and --compression `compression` reads TrainConfig's `field`: the method does,
+    or the compressor it runs (a fixed one, as ddp_powersgd's, or the one asked for)."""
+    method = SYNC_METHODS[sync]
+    return field in method.traits.tunables or field in COMPRESSORS[method.traits.compression_name(compression)].tunables
 
 
 def label(sync: str, compression: str = "none") -> str:

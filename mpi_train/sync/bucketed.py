@@ -23,14 +23,21 @@ DEFAULT_BUCKET_MB = DDP_BUCKET_MB  # DistributedDataParallel's default bucket_ca
 
 @dataclass(frozen=True)
 class BucketOptions:
-    """--bucket-mb, read by bucketed and zero (TrainConfig composes it)."""
+    """--bucket-mb, read by bucketed and zero (TrainConfig composes it). It defaults to None, so a job can tell the
+    flag given to a method that would ignore it (ddp keeps DistributedDataParallel's own buckets)."""
 
-    bucket_mb: float = option(DEFAULT_BUCKET_MB, "bucket size in megabytes for --sync bucketed and zero: smaller "
-                              "buckets start communicating earlier in backward, larger ones make fewer calls")
+    bucket_mb: float | None = option(None, f"bucket size in megabytes for --sync bucketed and zero: smaller buckets "
+                                     f"start communicating earlier in backward, larger ones make fewer calls "
+                                     f"(default: {DEFAULT_BUCKET_MB:g})")
+
+    @property
+    def bucket_size_mb(self) -> float:
+        """--bucket-mb as bucketed and zero run it: given, or the default."""
+        return DEFAULT_BUCKET_MB if self.bucket_mb is None else self.bucket_mb
 
     def check_buckets(self) -> None:
         """Refused before any work starts, like every flag a job cannot run."""
-        if self.bucket_mb <= 0:
+        if self.bucket_mb is not None and self.bucket_mb <= 0:
             raise UserError(f"--bucket-mb must be positive, got {self.bucket_mb}. Pass a value greater than zero.")
 
 
@@ -113,7 +120,7 @@ class Bucketed(SyncMethod):
 
     @classmethod
     def _from_config(cls, config) -> Bucketed:
-        return cls(config.bucket_mb, compressor_for(cls, config))
+        return cls(config.bucket_size_mb, compressor_for(cls, config))
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.params = [p for p in model.parameters() if p.requires_grad]

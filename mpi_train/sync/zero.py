@@ -151,7 +151,7 @@ class Zero(Bucketed):
 
     @classmethod
     def _from_config(cls, config) -> Zero:
-        return cls(config.bucket_mb, compressor_for(cls, config), config.timeout)
+        return cls(config.bucket_size_mb, compressor_for(cls, config), config.timeout)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         super().wrap(model)

@@ -44,8 +44,10 @@ def test_reshard_advice_for_a_batch_that_does_not_split_is_advice_the_checks_acc
                                          ("momentum", -0.1), ("bucket_mb", 0.0), ("powersgd_rank", 0),
                                          ("powersgd_start_step", -1)])
 def test_zero_or_negative_numbers_are_rejected(field, value):
+    readers = {"bucket_mb": {"sync": "bucketed"}, "powersgd_rank": {"sync": "bucketed", "compression": "powersgd"},
+               "powersgd_start_step": {"sync": "bucketed", "compression": "powersgd"}}  # the jobs that read them
     with pytest.raises(UserError) as error:
-        TrainConfig(**{field: value}).validate(world_size=1)
+        TrainConfig(**readers.get(field, {}), **{field: value}).validate(world_size=1)
     assert str(value) in str(error.value)
 
 
@@ -70,6 +72,25 @@ def test_an_experiment_name_mlflow_would_refuse_is_refused_before_any_work(name,
         TrainConfig(experiment=name).validate(world_size=1)
     assert says in str(error.value) and "1 to 500 characters" in str(error.value)
     TrainConfig(experiment=name, no_tracking=True).validate(world_size=1)  # not used: not checked
+
+
+def test_a_methods_flag_given_to_a_job_that_would_ignore_it_is_refused():
+    # each was once run without it and without a word: ddp keeps DistributedDataParallel's own 25 MB buckets
+    ddp = "--bucket-mb is read by --sync bucketed and zero only, and this job runs --sync ddp, which would ignore it"
+    rank = ("--powersgd-rank is read by --compression powersgd (and --sync ddp_powersgd) only, and this job runs "
+            "--sync bucketed, which would ignore it. Drop --powersgd-rank, or add --compression powersgd.")
+    fp16 = "this job runs --sync bucketed --compression fp16, which would ignore it"
+    for ignored, says in [({"sync": "ddp", "bucket_mb": 1.0}, ddp), ({"sync": "bucketed", "powersgd_rank": 4}, rank),
+                          ({"sync": "bucketed", "compression": "fp16", "powersgd_start_step": 5}, fp16)]:
+        with pytest.raises(UserError) as error:
+            TrainConfig(**ignored).validate(world_size=2)
+        assert says in str(error.value)
+    for read in ({"sync": "zero", "bucket_mb": 1.0}, {"sync": "ddp_powersgd", "powersgd_rank": 4},
+                 {"sync": "bucketed", "compression": "powersgd", "powersgd_start_step": 0}):
+        TrainConfig(**read).validate(world_size=2)
+    # the job runs (and logs) the defaults where its method reads them, and leaves the others unset
+    assert [TrainConfig(sync=sync).as_dict()["bucket_mb"] for sync in ("bucketed", "zero", "ddp")] == [25.0, 25.0, None]
+    assert TrainConfig(sync="ddp_powersgd").as_dict()["powersgd_rank"] == 2
 
 
 def test_infinity_where_it_means_something_is_taken():

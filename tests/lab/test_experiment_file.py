@@ -66,7 +66,13 @@ def test_compression_is_swept_like_sync_and_impossible_pairs_are_left_out_of_all
     assert "bucketed+powersgd" in labels and "hierarchical+powersgd" in labels and "flat_fp16" in labels
     assert "gather_scatter+powersgd" not in labels and "ddp+powersgd" not in labels and labels.count("flat_fp16") == 1
     assert dict(sweep.unavailable)["gather_scatter+powersgd"].startswith("--sync gather_scatter cannot carry")
-    assert all(r.config.powersgd_rank == 4 for r in sweep.runs)
+    # a method's flag in a grid of several methods tunes the runs that read it; the others run without it
+    assert {r.config.powersgd_rank for r in sweep.runs if r.config.compression == "powersgd"} == {4}
+    assert {r.config.powersgd_rank for r in sweep.runs if r.config.compression == "none"} == {None}
+    with pytest.raises(SweepError, match=r"key sweep\[1\]\.powersgd_rank: .* --powersgd-rank is read by --compression "
+                                         r"powersgd \(and --sync ddp_powersgd\) only"):  # no run of the grid reads it
+        parse(text.replace('sync = "all"', 'sync = ["ring", "bucketed"]').replace('"powersgd"]', '"fp16"]'),
+              Path("grid.toml"))
     assert {r.config.compression for r in sweep.runs if r.config.sync == "ring"} == {"none", "powersgd"}
     named = text.replace('sync = "all"', 'sync = ["ring", "gather_scatter"]')
     with pytest.raises(SweepError, match=r"line \d+, key sweep\[1\]\.compression: --sync gather_scatter cannot carry"):

@@ -41,7 +41,8 @@ def main(out: str, total: str, resume_at: str, *args: str) -> None:
         }
         for name, extra in jobs.items():
             method, compression = split_label(sync)
-            argv = [*args, "--sync", method, "--compression", compression, "--powersgd-start-step", "2", *extra,
+            powersgd = ["--powersgd-start-step", "2"] if compression == "powersgd" else []  # read by PowerSGD alone
+            argv = [*args, "--sync", method, "--compression", compression, *powersgd, *extra,
                     "--summary-json", str(folder / f"{sync}-{name}.json")]
             run(parse_config(argv, quiet=not cluster.info.is_main), cluster)
 

@@ -80,4 +80,4 @@ def test_train_config_composes_the_options_in_the_order_help_lists_them():
     options = {*option_names(AveragingOptions), *option_names(OuterStepOptions), *option_names(BucketOptions),
                *option_names(PowerSGDOptions)}
     assert not options & set(TrainConfig.__annotations__)  # each option declared once, in its method's file
-    assert TrainConfig.bucket_mb == 25.0 and TrainConfig(period=3).period == 3
+    assert TrainConfig().bucket_size_mb == 25.0 and TrainConfig(period=3).period == 3

@@ -22,6 +22,7 @@ class Compressor:
     name = "none"
     wire_dtype: torch.dtype | None = None  # what the summed tensors carry, when not the gradients' own dtype
     rounds_per_step = 1  # sums per bucket once it compresses: each pays the collective's latency (cost model)
+    tunables: tuple[str, ...] = ()  # the TrainConfig fields (flags) from_config reads
 
     @classmethod
     def from_config(cls, config) -> Compressor:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ...errors import UserError
-from ..flag_fields import option
+from ..flag_fields import option, option_names
 from .base import Compressor
 
 DEFAULT_RANK = 2
@@ -31,19 +31,27 @@ SEED = 20190502  # the first Q of every matrix, drawn alike on every rank
 
 @dataclass(frozen=True)
 class PowerSGDOptions:
-    """PowerSGD's flags, read by --compression powersgd and ddp_powersgd (TrainConfig composes it)."""
+    """PowerSGD's flags, read by --compression powersgd and ddp_powersgd (TrainConfig composes it). They default to
+    None, so a job can tell them given to a job that runs no PowerSGD."""
 
-    powersgd_rank: int = option(DEFAULT_RANK, "rank r of PowerSGD's factors (--compression powersgd, ddp_powersgd): "
-                                "an n x m gradient travels as (n + m)·r numbers")
-    powersgd_start_step: int = option(DEFAULT_START_STEP, "steps of plain (uncompressed) averaging before PowerSGD "
-                                      "starts (ddp_powersgd: at least 2, torch's minimum)")
+    powersgd_rank: int | None = option(None, f"rank r of PowerSGD's factors (--compression powersgd, ddp_powersgd): "
+                                       f"an n x m gradient travels as (n + m)·r numbers (default: {DEFAULT_RANK})")
+    powersgd_start_step: int | None = option(None, f"steps of plain (uncompressed) averaging before PowerSGD starts "
+                                             f"(ddp_powersgd: at least 2, torch's minimum; default: "
+                                             f"{DEFAULT_START_STEP})")
+
+    @property
+    def powersgd_settings(self) -> tuple[int, int]:
+        """(rank, start step) as PowerSGD runs them: given, or the defaults."""
+        return (DEFAULT_RANK if self.powersgd_rank is None else self.powersgd_rank,
+                DEFAULT_START_STEP if self.powersgd_start_step is None else self.powersgd_start_step)
 
     def check_powersgd(self) -> None:
         """Refused before any work starts, like every flag a job cannot run."""
-        if self.powersgd_rank <= 0:
+        if self.powersgd_rank is not None and self.powersgd_rank <= 0:
             raise UserError(f"--powersgd-rank must be positive, got {self.powersgd_rank}. Pass a value greater than "
                             f"zero.")
-        if self.powersgd_start_step < 0:
+        if self.powersgd_start_step is not None and self.powersgd_start_step < 0:
             raise UserError(f"--powersgd-start-step must not be negative, got {self.powersgd_start_step}.")
 
 
@@ -123,6 +131,7 @@ class PowerSGD(Compressor):
 
     name = "powersgd"
     rounds_per_step = 2  # the Ps (with the whole tensors), then the Qs
+    tunables = option_names(PowerSGDOptions)
 
     def __init__(self, rank: int = DEFAULT_RANK, start_step: int = DEFAULT_START_STEP):
         if rank < 1:
@@ -136,7 +145,7 @@ class PowerSGD(Compressor):
 
     @classmethod
     def from_config(cls, config) -> PowerSGD:
-        return cls(config.powersgd_rank, config.powersgd_start_step)
+        return cls(*config.powersgd_settings)
 
     def compressible(self, shape: torch.Size) -> bool:
         """A matrix (or conv kernel) whose rank-r factors are more than MIN_COMPRESSION times smaller than itself."""
