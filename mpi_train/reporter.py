@@ -51,7 +51,7 @@ def job_outputs(config: TrainConfig) -> list[tuple[str, Path, bool, str]]:
         outputs.append(("--summary-json", summary, False, f"name a file, e.g. --summary-json {summary / 'summary.json'}"
                         if summary.is_dir() else "name a file in a writable folder"))
     if config.timeline_window:
-        outputs.append(("--timeline-dir", Path(config.timeline_dir), True,
+        outputs.append(("--timeline-dir", Path(config.timeline_folder), True,
                         "name a writable folder (created if missing)"))
     if config.checkpoint_dir:
         outputs.append(("--checkpoint-dir", Path(config.checkpoint_dir), True,

@@ -21,6 +21,7 @@ DATASET_DEFAULT_MODEL = {"cifar10": "vgg11", "mnist": "mnist_cnn", "text": "gpt"
 USERS_DATASET_MODEL = "resnet18"  # the default model on a data set of the user's own (--dataset MODULE:FUNCTION)
 # (channels, height, width) of each image data set; synthetic makes what the model takes, text is bytes
 DATASET_SHAPES = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28)}
+TIMELINE_DIR = "timelines"  # where --timeline writes when --timeline-dir is not given
 SYNTHETIC_SIZE = 4096  # --dataset synthetic's training samples when --synthetic-size is not given
 BACKENDS = ("auto", "gloo", "nccl")
 LOADERS = ("auto", "resident", "dataloader")  # the data paths (data/loaders.py)

@@ -28,6 +28,7 @@ from .fields import (
     LAUNCHERS,
     LOADERS,
     SYNTHETIC_SIZE,
+    TIMELINE_DIR,
     USERS_DATASET_MODEL,
     DatasetNames,
     SyncChoice,
@@ -150,7 +151,8 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
                           "Chrome-trace JSON and a swimlane PNG under --timeline-dir, also logged to MLflow")
     timeline_steps: str | None = _opt(None, "the steps the timeline records, FIRST:LAST (e.g. 10:20), FIRST: or one "
                                       "step; implies --timeline (default: every step)", metavar="FIRST:LAST")
-    timeline_dir: str = _opt("timelines", "folder for the timeline's trace and swimlanes, named by the run")
+    timeline_dir: str | None = _opt(None, f"folder for the timeline's trace and swimlanes, named by the run "
+                                    f"(default: {TIMELINE_DIR})")
 
     # Checkpoints (written by global rank 0 only, atomically).
     checkpoint_dir: str | None = _opt(None, "write checkpoints (step-NNNNNNNN.pt) to this folder, at the end and every "
@@ -234,6 +236,11 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
         return build_model(self.model_name, self.dropout, self.input_shape, self.gpt_shape, self.data_spec[1])
 
     @property
+    def timeline_folder(self) -> str:
+        """Where the timeline is written: --timeline-dir, or its default."""
+        return TIMELINE_DIR if self.timeline_dir is None else self.timeline_dir
+
+    @property
     def timeline_window(self) -> tuple[int, int] | None:
         """The steps --timeline records (both ends included), or None without a timeline."""
         if not (self.timeline or self.timeline_steps):
@@ -244,7 +251,8 @@ class TrainConfig(*reversed([options for options, _ in METHOD_OPTIONS]), SyncCho
         """The resolved config, as saved in summaries and run artifacts (passwords in URIs masked)."""
         synthetic = self.synthetic_samples if self.dataset == "synthetic" else None
         return {**dataclasses.asdict(self), "model": self.model_name, **dataclasses.asdict(self.optimizer_settings),
-                "synthetic_size": synthetic, **self.defaulted_options(), "tracking_uri": redact_uri(self.tracking_uri)}
+                "synthetic_size": synthetic, **self.defaulted_options(), "timeline_dir": self.timeline_folder,
+                "tracking_uri": redact_uri(self.tracking_uri)}
 
     def defaulted_options(self) -> dict:
         """--bucket-mb and PowerSGD's flags as the job runs them: given, or their defaults where its method or

@@ -165,6 +165,9 @@ def check_flag_pairs(config) -> None:
         config.timeline_window  # noqa: B018 - parses --timeline-steps
     except ValueError as error:
         raise UserError(f"{error}.") from None
+    if config.timeline_dir is not None and not config.timeline_window:
+        raise UserError(f"--timeline-dir {config.timeline_dir} says where the timeline is written, and this job "
+                        f"records none. Add --timeline (or --timeline-steps FIRST:LAST), or drop --timeline-dir.")
 
 
 def check_data(config) -> None:

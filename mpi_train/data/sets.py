@@ -238,7 +238,7 @@ def refuse_own_outputs(root: Path, config: TrainConfig) -> None:
     uri = resolve_uri(config.tracking_uri)
     store = Path(uri.removeprefix("sqlite:///")).parent if uri.startswith("sqlite:///") else None
     outputs = {"the MLflow store": None if config.no_tracking else store, "--checkpoint-dir": config.checkpoint_dir,
-               "--timeline-dir": config.timeline_dir if config.timeline or config.timeline_steps else None,
+               "--timeline-dir": config.timeline_folder if config.timeline_window else None,
                "--summary-json": config.summary_json}
     if not root.is_dir():
         return

@@ -133,5 +133,5 @@ def test_a_leading_tilde_in_a_path_is_the_home_folder_from_a_file_or_a_flag(tmp_
     job.write_text('checkpoint_dir = "~/ck"\ndata_dir = "~/data"\n')
     config = parse_config(["--config", str(job), "--summary-json=~/out/summary.json"])
     assert (config.checkpoint_dir, config.data_dir) == (f"{tmp_path}/ck", f"{tmp_path}/data")
-    assert config.summary_json == f"{tmp_path}/out/summary.json" and config.timeline_dir == "timelines"
+    assert config.summary_json == f"{tmp_path}/out/summary.json" and config.timeline_folder == "timelines"
     assert parse_config(["--run-name", "~x"]).run_name == "~x"  # a name, not a path

@@ -91,6 +91,12 @@ def test_a_methods_flag_given_to_a_job_that_would_ignore_it_is_refused():
     # the job runs (and logs) the defaults where its method reads them, and leaves the others unset
     assert [TrainConfig(sync=sync).as_dict()["bucket_mb"] for sync in ("bucketed", "zero", "ddp")] == [25.0, 25.0, None]
     assert TrainConfig(sync="ddp_powersgd").as_dict()["powersgd_rank"] == 2
+    # a folder for a timeline the job never records: once ignored without a word
+    with pytest.raises(UserError, match=r"--timeline-dir tl says where the timeline is written, and this job records "
+                                        r"none\. Add --timeline"):
+        TrainConfig(timeline_dir="tl").validate(world_size=2)
+    TrainConfig(timeline_steps="2:3", timeline_dir="tl").validate(world_size=2)
+    assert TrainConfig(timeline=True).as_dict()["timeline_dir"] == "timelines"
 
 
 def test_infinity_where_it_means_something_is_taken():
