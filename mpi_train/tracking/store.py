@@ -64,6 +64,10 @@ def mlflow_client(uri: str):
     opens the GenAI overview, ours the runs (links.py). Every command opens the store here: a damaged SQLite file is
     named as such, not left to a traceback from deep inside MLflow's start."""
     database = sqlite_file(uri)
+    if database is not None and database.is_dir():
+        raise UserError(f"{given_as(uri)} {redact_uri(uri)} names the folder {database.absolute()}, where a SQLite "
+                        f"file belongs. Name the database file, e.g. sqlite:///{database.absolute()}/mlflow.db "
+                        f"(the file jobs write in {DEFAULT_STORE_DIR}/).")
     if database is not None:
         check_database(database, MOVE_OR_POINT_ELSEWHERE)
     from mlflow import MlflowClient
@@ -257,7 +261,18 @@ def check_uri(uri: str) -> str:
         parts.port  # noqa: B018 - raises on a malformed port
     except ValueError as error:
         raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} is malformed ({error}). {_URI_FORMS}") from None
+    written = uri.strip()[:len(parts.scheme)]  # urlsplit gives the scheme in lower case, MLflow matches it as written
+    if uri != uri.strip() or written != parts.scheme:
+        mended = parts.scheme + uri.strip()[len(parts.scheme):]
+        odd = ("white space around it, which MLflow takes as part of the address" if uri != uri.strip() else
+               "its scheme in capitals, and MLflow's database stores match their scheme in lower case")
+        raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} has {odd}. Give it as {redact_uri(mended)}.")
     scheme = "databricks" if uri.strip().lower() == "databricks" else parts.scheme.lower()  # MLflow's own word for it
+    database = Path(parts.path if scheme == "file" else uri)
+    if scheme in ("", "file") and database.is_file():
+        raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} names the file {database.absolute()} as a plain path, "
+                        f"which MLflow takes for a folder of files. Give the SQLite file as a URI: "
+                        f"sqlite:///{database.absolute()}")
     if scheme in ("", "file"):
         raise UserError(
             f"{given_as(uri)} {redact_uri(uri)!r} names a folder of files, which MLflow 3 no longer accepts as a "
@@ -272,13 +287,32 @@ def check_uri(uri: str) -> str:
 
 
 def check_store_exists(uri: str) -> None:
-    """A command that only reads runs names a SQLite store that is not there, rather than leave an empty one where
-    the path was mistyped."""
+    """A command that only reads runs names a SQLite store that is not there, or a SQLite file that holds no MLflow
+    tables, rather than leave an empty store where the path was mistyped, or MLflow's tables in the user's own
+    database (opening it creates them)."""
     database = sqlite_file(uri)
-    if database is not None and not database.exists():
-        raise UserError(f"There is no tracking store at {database.absolute()} ({redact_uri(uri)}): no "
-                        f"job has recorded there. Point --tracking-uri at the store your jobs wrote (by default "
-                        f"{DEFAULT_STORE_DIR}/mlflow.db under the folder they ran from), or run from that folder.")
+    if database is None or database.is_dir():
+        return  # mlflow_client names a folder
+    where = (f"Point --tracking-uri at the store your jobs wrote (by default {DEFAULT_STORE_DIR}/mlflow.db under the "
+             f"folder they ran from), or run from that folder.")
+    if not database.exists():
+        raise UserError(f"There is no tracking store at {database.absolute()} ({redact_uri(uri)}): no job has "
+                        f"recorded there. {where}")
+    check_database(database, MOVE_OR_POINT_ELSEWHERE)
+    tables = sqlite_tables(database)
+    if not {"experiments", "runs"} <= set(tables):
+        held = f"its tables: {', '.join(sorted(tables)[:5])}" if tables else "no tables at all"
+        raise UserError(f"{database.absolute()} ({redact_uri(uri)}) is a SQLite file but not an MLflow store "
+                        f"({held}), so no job has recorded there; this command only reads, and leaves it as it is. "
+                        f"{where}")
+
+
+def sqlite_tables(database: Path) -> list[str]:
+    """The tables of the SQLite file `database` (one check_database has passed), read without changing it."""
+    if not database.stat().st_size:
+        return []
+    with contextlib.closing(sqlite3.connect(database.absolute().as_uri() + "?mode=ro", uri=True)) as db:
+        return [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
 
 
 _URI_FORMS = ("Give a tracking server as http://HOST:PORT (start one with `python -m mpi_train server`), "

@@ -283,12 +283,35 @@ def test_an_unreachable_server_is_reported_before_training(tmp_path):
     ("file:///tmp/mlruns", "folder of files"),
     ("sqlite://", "held in memory"),
     ("sqlite:///:memory:", "held in memory"),
+    # each once passed the check and ended in a traceback from MLflow
+    (" sqlite:///mlruns/mlflow.db", "takes as part of the address. Give it as sqlite:///mlruns/mlflow.db"),
+    ("SQLITE:///mlruns/mlflow.db", "has its scheme in capitals"),
 ])
 def test_malformed_uris_are_refused_with_the_fix(uri, needle):
     with pytest.raises(UserError, match="--tracking-uri") as caught:
         open_store(TrainConfig(tracking_uri=uri))
     message = str(caught.value)
     assert needle in message and ("http://HOST:PORT" in message or "sqlite:///" in message)
+
+
+def test_a_store_path_that_is_a_folder_a_plain_file_or_not_mlflows_is_refused_and_left_as_it_is(tmp_path):
+    from mpi_train.tracking import check_store_exists, mlflow_client
+
+    (tmp_path / "mlruns").mkdir()
+    with pytest.raises(UserError, match=rf"names the folder {tmp_path}/mlruns, where a SQLite file belongs\. Name the "
+                                        rf"database file, e.g\. sqlite:///{tmp_path}/mlruns/mlflow\.db"):
+        mlflow_client(f"sqlite:///{tmp_path}/mlruns")  # once a traceback of 60 lines, "unable to open database file"
+    theirs = tmp_path / "notes.db"
+    with contextlib.closing(sqlite3.connect(theirs)) as db:
+        db.execute("CREATE TABLE notes (x)")
+        db.commit()
+    before = theirs.read_bytes()
+    with pytest.raises(UserError, match=r"is a SQLite file but not an MLflow store \(its tables: notes\)"):
+        check_store_exists(f"sqlite:///{theirs}")  # compare once wrote MLflow's 60 tables into it
+    assert theirs.read_bytes() == before
+    with pytest.raises(UserError, match=rf"names the file {theirs} as a plain path, .* Give the SQLite file as a URI: "
+                                        rf"sqlite:///{theirs}"):
+        open_store(TrainConfig(tracking_uri=str(theirs)))
 
 
 def test_a_uri_from_the_environment_is_named_as_the_variable(monkeypatch):
