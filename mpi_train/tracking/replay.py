@@ -23,10 +23,12 @@ from pathlib import Path
 from ..config import given_uri, redact_uri
 from ..errors import ArgumentParser, UserError, format_error
 from .probe import ServerUnreachable, probe_server
-from .spool import SPOOL_DIR, Spool, first_line
+from .saved_model import ModelSaving
+from .spool import SPOOL_DIR, Spool, first_line, unreadable_record
 from .store import SERVER_SCHEMES, check_api, check_uri, mlflow_client
 
 WRITER_PID = re.compile(r"^job-\d{8}-\d{6}-(\d+)\.jsonl$")
+MODEL_FOLDER = ModelSaving.MODEL_NAME  # the artifacts of a model the job saved
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +81,7 @@ def target_uri(spool: Spool, override: str | None) -> str:
     if override:
         return override
     records = spool.records()
-    stored = records[0]["uri"] if records else None
+    stored = records[0].get("uri") if records else None
     if not stored or "***" in stored:
         raise UserError(f"{spool.path} does not say which server it is for (or its address had a password, which "
                         f"is never written to disk). Pass --tracking-uri http://HOST:PORT.")
@@ -96,6 +98,11 @@ def replay_one(path: Path, override: str | None) -> str | None:
         spool.remove()
         print(f"{path}: nothing left to send; removed.")
         return None
+    unreadable = unreadable_record(spool.records())
+    if unreadable:
+        raise UserError(f"{path} holds a write this version cannot send: {unreadable}. It was written by another "
+                        f"version of mpi_train, or edited. Nothing was sent, and the spool is kept: replay it with the "
+                        f"version its job ran.")
     uri = target_uri(spool, override)
     if check_uri(uri) in SERVER_SCHEMES:
         try:
@@ -106,7 +113,8 @@ def replay_one(path: Path, override: str | None) -> str | None:
                             f"this command again.") from None
     client = mlflow_client(uri)  # a damaged store is named here, before anything is sent
     check_api(client, uri, f"Nothing was sent; {path} is kept.")
-    creating = {record["local_id"]: record for record in spool.records() if record["kind"] == "create_run"}
+    spool_records = spool.records()
+    creating = {record["local_id"]: record for record in spool_records if record["kind"] == "create_run"}
     try:
         sent, ids = spool.replay(client, uri)
     except Exception as error:  # noqa: BLE001 - what was sent is acknowledged; the rest waits for the next replay
@@ -114,19 +122,21 @@ def replay_one(path: Path, override: str | None) -> str | None:
         raise UserError(f"sending {path} to {redact_uri(uri)} stopped after {pending - left} of {pending} write(s) "
                         f"({first_line(error)}). The "
                         f"spool is kept; run this command again to send the rest (nothing is sent twice).") from None
-    runs = [created_run(creating.get(local, {}), run) for local, run in ids.items()]
+    models = {record["run_id"] for record in spool_records if record["kind"] == "log_artifact"
+              and Path(record["artifact_path"]).parts[:1] == (MODEL_FOLDER,)}
+    runs = [created_run(creating.get(local, {}), run, local in models) for local, run in ids.items()]
     created = f"; runs created: {', '.join(runs)}" if runs else ""
     damaged = spool.damaged()
     print(f"{path}: sent {sent} write(s) to {redact_uri(uri)}{created}" + ("." if damaged else "; removed."))
     return set_aside(spool, sent) if damaged else None
 
 
-def created_run(record: dict, run_id: str) -> str:
-    """How the replay's line names a run it created: the job's run says it is, since a saved model loads from it
-    (runs:/ID/model), not from a rank's."""
+def created_run(record: dict, run_id: str, saved_model: bool) -> str:
+    """How the replay's line names a run it created: the job's run that holds a saved model says where it loads from
+    (runs:/ID/model)."""
     job = (record.get("tags") or {}).get("mpi_train.role") == "job"
     return f"{record.get('run_name') or 'a run'} {run_id}" + (
-        f" (the job's run: a model it saved loads as runs:/{run_id}/model)" if job else "")
+        f" (the job's run: its saved model loads as runs:/{run_id}/{MODEL_FOLDER})" if job and saved_model else "")
 
 
 SHOWN_LINES = 5  # damaged lines named one by one; the rest are counted

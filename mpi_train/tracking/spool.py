@@ -141,6 +141,27 @@ class MetricHistory:
         return self.rows[run_id, key]
 
 
+# what each kind of record holds besides its id and kind (deliver reads them)
+RECORD_KEYS = {"create_run": ("local_id", "experiment", "start_time", "tags", "run_name"),
+               "log_batch": ("run_id", "metrics", "params", "tags"),
+               "set_terminated": ("run_id", "status", "end_time"),
+               "log_text": ("run_id", "text", "artifact_file"),
+               "log_artifact": ("run_id", "local_path", "artifact_path")}
+
+
+def unreadable_record(records: list[dict]) -> str | None:
+    """Where the first record this version cannot send is, and why (a spool of another version, or edited by
+    hand), else None: found before anything is sent, so that no run is left half made."""
+    for number, record in enumerate(records, 1):
+        keys = RECORD_KEYS.get(record["kind"])
+        missing = [key for key in keys or () if key not in record]
+        if keys is None or missing:
+            why = (f"its kind {record['kind']!r} is none this version writes" if keys is None else
+                   f"its {record['kind']} lacks {', '.join(missing)}")
+            return f"write {number} of {len(records)} ({why})"
+    return None
+
+
 def deliver(client, record: dict, history: MetricHistory | None = None) -> str | None:
     """Send one record; with `history`, metrics the server already holds are left out. Returns a created run's id."""
     from mlflow.entities import Metric, Param, RunTag

@@ -59,6 +59,25 @@ def test_a_cut_last_line_is_named_and_every_intact_write_before_it_is_sent(store
     assert losses(client, run_id) == [1, 2, 3]
 
 
+def test_a_spool_of_another_version_is_refused_before_anything_is_sent(store, tmp_path, capsys):
+    uri, client = store
+    spool = Spool(tmp_path / "job.jsonl")
+    spool.add({"kind": "create_run", "local_id": "offline-1", "experiment": EXPERIMENT, "start_time": 1,
+               "tags": {"mpi_train.role": "job"}, "run_name": "another-version"}, uri)
+    spool.add({**loss_at("offline-1", 1), "kind": "log_batch_v2"}, uri)  # once: a run left RUNNING, "run again"
+    runs = len(client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id]))
+    assert replay_main([str(spool.path), "--tracking-uri", uri]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert (f"{spool.path} holds a write this version cannot send: write 2 of 2 (its kind 'log_batch_v2' is none "
+            f"this version writes)" in error and "Nothing was sent, and the spool is kept" in error)
+    assert len(client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])) == runs
+    lines = [json.loads(line) for line in spool.path.read_text().splitlines()]
+    spool.path.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "local_id"}) + "\n"
+                                  for line in lines[:1]))  # once: a KeyError traceback
+    assert replay_main([str(spool.path), "--tracking-uri", uri]) == 2
+    assert "write 1 of 1 (its create_run lacks local_id)" in " ".join(capsys.readouterr().err.split())
+
+
 def test_a_cut_last_acknowledgement_sends_its_write_again_and_the_store_keeps_it_once(store, tmp_path):
     uri, client = store
     run_id = new_run(client)

@@ -203,7 +203,7 @@ def test_a_job_started_without_a_server_by_choice_is_replayed_once(outage):
     client = outage["client"]
     parent, children = runs_named(client, "outage", "B")
     said = " ".join(replay.stdout.split())  # which run is the job's, where the model it saved loads from
-    assert (f"B {parent.info.run_id} (the job's run: a model it saved loads as runs:/{parent.info.run_id}/model)"
+    assert (f"B {parent.info.run_id} (the job's run: its saved model loads as runs:/{parent.info.run_id}/model)"
             in said and f"rank0 {children[0].info.run_id}" in said), said
     # the spool is gone only because it was all sent
     assert again.returncode == 0 and "no spool to send" in again.stdout
