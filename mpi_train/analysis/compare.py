@@ -33,6 +33,7 @@ from ..outputs.text_table import clipped, text_table
 from ..sync import BASELINE, SYNC_METHODS, split_label
 from ..tracking import check_api, check_store_exists, check_uri, mlflow_client, probe_server, resolve_uri
 from ..tracking import names as metric_names
+from ..tracking.store import in_the_trash
 from . import time_to_accuracy
 from .accuracy_race import accuracy_runs, carried_to_links, race_target
 from .compare_plots import plot, plot_predictions, remove_stale
@@ -310,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if experiment is None:
             raise UserError(f"Experiment {args.experiment!r} does not exist at {redact_uri(uri)}. Name one that "
                             f"training wrote to (--experiment of python -m mpi_train), or check --tracking-uri.")
+        if experiment.lifecycle_stage == "deleted":
+            raise UserError(in_the_trash(experiment, uri, "compare does not read", "name another --experiment"))
         race_target([], args.target_accuracy, args.target_loss)  # one target at most, said before anything is read
         if problem := unwritable([("--out", args.out, True)]):
             raise UserError(f"{problem} Nothing was compared.")

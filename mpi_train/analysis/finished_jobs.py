@@ -74,8 +74,9 @@ def load_jobs(client, experiment_id: str, since_ms: int | None = None, names: se
                           slow_host=run.data.tags.get("mpi_train.slow_host_link"))
         job.loss_curve = [(m.step, m.value) for m in sorted(history(client, job.run_id, metric_names.LOSS),
                                                            key=lambda m: m.step)]
-        children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{job.run_id}'",
-                                      max_results=1000)
+        # the job's ranks: a run the user nested under it with MLflow of their own is no rank
+        children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{job.run_id}' "
+                                      f"and tags.`mpi_train.role` = 'rank'", max_results=1000)
         job.evaluations = evaluations(client, job.run_id)
         job.drift_curve = [(m.step, m.value) for m in sorted(history(client, job.run_id, metric_names.DRIFT),
                                                              key=lambda m: m.step)]

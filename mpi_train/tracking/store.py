@@ -254,6 +254,13 @@ def given_as(uri: str) -> str:
     return f"${ENV_DEFAULTS['tracking_uri']}" if from_environment and uri == from_environment else "--tracking-uri"
 
 
+def in_the_trash(experiment, uri: str, what_it_does: str, otherwise: str) -> str:
+    """The paragraph for an experiment MLflow holds as deleted: how to restore it."""
+    return (f"Experiment {experiment.name!r} at {redact_uri(uri)} was deleted: it is in MLflow's trash, which "
+            f"{what_it_does}. Restore it (`mlflow experiments restore --experiment-id {experiment.experiment_id}`, "
+            f"with MLFLOW_TRACKING_URI={redact_uri(uri)}), or {otherwise}.")
+
+
 def check_uri(uri: str) -> str:
     """Reject URIs MLflow 3 cannot use, with the fix; returns the scheme."""
     try:
@@ -359,10 +366,7 @@ def open_store(config: TrainConfig) -> Connection:
     try:
         experiment = client.get_experiment_by_name(config.experiment)
         if experiment is not None and experiment.lifecycle_stage == "deleted":  # a name the trash still holds
-            raise UserError(f"Experiment {config.experiment!r} at {redact_uri(uri)} was deleted: it is in MLflow's "
-                            f"trash, which takes no run. Restore it (`mlflow experiments restore --experiment-id "
-                            f"{experiment.experiment_id}`, with MLFLOW_TRACKING_URI={redact_uri(uri)}), or name "
-                            f"another --experiment.")
+            raise UserError(in_the_trash(experiment, uri, "takes no run", "name another --experiment"))
         if experiment is not None:
             return Connection(client, uri, experiment.experiment_id)
         try:

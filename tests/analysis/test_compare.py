@@ -18,7 +18,7 @@ from mpi_train.analysis.compare import (
     speed_up_reference,
     table_rows,
 )
-from mpi_train.analysis.finished_jobs import FinishedJob, job_from_summary
+from mpi_train.analysis.finished_jobs import FinishedJob, job_from_summary, load_jobs
 from mpi_train.analysis.noise import WITHIN_NOISE
 
 PNG = b"\x89PNG"
@@ -141,6 +141,19 @@ def test_a_job_s_summary_carries_its_model_s_fit_error_into_the_prediction_table
 
 @pytest.mark.e2e
 def test_compare_prints_the_table_writes_plots_and_logs_a_comparison_run(mlflow_server, tracked_jobs, tmp_path):
+    from mpi_train.tracking import mlflow_client
+
+    client = mlflow_client(mlflow_server)
+    experiment_id = client.get_experiment_by_name("tests-compare").experiment_id
+    job = client.search_runs([experiment_id], filter_string="tags.`mpi_train.role` = 'job'")[0]
+    # a run the user nested under a job with MLflow of their own: once drawn as an extra rank 0 at 0 ms
+    nested = client.create_run(experiment_id, tags={"mlflow.parentRunId": job.info.run_id}, run_name="my-score")
+    client.log_metric(nested.info.run_id, "my_score", 1.0)
+    client.set_terminated(nested.info.run_id)
+    try:
+        assert all(len(one.rank_step_times) == one.world_size == 2 for one in load_jobs(client, experiment_id))
+    finally:
+        client.delete_run(nested.info.run_id)  # the other tests of the shared store read the job's ranks
     out = tmp_path / "plots"
     result = subprocess.run(
         [sys.executable, "-m", "mpi_train", "compare", "--experiment", "tests-compare", "--tracking-uri", mlflow_server,

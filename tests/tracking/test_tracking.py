@@ -330,7 +330,7 @@ def test_an_unwritable_mlruns_is_refused(tmp_path, monkeypatch):
     assert str(tmp_path / "mlruns") in str(caught.value) and "--no-tracking" in str(caught.value)
 
 
-def test_a_deleted_experiment_is_refused_with_how_to_restore_it(tmp_path):
+def test_a_deleted_experiment_is_refused_with_how_to_restore_it(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = mlflow_client(uri)
     client.delete_experiment(client.create_experiment("gone"))
@@ -339,6 +339,11 @@ def test_a_deleted_experiment_is_refused_with_how_to_restore_it(tmp_path):
     assert str(caught.value) == (f"Experiment 'gone' at {uri} was deleted: it is in MLflow's trash, which takes no "
                                  f"run. Restore it (`mlflow experiments restore --experiment-id 1`, with "
                                  f"MLFLOW_TRACKING_URI={uri}), or name another --experiment.")
+    from mpi_train.analysis.compare import main as compare_main
+
+    # compare once said "no FINISHED jobs ... Run some first", and training refuses that very command
+    assert compare_main(["--experiment", "gone", "--tracking-uri", uri, "--out", str(tmp_path / "plots")]) == 2
+    assert "in MLflow's trash, which compare does not read. Restore it" in " ".join(capsys.readouterr().err.split())
 
 
 def a_real_sqlite_file(path: Path, table: str = "notes") -> Path:
