@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -300,6 +301,7 @@ def unfinished(client, experiment_id: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.out = os.path.expanduser(args.out)  # --out=~/plots, which the shell leaves as it is
     uri = resolve_uri(args.tracking_uri)
     try:
         if check_uri(uri) in ("http", "https"):

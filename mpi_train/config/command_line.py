@@ -46,7 +46,7 @@ def shared_job_file(path: str, cluster) -> str:
 
 
 # the options that name a file or folder: a leading ~ is the user's home, never a folder named "~" in this one
-PATH_FIELDS = ("data_dir", "calibration", "summary_json", "timeline_dir", "checkpoint_dir", "resume")
+PATH_FIELDS = ("data_dir", "calibration", "summary_json", "timeline_dir", "checkpoint_dir", "resume", "advice")
 
 
 def parse_config(argv: Sequence[str] | None, quiet: bool = False, cluster=None) -> TrainConfig:
@@ -56,6 +56,7 @@ def parse_config(argv: Sequence[str] | None, quiet: bool = False, cluster=None) 
     parser = build_parser(quiet)
     path = parser.parse_args(argv).config
     if path is not None:
+        path = os.path.expanduser(path)  # --config=~/job.toml, which the shell leaves as it is
         text = shared_job_file(path, cluster) if cluster is not None else read_job_file(path)
         parser.set_defaults(**parse_job_file(text, path))  # below the flags, above the fields' defaults
     values = vars(parser.parse_args(argv))

@@ -135,3 +135,4 @@ def test_a_leading_tilde_in_a_path_is_the_home_folder_from_a_file_or_a_flag(tmp_
     assert (config.checkpoint_dir, config.data_dir) == (f"{tmp_path}/ck", f"{tmp_path}/data")
     assert config.summary_json == f"{tmp_path}/out/summary.json" and config.timeline_folder == "timelines"
     assert parse_config(["--run-name", "~x"]).run_name == "~x"  # a name, not a path
+    assert parse_config(["--config=~/job.toml"]).checkpoint_dir == f"{tmp_path}/ck"  # the file's own name too
