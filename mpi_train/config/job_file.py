@@ -95,6 +95,10 @@ def parse_job_file(text: str, path: str) -> dict:
     for key, value in options.items():
         line = _key_line(text, key)
         where = f"{path}{f', line {line}' if line else ''}, key {key}"
+        if key in ("experiment", "sweep") and isinstance(value, (dict, list)):  # an experiment file's tables
+            raise UserError(f"{where}: [{key}] is an experiment file's table, and --config takes a job file (training "
+                            f"options at its top level). Run an experiment file with python -m mpi_train experiment "
+                            f"{path}.")
         if isinstance(value, dict):  # an experiment file's [train], or a table of the user's: no option is one
             raise UserError(f"{where}: [{key}] is a table, and a job file holds no tables: write its options at the "
                             f"top level, without the [{key}] line, by name with _ for - (batch_size = 256).")

@@ -189,6 +189,12 @@ def _toml(text: str, path: Path) -> dict:
 def _check_tables(checker: KeyChecker, data: dict) -> None:
     """The file's tables are known ones, and every key of [experiment], [launch], [network] and [bench] is known
     and of its type."""
+    options = [key for key in data if key in TRAIN_FIELDS and key not in (*SECTIONS, "train", "sweep")]
+    if options and "sweep" not in data:  # a job file's training options at the top level
+        raise checker.fail((options[0],), f"is a training option at the file's top level, where an experiment file "
+                           f"holds [experiment], [train] and [[sweep]] tables: this looks like a job file. Run it with "
+                           f"python -m mpi_train --config {checker.path}, or put its options under [train] and add a "
+                           f"[[sweep]] (docs/experiments.md).")
     checker.check_keys(data, [*SECTIONS, "train", "sweep"], ())
     for section in (*SECTIONS, "train"):
         if section in data and not isinstance(data[section], dict):

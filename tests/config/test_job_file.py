@@ -37,6 +37,9 @@ def test_an_unknown_key_is_refused_naming_the_nearest_one():
     ("[sync]\nname = 1\n", ("job.toml, line 1, key sync: [sync] is a table, and a job file holds no tables: write "
                            "its options at the top level, without the [sync] line")),
     ('seed = 1\n[train]\nlr = 0.1\n', "job.toml, line 2, key train: [train] is a table"),  # an experiment file's
+    # a whole experiment file: once told to move its [experiment] options to the top level, which failed next
+    ('[experiment]\nname = "e"\n[[sweep]]\nsync = "all"\n',
+     ("job.toml, line 1, key experiment: [experiment] is an experiment file's table, and --config takes a job file")),
     ('sync = "bucketd"\n', "job.toml, line 1, key sync: 'bucketd' is not one of "),
 ])
 def test_a_wrong_type_or_value_is_refused_naming_the_key(text, message):

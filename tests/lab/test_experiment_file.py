@@ -291,3 +291,11 @@ def test_the_default_output_folder_neither_nests_nor_climbs_out_of_results(tmp_p
                          ("compare_sync", "compare_sync")):
         path.write_text(GOOD.replace('name = "grid"', f'name = "{name}"'))
         assert load(path).out == Path("results") / folder
+
+
+def test_a_job_file_given_as_an_experiment_is_told_to_run_with_config():
+    # once "unknown key 'dataset' in []"
+    with pytest.raises(SweepError, match=r"job\.toml, line 1, key dataset: is a training option at the file's top "
+                                         r"level.*this looks like a job file\. Run it with python -m mpi_train "
+                                         r"--config job\.toml"):
+        parse('dataset = "synthetic"\nbatch_size = 64\n', Path("job.toml"))
