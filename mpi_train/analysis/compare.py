@@ -37,7 +37,7 @@ from ..tracking import names as metric_names
 from ..tracking.store import in_the_trash
 from . import time_to_accuracy
 from .accuracy_race import accuracy_runs, carried_to_links, race_target
-from .compare_plots import plot, plot_predictions, remove_stale
+from .compare_plots import plot, plot_predictions, prediction_points, remove_stale
 from .finished_jobs import FinishedJob, load_jobs, throughput, timing
 from .noise import FIT_ERROR_ROUGH, NOISE_RULE, WITHIN_NOISE, noise_bound, within_noise
 
@@ -47,6 +47,7 @@ COLUMNS = ("run", "sync", "np", "step_ms", "sync_ms", "sync_%_of_step", "mem_MiB
 FORMATS = {"step_ms": "{:.1f}", "sync_ms": "{:.1f}", "sync_%_of_step": "{:.1f}", "mem_MiB/rank": "{:.1f}",
            "samples/s": "{:.1f}", "final_loss": "{:.4f}", "test_acc_%": "{:.2f}", "speed-up": "{:.2f}x"}
 SPEED_UP = "speed-up"
+IN_COMPUTE = "in compute"  # ddp's sync, summed inside backward: none of it is timed apart
 
 
 def slow_host_lines(jobs: list[FinishedJob]) -> list[str]:
@@ -98,11 +99,12 @@ def table_rows(jobs: list[FinishedJob]) -> list[dict]:
             noisy = (job is not reference and step_s is not None and ref_step is not None
                      and within_noise(step_s, ref_step, job.step_spread_s, reference.step_spread_s))
             speed_up = WITHIN_NOISE if noisy else throughput(m) / throughput(reference.metrics)
+        hidden = hidden_in_backward(job.sync)  # its 0 ms of sync would read as communication that costs nothing
         rows.append({
             "run": job.name, "sync": job.sync, "np": job.world_size,
             "step_ms": 1000 * step_s if step_s is not None else None,
-            "sync_ms": 1000 * sync_s if sync_s is not None else None,
-            "sync_%_of_step": 100 * sync_s / step_s if step_s and sync_s is not None else None,
+            "sync_ms": IN_COMPUTE if hidden else None if sync_s is None else 1000 * sync_s,
+            "sync_%_of_step": IN_COMPUTE if hidden else None if not step_s or sync_s is None else 100 * sync_s / step_s,
             "mem_MiB/rank": held / 2**20 if held is not None else None,
             "samples/s": throughput(m),
             "final_loss": metric_names.read(m, metric_names.summary_key("final_loss")) or metric_names.read(
@@ -177,7 +179,7 @@ def format_prediction_table(rows: list[dict]) -> str:
     def cell(row: dict, column: str) -> str:
         if column == "measured_ms":
             value = row["measured_s"]
-            return "in compute" if row["hidden"] else ("-" if value is None else f"{1000 * value:.1f}")
+            return IN_COMPUTE if row["hidden"] else ("-" if value is None else f"{1000 * value:.1f}")
         if column == "predicted_ms":
             return "-" if row["predicted_s"] is None else f"{1000 * row['predicted_s']:.1f}"
         if column == "error":
@@ -329,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = comparison(jobs, f"Jobs of {args.experiment!r}", args.target_accuracy, args.target_loss)
     print(table)
     predictions = prediction_rows(jobs)
-    predicted = any(row["predicted_s"] is not None for row in predictions)
+    predicted = bool(prediction_points(predictions))
     paths, made = [], not Path(args.out).exists()
     failure = kept(f"the plots in --out {args.out}", lambda: paths.extend(
         plot(jobs, Path(args.out), args.target_accuracy, args.target_loss)

@@ -105,6 +105,12 @@ def worst_fit(rows: list[dict]) -> float | None:
     return None if not errors or None in errors else max(errors)
 
 
+def prediction_points(rows: list[dict]) -> list[dict]:
+    """The rows the predictions plot draws: a prediction and a measurement, neither hidden in compute (ddp's sync runs
+    inside backward, so none of it is measured apart). Without any, there is no plot to draw."""
+    return [r for r in rows if r["predicted_s"] and r["measured_s"] and not r["hidden"]]
+
+
 def predictions_figure(rows: list[dict]):
     """Measured against predicted sync time, one marker per method (hollow: within the run's noise, no verdict); on
     the diagonal the model is exact. Its title says when the model's fit is rough (fit_note)."""
@@ -113,7 +119,7 @@ def predictions_figure(rows: list[dict]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [r for r in rows if r["predicted_s"] and r["measured_s"] and not r["hidden"]]
+    points = prediction_points(rows)
     fig, ax = plt.subplots(figsize=(7, 6))
     methods = sorted({r["sync"] for r in points})
     for index, sync in enumerate(methods):

@@ -7,7 +7,7 @@ import json
 
 from ..analysis import model_accuracy
 from ..analysis.compare import comparison, log_comparison, prediction_rows
-from ..analysis.compare_plots import plot, plot_predictions, plot_sync_costs
+from ..analysis.compare_plots import plot, plot_predictions, plot_sync_costs, prediction_points
 from ..analysis.finished_jobs import job_from_summary, load_jobs
 from ..benchmark.bench_report import describe
 from ..config import redact_uri
@@ -45,7 +45,7 @@ def report(sweep: Sweep, uri: str | None, launches: list[Launch], since_ms: int)
         sections.append(comparison(jobs, f"Runs of {sweep.name!r}", sweep.target_accuracy, sweep.target_loss))
         paths += plot(jobs, sweep.out / "plots", sweep.target_accuracy, sweep.target_loss)
         predictions = prediction_rows(jobs)
-        if any(row["predicted_s"] is not None for row in predictions):
+        if prediction_points(predictions):
             paths.append(plot_predictions(predictions, sweep.out / "plots"))
     elif sweep.runs:
         sections.append(f"Runs of {sweep.name!r}: none finished, nothing to compare.")

@@ -39,6 +39,11 @@ def test_table_rows_give_speed_up_against_the_slowest_job_without_allreduce():
     assert speed_up_header(speed_up_reference([slow, fast])) == "speed-up_vs_slowest"
     lines = format_table(rows).splitlines()
     assert lines[0].split() == list(COLUMNS) and len(lines) == 4
+    ddp = FinishedJob(run_id="c", name="ddp", sync="ddp", world_size=4,
+                      metrics={"mean_throughput_samples_per_s": 200.0, "mean_step_time_s": 0.2,
+                               "mean_sync_time_s": 0.0})
+    (row,) = table_rows([ddp])  # once 0.0 ms: ddp's communication read as free
+    assert row["sync_ms"] == row["sync_%_of_step"] == "in compute"
 
 
 def test_a_long_run_name_is_cut_in_its_middle_not_the_table_widened():

@@ -1,6 +1,12 @@
 """The comparison's plots say on their face what a reader must know: a model's rough fit."""
 
-from mpi_train.analysis.compare_plots import plot_predictions, plot_sync_costs, predictions_figure, sync_costs_figure
+from mpi_train.analysis.compare_plots import (
+    plot_predictions,
+    plot_sync_costs,
+    prediction_points,
+    predictions_figure,
+    sync_costs_figure,
+)
 
 
 def test_the_prediction_plot_says_on_its_face_when_the_model_fits_badly(tmp_path):
@@ -21,6 +27,9 @@ def test_the_prediction_plot_says_on_its_face_when_the_model_fits_badly(tmp_path
     assert "model fit error 34% (over 20%): predictions are rough" in title(predictions_figure(rows(0.34)))
     assert "not recorded" in title(predictions_figure(rows(None)))
     assert title(predictions_figure(rows(0.05))) == "Sync time: model against measurement"
+    # every run ddp (its sync inside backward): no point to draw, so no plot; once empty axes titled "not recorded"
+    ddp = {"sync": "ddp", "measured_s": 0.0, "predicted_s": 0.003, "hidden": True, "noisy": False, "fit_error": 0.46}
+    assert prediction_points([ddp]) == [] and prediction_points([*rows(0.3), ddp]) == rows(0.3)
     path = plot_predictions(rows(0.34), tmp_path)
     assert "model fit error 34% (over 20%)" in Image.open(path).text["Title"]  # the saved PNG says it too
     bench = {"model": "mnist_cnn", "world_size": 2, "gradient_bytes": 4.8e6, "layout": {"hosts": 1},
