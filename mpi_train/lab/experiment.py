@@ -95,8 +95,6 @@ def check_setup(sweep: Sweep, uri: str | None) -> None:
     if shutil.which("mpirun") is None:
         raise UserError("mpirun is not on PATH. Install an MPI (pip install -e '.[mpi]' brings Open MPI) or load "
                         "your cluster's MPI module. Nothing was launched.")
-    if problem := unwritable([("the output folder (--out, or out in the file)", str(sweep.out), True)]):
-        raise UserError(f"{problem} Nothing was launched.")
     if sweep.network:
         check_can_run(sweep.network, sweep.path)
     if uri:
@@ -110,7 +108,9 @@ def check_setup(sweep: Sweep, uri: str | None) -> None:
 def check_runs(sweep: Sweep, launches: list[Launch]) -> None:
     """What would fail runs the moment they start, said before --dry-run lists them: save_model without tracking, a
     hostfile that is not there or does not read, a run asking more ranks than its slots (mpirun refuses it: "not
-    enough slots")."""
+    enough slots"), an output folder that cannot be one."""
+    if problem := unwritable([("the output folder (--out, or out in the file)", str(sweep.out), True)]):
+        raise UserError(f"{problem} Nothing was launched.")
     if not sweep.tracking and any(run.config.save_model for run in sweep.runs):
         raise UserError(f"{sweep.path}: save_model = true keeps each trained model in its MLflow run, and this "
                         f"experiment tracks nothing ([experiment] tracking = false, or --no-tracking). Drop "

@@ -92,7 +92,7 @@ class KeyChecker:
         return SweepError(self.path, locate(self.text, line_of or where), key_label(where), message)
 
     def check_keys(self, table: dict, allowed: typing.Iterable[str], where: tuple) -> None:
-        allowed = list(allowed)
+        allowed = list(dict.fromkeys(allowed))  # a grid's own keys and the training options share a few
         for key in table:
             if key not in allowed:
                 close = difflib.get_close_matches(key, allowed, n=1)

@@ -19,6 +19,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..config import given_uri, redact_uri
 from ..errors import ArgumentParser, UserError, format_error
@@ -108,9 +109,10 @@ def replay_one(path: Path, override: str | None) -> str | None:
         try:
             probe_server(uri)
         except ServerUnreachable as error:
-            raise UserError(f"{error.what} {path} is kept ({pending} write(s) to send). Start the "
-                            f"server (`python -m mpi_train server`) or pass --tracking-uri http://HOST:PORT, and run "
-                            f"this command again.") from None
+            parts = urlsplit(uri)
+            start = f"python -m mpi_train server --host {parts.hostname} --port {parts.port or 80}"
+            raise UserError(f"{error.what} {path} is kept ({pending} write(s) to send). Start the server (`{start}`) "
+                            f"or pass --tracking-uri http://HOST:PORT, and run this command again.") from None
     client = mlflow_client(uri)  # a damaged store is named here, before anything is sent
     check_api(client, uri, f"Nothing was sent; {path} is kept.")
     spool_records = spool.records()

@@ -242,6 +242,9 @@ def test_dry_run_lists_every_planned_command(tmp_path, capsys):
     assert printed.count("-m mpi_train --sync") == len(runs) and "--hostfile" not in printed
     assert "MY_VAR=x mpirun -np 4" in printed and "--no-tracking" in printed
     assert not (tmp_path / "results").exists()
+    (tmp_path / "notes.txt").write_text("a file\n")  # once listed as fine, and refused only by the real run
+    assert main([str(path), "--dry-run", "--hostfile", "", "--out", str(tmp_path / "notes.txt")]) == 2
+    assert "notes.txt is a file, not a folder" in " ".join(capsys.readouterr().err.split())
 
 
 @pytest.mark.parametrize("change, hostfile, words", [
