@@ -69,17 +69,8 @@ from ..config.job_file import read_toml, toml_mistake
 from ..errors import UserError
 from ..models import GPT_SIZES, resolve
 from ..netmodel.links import rate_bytes_per_s
-from ..sync import (
-    COMPRESSORS,
-    SYNC_METHODS,
-    backend_error,
-    combination_error,
-    label,
-    method_option_names,
-    parse_labels,
-    reads_option,
-)
-from .experiment_keys import SECTIONS, SWEEP_KEYS, TRAIN_FIELDS, KeyChecker, SweepError, show
+from ..sync import COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label, parse_labels
+from .experiment_keys import SECTIONS, SWEEP_KEYS, TRAIN_FIELDS, KeyChecker, SweepError, options_it_reads, show
 from .network import NetworkPlan, NetworkSetting
 
 ALL_METHODS = "all"
@@ -256,7 +247,7 @@ def _plan_grid(checker: KeyChecker, where: tuple, grid: dict, train: dict, netwo
         if refused:
             raise checker.fail(where + ("compression" if "compression" in grid else "sync",), refused)
         link = {"link": setting.link} if setting else {}
-        options = _for_its_readers({**train, **overrides, "sync": method, "compression": compression, "seed": seed,
+        options = options_it_reads({**train, **overrides, "sync": method, "compression": compression, "seed": seed,
                                     "model": model, **link}, pairs)
         config = _run_config(checker, where, grid, train, options, np)
         name = (f"{label(method, compression)}-np{np}-seed{seed}" + (f"-{setting.label}" if setting else "")
@@ -266,18 +257,6 @@ def _plan_grid(checker: KeyChecker, where: tuple, grid: dict, train: dict, netwo
             name = _distinct(name, named_by, {run.name for run in runs}, len(runs) + 1)
         runs.append(PlannedRun(index=len(runs) + 1, name=name, np=np, config=config, env=dict(grid.get("env", {})),
                                network=setting))
-
-
-def _for_its_readers(options: dict, pairs: list[tuple[str, str]]) -> dict:
-    """A run's options less the methods' flags its method and compressor would ignore, where the grid sweeps several
-    (method, compression) pairs and another of them reads the flag: `powersgd_rank = 4` over compression = ["none",
-    "powersgd"] tunes the PowerSGD runs. A flag no pair reads stays, to be refused where it was written."""
-    def ignored(name: str) -> bool:
-        return (name in method_option_names() and options[name] not in (None, False)
-                and not reads_option(options["sync"], options["compression"], name)
-                and any(reads_option(*pair, name) for pair in pairs))
-
-    return {key: value for key, value in options.items() if not ignored(key)} if len(pairs) > 1 else options
 
 
 def _check_grid(checker: KeyChecker, where: tuple, grid: dict, network: NetworkPlan | None) -> None:

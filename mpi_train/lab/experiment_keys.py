@@ -1,4 +1,5 @@
-"""What each key of an experiment file may hold, and the checks that name a mistake's file, line and key.
+"""What each key of an experiment file may hold, which of them a run reads, and the checks that name a mistake's file,
+line and key.
 
 experiment_file.py reads the file with these; its docstring lists the keys.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from ..config import TrainConfig, option_error, option_value, shown
 from ..errors import UserError
 from ..models import GPT_SIZES
+from ..sync import method_option_names, reads_option
 from .toml_lines import key_label, locate
 
 SET_BY_SWEEP = ("sync", "seed", "experiment", "tracking_uri", "no_tracking", "run_name", "summary_json")  # the runner's
@@ -125,3 +127,15 @@ class KeyChecker:
             if problem:
                 raise self.fail(where + (key,), problem)
         return {key: option_value(key, value) for key, value in table.items()}
+
+
+def options_it_reads(options: dict, pairs: list[tuple[str, str]]) -> dict:
+    """A run's options less the methods' flags its method and compressor would ignore, where the grid sweeps several
+    (method, compression) pairs and another of them reads the flag: `powersgd_rank = 4` over compression = ["none",
+    "powersgd"] tunes the PowerSGD runs. A flag no pair reads stays, to be refused where it was written."""
+    def ignored(name: str) -> bool:
+        return (name in method_option_names() and options[name] not in (None, False)
+                and not reads_option(options["sync"], options["compression"], name)
+                and any(reads_option(*pair, name) for pair in pairs))
+
+    return {key: value for key, value in options.items() if not ignored(key)} if len(pairs) > 1 else options
