@@ -132,8 +132,7 @@ def unread_option_error(config, name: str) -> str:
     also = f" (and --sync {' and '.join(fixed)})" if fixed else ""
     runs = f"--sync {config.sync}" + (f" --compression {config.compression}" if config.compression != "none" else "")
     return (f"{flag} is read by --compression {' and '.join(compressions)}{also} only, and this job runs {runs}, "
-            f"which would ignore it. Drop {flag}, or add --compression "
-            f"{compressions[0]}.")
+            f"which would ignore it. Drop {flag}, or add --compression {compressions[0]}.")
 
 
 def check_flag_pairs(config) -> None:
@@ -256,7 +255,6 @@ def ranks_advice(batch_size: int, world_size: int, accumulate: int = 1) -> str |
     if not batch_size % (world_size * accumulate) or not counts:
         return None
     return f"{' or '.join(map(str, counts))} ranks (mpirun -np {' or -np '.join(map(str, counts))})"
-
 
 
 def refuse_weights_beyond_host(shape) -> None:

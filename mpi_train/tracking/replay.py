@@ -99,7 +99,8 @@ def replay_one(path: Path, override: str | None) -> str | None:
         spool.remove()
         print(f"{path}: nothing left to send; removed.")
         return None
-    unreadable = unreadable_record(spool.records())
+    records = spool.records()
+    unreadable = unreadable_record(records)
     if unreadable:
         raise UserError(f"{path} holds a write this version cannot send: {unreadable}. It was written by another "
                         f"version of mpi_train, or edited. Nothing was sent, and the spool is kept: replay it with the "
@@ -115,8 +116,7 @@ def replay_one(path: Path, override: str | None) -> str | None:
                             f"or pass --tracking-uri http://HOST:PORT, and run this command again.") from None
     client = mlflow_client(uri)  # a damaged store is named here, before anything is sent
     check_api(client, uri, f"Nothing was sent; {path} is kept.")
-    spool_records = spool.records()
-    creating = {record["local_id"]: record for record in spool_records if record["kind"] == "create_run"}
+    creating = {record["local_id"]: record for record in records if record["kind"] == "create_run"}
     try:
         sent, ids = spool.replay(client, uri)
     except Exception as error:  # noqa: BLE001 - what was sent is acknowledged; the rest waits for the next replay
@@ -124,7 +124,7 @@ def replay_one(path: Path, override: str | None) -> str | None:
         raise UserError(f"sending {path} to {redact_uri(uri)} stopped after {pending - left} of {pending} write(s) "
                         f"({first_line(error)}). The "
                         f"spool is kept; run this command again to send the rest (nothing is sent twice).") from None
-    models = {record["run_id"] for record in spool_records if record["kind"] == "log_artifact"
+    models = {record["run_id"] for record in records if record["kind"] == "log_artifact"
               and Path(record["artifact_path"]).parts[:1] == (MODEL_FOLDER,)}
     runs = [created_run(creating.get(local, {}), run, local in models) for local, run in ids.items()]
     created = f"; runs created: {', '.join(runs)}" if runs else ""
