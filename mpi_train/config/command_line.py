@@ -12,7 +12,7 @@ from ..errors import UserError
 from ..rankguard import RankAwareParser
 from .fields import ENV_DEFAULTS
 from .flags import add_config_arguments
-from .job_file import parse_job_file, read_job_file
+from .job_file import check_file_ranges, parse_job_file, read_job_file
 from .train_config import TrainConfig
 
 
@@ -54,11 +54,12 @@ def parse_config(argv: Sequence[str] | None, quiet: bool = False, cluster=None) 
     else the environment's (ENV_DEFAULTS), else TrainConfig's default. With `cluster`, rank 0 reads the job file for
     every rank (collective); a mistake in it raises the same UserError on every rank."""
     parser = build_parser(quiet)
-    path = parser.parse_args(argv).config
+    path, text, from_file = parser.parse_args(argv).config, "", {}
     if path is not None:
         path = os.path.expanduser(path)  # --config=~/job.toml, which the shell leaves as it is
         text = shared_job_file(path, cluster) if cluster is not None else read_job_file(path)
-        parser.set_defaults(**parse_job_file(text, path))  # below the flags, above the fields' defaults
+        from_file = parse_job_file(text, path)
+        parser.set_defaults(**from_file)  # below the flags, above the fields' defaults
     values = vars(parser.parse_args(argv))
     del values["config"]
     for name, variable in ENV_DEFAULTS.items():
@@ -67,4 +68,7 @@ def parse_config(argv: Sequence[str] | None, quiet: bool = False, cluster=None) 
     for name in PATH_FIELDS:  # as a shell would: a job file's, or --flag=~/x, which the shell leaves as it is
         if isinstance(values[name], str) and values[name].startswith("~"):
             values[name] = os.path.expanduser(values[name])
-    return TrainConfig(**values)
+    config = TrainConfig(**values)
+    if from_file:
+        check_file_ranges(config, from_file, text, path)
+    return config

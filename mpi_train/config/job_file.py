@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
 from ..errors import UserError
 from .flags import field_choices, field_kinds
 from .train_config import TrainConfig
+from .validation import check_ranges
 
 # A job file (--config FILE.toml) sets fields by name, one `key = value` a line (batch_size = 256), as an experiment
 # file's [train] table does; option_error checks both, so they say the same. Each tracked run logs the job it ran as
@@ -111,6 +113,26 @@ def parse_job_file(text: str, path: str) -> dict:
         if problem:
             raise UserError(f"{where}: {problem}")
     return {key: option_value(key, value) for key, value in options.items()}
+
+
+def check_file_ranges(config: TrainConfig, from_file: dict, text: str, path: str) -> None:
+    """A number out of range that the job file set (and no flag replaced) refused at its line, as a type is: the
+    checks run on the whole config name the flag (--batch-size), which the user never typed."""
+    try:
+        check_ranges(config)
+    except UserError as error:
+        said = str(error)
+        key = next((key for key in from_file if f"--{key.replace('_', '-')} " in said
+                    and same_value(getattr(config, key, None), from_file[key])), None)
+        if key is not None:
+            line = _key_line(text, key)
+            raise UserError(f"{path}{f', line {line}' if line else ''}, key {key}: {said}") from None
+
+
+def same_value(value, other) -> bool:
+    """Equal, NaN to NaN included (a flag did not replace the file's value)."""
+    return value == other or (isinstance(value, float) and isinstance(other, float) and math.isnan(value)
+                              and math.isnan(other))
 
 
 def _key_line(text: str, key: str) -> int | None:

@@ -50,6 +50,16 @@ def test_a_wrong_type_or_value_is_refused_naming_the_key(text, message):
         assert "auto" in str(refused.value) and str(refused.value).endswith("Did you mean 'bucketed'?")
 
 
+def test_a_number_out_of_range_in_a_job_file_is_refused_at_its_line_unless_a_flag_replaces_it(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('seed = 1\nbatch_size = -8\nlr = nan\n')  # once "--batch-size must be positive": no file, no line
+    with pytest.raises(UserError, match=r"job\.toml, line 3, key lr: --lr must be a finite number, got nan"):
+        parse_config(["--config", str(job)])
+    with pytest.raises(UserError, match=r"job\.toml, line 2, key batch_size: --batch-size must be positive, got -8"):
+        parse_config(["--config", str(job), "--lr", "0.1"])
+    assert parse_config(["--config", str(job), "--batch-size", "64", "--lr", "0.1"]).batch_size == 64
+
+
 def test_a_job_file_that_is_not_toml_names_its_line():
     with pytest.raises(UserError, match=r"^job\.toml, line 2: this is not valid TOML: .*https://toml\.io"):
         job_options("seed = 1\nsync = bucketed\n")
