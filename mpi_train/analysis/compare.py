@@ -291,14 +291,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def job_statuses(client, experiment_id: str) -> collections.Counter:
+    """How many of the experiment's jobs end in each status (RUNNING for those under way)."""
+    runs = client.search_runs([experiment_id], filter_string="tags.`mpi_train.role` = 'job'", max_results=1000)
+    return collections.Counter(run.info.status for run in runs)
+
+
 def unfinished(client, experiment_id: str) -> str:
     """What jobs the experiment does hold, by status, as a clause: compare reads only the finished ones."""
-    runs = client.search_runs([experiment_id], filter_string="tags.`mpi_train.role` = 'job'", max_results=1000)
-    counts = collections.Counter(run.info.status for run in runs)
+    counts = job_statuses(client, experiment_id)
     if not counts:
         return ""
     held = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
     return f" (its jobs: {held}; compare reads the FINISHED ones, whose figures are whole)"
+
+
+def named_experiment(client, name: str):
+    """The experiment `name` names, or the one whose id it is (the number its link shows); None for neither."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None and name.isdigit():
+        from mlflow.exceptions import MlflowException  # here, not at the top: importing mlflow takes a second
+
+        with contextlib.suppress(MlflowException):
+            experiment = client.get_experiment(name)
+    return experiment
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -311,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_store_exists(uri)
         client = mlflow_client(uri)
         check_api(client, uri, "Nothing was compared.")
-        experiment = client.get_experiment_by_name(args.experiment)
+        experiment = named_experiment(client, args.experiment)
         if experiment is None:
             raise UserError(f"Experiment {args.experiment!r} does not exist at {redact_uri(uri)}. Name one that "
                             f"training wrote to (--experiment of python -m mpi_train), or check --tracking-uri.")
@@ -322,14 +338,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"{problem} Nothing was compared.")
         jobs = load_jobs(client, experiment.experiment_id)
         if not jobs:
-            raise UserError(f"Experiment {args.experiment!r} at {redact_uri(uri)} has no FINISHED jobs to compare"
+            raise UserError(f"Experiment {experiment.name!r} at {redact_uri(uri)} has no FINISHED jobs to compare"
                             f"{unfinished(client, experiment.experiment_id)}. Run some first: python -m mpi_train "
-                            f"--experiment {args.experiment} ...")
+                            f"--experiment {experiment.name} ...")
     except UserError as error:
         print(format_error(str(error)), file=sys.stderr)
         return error.exit_code
-    table = comparison(jobs, f"Jobs of {args.experiment!r}", args.target_accuracy, args.target_loss)
+    table = comparison(jobs, f"Jobs of {experiment.name!r}", args.target_accuracy, args.target_loss)
     print(table)
+    others = {status: count for status, count in job_statuses(client, experiment.experiment_id).items()
+              if status != "FINISHED"}
+    if others:
+        print(f"Left out: {', '.join(f'{count} {status}' for status, count in sorted(others.items()))} job(s), "
+              f"whose figures are not whole.")
     predictions = prediction_rows(jobs)
     predicted = bool(prediction_points(predictions))
     paths, made = [], not Path(args.out).exists()

@@ -344,6 +344,10 @@ def test_a_deleted_experiment_is_refused_with_how_to_restore_it(tmp_path, capsys
     # compare once said "no FINISHED jobs ... Run some first", and training refuses that very command
     assert compare_main(["--experiment", "gone", "--tracking-uri", uri, "--out", str(tmp_path / "plots")]) == 2
     assert "in MLflow's trash, which compare does not read. Restore it" in " ".join(capsys.readouterr().err.split())
+    client.restore_experiment(client.get_experiment_by_name("gone").experiment_id)
+    # named by the id its link shows: found, and said to hold no finished job yet
+    assert compare_main(["--experiment", "1", "--tracking-uri", uri, "--out", str(tmp_path / "plots")]) == 2
+    assert f"Experiment 'gone' at {uri} has no FINISHED jobs to compare" in " ".join(capsys.readouterr().err.split())
 
 
 def a_real_sqlite_file(path: Path, table: str = "notes") -> Path:
