@@ -286,6 +286,10 @@ def check_uri(uri: str) -> str:
             f"tracking store. Use a SQLite file instead, e.g. --tracking-uri sqlite:///mlruns/mlflow.db, "
             f"or a tracking server."
         )
+    if scheme == "sqlite" and parts.netloc:  # sqlite://mlruns/mlflow.db: "mlruns" read as a host
+        raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} names {parts.netloc!r} where a SQLite URI has nothing "
+                        f"(it takes three slashes, then the path). Give sqlite:///{parts.netloc}{parts.path} for a path "
+                        f"relative to this folder, or sqlite:////ABSOLUTE/PATH.")
     if scheme in SERVER_SCHEMES and not parts.hostname:
         raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} has no host. {_URI_FORMS}")
     if scheme not in SERVER_SCHEMES + DATABASE_SCHEMES + ("databricks",):

@@ -286,6 +286,7 @@ def test_an_unreachable_server_is_reported_before_training(tmp_path):
     # each once passed the check and ended in a traceback from MLflow
     (" sqlite:///mlruns/mlflow.db", "takes as part of the address. Give it as sqlite:///mlruns/mlflow.db"),
     ("SQLITE:///mlruns/mlflow.db", "has its scheme in capitals"),
+    ("sqlite://mlruns/mlflow.db", "(it takes three slashes, then the path). Give sqlite:///mlruns/mlflow.db"),
 ])
 def test_malformed_uris_are_refused_with_the_fix(uri, needle):
     with pytest.raises(UserError, match="--tracking-uri") as caught:
