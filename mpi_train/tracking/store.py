@@ -288,8 +288,8 @@ def check_uri(uri: str) -> str:
         )
     if scheme == "sqlite" and parts.netloc:  # sqlite://mlruns/mlflow.db: "mlruns" read as a host
         raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} names {parts.netloc!r} where a SQLite URI has nothing "
-                        f"(it takes three slashes, then the path). Give sqlite:///{parts.netloc}{parts.path} for a path "
-                        f"relative to this folder, or sqlite:////ABSOLUTE/PATH.")
+                        f"(it takes three slashes, then the path). Give sqlite:///{parts.netloc}{parts.path} for a "
+                        f"path relative to this folder, or sqlite:////ABSOLUTE/PATH.")
     if scheme in SERVER_SCHEMES and not parts.hostname:
         raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} has no host. {_URI_FORMS}")
     if scheme not in SERVER_SCHEMES + DATABASE_SCHEMES + ("databricks",):
