@@ -208,7 +208,8 @@ def np2(tmp_path_factory):
         "spare_ddp": [*QUICK, "--max-steps", "4", "--model", "tests.user_model:build_with_spare", "--sync", "ddp"],
         "spare_allreduce": [*QUICK, "--max-steps", "4", "--model", "tests.user_model:build_with_spare"],
         "frozen": [*QUICK, "--max-steps", "2", "--model", "tests.user_model:build_frozen"],
-        "data_per_rank": [*QUICK, "--dataset", "tests.user_model:load_per_rank", "--model", "tests.user_model:build"],
+        "data_per_rank": [*QUICK[4:], "--dataset", "tests.user_model:load_per_rank",  # QUICK less its synthetic data
+                          "--model", "tests.user_model:build"],
         "diverged": [*QUICK, "--max-steps", "8", "--lr", "1e6", "--checkpoint-dir", str(tmp / "diverged"),
                      "--checkpoint-every", "1"],
     })

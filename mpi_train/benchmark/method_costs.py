@@ -37,7 +37,7 @@ def summarise(per_rank: list[dict], gradient_bytes: int, world: int, bandwidth: 
     first round (netmodel.later_share: PowerSGD's Qs); `precision` the one the bench ran at (resolved: fsdp gathers
     its parameters in it). A compressed method's codec is the median over steps of the slowest rank's."""
     names = list(per_rank[0])
-    bucket_mb = model_of.bucket_size_mb if model_of else DEFAULT_BUCKET_MB
+    bucket_mb = model_of.bucket_mb if model_of else DEFAULT_BUCKET_MB
 
     # The step from barrier to barrier, not the slowest compute plus the slowest sync: where no barrier parts them
     # (overlapped methods), the rank that finishes backward first waits longest in sync, and that sum counts both.
