@@ -433,7 +433,9 @@ CASES = [
     Case("resume-adamw-as-sgd", resume_other_optimizer("adamw", "sgd"), (BOTH_OPTIMIZERS,)),
     Case("full-disk-checkpoint", full_disk_checkpoint, (r"no space left",)),
     Case("full-disk-cache", full_disk_cache, (r"no space left",)),
-    Case("full-disk-store", full_disk_store, (r"\brefused \d+ of its writes \(database or disk is full\)",)),
+    # 300 logged steps until the disk fills: 70 to 90 s here, beside another case
+    Case("full-disk-store", full_disk_store, (r"\brefused \d+ of its writes \(database or disk is full\)",),
+         timeout_s=150),
     Case("store-full-at-start", store_full_at_start,
          (r"could not create the job's runs \(database or disk is full\)",)),
     Case("bench-json-full-disk", full_disk_results("bench", "--methods", "ddp", "--json", "disk/bench.json"),
