@@ -24,11 +24,10 @@ from ..sync import (
     SYNC_METHODS,
     combination_error,
     compressions_tuned_by,
+    method_option_names,
     reads_option,
     tuned_by,
 )
-from ..sync.compression import CompressionChoice
-from ..sync.flag_fields import option_names
 from .fields import RESUME_AUTO
 
 UNBOUNDED = ("clip_grad_norm", "bucket_mb")  # float flags to which infinity means something (check_numbers)
@@ -113,11 +112,11 @@ def check_ranges(config) -> None:
 
 def validate_method_options(config) -> None:
     """The methods' and compressors' own flags: only with a job that reads them, then in range."""
-    for options, check in METHOD_OPTIONS:
-        for name in option_names(options) if options is not CompressionChoice else ():
-            given = config.overlap if name == "overlap" else getattr(config, name) is not None
-            if given and not reads_option(config.sync, config.compression, name):
-                raise UserError(unread_option_error(config, name))
+    for name in method_option_names():
+        given = config.overlap if name == "overlap" else getattr(config, name) is not None
+        if given and not reads_option(config.sync, config.compression, name):
+            raise UserError(unread_option_error(config, name))
+    for _, check in METHOD_OPTIONS:
         if check is not None:
             check(config)
 
