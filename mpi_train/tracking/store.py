@@ -294,7 +294,28 @@ def check_uri(uri: str) -> str:
         raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} has no host. {_URI_FORMS}")
     if scheme not in SERVER_SCHEMES + DATABASE_SCHEMES + ("databricks",):
         raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} has an unknown scheme {scheme!r}. {_URI_FORMS}")
+    if scheme == "databricks" and (missing := databricks_credentials_missing(parts.netloc)):
+        raise UserError(f"{given_as(uri)} {redact_uri(uri)!r} names Databricks' hosted MLflow, and {missing}. Set "
+                        f"DATABRICKS_HOST and DATABRICKS_TOKEN, or write the profile with `databricks auth login`; "
+                        f"or use a store of your own. {_URI_FORMS}")
     return scheme
+
+
+def databricks_credentials_missing(profile: str) -> str | None:
+    """Why MLflow would find no Databricks credentials (its own failure is a 30-line traceback), else None: neither
+    $DATABRICKS_HOST nor the profile's section in the Databricks config file."""
+    if os.environ.get("DATABRICKS_HOST") and not profile:
+        return None
+    name = profile or os.environ.get("DATABRICKS_CONFIG_PROFILE") or "DEFAULT"
+    config = Path(os.path.expanduser(os.environ.get("DATABRICKS_CONFIG_FILE") or "~/.databrickscfg"))
+    try:
+        sections = re.findall(r"^\s*\[([^]]+)\]", config.read_text(errors="replace"), re.MULTILINE)
+    except OSError:
+        return (f"there is no {config} to hold its profile [{name}]" if profile else
+                f"neither $DATABRICKS_HOST nor a {config} names the workspace")
+    if name not in [section.strip() for section in sections]:
+        return f"{config} has no profile [{name}]"
+    return None
 
 
 def check_store_exists(uri: str) -> None:

@@ -23,7 +23,7 @@ from mpi_train.models import build_model
 from mpi_train.tracking.sampler import HostSampler
 from mpi_train.tracking.sender import BatchSender
 from mpi_train.tracking.server import main as server_main
-from mpi_train.tracking.store import mlflow_client, open_store
+from mpi_train.tracking.store import check_uri, mlflow_client, open_store
 from mpi_train.train import parameter_digest
 
 # Tests that run jobs or use the session's server are e2e; the URI, store-folder, sampler and sender checks run
@@ -313,6 +313,19 @@ def test_a_store_path_that_is_a_folder_a_plain_file_or_not_mlflows_is_refused_an
     with pytest.raises(UserError, match=rf"names the file {theirs} as a plain path, .* Give the SQLite file as a URI: "
                                         rf"sqlite:///{theirs}"):
         open_store(TrainConfig(tracking_uri=str(theirs)))
+
+
+def test_databricks_without_credentials_is_refused_before_mlflow_reads_them(tmp_path, monkeypatch):
+    for variable in ("DATABRICKS_HOST", "DATABRICKS_CONFIG_PROFILE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(tmp_path / "databrickscfg"))
+    with pytest.raises(UserError, match=r"^--tracking-uri 'databricks' names Databricks' hosted MLflow, and neither "
+                                        r"\$DATABRICKS_HOST nor a .*databrickscfg names the workspace"):
+        check_uri("databricks")  # once MLflow's traceback of 30 lines
+    (tmp_path / "databrickscfg").write_text("[DEFAULT]\nhost = https://x\n")
+    assert check_uri("databricks") == "databricks"
+    with pytest.raises(UserError, match=r"databrickscfg has no profile \[team\]"):
+        check_uri("databricks://team")
 
 
 def test_a_uri_from_the_environment_is_named_as_the_variable(monkeypatch):
