@@ -74,6 +74,7 @@ from .experiment_keys import SECTIONS, SWEEP_KEYS, TRAIN_FIELDS, KeyChecker, Swe
 from .network import NetworkPlan, NetworkSetting
 
 ALL_METHODS = "all"
+GRID_AXES = ("sync", "compression", "np", "seed", "model")  # a grid's lists, whose product is its runs
 DEFAULT_SEED = 42
 TC_RATE = re.compile(r"[0-9]+(bit|kbit|mbit|gbit)", re.IGNORECASE)  # what scripts/testhosts.sh passes on to tc
 MAX_SHAPED_BYTES_S = 100e9 / 8  # 100gbit, the most it shapes
@@ -252,6 +253,11 @@ def _plan_grid(checker: KeyChecker, where: tuple, grid: dict, train: dict, netwo
         config = _run_config(checker, where, grid, train, options, np)
         name = (f"{label(method, compression)}-np{np}-seed{seed}" + (f"-{setting.label}" if setting else "")
                 + (f"-{model}" if isinstance(grid.get("model"), list) else ""))
+        same = next((run for run in runs if (run.config, run.np, run.env, run.network) ==
+                     (config, np, dict(grid.get("env", {})), setting)), None)
+        if same is not None:
+            raise checker.fail(where, f"gives the run {same.name} a second time (run {same.index} of the sweep) "
+                                      f"with the same options. Remove it from one of the grids.", line_of=where)
         if any(run.name == name for run in runs):  # the same triple in two grids with different options
             named_by = {**overrides, **({"model": model} if "model" in grid else {})}
             name = _distinct(name, named_by, {run.name for run in runs}, len(runs) + 1)
@@ -272,6 +278,11 @@ def _check_grid(checker: KeyChecker, where: tuple, grid: dict, network: NetworkP
     for variable, value in grid.get("env", {}).items():
         if not isinstance(value, str):
             raise checker.fail(where + ("env", variable), f"must be a string, got {show(value)}.")
+    for axis in GRID_AXES:
+        values = grid.get(axis)
+        if isinstance(values, list) and (twice := [v for i, v in enumerate(values) if v in values[:i]]):
+            raise checker.fail(where + (axis,), f"lists {twice[0]!r} twice, which would run the same job twice "
+                                                f"under two names. Give each value once.")
 
 
 def _methods(checker: KeyChecker, where: tuple, grid: dict) -> list[str]:

@@ -81,12 +81,18 @@ def test_compression_is_swept_like_sync_and_impossible_pairs_are_left_out_of_all
         parse(text.replace('"powersgd"]', '"fp8"]'), Path("grid.toml"))
 
 
-def test_the_same_run_in_two_grids_is_named_by_what_its_grid_changes():
+def test_the_same_run_in_two_grids_is_named_by_what_its_grid_changes_and_the_very_same_run_is_refused():
     text = GOOD.split("[[sweep]]")[0] + ('[[sweep]]\nsync = "ring"\nnp = 2\n\n'
                                         '[[sweep]]\nsync = "ring"\nnp = 2\nmodel = "mnist_cnn"\n'
-                                        '\n[[sweep]]\nsync = "ring"\nnp = 2\nmodel = "mnist_cnn"\n')
+                                        '\n[[sweep]]\nsync = "ring"\nnp = 2\nmodel = "mnist_cnn"\nenv = {A = "1"}\n')
     names = [r.name for r in parse(text, Path("grid.toml")).runs]
     assert names == ["ring-np2-seed42", "ring-np2-seed42-mnist_cnn", "ring-np2-seed42-run3"]
+    # once run twice under two names
+    with pytest.raises(SweepError, match=r"key sweep\[4\]: gives the run ring-np2-seed42 a second time \(run 1 of the "
+                                         r"sweep\) with the same options"):
+        parse(text + '\n[[sweep]]\nsync = "ring"\nnp = 2\n', Path("grid.toml"))
+    with pytest.raises(SweepError, match=r"key sweep\[1\]\.seed: lists 1 twice, which would run the same job twice"):
+        parse(text.replace('np = 2\n', 'np = 2\nseed = [1, 2, 1]\n', 1), Path("grid.toml"))
 
 
 def test_the_shipped_files_plan_what_they_promise():
