@@ -43,8 +43,8 @@ from ..netmodel.memory import predict_memory
 from ..optimizers import describe_state, state_slots
 from ..step.precision import PRECISION_AUTO, PRECISIONS, UNNAMED_PRECISION, resolve
 from ..sync import PARAMETERS, SYNC_METHODS, SyncMethod, build_method, parse_labels, split_label
-from ..sync.averaging import DEFAULT_PERIOD
 from ..sync.bucketed import DEFAULT_BUCKET_MB
+from .predict_flags import check_averaging, check_batch_splits, check_numbers, parse_ranks
 from .predict_tables import (
     Row,
     cuda_only_overlaps,
@@ -106,17 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", default=DEFAULT_PLOT,
                         help=f"with several --ranks: where the plot goes (default: {DEFAULT_PLOT})")
     return parser
-
-
-def parse_ranks(text: str) -> list[int]:
-    try:
-        ranks = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        ranks = []
-    if not ranks or any(r < 1 for r in ranks):
-        raise UserError(f"--ranks {text!r} must be a positive number of ranks or a comma-separated list of them, "
-                        f"e.g. --ranks 64 or --ranks 2,4,8,16.")
-    return sorted(set(ranks))
 
 
 def measured_compute(workload: TrainConfig, batch: int = 16, iters: int = 3,
@@ -293,25 +282,6 @@ class Compute:
     when: str  # how the gradients' ready times were found, for the assumptions printed
 
 
-LARGEST = 1e9  # beyond any real batch, bucket or second per sample; 1e300 overflowed the model's sums to inf and nan
-
-
-def check_numbers(args: argparse.Namespace) -> None:
-    """The numbers the flags give, refused before any work (a prediction from a negative batch means nothing)."""
-    if args.momentum is not None and not 0 <= args.momentum < 1:
-        raise UserError(f"--momentum must be in [0, 1), got {args.momentum}.")
-    for flag, value in {"--batch-size": args.batch_size, "--ranks-per-host": args.ranks_per_host,
-                        "--bucket-mb": args.bucket_mb, "--per-rank-batch": args.per_rank_batch,
-                        "--compute-per-sample": args.compute_per_sample}.items():
-        if value is not None and not 0 < value <= LARGEST:  # (nan is neither)
-            raise UserError(f"{flag} must be a positive number up to {LARGEST:g}, got {value}.")
-    if args.link:
-        try:
-            netmodel.rate_bytes_per_s(args.link)
-        except ValueError as error:
-            raise UserError(f"--link: {error}.") from None
-
-
 def calibration(args: argparse.Namespace, workload: TrainConfig) -> tuple[dict | None, netmodel.Network | None]:
     """--calibration's bench JSON and its fitted links (None, None without it); refused where the bench timed
     another model or precision, whose compute per sample would not apply."""
@@ -328,19 +298,6 @@ def calibration(args: argparse.Namespace, workload: TrainConfig) -> tuple[dict |
                         f"the bench did, or pass --compute-per-sample SECONDS.")
     precision_error(args, bench)
     return bench, calibrated
-
-
-def check_averaging(args: argparse.Namespace) -> None:
-    """localsgd's and diloco's --period, --host-period and --fragments, refused as training refuses them."""
-    if args.period is not None and args.period < 1:
-        raise UserError(f"--period must be at least 1 (the steps between two averages), got {args.period}.")
-    if args.host_period is not None and args.host_period < 0:
-        raise UserError(f"--host-period must not be negative (0: no average inside a host between them), got "
-                        f"{args.host_period}.")
-    period = args.period if args.period is not None else DEFAULT_PERIOD
-    if args.fragments is not None and (args.fragments < 1 or period % args.fragments):
-        raise UserError(f"--fragments {args.fragments} must be at least 1 and divide --period {period}: one fragment "
-                        f"is averaged every period/F steps.")
 
 
 def compute_of(args: argparse.Namespace, workload: TrainConfig, bench: dict | None, tensors: int) -> Compute:
@@ -437,6 +394,7 @@ def run(args: argparse.Namespace) -> None:
     # the flags and the calibration refused where they cannot apply, before the model is built
     ranks = parse_ranks(args.ranks)
     check_numbers(args)
+    check_batch_splits(args, ranks)
     if len(ranks) > 1 and (problem := unwritable([("--plot", args.plot, False)])):
         raise UserError(f"{problem} Nothing was predicted.")
     if len(ranks) > 1 and Path(args.plot).suffix.lower() != ".png":

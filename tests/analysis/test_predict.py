@@ -66,8 +66,8 @@ def test_memory_per_rank_holds_adamws_two_moments_and_momentum_is_refused_with_i
 
 def test_a_scaling_table_writes_a_plot(tmp_path, capsys):
     plot = tmp_path / "scaling.png"
-    assert predict.main(["--model", "mnist_cnn", "--ranks", "2,4,8,1024", "--link", "1gbit", "--compute-per-sample",
-                         "0.001", "--plot", str(plot)]) == 0
+    assert predict.main(["--model", "mnist_cnn", "--ranks", "2,4,8,1024", "--batch-size", "1024", "--link", "1gbit",
+                         "--compute-per-sample", "0.001", "--plot", str(plot)]) == 0
     out, memory = capsys.readouterr().out.split("\nmemory per rank")
     lines = [line for line in out.splitlines() if line.strip().split(" ")[0] in ("2", "4", "8", "1024")]
     assert len(lines) == 4 and plot.read_bytes().startswith(b"\x89PNG")
@@ -109,6 +109,9 @@ def test_a_plot_that_cannot_be_written_is_refused_first_or_said_after_the_tables
     (["--ranks", "4", "--link", "1gbit", "--methods", "ddp", "--overlap"], "--overlap shape how localsgd and diloco"),
     (["--ranks", "4", "--link", "1gbit", "--methods", "ddp", "--steps-to-accuracy", "ddp=100,ddp=200"],
      "names ddp twice, with 100 and 200 steps"),
+    # once a table for a per-rank batch of 33.3333
+    (["--ranks", "2,3,6", "--link", "1gbit", "--batch-size", "100"], ("--batch-size 100 is the global batch and does "
+     "not split evenly across 3, 6 ranks, as training requires. Use a multiple of 3 (e.g. 99 or 102)")),
 ])
 def test_bad_input_is_one_paragraph_and_exit_2(args, words, capsys):
     assert predict.main(["--model", "mnist_cnn", "--compute-per-sample", "0.001", *args]) == 2
