@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import sys
 import threading
@@ -181,6 +182,7 @@ class Cluster:
         self.store_address: str | None = None  # its host:port, for the heartbeat's own connections
         self.step_reached = 0.0  # what note_progress last recorded
         self.liveness: Liveness = NoLiveness()  # heartbeats, once the process group is open (liveness.py)
+        self.gone_launcher: str | None = None  # the launcher's process, should it end before this rank
 
     @classmethod
     def discover(cls, launcher: str = "auto", timeout_s: float = 300.0) -> Cluster:
@@ -202,7 +204,16 @@ class Cluster:
             rank=rank, local_rank=environment.local_rank(), world_size=world,
             local_world_size=leaders.count(leaders[rank]), host=hosts[rank],
         )
-        return cls(environment, info, hosts)
+        cluster = cls(environment, info, hosts)
+        environment.watch_launcher(cluster.launcher_gone)
+        return cluster
+
+    def launcher_gone(self, what: str) -> None:
+        """The launcher ended without ending this rank (SIGKILL gives it no say): no one is left to stop the job or
+        read its output. So the rank stops as the launcher's SIGTERM would stop it, rank 0 recording its runs KILLED
+        (tracking/runs.py), instead of training on unseen until a collective fails."""
+        self.gone_launcher = what
+        os.kill(os.getpid(), signal.SIGTERM)
 
     @classmethod
     def from_mpi(cls) -> Cluster:

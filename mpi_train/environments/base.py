@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import UserError
@@ -124,6 +124,10 @@ class ClusterEnvironment(ABC):
         """Under a launcher that resizes the job: why the global batch does not split across this attempt's ranks,
         said in the launcher's terms; None where it splits (or the launcher never resizes)."""
         return None
+
+    def watch_launcher(self, on_gone: Callable[[str], None]) -> None:
+        """Call `on_gone(what)` from a thread should the launcher's process that started this rank end before it
+        (mpi.py)."""
 
     def end_daemon_if_cut_off(self, delay_s: float) -> None:
         """End this host's launch daemon `delay_s` from now if it can no longer reach the launcher (mpi.py)."""

@@ -13,8 +13,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,9 @@ def launcher_reachable(daemon_arguments: str) -> bool | None:
 
 
 LAUNCH_DAEMONS = ("prted", "orted")  # what Open MPI's mpirun starts on each host, the ranks' parent there
+# the processes that start a rank: mpirun itself on its own host (Open MPI 5 runs as prterun), a daemon elsewhere
+RANK_PARENTS = (*LAUNCH_DAEMONS, "prterun", "mpirun", "orterun", "mpiexec")
+LAUNCHER_POLL_S = 1.0
 
 
 class MpiEnvironment(ClusterEnvironment):
@@ -167,6 +171,25 @@ class MpiEnvironment(ClusterEnvironment):
     @staticmethod
     def detect(env: Mapping[str, str] = os.environ) -> bool:
         return any(name in env for name in MPI_VARIABLES)
+
+    def watch_launcher(self, on_gone: Callable[[str], None]) -> None:
+        """mpirun killed by SIGKILL (or a host's daemon gone) leaves its ranks running: nothing ends them, and
+        their output has no reader. A rank whose parent is mpirun or its daemon watches for the parent's end,
+        which makes this process a child of another (getppid changes), and then calls `on_gone`."""
+        parent = os.getppid()
+        try:
+            name = Path(f"/proc/{parent}/comm").read_text().strip()
+        except OSError:
+            return
+        if name not in RANK_PARENTS:  # a wrapper script in between, or no launcher: its own end is not ours to see
+            return
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(LAUNCHER_POLL_S)
+            on_gone(f"{name} (pid {parent})")
+
+        threading.Thread(target=watch, name="mpi_train-launcher-watch", daemon=True).start()
 
     def end_daemon_if_cut_off(self, delay_s: float) -> None:
         """A host cut off from mpirun keeps its launch daemon, waiting for orders that cannot arrive, after its

@@ -8,6 +8,7 @@ the attempts of a resumed job (attempts.py) and the saved model (saved_model.py)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -431,10 +432,12 @@ class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
             recorded = self.end("FAILED", failure={"rank": self.info.rank, "host": self.info.host,
                                                    "traceback": f"{name} from the launcher"})
         else:
-            recorded = self.end("KILLED", tags={"mpi_train.killed_by": name})
+            by = f"{self.cluster.gone_launcher} gone" if self.cluster.gone_launcher else name
+            recorded = self.end("KILLED", tags={"mpi_train.killed_by": by})
         if recorded:
-            print(f"mpi_train: {name} received; run recorded as {self.status}, stopping every rank.",
-                  file=sys.stderr)
+            with contextlib.suppress(OSError):  # a launcher gone took the reader of this rank's output with it
+                print(f"mpi_train: {name} received; run recorded as {self.status}, stopping every rank.",
+                      file=sys.stderr)
             # mpirun's SIGKILL follows within a second: no time to wait on the server
             self._report_spool(try_again=False)
         self.cluster.abort(128 + number)

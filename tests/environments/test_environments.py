@@ -198,3 +198,37 @@ def test_the_meeting_takes_launcher_and_timeout_from_the_flags_else_the_job_file
     assert meeting_options(["--config", str(job)]) == ("auto", MEETING_TIMEOUT_S)
     absent = str(tmp_path / "absent.toml")
     assert meeting_options(["--config", absent, "--timeout", "nan"]) == ("auto", MEETING_TIMEOUT_S)
+
+
+def test_a_rank_whose_launcher_is_killed_hears_of_it_within_seconds(tmp_path):
+    """mpirun killed by SIGKILL once left its ranks training unseen for an epoch; here a real parent process named as
+    Open MPI's daemon is killed the same way."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    heard = tmp_path / "heard"
+    child = (f"import time; from pathlib import Path; from mpi_train.environments.mpi import MpiEnvironment\n"
+             f"MpiEnvironment().watch_launcher(lambda what: Path({str(heard)!r}).write_text(what))\n"
+             f"Path({str(heard)!r} + '.ready').touch()\n"
+             f"time.sleep(15)\n")
+    daemon = tmp_path / "prted"
+    shutil.copy("/bin/sh", daemon)
+    launcher = subprocess.Popen([str(daemon), "-c", f'"{sys.executable}" -c "$0" & wait', child],
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "heard.ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not heard.exists()  # the daemon is alive: nothing heard yet
+        killed = time.monotonic()
+        launcher.kill()
+        launcher.wait()
+        while not heard.exists() and time.monotonic() < killed + 5:
+            time.sleep(0.1)
+        assert heard.read_text() == f"prted (pid {launcher.pid})" and time.monotonic() - killed < 3
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)  # the orphaned child too
