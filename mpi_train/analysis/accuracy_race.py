@@ -12,6 +12,15 @@ from .finished_jobs import FinishedJob, timing
 from .time_to_accuracy import Evaluation, Target
 
 
+def workload_groups(jobs: list[FinishedJob]) -> list[tuple[str, list[FinishedJob]]]:
+    """The jobs by workload, in the order each first appears: a race to accuracy is run within one, as MNIST's test
+    accuracy and a GPT's next-byte accuracy are no race."""
+    groups: dict[str, list[FinishedJob]] = {}
+    for job in jobs:
+        groups.setdefault(job.workload, []).append(job)
+    return list(groups.items())
+
+
 def accuracy_runs(jobs: list[FinishedJob]) -> list[tuple[str, str, list[Evaluation]]]:
     return [(job.name, job.sync, job.evaluations) for job in jobs if job.evaluations]
 

@@ -36,7 +36,7 @@ from ..tracking import check_api, check_store_exists, check_uri, mlflow_client, 
 from ..tracking import names as metric_names
 from ..tracking.store import in_the_trash
 from . import time_to_accuracy
-from .accuracy_race import accuracy_runs, carried_to_links, race_target
+from .accuracy_race import accuracy_runs, carried_to_links, race_target, workload_groups
 from .compare_plots import plot, plot_predictions, prediction_points, remove_stale
 from .finished_jobs import FinishedJob, load_jobs, throughput, timing
 from .noise import FIT_ERROR_ROUGH, NOISE_RULE, WITHIN_NOISE, noise_bound, within_noise
@@ -234,11 +234,15 @@ def comparison(jobs: list[FinishedJob], title: str, target_accuracy: float | Non
     mixed = mixed_workloads(jobs)
     if mixed:
         sections.insert(0, mixed)
-    target = race_target(jobs, target_accuracy, target_loss)
-    if target is not None:
-        sections.append(time_to_accuracy.describe(time_to_accuracy.rows(accuracy_runs(jobs), target),
-                                                  given=target_accuracy is not None or target_loss is not None))
-        carried = carried_to_links(jobs, target)
+    groups = workload_groups(jobs)
+    for workload, group in groups:
+        target = race_target(group, target_accuracy, target_loss)
+        if target is None:
+            continue
+        race = time_to_accuracy.describe(time_to_accuracy.rows(accuracy_runs(group), target),
+                                         given=target_accuracy is not None or target_loss is not None)
+        sections.append(f"{workload}: {race}" if len(groups) > 1 else race)
+        carried = carried_to_links(group, target)
         if carried:
             sections.append(time_to_accuracy.describe_carried(carried, target))
     communication = communication_table(jobs)
@@ -267,8 +271,9 @@ def mixed_workloads(jobs: list[FinishedJob]) -> str | None:
     if len(workloads) < 2:
         return None
     listed = ", ".join(f"{workload} ({count} job{'s' if count > 1 else ''})" for workload, count in workloads.items())
-    return (f"warning: these jobs train {len(workloads)} workloads: {listed}. Their step times, speed-ups and "
-            f"accuracies compare within one workload only; give each its own --experiment when training.")
+    return (f"warning: these jobs train {len(workloads)} workloads: {listed}. Their step times and speed-ups "
+            f"compare within one workload only, and each workload races to its own target below; give each its own "
+            f"--experiment when training.")
 
 
 def build_parser() -> argparse.ArgumentParser:

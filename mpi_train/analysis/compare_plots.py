@@ -4,11 +4,12 @@ against measured sync time, and a bench's sync costs against their floors."""
 from __future__ import annotations
 
 import collections
+import re
 from pathlib import Path
 
 from ..files import write_figure
 from . import time_to_accuracy
-from .accuracy_race import accuracy_runs, race_target
+from .accuracy_race import accuracy_runs, race_target, workload_groups
 from .finished_jobs import FinishedJob, timing
 from .noise import fit_note
 
@@ -23,7 +24,9 @@ PLOT_NAMES = ("loss_vs_step.png", "time_breakdown.png", "rank_step_time_spread.p
 
 def remove_stale(out: Path, written: list[Path]) -> None:
     """Remove the plots of an earlier comparison in `out` that this one did not draw."""
-    for name in set(PLOT_NAMES) - {path.name for path in written}:
+    races = [path.name for pattern in ("accuracy_vs_time-*.png", "validation_loss_vs_time-*.png")
+             for path in out.glob(pattern)]  # a comparison of several workloads draws a race for each
+    for name in set(PLOT_NAMES + tuple(races)) - {path.name for path in written}:
         (out / name).unlink(missing_ok=True)
 
 
@@ -81,10 +84,15 @@ def plot(jobs: list[FinishedJob], out: Path, target_accuracy: float | None = Non
         ax.set_xticks(positions, labels, fontsize=7, rotation=90)
     ax.set(ylabel="step time (ms), every logged window", title="Per-rank step-time spread")
     written.append(write_figure(fig, out / "rank_step_time_spread.png"))
-    target = race_target(jobs, target_accuracy, target_loss)
-    if target is not None:
-        name = "accuracy_vs_time.png" if target.kind == time_to_accuracy.ACCURACY else "validation_loss_vs_time.png"
-        written.append(time_to_accuracy.plot(accuracy_runs(jobs), target, out / name))
+    groups = workload_groups(jobs)
+    for workload, group in groups:
+        target = race_target(group, target_accuracy, target_loss)
+        if target is None:
+            continue
+        name = "accuracy_vs_time" if target.kind == time_to_accuracy.ACCURACY else "validation_loss_vs_time"
+        if len(groups) > 1:  # one plot per workload, named by it
+            name += "-" + re.sub(r"[^A-Za-z0-9_.]+", "_", workload)
+        written.append(time_to_accuracy.plot(accuracy_runs(group), target, out / f"{name}.png"))
     drifting = [job for job in jobs if job.drift_curve]
     if drifting:
         fig, ax = plt.subplots(figsize=(8, 5))

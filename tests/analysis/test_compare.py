@@ -1,5 +1,6 @@
 """`python -m mpi_train compare` over real tracked jobs: the table, the plots, the comparison run."""
 
+import shutil
 import subprocess
 import sys
 
@@ -241,7 +242,24 @@ def test_jobs_of_several_workloads_are_said_to_compare_within_one_and_stale_plot
     assert mixed_workloads(same) is None
     said = mixed_workloads([*same, job("c", "resnet18", "imagefolder")])
     assert said.startswith("warning: these jobs train 2 workloads: mnist_cnn on synthetic (2 jobs), resnet18 on "
-                           "imagefolder (1 job). Their step times, speed-ups and accuracies compare within one")
+                           "imagefolder (1 job). Their step times and speed-ups compare within one workload only")
+    # each workload races to a target of its own: once the GPT's next-byte accuracy raced the CNN's to one target
+    from mpi_train.analysis.compare import comparison
+    from mpi_train.analysis.compare_plots import plot
+    from mpi_train.analysis.time_to_accuracy import Evaluation
+
+    raced = [job("cnn", "mnist_cnn", "mnist"), job("gpt", "gpt", "text")]
+    raced[0].evaluations = [Evaluation(10, 0.50, 1.0, 1.0), Evaluation(20, 0.95, 2.0, 2.0)]
+    raced[1].evaluations = [Evaluation(10, 0.30, 1.0, 1.0, 2.6), Evaluation(20, 0.40, 2.0, 2.0, 2.2)]
+    text = " ".join(comparison(raced, "Jobs").split())
+    assert "mnist_cnn on mnist: Time to accuracy: " in text and "at or above 93.00%" in text
+    assert "gpt on text: Time to validation loss: " in text and "at or below 2.250 nats" in text
+    plots = tmp_path / "plots"
+    drawn = sorted(path.name for path in plot(raced, plots) if "_vs_time" in path.name)
+    assert drawn == ["accuracy_vs_time-mnist_cnn_on_mnist.png", "validation_loss_vs_time-gpt_on_text.png"]
+    remove_stale(plots, plot(raced[:1], plots))  # one workload: its race under the plain name, the two above stale
+    assert sorted(path.name for path in plots.glob("*_vs_time*")) == ["accuracy_vs_time.png"]
+    shutil.rmtree(plots)
     # one run name given to jobs of two workloads, and a rerun: each row named apart
     from mpi_train.analysis.finished_jobs import distinct_names
     jobs = [job("a", "mnist_cnn", "synthetic"), job("a", "resnet18", "imagefolder"), job("b", "mnist_cnn", "synthetic")]
