@@ -161,13 +161,19 @@ def test_compare_prints_the_table_writes_plots_and_logs_a_comparison_run(mlflow_
     finally:
         client.delete_run(nested.info.run_id)  # the other tests of the shared store read the job's ranks
     out = tmp_path / "plots"
-    result = subprocess.run(
-        [sys.executable, "-m", "mpi_train", "compare", "--experiment", "tests-compare", "--tracking-uri", mlflow_server,
-         "--out", str(out), "--log-artifacts"],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-        check=False,
-    )
+    failed = client.create_run(experiment_id, tags={"mpi_train.role": "job"}, run_name="failed").info.run_id
+    client.set_terminated(failed, "FAILED")  # a job whose figures are not whole: counted, not compared
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "mpi_train", "compare", "--experiment", "tests-compare", "--tracking-uri",
+             mlflow_server, "--out", str(out), "--log-artifacts"],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, check=False,
+        )
+    finally:
+        client.delete_run(failed)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "\nLeft out: 1 FAILED job(s), whose figures are not whole.\n" in result.stdout
     lines = result.stdout.splitlines()
     assert lines[0].startswith("Jobs of 'tests-compare' (2 finished). Times per step: summary/<phase> = the mean")
     assert lines[1].split()[:-1] == list(COLUMNS[:-1]) and lines[1].split()[-1] == "speed-up_vs_slowest"
