@@ -123,3 +123,18 @@ def test_json_lines_that_no_job_spooled_are_left_as_they_are(tmp_path, capsys):
     assert replay_main([str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"{data}: not a spool (no line of it is a write a job spooled); left as it is.\n"
     assert [path.name for path in tmp_path.iterdir()] == ["train.jsonl"]
+
+
+def test_a_server_that_is_down_is_named_with_the_command_that_starts_it_on_its_port(tmp_path, capsys):
+    from conftest import free_port
+
+    port = free_port()
+    spool = Spool(tmp_path / "job.jsonl")
+    spool.add(loss_at("some-run", 1), f"http://127.0.0.1:{port}")
+    assert replay_main([str(spool.path)]) == 2  # the spool's own URI, where nothing listens
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"No MLflow tracking server answers at http://127.0.0.1:{port}" in error
+    # once `python -m mpi_train server`, which listens on 5000, not on the port the spool's job wrote to
+    assert f"is kept (1 write(s) to send). Start the server (`python -m mpi_train server --host 127.0.0.1 --port " \
+           f"{port}`)" in error
+    assert spool.path.exists()
