@@ -34,6 +34,8 @@ STOP_TOGETHER_S = 300.0  # a rank ending on an error waits this long for the oth
 # Before an abort: time for the launcher to forward what this rank just printed (why it fails). mpirun kills the
 # ranks and may exit before it has read their last output, and a supervisor reads the reason from it.
 ABORT_SAY_S = 0.5
+# with the launcher gone, what the other ranks leave rank 0 to record the job's end before they stop
+LAUNCHER_GONE_OTHERS_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -211,9 +213,16 @@ class Cluster:
     def launcher_gone(self, what: str) -> None:
         """The launcher ended without ending this rank (SIGKILL gives it no say): no one is left to stop the job or
         read its output. So the rank stops as the launcher's SIGTERM would stop it, rank 0 recording its runs KILLED
-        (tracking/runs.py), instead of training on unseen until a collective fails."""
+        (tracking/runs.py), instead of training on unseen until a collective fails. The other ranks follow
+        LAUNCHER_GONE_OTHERS_S later, if rank 0's abort has not ended them by then."""
         self.gone_launcher = what
+        if not self.info.is_main:  # rank 0 first, or its collective with a rank gone ends the job FAILED
+            time.sleep(LAUNCHER_GONE_OTHERS_S)
         os.kill(os.getpid(), signal.SIGTERM)
+
+    def launcher_lost(self) -> str | None:
+        """The launcher's process, named, if it has ended (before the watch has said so, too); else None."""
+        return self.gone_launcher or self.environment.launcher_lost()
 
     @classmethod
     def from_mpi(cls) -> Cluster:

@@ -129,6 +129,10 @@ class ClusterEnvironment(ABC):
         """Call `on_gone(what)` from a thread should the launcher's process that started this rank end before it
         (mpi.py)."""
 
+    def launcher_lost(self) -> str | None:
+        """The launcher's process that watch_launcher watches, named, if it has ended; else None."""
+        return None
+
     def end_daemon_if_cut_off(self, delay_s: float) -> None:
         """End this host's launch daemon `delay_s` from now if it can no longer reach the launcher (mpi.py)."""
 

@@ -150,7 +150,8 @@ class MpiEnvironment(ClusterEnvironment):
     name = "mpi"
 
     def __init__(self, env: Mapping[str, str] = os.environ, timeout_s: float | None = None):
-        pass  # MPI's answers come from COMM_WORLD once connected, never from variables
+        # MPI's answers come from COMM_WORLD once connected, never from variables
+        self._launcher: tuple[int, str] | None = None  # the parent watch_launcher watches: its pid and name
 
     def connect(self) -> None:
         from mpi4py import MPI  # initialises MPI: done here, never at import time
@@ -183,13 +184,19 @@ class MpiEnvironment(ClusterEnvironment):
             return
         if name not in RANK_PARENTS:  # a wrapper script in between, or no launcher: its own end is not ours to see
             return
+        self._launcher = (parent, name)
 
         def watch() -> None:
-            while os.getppid() == parent:
+            while not (gone := self.launcher_lost()):
                 time.sleep(LAUNCHER_POLL_S)
-            on_gone(f"{name} (pid {parent})")
+            on_gone(gone)
 
         threading.Thread(target=watch, name="mpi_train-launcher-watch", daemon=True).start()
+
+    def launcher_lost(self) -> str | None:
+        if self._launcher is None or os.getppid() == self._launcher[0]:
+            return None
+        return f"{self._launcher[1]} (pid {self._launcher[0]})"
 
     def end_daemon_if_cut_off(self, delay_s: float) -> None:
         """A host cut off from mpirun keeps its launch daemon, waiting for orders that cannot arrive, after its

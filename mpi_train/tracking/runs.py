@@ -293,6 +293,8 @@ class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
             self.end("FINISHED")
         elif isinstance(error, KeyboardInterrupt):
             self.end("KILLED", tags={"mpi_train.killed_by": "KeyboardInterrupt"})
+        elif gone := self.cluster.launcher_lost():  # its output's reader went with it: the error is the kill's
+            self.end("KILLED", tags={"mpi_train.killed_by": f"{gone} gone"})
         else:
             rank, host = self.info.rank, self.info.host
             text = "".join(traceback.format_exception(kind, error, trace))
@@ -432,7 +434,7 @@ class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
             recorded = self.end("FAILED", failure={"rank": self.info.rank, "host": self.info.host,
                                                    "traceback": f"{name} from the launcher"})
         else:
-            by = f"{self.cluster.gone_launcher} gone" if self.cluster.gone_launcher else name
+            by = f"{gone} gone" if (gone := self.cluster.launcher_lost()) else name
             recorded = self.end("KILLED", tags={"mpi_train.killed_by": by})
         if recorded:
             with contextlib.suppress(OSError):  # a launcher gone took the reader of this rank's output with it
