@@ -43,6 +43,10 @@ def check_numbers(args: argparse.Namespace) -> None:
 def check_batch_splits(args: argparse.Namespace, ranks: list[int]) -> None:
     """The global batch splits evenly across each rank count, as training requires: a step of 33.3 samples a rank is
     a job no one can run."""
+    if args.per_rank_batch is not None and args.per_rank_batch != int(args.per_rank_batch):
+        raise UserError(f"--per-rank-batch {args.per_rank_batch:g} is not a whole number of samples, and a rank "
+                        f"computes whole samples. Give one, e.g. {max(1, round(args.per_rank_batch))}. Nothing was "
+                        f"predicted.")
     uneven = [n for n in ranks if args.batch_size % n]
     if args.per_rank_batch or not uneven:
         return

@@ -112,6 +112,7 @@ def test_a_plot_that_cannot_be_written_is_refused_first_or_said_after_the_tables
     # once a table for a per-rank batch of 33.3333
     (["--ranks", "2,3,6", "--link", "1gbit", "--batch-size", "100"], ("--batch-size 100 is the global batch and does "
      "not split evenly across 3, 6 ranks, as training requires. Use a multiple of 3 (e.g. 99 or 102)")),
+    (["--ranks", "4", "--link", "1gbit", "--per-rank-batch", "33.3"], "--per-rank-batch 33.3 is not a whole number"),
 ])
 def test_bad_input_is_one_paragraph_and_exit_2(args, words, capsys):
     assert predict.main(["--model", "mnist_cnn", "--compute-per-sample", "0.001", *args]) == 2
