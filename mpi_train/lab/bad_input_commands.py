@@ -61,6 +61,12 @@ def experiment_link(ws: Workspace) -> list[list[str]]:
     return [ws.command("experiment", "probe.toml", "--dry-run")]
 
 
+def experiment_seed_twice(ws: Workspace) -> list[list[str]]:
+    """A seed listed twice: the same job run twice under two names."""
+    (ws.folder / "probe.toml").write_text(EXPERIMENT + "seed = [1, 1]\n")
+    return [ws.command("experiment", "probe.toml", "--dry-run")]
+
+
 CASES = [
     Case("advice-as-calibration", advice_as_calibration, (r"holds no time of the model's step without sync",
                                                           r"--compute-per-sample")),
@@ -87,4 +93,10 @@ CASES = [
     Case("gpt-beyond-host-memory", lambda ws: [ws.train("--model", "gpt", "--dataset", "synthetic", "--gpt-layers",
                                                         "1000000", "--no-tracking", np=1)],
          (r"has [\d,]+ parameters.{0,200}more than this host's [\d.]+ GiB of memory",)),
+    Case("predict-batch-uneven", lambda ws: [ws.command(*PREDICT, "--ranks", "3", "--link", "1gbit",
+                                                        "--compute-per-sample", "0.001", "--batch-size", "100")],
+         (r"--batch-size 100 is the global batch and does not split evenly across 3 ranks",)),
+    Case("experiment-seed-twice", experiment_seed_twice, (r"lists 1 twice, which would run the same job twice",)),
+    Case("compare-databricks-unset", lambda ws: [ws.command("compare", "--tracking-uri", "databricks")],
+         (r"names Databricks' hosted MLflow, and neither \$DATABRICKS_HOST nor",)),
 ]
