@@ -434,7 +434,8 @@ class MlflowTracker(AttemptRuns, ModelSaving, NullTracker):
             recorded = self.end("FAILED", failure={"rank": self.info.rank, "host": self.info.host,
                                                    "traceback": f"{name} from the launcher"})
         else:
-            by = f"{gone} gone" if (gone := self.cluster.launcher_lost()) else name
+            # the watch's own SIGTERM, not mpirun's (mpirun exits right after it sends one)
+            by = f"{self.cluster.gone_launcher} gone" if self.cluster.gone_launcher else name
             recorded = self.end("KILLED", tags={"mpi_train.killed_by": by})
         if recorded:
             with contextlib.suppress(OSError):  # a launcher gone took the reader of this rank's output with it
