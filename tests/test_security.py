@@ -91,7 +91,8 @@ def test_the_server_refuses_a_port_or_worker_count_no_server_can_take_in_one_par
     assert not (tmp_path / "mlruns").exists()
 
 
-def test_the_server_refuses_a_port_in_use_or_an_address_not_this_machines_before_mlflow_starts(tmp_path, capsys):
+def test_the_server_refuses_a_port_in_use_an_address_not_this_machines_or_a_store_it_cannot_open_before_mlflow_starts(
+        tmp_path, capsys, monkeypatch):
     with socket.socket() as holder:  # another program on the port
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -108,6 +109,20 @@ def test_the_server_refuses_a_port_in_use_or_an_address_not_this_machines_before
     assert server_main(["--port", str(free_port()), "--root", str(tmp_path / "a-file")]) == 2
     error = " ".join(capsys.readouterr().err.split())  # the server's own words: it has no job, nor --no-tracking
     assert "The server keeps its runs and artifacts there" in error and "--no-tracking" not in error, error
+    # each once MLflow's traceback: two minutes of retries, a Python traceback, MLflow's after it started
+    (tmp_path / "folder-db" / "mlflow.db").mkdir(parents=True)
+    assert server_main(["--port", str(free_port()), "--root", str(tmp_path / "folder-db")]) == 2
+    assert f"{tmp_path}/folder-db/mlflow.db is a folder, where the server keeps its SQLite store" in \
+           " ".join(capsys.readouterr().err.split())
+    (tmp_path / "auth" / "credentials").mkdir(parents=True)
+    assert server_main(["--port", str(free_port()), "--root", str(tmp_path / "auth"), "--auth"]) == 2
+    assert "credentials, where the server keeps its admin's user and password, is a folder. Move it aside" in \
+           " ".join(capsys.readouterr().err.split())
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "bob")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "bobpass")
+    assert server_main(["--port", str(free_port()), "--root", str(tmp_path / "auth"), "--auth"]) == 2
+    assert "has 7 characters, and MLflow's authentication takes none under 12" in \
+           " ".join(capsys.readouterr().err.split())
 
 
 @pytest.mark.e2e

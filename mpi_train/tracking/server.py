@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 CREDENTIALS = "credentials"  # under --root: the generated admin's variables, readable by its owner only
+MIN_PASSWORD = 12  # MLflow's authentication refuses shorter ones
 
 
 def check_exposure(host: str, auth: bool, insecure: bool) -> None:
@@ -122,11 +123,25 @@ def admin_credentials(root: Path) -> tuple[str, str, str]:
     path = root / CREDENTIALS
     if not path.exists():
         write_private(path, f"MLFLOW_TRACKING_USERNAME=admin\nMLFLOW_TRACKING_PASSWORD={secrets.token_urlsafe(24)}\n")
-    values = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    try:
+        values = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    except (OSError, UnicodeDecodeError) as error:
+        reason = "is a folder" if path.is_dir() else f"cannot be read as text ({error.__class__.__name__})"
+        raise UserError(f"{path}, where the server keeps its admin's user and password, {reason}. Move it aside to "
+                        f"have a password generated, or set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD."
+                        ) from None
     if not values.get("MLFLOW_TRACKING_USERNAME") or not values.get("MLFLOW_TRACKING_PASSWORD"):
         raise UserError(f"{path} holds no MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD lines. Delete it to "
                         f"have a password generated, or set both variables.")
     return values["MLFLOW_TRACKING_USERNAME"], values["MLFLOW_TRACKING_PASSWORD"], str(path)
+
+
+def check_password(password: str, source: str) -> None:
+    """MLflow's authentication refuses an admin password under MIN_PASSWORD characters with a traceback, after its
+    start: said first, here."""
+    if len(password) < MIN_PASSWORD:
+        raise UserError(f"the admin password from {source} has {len(password)} characters, and MLflow's "
+                        f"authentication takes none under {MIN_PASSWORD}. Set a longer MLFLOW_TRACKING_PASSWORD.")
 
 
 def auth_environment(root: Path, user: str, password: str) -> dict:
@@ -168,14 +183,24 @@ REAPER = """\
 import os, signal, sys, time
 sys.stdin.buffer.read()
 group = int(sys.argv[1])
+def alive():  # a process of the group that has not exited: one that has, uncollected by its parent, is done
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
 for sent in (signal.SIGTERM, signal.SIGKILL):
     try:
         os.killpg(group, sent)
-        for _ in range(150):
-            time.sleep(0.1)
-            os.killpg(group, 0)
     except ProcessLookupError:
         break
+    for _ in range(150):
+        time.sleep(0.1)
+        if not alive():
+            sys.exit(0)
 """
 
 
@@ -237,12 +262,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_store_dir(root, "or pass --root with another folder", for_a_job=False)
         databases = (root / "mlflow.db", *([root / "basic_auth.db"] if args.auth else []))
         for database in databases:
+            if database.is_dir():  # MLflow would retry it for two minutes, then print its traceback
+                raise UserError(f"{database} is a folder, where the server keeps its SQLite store. Move it aside, "
+                                f"or pass --root with another folder.")
             check_database(database, MOVE_OR_START_ELSEWHERE)  # before the server starts: nothing is left running
         check_schema(root / "mlflow.db", "or pass --root with another folder")
         new = NewStore(root, databases)
         env, who = dict(os.environ), "none: anyone who reaches it may read and write every run"
         if args.auth:
             user, password, source = admin_credentials(root)
+            check_password(password, source)
             env.update(auth_environment(root, user, password))
             who = f"user {user} with the password in {source}"
         # Its own process group: Ctrl-C reaches only us, and we stop the server and its workers together.
