@@ -43,6 +43,7 @@ from pathlib import Path
 
 from ..config import TrainConfig
 from ..errors import ArgumentParser, UserError, format_error
+from ..files import unwritable
 from ..tracking import names
 from ..tracking.store import mlflow_client
 from . import bad_input, mpirun
@@ -272,6 +273,8 @@ def totals(trials: list[Trial], timeout_s: int) -> str:
 
 
 def soak(args: argparse.Namespace) -> int:
+    if problem := unwritable([("--out", args.out, True)]):  # before test hosts are made for it
+        raise UserError(f"{problem} Nothing was run.")
     if args.bad_input:
         return bad_input.probe(args)
     fill_defaults(args)

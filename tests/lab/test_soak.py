@@ -68,6 +68,13 @@ def test_bad_soak_options_are_refused_before_anything_starts():
     assert soak.validate(args(faults="kill, link")) == ["kill", "link"]
 
 
+def test_an_out_that_is_a_file_is_refused_before_any_test_host_is_made(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert soak.main(["--out", str(tmp_path / "notes.txt"), "--trials", "1"]) == 2  # once a NotADirectoryError
+    assert f"--out {tmp_path}/notes.txt is a file, not a folder" in " ".join(capsys.readouterr().err.split())
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_the_table_has_a_row_per_trial_and_totals_that_count_the_problems():
     trials = [Trial(1, "kill", "rank 1", 4, end_s=0.6, exit=137, run_status="FAILED", logged=4, printed=4),
               Trial(2, "link", "host soak2", 6, end_s=40.0, exit=1, run_status="FAILED", logged=6, printed=6, left=2)]
