@@ -279,10 +279,8 @@ def _check_grid(checker: KeyChecker, where: tuple, grid: dict, network: NetworkP
         if not isinstance(value, str):
             raise checker.fail(where + ("env", variable), f"must be a string, got {show(value)}.")
     for axis in GRID_AXES:
-        values = grid.get(axis)
-        if isinstance(values, list) and (twice := [v for i, v in enumerate(values) if v in values[:i]]):
-            raise checker.fail(where + (axis,), f"lists {twice[0]!r} twice, which would run the same job twice "
-                                                f"under two names. Give each value once.")
+        if isinstance(grid.get(axis), list):
+            checker.check_once(grid[axis], where + (axis,))
 
 
 def _methods(checker: KeyChecker, where: tuple, grid: dict) -> list[str]:
@@ -458,14 +456,17 @@ def _targets(checker: KeyChecker, experiment: dict) -> tuple[float | None, float
 def _network(checker: KeyChecker, table: dict) -> NetworkPlan:
     """The [network] table: hosts, ranks per host, link rates and where the test hosts live."""
     hosts = _as_list(table.get("hosts", [1]))
+    checker.check_once(hosts, ("network", "hosts"))
     for count in hosts:
         if not 1 <= count <= 250:
             raise checker.fail(("network", "hosts"), f"numbers of hosts must be 1 to 250, got {count}.")
     ranks_per_host = _as_list(table.get("ranks_per_host", 2))
+    checker.check_once(ranks_per_host, ("network", "ranks_per_host"))
     for count in ranks_per_host:
         if count < 1:
             raise checker.fail(("network", "ranks_per_host"), f"must be at least 1, got {count}.")
     links = _as_list(table.get("link", "unlimited"))
+    checker.check_once(links, ("network", "link"), same=str.lower)
     for link in links:
         try:
             rate = rate_bytes_per_s(link)
@@ -483,8 +484,8 @@ def _network(checker: KeyChecker, table: dict) -> NetworkPlan:
     if not re.fullmatch(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) or any(int(x) > 255 for x in subnet.split(".")):
         raise checker.fail(("network", "subnet"), f"{subnet!r} must be the first three numbers of a /24 network, e.g. "
                            f'"10.80.0".')
-    return NetworkPlan(hosts=tuple(dict.fromkeys(hosts)), ranks_per_host=tuple(dict.fromkeys(ranks_per_host)),
-                       links=tuple(dict.fromkeys(link.lower() for link in links)), prefix=prefix, subnet=subnet)
+    return NetworkPlan(hosts=tuple(hosts), ranks_per_host=tuple(ranks_per_host),
+                       links=tuple(link.lower() for link in links), prefix=prefix, subnet=subnet)
 
 
 def load(path: str | Path) -> Sweep:

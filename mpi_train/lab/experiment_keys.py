@@ -119,6 +119,14 @@ class KeyChecker:
                     raise self.fail(where, f"must be {spec.describe}, but the list holds {show(item)}.")
         return value
 
+    def check_once(self, values: list, where: tuple, same=lambda value: value) -> None:
+        """A list whose values are runs (a grid's, the network's) names each once: a value given twice would run the
+        same job twice under two names, or be dropped without a word."""
+        seen = [same(value) for value in values]
+        if twice := [value for i, value in enumerate(values) if same(value) in seen[:i]]:
+            raise self.fail(where, f"lists {twice[0]!r} twice, which would run the same job twice under two names. "
+                                   f"Give each value once.")
+
     def check_train(self, table: dict, where: tuple) -> dict:
         """Options of `python -m mpi_train`, checked as a job file's (--config) are: the same types, choices and
         words."""

@@ -98,6 +98,9 @@ def test_a_lab_may_measure_with_the_bench_alone(tmp_path):
     (("link = [\"1gbit\", \"100mbit\"]", "link = [\"200gbit\"]"), "network.link", "up to 100gbit"),
     (("prefix = \"nettest\"", "prefix = \"lab1\""), "network.prefix", "ending with a letter"),
     (("hosts = [1, 2, 4]", "hosts = [0]"), "network.hosts", "1 to 250"),
+    # each once merged without a word
+    (("hosts = [1, 2, 4]", "hosts = [2, 2]"), "network.hosts", "lists 2 twice"),
+    (("link = [\"1gbit\", \"100mbit\"]", "link = [\"1gbit\", \"1GBIT\"]"), "network.link", "lists '1GBIT' twice"),
     (("prefix = \"nettest\"", "prefix = \"NetTest-Too-Long\""), "network.prefix", "lower-case"),
     (("sync = [\"ring\", \"gather_scatter\"]\n\n[network]\nhosts = [1, 2, 4]",
       "sync = \"ring\"\nnp = 8\n\n[network]\nhosts = [2]"), "sweep[1].np", "fill them"),
