@@ -8,6 +8,7 @@ sweep (the end, a failure, Ctrl-C, SIGTERM turned into KeyboardInterrupt) remove
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -81,8 +82,32 @@ class TestHosts:
             raise UserError(f"scripts/testhosts.sh {' '.join(args)} failed (exit {result.returncode}): "
                             f"{(result.stderr or result.stdout).strip()}")
 
+    def check_unclaimed(self) -> None:
+        """Refuse test hosts whose names or subnet are taken already (a run beside this one, test hosts brought up by
+        hand, or left by a killed run): `up` would take them over and `down` remove them from under their owner,
+        and a second bridge on a subnet in use sends its traffic to the first."""
+        prefix, subnet = self.network.prefix, self.network.subnet
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+        taken = sorted(name for name in re.findall(r"^(\S+)", names, re.MULTILINE)
+                       if re.fullmatch(rf"{re.escape(prefix)}\d+", name))
+        addresses = subprocess.run(["ip", "-o", "-4", "address", "show"], capture_output=True, text=True,
+                                   check=False).stdout
+        used = re.search(rf"^\d+:\s+(\S+)\s+inet\s+({re.escape(subnet)}\.\d+)/", addresses, re.MULTILINE)
+        down = (f"if they are left over, take them down (TESTHOSTS_PREFIX={prefix} TESTHOSTS_SUBNET={subnet} "
+                f"scripts/testhosts.sh down)")
+        if taken:
+            raise UserError(f"test hosts named {prefix}* exist already ({', '.join(taken[:4])}"
+                            f"{', ...' if len(taken) > 4 else ''}): another run's, or yours, which this run would "
+                            f"take over and remove at its end. Give another prefix ([network] prefix, or --prefix), "
+                            f"or {down}. Nothing was launched.")
+        if used and not used.group(1).startswith(prefix):
+            raise UserError(f"the subnet {subnet}.0/24 is in use here ({used.group(1)} has {used.group(2)}), and test "
+                            f"hosts on it would not be reached. Give another subnet ([network] subnet, or --subnet). "
+                            f"Nothing was launched.")
+
     def __enter__(self) -> Self:
         if self.network.max_hosts > 1:
+            self.check_unclaimed()
             self.folder.mkdir(parents=True, exist_ok=True)
             print(f"network: bringing up {self.network.max_hosts} test hosts ({self.network.prefix}1.., "
                   f"{self.network.subnet}.0/24)", flush=True)

@@ -52,6 +52,21 @@ def test_the_hostfile_names_each_host_with_its_slots(testhosts):
     assert entries == [f"{SUBNET}.2 slots=2", f"{SUBNET}.3 slots=2"]
 
 
+def test_a_lab_run_will_not_take_over_hosts_or_a_subnet_in_use(testhosts, tmp_path):
+    """An experiment or soak given these hosts' prefix once took them over and removed them at its end; given their
+    subnet, it made a second bridge on it and timed out unreached."""
+    from mpi_train.errors import UserError
+    from mpi_train.lab.network import NetworkPlan
+    from mpi_train.lab.testhosts import TestHosts as LabHosts
+
+    with pytest.raises(UserError, match=r"test hosts named mpitest\* exist already \(mpitest1, mpitest2\): another "):
+        LabHosts(NetworkPlan((2,), (2,), ("1gbit",), prefix=PREFIX, subnet="10.79.0"), tmp_path).__enter__()
+    with pytest.raises(UserError, match=rf"the subnet {SUBNET}\.0/24 is in use here \(mpitestbr has {SUBNET}\.1\)"):
+        LabHosts(NetworkPlan((2,), (2,), ("1gbit",), prefix="other", subnet=SUBNET), tmp_path).__enter__()
+    assert not list(tmp_path.iterdir())  # nothing made
+    test_the_hostfile_names_each_host_with_its_slots(testhosts)  # and the hosts are still there
+
+
 def test_collectives_are_correct_across_hosts(testhosts):
     result = mpirun(4, [], module="mpi_train collectives", timeout=120, **testhosts.mpirun_options())
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
