@@ -68,16 +68,13 @@ from ..config import TrainConfig
 from ..config.job_file import read_toml, toml_mistake
 from ..errors import UserError
 from ..models import GPT_SIZES, resolve
-from ..netmodel.links import rate_bytes_per_s
 from ..sync import COMPRESSORS, SYNC_METHODS, backend_error, combination_error, label, parse_labels
 from .experiment_keys import SECTIONS, SWEEP_KEYS, TRAIN_FIELDS, KeyChecker, SweepError, options_it_reads, show
-from .network import NetworkPlan, NetworkSetting
+from .network import NetworkPlan, NetworkSetting, link_error, prefix_error, subnet_error
 
 ALL_METHODS = "all"
 GRID_AXES = ("sync", "compression", "np", "seed", "model")  # a grid's lists, whose product is its runs
 DEFAULT_SEED = 42
-TC_RATE = re.compile(r"[0-9]+(bit|kbit|mbit|gbit)", re.IGNORECASE)  # what scripts/testhosts.sh passes on to tc
-MAX_SHAPED_BYTES_S = 100e9 / 8  # 100gbit, the most it shapes
 
 
 @dataclass(frozen=True)
@@ -468,22 +465,14 @@ def _network(checker: KeyChecker, table: dict) -> NetworkPlan:
     links = _as_list(table.get("link", "unlimited"))
     checker.check_once(links, ("network", "link"), same=str.lower)
     for link in links:
-        try:
-            rate = rate_bytes_per_s(link)
-        except ValueError as error:
-            raise checker.fail(("network", "link"), f"{error}.") from None
-        if rate is not None and (not TC_RATE.fullmatch(link) or rate > MAX_SHAPED_BYTES_S):
-            raise checker.fail(("network", "link"), f"{link!r} is not a rate scripts/testhosts.sh shapes: a whole "
-                               f"number of bit, kbit, mbit or gbit per second, up to 100gbit (1500mbit for 1.5gbit).")
+        if problem := link_error(link):
+            raise checker.fail(("network", "link"), problem)
     prefix = table.get("prefix", NetworkPlan.prefix)
-    if not re.fullmatch(r"[a-z]([a-z0-9]{0,8}[a-z])?", prefix):
-        raise checker.fail(("network", "prefix"), f"{prefix!r} must be 1 to 10 lower-case letters and digits, "
-                           f"beginning and ending with a letter (host i is the prefix and i; interface names allow "
-                           f"15 characters).")
+    if problem := prefix_error(prefix):
+        raise checker.fail(("network", "prefix"), problem)
     subnet = table.get("subnet", NetworkPlan.subnet)
-    if not re.fullmatch(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) or any(int(x) > 255 for x in subnet.split(".")):
-        raise checker.fail(("network", "subnet"), f"{subnet!r} must be the first three numbers of a /24 network, e.g. "
-                           f'"10.80.0".')
+    if problem := subnet_error(subnet):
+        raise checker.fail(("network", "subnet"), problem)
     return NetworkPlan(hosts=tuple(hosts), ranks_per_host=tuple(ranks_per_host),
                        links=tuple(link.lower() for link in links), prefix=prefix, subnet=subnet)
 

@@ -6,7 +6,40 @@ grid is a NetworkSetting, which the runner shapes the test hosts to (testhosts.p
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from ..netmodel.links import rate_bytes_per_s
+
+TC_RATE = re.compile(r"[0-9]+(bit|kbit|mbit|gbit)", re.IGNORECASE)  # what scripts/testhosts.sh passes on to tc
+MAX_SHAPED_BYTES_S = 100e9 / 8  # 100gbit, the most it shapes
+
+
+def link_error(link: str) -> str | None:
+    """Why scripts/testhosts.sh cannot shape a host's link to `link` ("unlimited" leaves it be), else None."""
+    try:
+        rate = rate_bytes_per_s(link)
+    except ValueError as error:
+        return f"{error}."
+    if rate is not None and (not TC_RATE.fullmatch(link) or rate > MAX_SHAPED_BYTES_S):
+        return (f"{link!r} is not a rate scripts/testhosts.sh shapes: a whole number of bit, kbit, mbit or gbit per "
+                f"second, up to 100gbit (1500mbit for 1.5gbit).")
+    return None
+
+
+def prefix_error(prefix: str) -> str | None:
+    """Why test hosts cannot be named `prefix`1, `prefix`2, ..., else None."""
+    if re.fullmatch(r"[a-z]([a-z0-9]{0,8}[a-z])?", prefix):
+        return None
+    return (f"{prefix!r} must be 1 to 10 lower-case letters and digits, beginning and ending with a letter (host i is "
+            f"the prefix and i; interface names allow 15 characters).")
+
+
+def subnet_error(subnet: str) -> str | None:
+    """Why `subnet` names no /24 network for the test hosts, else None."""
+    if re.fullmatch(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) and all(int(x) <= 255 for x in subnet.split(".")):
+        return None
+    return f'{subnet!r} must be the first three numbers of a /24 network, e.g. "10.80.0".'
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from ..files import unwritable
 from ..tracking import names
 from ..tracking.store import mlflow_client
 from . import bad_input, mpirun
-from .network import NetworkSetting
+from .network import NetworkSetting, link_error, prefix_error, subnet_error
 from .restart_soak import soak_restarts
 from .soakparts import Server, end_leftovers, hosts_and_server, processes_of, rank_pid
 from .testhosts import TestHosts
@@ -148,6 +148,10 @@ def validate(args: argparse.Namespace) -> list[str]:
     if unknown or not faults:
         raise UserError(f"--faults {args.faults!r} names {', '.join(unknown) or 'nothing'}, which is not a fault here; "
                         f"choose from {', '.join(FAULTS)}.")
+    for flag, problem in (("--link", link_error(args.link)), ("--prefix", prefix_error(args.prefix)),
+                          ("--subnet", subnet_error(args.subnet))):
+        if problem:  # before test hosts are made: the script's own refusal names its variables, not the flag
+            raise UserError(f"{flag}: {problem}")
     if args.trials < 1 or args.hosts < 2 or args.ranks_per_host < 1 or args.steps < 6 or args.timeout < 5:
         raise UserError("--trials must be at least 1, --hosts at least 2, --ranks-per-host at least 1, --steps at "
                         "least 6 and --timeout at least 5 seconds; every fault needs a job that spans hosts and has "

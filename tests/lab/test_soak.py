@@ -66,6 +66,13 @@ def test_bad_soak_options_are_refused_before_anything_starts():
     with pytest.raises(UserError, match="--hosts at least 2"):
         soak.validate(args(hosts=1))
     assert soak.validate(args(faults="kill, link")) == ["kill", "link"]
+    # once refused by the script after test hosts came up, naming its variables and not the flag
+    with pytest.raises(UserError, match=r"^--prefix: 'Lab1' must be 1 to 10 lower-case letters"):
+        soak.validate(args(prefix="Lab1"))
+    with pytest.raises(UserError, match=r"^--subnet: '999\.1\.1' must be the first three numbers"):
+        soak.validate(args(subnet="999.1.1"))
+    with pytest.raises(UserError, match=r"^--link: '1\.5gbit' is not a rate scripts/testhosts\.sh shapes"):
+        soak.validate(args(link="1.5gbit"))
 
 
 def test_an_out_that_is_a_file_is_refused_before_any_test_host_is_made(tmp_path, capsys):
