@@ -125,9 +125,14 @@ def test_json_lines_that_no_job_spooled_are_left_as_they_are(tmp_path, capsys):
     assert [path.name for path in tmp_path.iterdir()] == ["train.jsonl"]
 
 
-def test_a_server_that_is_down_is_named_with_the_command_that_starts_it_on_its_port(tmp_path, capsys):
+def test_a_server_that_is_down_is_named_with_the_command_that_starts_it_on_its_port(tmp_path, capsys, monkeypatch):
+    import functools
+
     from conftest import free_port
 
+    from mpi_train.tracking import replay
+
+    monkeypatch.setattr(replay, "probe_server", functools.partial(replay.probe_server, timeout_s=0.5))  # not 5 s
     port = free_port()
     spool = Spool(tmp_path / "job.jsonl")
     spool.add(loss_at("some-run", 1), f"http://127.0.0.1:{port}")
