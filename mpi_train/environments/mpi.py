@@ -146,6 +146,15 @@ RANK_PARENTS = (*LAUNCH_DAEMONS, "prterun", "mpirun", "orterun", "mpiexec")
 LAUNCHER_POLL_S = 1.0
 
 
+def parent_process() -> tuple[int, str] | None:
+    """This process's parent: its pid and name (/proc's comm), or None where /proc does not say."""
+    parent = os.getppid()
+    try:
+        return parent, Path(f"/proc/{parent}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 class MpiEnvironment(ClusterEnvironment):
     name = "mpi"
 
@@ -177,14 +186,10 @@ class MpiEnvironment(ClusterEnvironment):
         """mpirun killed by SIGKILL (or a host's daemon gone) leaves its ranks running: nothing ends them, and
         their output has no reader. A rank whose parent is mpirun or its daemon watches for the parent's end,
         which makes this process a child of another (getppid changes), and then calls `on_gone`."""
-        parent = os.getppid()
-        try:
-            name = Path(f"/proc/{parent}/comm").read_text().strip()
-        except OSError:
+        launcher = parent_process()
+        if launcher is None or launcher[1] not in RANK_PARENTS:  # a wrapper script in between, or no launcher
             return
-        if name not in RANK_PARENTS:  # a wrapper script in between, or no launcher: its own end is not ours to see
-            return
-        self._launcher = (parent, name)
+        self._launcher = launcher
 
         def watch() -> None:
             while not (gone := self.launcher_lost()):
@@ -205,9 +210,11 @@ class MpiEnvironment(ClusterEnvironment):
         ranks; SIGKILL 5 s later, as a daemon may wait on mpirun, across the cut link, to exit in order). A daemon
         that can reach mpirun is left alone: mpirun ends it, and a daemon lost on the wrong side would make
         mpirun end the job with exit status 0."""
-        parent = os.getppid()
+        daemon = parent_process()
+        if daemon is None:
+            return
+        parent, name = daemon
         try:
-            name = Path(f"/proc/{parent}/comm").read_text().strip()
             arguments = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             return

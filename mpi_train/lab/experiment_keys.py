@@ -123,7 +123,7 @@ class KeyChecker:
         """A list whose values are runs (a grid's, the network's) names each once: a value given twice would run the
         same job twice under two names, or be dropped without a word."""
         seen = [same(value) for value in values]
-        if twice := [value for i, value in enumerate(values) if same(value) in seen[:i]]:
+        if twice := [value for i, value in enumerate(values) if seen[i] in seen[:i]]:
             raise self.fail(where, f"lists {twice[0]!r} twice, which would run the same job twice under two names. "
                                    f"Give each value once.")
 

@@ -93,13 +93,12 @@ class TestHosts:
         addresses = subprocess.run(["ip", "-o", "-4", "address", "show"], capture_output=True, text=True,
                                    check=False).stdout
         used = re.search(rf"^\d+:\s+(\S+)\s+inet\s+({re.escape(subnet)}\.\d+)/", addresses, re.MULTILINE)
-        down = (f"if they are left over, take them down (TESTHOSTS_PREFIX={prefix} TESTHOSTS_SUBNET={subnet} "
-                f"scripts/testhosts.sh down)")
         if taken:
             raise UserError(f"test hosts named {prefix}* exist already ({', '.join(taken[:4])}"
                             f"{', ...' if len(taken) > 4 else ''}): another run's, or yours, which this run would "
                             f"take over and remove at its end. Give another prefix ([network] prefix, or --prefix), "
-                            f"or {down}. Nothing was launched.")
+                            f"or if they are left over, take them down (TESTHOSTS_PREFIX={prefix} "
+                            f"TESTHOSTS_SUBNET={subnet} scripts/testhosts.sh down). Nothing was launched.")
         if used and not used.group(1).startswith(prefix):
             raise UserError(f"the subnet {subnet}.0/24 is in use here ({used.group(1)} has {used.group(2)}), and test "
                             f"hosts on it would not be reached. Give another subnet ([network] subnet, or --subnet). "
